@@ -1,0 +1,455 @@
+"""The funnel: every aten op on a neuron tensor, under NeuronMode, or a factory on the device.
+
+    1. classify (once per overload): view | alloc | host | foreach | kernel | decomp | fallback
+    2. decompositions re-enter here op by op
+    3. outputs' shape/dtype/strides from meta execution, cached per argument signature
+    4. lowering -> launch (memory cache -> disk cache -> compile) on the simulated core
+
+>>> import torch, eager_neuron
+>>> x = torch.ones(2, 3, device="neuron")
+>>> (x * 2).sum().item()
+12.0
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from . import errors, launch as _launch
+from .config import config
+from .lower.common import HALF, KERNEL_DTYPES, bind
+from .simulator import SIM
+from .stats import STATS
+from .tensor import NeuronTensor
+from . import tensor as _tensor_mod
+
+aten = torch.ops.aten
+
+# Hook for adaptive eager: called before any host read/sync with a reason (see adaptive.py).
+FLUSH_HOOKS: list = []
+
+
+def flush(reason: str) -> None:
+    for hook in FLUSH_HOOKS:
+        hook(reason)
+
+
+# ---------------------------------------------------------------------------------------------
+# unwrap / wrap
+# ---------------------------------------------------------------------------------------------
+
+def _unwrap(x, state):
+    if type(x) is NeuronTensor:
+        idx = x.device.index
+        if state[0] is None:
+            state[0] = idx
+        elif state[0] != idx:
+            raise RuntimeError(
+                "Expected all tensors to be on the same device, but found at least two devices, "
+                f"neuron:{state[0]} and neuron:{idx}! Move one with .to('neuron:{state[0]}').")
+        return x._data
+    if isinstance(x, (list, tuple)) and x and not isinstance(x[0], (int, float, bool)):
+        return type(x)(_unwrap(v, state) for v in x)
+    if isinstance(x, torch.Tensor) and x.dtype not in KERNEL_DTYPES and x.dtype not in HALF:
+        _check_tensor(x)
+    return x
+
+
+def _check_tensor(x: torch.Tensor) -> None:
+    if x.is_complex():
+        raise errors.UnsupportedTensorError(
+            f"complex tensors ({x.dtype}) are not supported on neuron\n{errors.where()}\n"
+            "  fix: keep complex math on the CPU (x.cpu()) or split real and imaginary parts")
+    if x.layout != torch.strided:
+        raise errors.UnsupportedTensorError(
+            f"{x.layout} tensors are not supported on neuron\n{errors.where()}\n"
+            "  fix: call .to_dense() first")
+    if x.is_quantized:
+        raise errors.UnsupportedTensorError(
+            f"quantized tensors ({x.dtype}) are not supported on neuron\n{errors.where()}\n"
+            "  fix: dequantize() first")
+
+
+def unwrap_args(args, kwargs):
+    state = [None]
+    uargs = tuple(_unwrap(a, state) for a in args)
+    ukw = {k: _unwrap(v, state) for k, v in kwargs.items()} if kwargs else {}
+    return uargs, ukw, state[0]
+
+
+def alloc(index: int | None, shape, stride, dtype) -> tuple[torch.Tensor, object]:
+    """A fresh device buffer: (host-backed view, block). index None means plain CPU (the mode)."""
+    if index is None:
+        return torch.empty_strided(shape, stride, dtype=dtype), None
+    numel = 1
+    for s in shape:
+        numel *= s
+    if numel == 0:
+        extent = 0
+    else:
+        extent = 1 + sum((sz - 1) * st for sz, st in zip(shape, stride))
+    itemsize = torch._utils._element_size(dtype)
+    block = SIM.alloc(index, extent * itemsize)
+    data = torch.empty(0, dtype=dtype).set_(block.storage, 0, shape, stride) if extent else \
+        torch.empty_strided(shape, stride, dtype=dtype)
+    return data, block
+
+
+def wrap(data: torch.Tensor, block, index: int | None):
+    if index is None:
+        return data
+    return NeuronTensor(data, block, index)
+
+
+def to_host(t: NeuronTensor, reason: str = "host read") -> torch.Tensor:
+    """Copy a neuron tensor to a fresh CPU tensor (a DMA transfer on the simulated device)."""
+    flush(reason)
+    host = t._data.clone()
+    SIM.cores[t.device.index].transfer(host.numel() * host.element_size())
+    return host
+
+
+# ---------------------------------------------------------------------------------------------
+# classification, once per overload
+# ---------------------------------------------------------------------------------------------
+
+class Plan:
+    __slots__ = ("kind", "lower", "mutates", "ret_alias", "name", "decomp")
+
+    def __init__(self, kind, lower=None, mutates=(), ret_alias=(), name="", decomp=None):
+        self.kind = kind
+        self.lower = lower
+        self.mutates = mutates        # names of args the op writes
+        self.ret_alias = ret_alias    # per return: name of the written arg it aliases, or None
+        self.name = name
+        self.decomp = decomp
+
+
+_PLANS: dict = {}
+
+
+def _plan(func) -> Plan:
+    from . import ops
+
+    schema = func._schema
+    name = schema.name                                    # "aten::add_"
+    full = f"{name}.{schema.overload_name}" if schema.overload_name else name
+    mutates = tuple(a.name for a in schema.arguments if a.alias_info and a.alias_info.is_write)
+    ret_alias = []
+    for r in schema.returns:
+        target = None
+        if r.alias_info is not None and r.alias_info.is_write:
+            for a in schema.arguments:
+                if a.alias_info and a.alias_info.before_set == r.alias_info.before_set:
+                    target = a.name
+        ret_alias.append(target)
+    kw = dict(name=full, mutates=mutates, ret_alias=tuple(ret_alias))
+    if full in ops.HOST or name in ops.HOST:
+        return Plan("host", lower=ops.HOST.get(full) or ops.HOST[name], **kw)
+    if torch.Tag.inplace_view in func.tags:
+        return Plan("inplace_view", **kw)
+    if func.is_view or full in ops.VIEW_LIKE:
+        return Plan("view", **kw)
+    if full in ops.ALLOC:
+        return Plan("alloc", **kw)
+    if name.startswith("aten::_foreach_"):
+        return Plan("foreach", **kw)
+    lower = ops.KERNELS.get(full) or ops.KERNELS.get(name)
+    if lower is not None and not (schema.overload_name.startswith("out") and
+                                  name not in ops.OUT_OK):
+        return Plan("kernel", lower=lower, **kw)
+    if full not in ops.NO_DECOMP:
+        decomp = ops.decomposition(func)
+        if decomp is not None:
+            return Plan("decomp", decomp=decomp, **kw)
+    if lower is not None:
+        return Plan("kernel", lower=lower, **kw)
+    return Plan("fallback", **kw)
+
+
+# ---------------------------------------------------------------------------------------------
+# meta: output metadata per argument signature
+# ---------------------------------------------------------------------------------------------
+
+_META: dict = {}
+_META_LIMIT = 50_000
+
+
+def _spec(x):
+    if isinstance(x, torch.Tensor):
+        return (x.shape, x.stride(), x.dtype)
+    if isinstance(x, (list, tuple)):
+        return tuple(_spec(v) for v in x)
+    if isinstance(x, float) and x != x:
+        return "nan"
+    return x
+
+
+def _to_meta(x):
+    if isinstance(x, torch.Tensor):
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to_meta(v) for v in x)
+    return x
+
+
+def meta_outputs(func, args, kwargs):
+    """(leaf specs, treespec) of func's outputs: each leaf (shape, stride, dtype) or a value."""
+    try:
+        key = (func, _spec(args), _spec(tuple(kwargs.items())) if kwargs else None)
+        hit = _META.get(key)
+    except TypeError:
+        key, hit = None, None
+    if hit is not None:
+        return hit
+    margs = _to_meta(args)
+    mkw = {k: _to_meta(v) for k, v in kwargs.items()}
+    if "device" in mkw and mkw["device"] is not None:
+        mkw["device"] = "meta"
+    out = func(*margs, **mkw)
+    leaves, spec = tree_flatten(out)
+    leaves = [(tuple(v.shape), v.stride(), v.dtype) if isinstance(v, torch.Tensor) else v
+              for v in leaves]
+    result = (leaves, spec)
+    if key is not None:
+        if len(_META) > _META_LIMIT:
+            _META.clear()
+        _META[key] = result
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# the funnel
+# ---------------------------------------------------------------------------------------------
+
+def dispatch(func, args, kwargs, mode=None):
+    """Run one aten op. `mode` is the NeuronMode when entered through it (CPU in, CPU out)."""
+    STATS.ops += 1
+    plan = _PLANS.get(func)
+    if plan is None:
+        plan = _PLANS[func] = _plan(func)
+    kind = plan.kind
+    if "ops" in config.log:
+        _log_op(plan, args, kwargs)
+    if kind == "view":
+        return _run_view(func, args, kwargs, mode)
+    if kind == "kernel":
+        return _run_kernel(func, plan, args, kwargs, mode)
+    if kind == "decomp":
+        STATS.decompositions[plan.name] += 1
+        if mode is not None:
+            with mode:
+                return plan.decomp(*args, **kwargs)
+        return plan.decomp(*args, **kwargs)
+    if kind == "host":
+        return plan.lower(func, args, kwargs, mode)
+    if kind == "alloc":
+        return _run_alloc(func, args, kwargs, mode)
+    if kind == "foreach":
+        from .lower.foreach import run_foreach
+
+        return run_foreach(func, plan, args, kwargs, mode)
+    if kind == "inplace_view":
+        return _run_inplace_view(func, plan, args, kwargs, mode)
+    return run_fallback(func, plan, args, kwargs, mode)
+
+
+def _run_view(func, args, kwargs, mode):
+    STATS.views += 1
+    if mode is not None:
+        return func(*args, **kwargs)
+    uargs, ukw, index = unwrap_args(args, kwargs)
+    out = func(*uargs, **ukw)
+    base = args[0] if args and type(args[0]) is NeuronTensor else None
+    if base is None:
+        for a in args:
+            if isinstance(a, (list, tuple)) and a and type(a[0]) is NeuronTensor:
+                base = a[0]
+                break
+    block = base._block if base is not None else None
+    if isinstance(out, torch.Tensor):
+        return NeuronTensor(out, block, index)
+    return type(out)(NeuronTensor(o, block, index) if isinstance(o, torch.Tensor) else o
+                     for o in out)
+
+
+def _run_inplace_view(func, plan, args, kwargs, mode):
+    if mode is not None:
+        return func(*args, **kwargs)
+    self = args[0]
+    fn = plan.name.split("::")[1].split(".")[0]
+    raise RuntimeError(
+        f"aten::{fn} (an in-place view op that changes a tensor's shape/strides) is not supported "
+        f"on neuron tensors\n{errors.where()}\n  args: {errors.describe_args(args, kwargs)}\n"
+        f"  fix: use the out-of-place form, e.g. x = x.{fn.rstrip('_')}(...) "
+        f"(self is {errors.describe(self)})")
+
+
+def _run_alloc(func, args, kwargs, mode):
+    uargs, ukw, index = unwrap_args(args, kwargs)
+    if mode is not None and index is None:
+        return func(*uargs, **ukw)
+    if index is None:
+        index = _device_index(ukw.get("device"))
+    leaves, spec = meta_outputs(func, uargs, ukw)
+    shape, stride, dtype = leaves[0]
+    data, block = alloc(index, shape, stride, dtype)
+    return wrap(data, block, index)
+
+
+def _device_index(device) -> int:
+    if device is None:
+        return torch.neuron.current_device() if hasattr(torch, "neuron") else 0
+    device = torch.device(device)
+    if device.type != "neuron":
+        return None
+    return device.index if device.index is not None else torch.neuron.current_device()
+
+
+def _run_kernel(func, plan, args, kwargs, mode):
+    uargs, ukw, index = unwrap_args(args, kwargs)
+    if mode is not None and index is None:
+        index = None  # plain CPU in, CPU out
+    # 1. output metadata (validates shapes and dtypes exactly as PyTorch would)
+    leaves, spec = meta_outputs(func, uargs, ukw)
+    a = bind(func, uargs, ukw)
+    # 2. outputs: written args for in-place / out= ops, fresh buffers otherwise
+    outs = []
+    blocks = []
+    for i, leaf in enumerate(leaves):
+        target = plan.ret_alias[i] if i < len(plan.ret_alias) else None
+        if target is not None:
+            outs.append(a[target])
+            blocks.append(None)
+        elif isinstance(leaf, tuple):
+            data, block = alloc(index, *leaf)
+            outs.append(data)
+            blocks.append(block)
+        else:
+            outs.append(leaf)
+            blocks.append(None)
+    # 3. run the lowering (half types computed in float32, rounded to nearest even)
+    prev = _launch._current_core[0]
+    _launch._current_core[0] = index or 0
+    try:
+        if any(isinstance(o, torch.Tensor) and o.dtype in HALF for o in outs) or any(
+                isinstance(v, torch.Tensor) and v.dtype in HALF for v in a.values()):
+            from .lower.half import run_upcast
+
+            run_upcast(func, plan, a, outs)
+        else:
+            plan.lower(func, a, outs)
+    except (errors.UnsupportedOpError, errors.UnsupportedTensorError, torch.OutOfMemoryError):
+        raise
+    except NotImplementedError as exc:
+        return _lowering_declined(func, plan, args, kwargs, mode, exc)
+    except Exception as exc:
+        raise errors.KernelError(
+            f"{plan.name} failed on neuron: {type(exc).__name__}: {exc}\n{errors.where()}\n"
+            f"  args: {errors.describe_args(args, kwargs)}") from exc
+    finally:
+        _launch._current_core[0] = prev
+    # 4. results: written args come back as the caller's own objects
+    results = []
+    for i, out in enumerate(outs):
+        target = plan.ret_alias[i] if i < len(plan.ret_alias) else None
+        if target is not None:
+            results.append(_original(func, args, kwargs, target))
+        elif isinstance(out, torch.Tensor):
+            results.append(wrap(out, blocks[i], index))
+        else:
+            results.append(out)
+    if len(results) == 1 and spec.num_leaves == 1 and spec.type is None:
+        return results[0]
+    return tree_unflatten(results, spec)
+
+
+def _lowering_declined(func, plan, args, kwargs, mode, exc):
+    """A lowering raises NotImplementedError for argument patterns it does not cover."""
+    decomp = plan.decomp if plan.decomp is not None else None
+    if decomp is None:
+        from . import ops
+
+        decomp = ops.decomposition(func)
+    if decomp is not None:
+        STATS.decompositions[plan.name] += 1
+        if mode is not None:
+            with mode:
+                return decomp(*args, **kwargs)
+        return decomp(*args, **kwargs)
+    return run_fallback(func, plan, args, kwargs, mode, why=str(exc))
+
+
+def _original(func, args, kwargs, name):
+    for i, (arg_name, _d, _k) in enumerate(
+            __import__("eager_neuron.lower.common", fromlist=["x"]).schema_args(func)):
+        if arg_name == name:
+            return args[i] if i < len(args) else kwargs[name]
+    raise KeyError(name)
+
+
+# ---------------------------------------------------------------------------------------------
+# the fenced CPU fallback
+# ---------------------------------------------------------------------------------------------
+
+_WARNED: set = set()
+
+
+def run_fallback(func, plan, args, kwargs, mode, why: str = ""):
+    name = plan.name
+    if config.fallback == "error":
+        raise errors.UnsupportedOpError(
+            f"{name} has no neuron kernel and no decomposition"
+            + (f" ({why})" if why else "") + f"\n{errors.where()}\n"
+            f"  args: {errors.describe_args(args, kwargs)}; "
+            "set EAGER_NEURON_FALLBACK=cpu to run it on the CPU")
+    STATS.fallbacks[name] += 1
+    flush("cpu fallback")
+    if name not in _WARNED:
+        _WARNED.add(name)
+        warnings.warn(
+            f"{name} has no neuron kernel; running it on the CPU (counted in "
+            f"eager_neuron.stats()['fallbacks']; EAGER_NEURON_FALLBACK=error makes this raise)"
+            + (f" [{why}]" if why else ""), stacklevel=3)
+    uargs, ukw, index = unwrap_args(args, kwargs)
+    if "device" in ukw and ukw["device"] is not None and torch.device(ukw["device"]).type == \
+            "neuron":
+        ukw["device"] = "cpu"
+    out = func(*uargs, **ukw)
+    if mode is not None and index is None:
+        return out
+    if index is None:
+        index = 0
+    core = SIM.cores[index]
+    # inputs go to the host and outputs come back: both charged as DMA transfers
+    for x in uargs:
+        if isinstance(x, torch.Tensor):
+            core.transfer(x.numel() * x.element_size())
+
+    def back(x):
+        if isinstance(x, torch.Tensor) and not isinstance(x, NeuronTensor):
+            for i, target in enumerate(plan.ret_alias):
+                if target is not None:
+                    orig = _original(func, args, kwargs, target)
+                    if isinstance(orig, NeuronTensor) and orig._data is x:
+                        return orig
+            data, block = alloc(index, x.shape, x.stride(), x.dtype)
+            data.copy_(x)
+            core.transfer(x.numel() * x.element_size())
+            return wrap(data, block, index)
+        return x
+
+    leaves, spec = tree_flatten(out)
+    return tree_unflatten([back(v) for v in leaves], spec)
+
+
+def _log_op(plan, args, kwargs) -> None:
+    print(f"[eager_neuron] op {plan.name} ({plan.kind}) {errors.describe_args(args, kwargs)}",
+          file=sys.stderr)
+
+
+_tensor_mod._dispatch = dispatch

@@ -1,0 +1,94 @@
+"""Kernel lookup and launch: memory cache -> disk cache -> render + compile, then run and charge.
+
+Every lowering calls `launch(...)`; it is the one place that counts launches, compiles and hits,
+and charges the simulated NeuronCore.
+
+>>> import numpy as np
+>>> from eager_neuron.launch import launch
+>>> out = np.zeros(3, np.float32)
+>>> launch(("doc", "fill"), lambda: ("@njit\\ndef k(o):\\n    o[:] = 1\\n", "k"), (out,))
+>>> out.tolist()
+[1.0, 1.0, 1.0]
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Callable
+
+import numpy as np
+
+from .cache import FORMAT_VERSION, MemoryCache
+from .config import config
+from .kernels import compile as kc
+from .stats import STATS
+
+MEMORY = MemoryCache()
+DISK = None          # set by eager_neuron.cache.disk when the disk tier is enabled
+_current_core = [0]  # the core the current op runs on (set by dispatch)
+HOOKS: list = []     # profiler callbacks: fn(event dict)
+
+
+def arg_types(args: tuple) -> tuple:
+    """What Numba specialises on, per argument: (dtype, ndim, layout) or the scalar's type."""
+    out = []
+    for a in args:
+        if type(a) is np.ndarray:
+            flags = a.flags
+            layout = "C" if flags.c_contiguous else ("F" if flags.f_contiguous else "A")
+            out.append((a.dtype.char, a.ndim, layout))
+        else:
+            out.append(type(a).__name__)
+    return tuple(out)
+
+
+def _build(key: tuple, render: Callable[[], tuple[str, str]], args: tuple):
+    # 1. disk tier (machine code from an earlier process)
+    if DISK is not None:
+        kernel = DISK.load(key, args)
+        if kernel is not None:
+            STATS.disk_hits += 1
+            return kernel, "disk", 0.0
+    # 2. render + compile
+    source, name = render()
+    kernel, seconds = kc.timed_compile(source, name, args)
+    STATS.compiles += 1
+    STATS.compile_seconds += seconds
+    if DISK is not None:
+        DISK.store(key, kernel, source, name, seconds)
+    return kernel, "compile", seconds
+
+
+def launch(key: tuple, render: Callable[[], tuple[str, str]], args: tuple,
+           flops: float = 0.0, bytes_moved: float = 0.0, engine: str = "vector",
+           dtype_class: str = "fp32") -> None:
+    """Run the kernel for `key` on `args` (numpy arrays and scalars) and charge its cost.
+
+    `key` is (family, op, static fields...); the arguments' types are appended here, so a new
+    layout or dtype is a new kernel and a new size is not.
+    """
+    full_key = (FORMAT_VERSION,) + key + arg_types(args)
+    kernel = MEMORY.get(full_key)
+    if kernel is not None:
+        STATS.memory_hits += 1
+        outcome, seconds = "memory", 0.0
+    else:
+        kernel, outcome, seconds = _build(full_key, render, args)
+        MEMORY.put(full_key, kernel)
+    t0 = time.perf_counter() if (HOOKS or "kernels" in config.log) else 0.0
+    kernel(*args)
+    STATS.launches += 1
+    from .simulator import SIM
+
+    device_us = SIM.cores[_current_core[0]].launch(flops, bytes_moved, engine, dtype_class)
+    if t0:
+        host_us = (time.perf_counter() - t0) * 1e6
+        event = {"key": key, "outcome": outcome, "compile_s": seconds, "host_us": host_us,
+                 "device_us": device_us, "bytes": bytes_moved, "flops": flops, "engine": engine}
+        for hook in HOOKS:
+            hook(event)
+        if "kernels" in config.log:
+            print(f"[eager_neuron] kernel {key[0]}:{key[1]} {outcome}"
+                  + (f" ({seconds * 1e3:.1f} ms)" if seconds else "")
+                  + f" host {host_us:.1f} us, device {device_us:.2f} us", file=sys.stderr)

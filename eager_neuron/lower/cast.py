@@ -1,0 +1,89 @@
+"""Casts and copies, including bfloat16/float16 storage.
+
+bfloat16 <-> float32 is bit manipulation in a Numba kernel (round to nearest even, NaN kept
+quiet), exactly what PyTorch's CPU does. float16 has no Numba arithmetic type; its conversions
+run through torch's host converter (counted as a launch; a known gap, see README).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import launch as _launch
+from ..simulator import SIM
+from ..stats import STATS
+from . import elementwise as ew
+
+_F32_TO_BF16 = ("((x0 >> 16) | 64) if (x0 & 0x7FFFFFFF) > 0x7F800000 else "
+                "((x0 + 0x7FFF + ((x0 >> 16) & 1)) >> 16)")
+_BF16_TO_F32 = "(x0 & 0xFFFF) << 16"
+
+
+ew.OPS["cast::f32_to_bf16"] = (_F32_TO_BF16.replace("x0", "(self & 0xFFFFFFFF)"), "none")
+ew.OPS["cast::bf16_to_f32"] = (_BF16_TO_F32.replace("x0", "(self & 0xFFFF)"), "none")
+ew.OPS["cast::bits"] = ("self", "none")
+
+
+def _bits(op: str, src: torch.Tensor, dst: torch.Tensor, src_int, dst_int) -> None:
+    """Run a bit-level cast over the integer bit patterns of src into dst (both reinterpreted)."""
+    s = src.view(src_int) if src.dtype != src_int else src
+    d = dst.view(dst_int) if dst.dtype != dst_int else dst
+    ew.lower_elementwise(None, {"self": s}, [d], op)
+
+
+def _f32(t: torch.Tensor) -> torch.Tensor:
+    """A float32 copy of t (host-backed scratch)."""
+    out = torch.empty_strided(t.shape, t.stride(), dtype=torch.float32) \
+        if t.is_non_overlapping_and_dense() else torch.empty(t.shape, dtype=torch.float32)
+    cast(t, out)
+    return out
+
+
+def cast(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """dst[...] = src, converting dtype and broadcasting src to dst's shape."""
+    if src.dtype == torch.bfloat16 or dst.dtype == torch.bfloat16 or \
+            src.dtype == torch.float16 or dst.dtype == torch.float16:
+        return _cast_half(src, dst)
+    ew.lower_elementwise(None, {"self": src}, [dst], "aten::_to_copy")
+
+
+def _cast_half(src: torch.Tensor, dst: torch.Tensor) -> None:
+    if src.dtype == torch.float16 or dst.dtype == torch.float16:
+        # NOTE: no float16 in Numba; torch's converter rounds to nearest even like the CPU.
+        dst.copy_(src)
+        STATS.launches += 1
+        SIM.cores[_launch._current_core[0]].launch(0, dst.numel() * 6, "vector")
+        return
+    if src.dtype == torch.bfloat16 and dst.dtype == torch.bfloat16:
+        _bits("cast::bits", src.expand(dst.shape), dst, torch.int16, torch.int16)
+        return
+    if src.dtype == torch.bfloat16:
+        if dst.dtype == torch.float32:
+            _bits("cast::bf16_to_f32", src.expand(dst.shape), dst, torch.int16, torch.int32)
+        else:
+            cast(_f32(src), dst)
+        return
+    # to bfloat16
+    if src.dtype != torch.float32:
+        src = _f32(src)
+    _bits("cast::f32_to_bf16", src.expand(dst.shape), dst, torch.int32, torch.int16)
+
+
+def lower_to_copy(func, a, outs) -> None:
+    cast(a["self"], outs[0])
+
+
+def lower_copy(func, a, outs) -> None:
+    cast(a["src"], outs[0])
+
+
+lower_to_copy.handles_half = True
+lower_copy.handles_half = True
+
+LOWERINGS = {
+    "aten::_to_copy": lower_to_copy,
+    "aten::copy_": lower_copy,
+    "aten::copy": lambda func, a, outs: cast(a["src"], outs[0]),
+    "aten::clone": lower_to_copy,
+}
+LOWERINGS["aten::clone"].handles_half = True

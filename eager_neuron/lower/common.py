@@ -1,0 +1,75 @@
+"""Helpers shared by lowerings: schema binding, numpy views, dtype names."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+NP_TYPE = {
+    torch.float32: "np.float32", torch.float64: "np.float64", torch.int64: "np.int64",
+    torch.int32: "np.int32", torch.int16: "np.int16", torch.int8: "np.int8",
+    torch.uint8: "np.uint8", torch.bool: "np.bool_",
+}
+KERNEL_DTYPES = frozenset(NP_TYPE)
+HALF = frozenset({torch.bfloat16, torch.float16})
+
+_SCHEMA_CACHE: dict = {}
+
+
+def schema_args(func) -> tuple:
+    """[(name, default, kwarg_only)] for func's schema, computed once per overload."""
+    info = _SCHEMA_CACHE.get(func)
+    if info is None:
+        info = tuple(
+            (arg.name, arg.default_value if arg.has_default_value() else None, arg.kwarg_only)
+            for arg in func._schema.arguments
+        )
+        _SCHEMA_CACHE[func] = info
+    return info
+
+
+def bind(func, args: tuple, kwargs: dict) -> dict:
+    """Map positional and keyword arguments to schema names, filling defaults."""
+    out = {}
+    names = schema_args(func)
+    n = len(args)
+    for i, (name, default, _kwonly) in enumerate(names):
+        if i < n:
+            out[name] = args[i]
+        else:
+            out[name] = kwargs.get(name, default)
+    return out
+
+
+def np_view(t: torch.Tensor) -> np.ndarray:
+    """Zero-copy numpy view of a host-backed buffer (any strides, incl. 0 for broadcast)."""
+    return t.numpy()
+
+
+def flat(t: torch.Tensor) -> np.ndarray:
+    return t.numpy().reshape(-1)
+
+
+def coalesce(shape: tuple, strides_list: list) -> tuple[tuple, list]:
+    """Merge adjacent dims that are contiguous in every operand; drop size-1 dims."""
+    dims = [d for d in range(len(shape)) if shape[d] != 1]
+    if not dims:
+        return (1,), [(0,) for _ in strides_list]
+    new_shape = [shape[dims[0]]]
+    new_strides = [[s[dims[0]]] for s in strides_list]
+    for d in dims[1:]:
+        size = shape[d]
+        if all(ns[-1] == s[d] * size for ns, s in zip(new_strides, strides_list)):
+            new_shape[-1] *= size
+            for ns, s in zip(new_strides, strides_list):
+                ns[-1] = s[d]
+        else:
+            new_shape.append(size)
+            for ns, s in zip(new_strides, strides_list):
+                ns.append(s[d])
+    return tuple(new_shape), [tuple(ns) for ns in new_strides]
+
+
+def strided_np(t: torch.Tensor, shape: tuple, strides: tuple) -> np.ndarray:
+    """A numpy view of t's buffer with the given (element) shape and strides."""
+    return t.as_strided(shape, strides, t.storage_offset()).numpy()

@@ -1,0 +1,246 @@
+"""Ops that cross the host/device boundary: transfers, scalar reads, RNG and host factories.
+
+Random numbers come from the CPU generator (so a seed gives bit-identical tensors on cpu and
+neuron); the bytes then travel to the device and are charged as a DMA transfer.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from ..simulator import SIM
+from ..tensor import NeuronTensor
+
+aten = torch.ops.aten
+
+
+def _d():
+    from .. import dispatch
+
+    return dispatch
+
+
+def _target_index(device) -> int | None:
+    """neuron core index for a device argument, or None for the CPU."""
+    if device is None:
+        return None
+    device = torch.device(device)
+    if device.type != "neuron":
+        return None
+    return device.index if device.index is not None else torch.neuron.current_device()
+
+
+def _charge(index: int, t: torch.Tensor) -> None:
+    SIM.cores[index].transfer(t.numel() * t.element_size())
+
+
+def to_device(host: torch.Tensor, index: int) -> NeuronTensor:
+    """Copy a CPU tensor into a fresh device buffer on core `index` (keeps its strides)."""
+    d = _d()
+    if not host.is_non_overlapping_and_dense():
+        host = host.contiguous()
+    data, block = d.alloc(index, host.shape, host.stride(), host.dtype)
+    data.copy_(host)
+    _charge(index, host)
+    return NeuronTensor(data, block, index)
+
+
+def to_copy(func, args, kwargs, mode):
+    """aten::_to_copy: cast on device, or move between host and device / between cores."""
+    d = _d()
+    src = args[0]
+    kw = dict(kwargs)
+    device = kw.get("device")
+    if isinstance(src, NeuronTensor):
+        target = _target_index(device) if device is not None else src.device.index
+        if target is None:  # device -> host
+            host = d.to_host(src, reason="copy to cpu")
+            kw["device"] = torch.device("cpu")
+            kw.pop("non_blocking", None)
+            return aten._to_copy.default(host, **kw)
+        if target == src.device.index:
+            kw.pop("device", None)
+            return d._run_kernel(func, _kernel_plan(func), (src,), kw, None)
+        # core -> core: a device copy through HBM
+        d.flush("cross-core copy")
+        kw["device"] = torch.device("cpu")
+        moved = aten._to_copy.default(src._data, **kw)
+        out = to_device(moved, target)
+        return out
+    # host -> device (a CPU tensor with device="neuron"), or plain CPU under the mode
+    target = _target_index(device)
+    kw["device"] = torch.device("cpu")
+    host = aten._to_copy.default(src, **kw)
+    if target is None:
+        return host
+    return to_device(host, target)
+
+
+_KPLANS: dict = {}
+
+
+def _kernel_plan(func):
+    from .. import dispatch, ops
+
+    plan = _KPLANS.get(func)
+    if plan is None:
+        plan = dispatch.Plan("kernel", lower=ops.KERNELS["aten::_to_copy"],
+                             name="aten::_to_copy", ret_alias=(None,))
+        _KPLANS[func] = plan
+    return plan
+
+
+def copy_(func, args, kwargs, mode):
+    """aten::copy_(self, src): device<-host, host<-device, or on-device (cast + broadcast)."""
+    d = _d()
+    dst, src = args[0], args[1]
+    if isinstance(dst, NeuronTensor) and isinstance(src, NeuronTensor):
+        if dst.device == src.device:
+            from .. import ops
+
+            plan = d.Plan("kernel", lower=ops.KERNELS["aten::copy_"], name="aten::copy_",
+                          ret_alias=("self",), mutates=("self",))
+            return d._run_kernel(func, plan, args, kwargs, None)
+        d.flush("cross-core copy")
+        dst._data.copy_(src._data)
+        SIM.cores[src.device.index].transfer(src.numel() * src.element_size())
+        return dst
+    if isinstance(dst, NeuronTensor):  # host -> device
+        d.flush("copy to device")
+        dst._data.copy_(src)
+        _charge(dst.device.index, dst._data)
+        return dst
+    if isinstance(src, NeuronTensor):  # device -> host
+        d.flush("copy to cpu")
+        dst.copy_(src._data)
+        _charge(src.device.index, src._data)
+        return dst
+    return func(*args, **kwargs)
+
+
+def local_scalar_dense(func, args, kwargs, mode):
+    d = _d()
+    x = args[0]
+    if isinstance(x, NeuronTensor):
+        d.flush("item")
+        _charge(x.device.index, x._data)
+        return x._data.item()
+    return func(*args, **kwargs)
+
+
+def rng_inplace(func, args, kwargs, mode):
+    """normal_, uniform_, bernoulli_, ...: the CPU generator writes straight into device memory."""
+    d = _d()
+    uargs, ukw, index = d.unwrap_args(args, kwargs)
+    d.flush("rng")
+    func(*uargs, **ukw)
+    if index is not None:
+        _charge(index, uargs[0])
+    return args[0]
+
+
+def host_compute(func, args, kwargs, mode):
+    """Factories and functional RNG: computed by the host, then copied to the device."""
+    d = _d()
+    uargs, ukw, index = d.unwrap_args(args, kwargs)
+    dev_index = _target_index(ukw.get("device"))
+    if "device" in ukw and ukw["device"] is not None:
+        ukw["device"] = torch.device("cpu")
+    if index is None:
+        index = dev_index
+    plan = d._PLANS.get(func)
+    written = [n for n in (plan.mutates if plan else ())]
+    out = func(*uargs, **ukw)
+    if index is None:
+        return out
+    if written:  # out= factories (arange.start_out, ...) wrote into the device buffer
+        _charge(index, uargs[0] if isinstance(uargs[0], torch.Tensor) else out)
+        return d._original(func, args, kwargs, written[0]) if plan.ret_alias and \
+            plan.ret_alias[0] else out
+    leaves, spec = tree_flatten(out)
+    return tree_unflatten([to_device(v, index) if isinstance(v, torch.Tensor) else v
+                           for v in leaves], spec)
+
+
+def native_dropout(func, args, kwargs, mode):
+    """Same random stream and arithmetic as the CPU's dropout: bernoulli_(1-p), /(1-p), mul."""
+    x = args[0]
+    p = args[1] if len(args) > 1 else kwargs["p"]
+    train = args[2] if len(args) > 2 else kwargs.get("train")
+    if not train or p == 0:
+        return x.clone(), torch.ones_like(x, dtype=torch.bool)
+    if p == 1:
+        return x * 0, torch.zeros_like(x, dtype=torch.bool)
+    noise = torch.empty_like(x).bernoulli_(1 - p)
+    noise.div_(1 - p)
+    return x * noise, noise != 0
+
+
+def equal(func, args, kwargs, mode):
+    a, b = args[0], args[1]
+    if a.shape != b.shape:
+        return False
+    return bool((a == b).all().item())
+
+
+def tensor_info(func, args, kwargs, mode):
+    """is_pinned and friends: facts about a tensor, no data touched."""
+    if isinstance(args[0], NeuronTensor):
+        return False
+    return func(*args, **kwargs)
+
+
+def noop_self(func, args, kwargs, mode):
+    return args[0] if args else None
+
+
+def record_stream(func, args, kwargs, mode):
+    return None
+
+
+def set_unsupported(func, args, kwargs, mode):
+    from .. import errors
+
+    name = func._schema.name
+    raise RuntimeError(
+        f"{name} changes a tensor's storage or size in place, which neuron tensors do not "
+        f"support\n{errors.where()}\n  args: {errors.describe_args(args, kwargs)}\n"
+        "  fix: allocate a new tensor of the right size instead (torch.empty(..., "
+        "device='neuron')) or do this step on the CPU")
+
+
+def resize_(func, args, kwargs, mode):
+    x, size = args[0], list(args[1])
+    if isinstance(x, NeuronTensor):
+        if list(x.shape) == size:
+            return x
+        return set_unsupported(func, args, kwargs, mode)
+    return func(*args, **kwargs)
+
+
+RNG_INPLACE = [
+    "aten::normal_", "aten::uniform_", "aten::bernoulli_", "aten::random_",
+    "aten::exponential_", "aten::geometric_", "aten::log_normal_", "aten::cauchy_",
+]
+HOST_COMPUTE = [
+    "aten::bernoulli", "aten::normal", "aten::multinomial", "aten::randperm", "aten::randint",
+    "aten::rand", "aten::randn", "aten::arange", "aten::linspace", "aten::logspace",
+    "aten::eye", "aten::scalar_tensor", "aten::poisson", "aten::_standard_gamma",
+    "aten::randint_like", "aten::rand_like", "aten::randn_like", "aten::normal_functional",
+    "aten::tensor", "aten::full", "aten::zeros", "aten::ones",
+]
+
+HOST = {
+    "aten::_to_copy": to_copy,
+    "aten::copy_": copy_,
+    "aten::_local_scalar_dense": local_scalar_dense,
+    "aten::native_dropout": native_dropout,
+    "aten::equal": equal,
+    "aten::is_pinned": tensor_info,
+    "aten::record_stream": record_stream,
+    "aten::set_": set_unsupported,
+    "aten::resize_": resize_,
+    **{name: rng_inplace for name in RNG_INPLACE},
+    **{name: host_compute for name in HOST_COMPUTE},
+}

@@ -1,0 +1,53 @@
+"""Process-wide counters: every outcome that matters is named and counted here.
+
+>>> import eager_neuron, torch
+>>> eager_neuron.reset_stats(); _ = torch.ones(3, device="neuron") + 1
+>>> eager_neuron.stats()["launches"] >= 1
+True
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+
+class Stats:
+    # NOTE: plain attributes, not a dict, because the hot path bumps them per op.
+    __slots__ = (
+        "ops", "launches", "compiles", "compile_seconds", "memory_hits", "disk_hits",
+        "disk_misses", "disk_errors", "fallbacks", "flushes", "decompositions", "views",
+        "transfers", "transfer_bytes", "fused_launches", "fused_ops", "fusion_fallbacks",
+    )
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.ops = 0
+        self.launches = 0
+        self.compiles = 0
+        self.compile_seconds = 0.0
+        self.memory_hits = 0
+        self.disk_hits = 0
+        self.disk_misses: Counter = Counter()   # reason -> count (absent, corrupt, version, io)
+        self.disk_errors = 0
+        self.fallbacks: Counter = Counter()     # aten op name -> count
+        self.flushes: Counter = Counter()       # flush reason -> count
+        self.decompositions: Counter = Counter()
+        self.views = 0
+        self.transfers = 0
+        self.transfer_bytes = 0
+        self.fused_launches = 0
+        self.fused_ops = 0
+        self.fusion_fallbacks = 0
+
+    def snapshot(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name in self.__slots__:
+            value = getattr(self, name)
+            out[name] = dict(value) if isinstance(value, Counter) else value
+        return out
+
+
+STATS = Stats()

@@ -1,0 +1,70 @@
+"""NeuronTensor: a wrapper subclass on device `neuron:i` holding a handle to its device buffer.
+
+The buffer is a host-backed view (`_data`, a CPU tensor with the same sizes, strides and offset)
+into a simulated HBM block (`_block`); views share the block, so aliasing is real.
+
+>>> import torch, eager_neuron
+>>> t = torch.arange(3, device="neuron")
+>>> t
+tensor([0, 1, 2], device='neuron:0')
+"""
+
+from __future__ import annotations
+
+import torch
+
+DEVICES = [torch.device("neuron", i) for i in range(64)]
+
+
+class NeuronTensor(torch.Tensor):
+    _data: torch.Tensor
+    _block: object
+
+    @staticmethod
+    def __new__(cls, data: torch.Tensor, block, index: int = 0, requires_grad: bool = False):
+        r = torch.Tensor._make_wrapper_subclass(
+            cls, data.shape, strides=data.stride(), storage_offset=data.storage_offset(),
+            dtype=data.dtype, device=DEVICES[index], requires_grad=requires_grad,
+        )
+        r._data = data
+        r._block = block
+        return r
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return _dispatch(func, args, kwargs or {})
+
+    def __repr__(self, *, tensor_contents=None) -> str:
+        from .dispatch import to_host
+
+        host = to_host(self, reason="print")
+        text = torch._tensor_str._str(host)
+        suffix = f", device='{self.device}'"
+        if self.requires_grad and self.grad_fn is None:
+            suffix += ", requires_grad=True"
+        elif self.grad_fn is not None:
+            suffix += f", grad_fn=<{type(self.grad_fn).__name__}>"
+        # NOTE: insert before the closing paren: "tensor([1., 2.], dtype=...)" -> "..., device=)"
+        return text[:-1] + suffix + ")"
+
+    def __reduce_ex__(self, protocol):
+        from .dispatch import to_host
+
+        return (_rebuild_neuron, (to_host(self, reason="serialize"), self.device.index,
+                                  self.requires_grad))
+
+
+def _rebuild_neuron(host: torch.Tensor, index: int, requires_grad: bool):
+    t = host.to(DEVICES[index])
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def _dispatch(func, args, kwargs):  # replaced by dispatch.py at import (avoids an import cycle)
+    raise RuntimeError("eager_neuron.dispatch was not imported")
+
+
+torch.serialization.add_safe_globals([_rebuild_neuron])

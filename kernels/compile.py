@@ -1,0 +1,108 @@
+"""Compile rendered kernel source with Numba. The only module that imports numba.
+
+>>> from eager_neuron.kernels.compile import compile_kernel
+>>> k = compile_kernel("@njit\ndef k(x):\n    return x + 1\n", "k")
+>>> k(1)
+2
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+
+import numpy as np
+
+_numba = None
+_lock = threading.Lock()
+# NOTE: Numba's OpenMP/workqueue layers are not fork-safe: a forked child (a DataLoader worker)
+# that runs a parallel kernel dies. Children fall back to the serial variant of each kernel.
+_IN_FORKED_CHILD = False
+
+
+def _after_fork_in_child() -> None:
+    global _IN_FORKED_CHILD
+    _IN_FORKED_CHILD = True
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def parallel_allowed() -> bool:
+    return not _IN_FORKED_CHILD
+
+
+def numba():
+    """Import numba lazily (0.4 s) and remember torch's thread count across it."""
+    global _numba
+    if _numba is None:
+        import torch
+
+        threads = torch.get_num_threads()
+        import numba as nb
+
+        _numba = nb
+        torch.set_num_threads(threads)
+    return _numba
+
+
+class KernelCompileError(RuntimeError):
+    pass
+
+
+def _namespace() -> dict:
+    nb = numba()
+    return {
+        "np": np,
+        "math": math,
+        "numba": nb,
+        "njit": nb.njit,
+        "prange": nb.prange,
+    }
+
+
+def compile_kernel(source: str, name: str, signature=None):
+    """exec the rendered source and return the Numba dispatcher named `name`.
+
+    With `signature` (a tuple of numba types) the machine code is built now, so compile time is
+    measured here and not on the first call.
+    """
+    ns = _namespace()
+    try:
+        exec(compile(source, f"<eager_neuron kernel {name}>", "exec"), ns)
+    except SyntaxError as exc:  # a renderer bug: say which kernel
+        raise KernelCompileError(f"rendered source of kernel {name} is not valid Python: {exc}\n"
+                                 f"{source}") from exc
+    disp = ns[name]
+    if signature is not None:
+        import torch
+
+        threads = torch.get_num_threads()
+        with _lock:
+            try:
+                disp.compile(signature)
+            except Exception as exc:
+                raise KernelCompileError(
+                    f"Numba failed to compile kernel {name} for {signature}: "
+                    f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}\n"
+                    f"--- source ---\n{source}") from exc
+            finally:
+                # NOTE: Numba's threading layer resets torch's intra-op thread count on init.
+                if torch.get_num_threads() != threads:
+                    torch.set_num_threads(threads)
+        disp.disable_compile()
+    return disp
+
+
+def typeof_args(args) -> tuple:
+    nb = numba()
+    return tuple(nb.typeof(a) for a in args)
+
+
+def timed_compile(source: str, name: str, args):
+    """Compile for the types of `args`; returns (dispatcher, seconds)."""
+    t0 = time.perf_counter()
+    disp = compile_kernel(source, name, typeof_args(args))
+    return disp, time.perf_counter() - t0
