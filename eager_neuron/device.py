@@ -108,20 +108,22 @@ def synchronize(device=None) -> None:
 
 
 # -- RNG: the CPU generator, so a seed gives the same numbers on cpu and neuron ---------------------
+# NOTE: torch.manual_seed(s) calls our manual_seed_all(s) after seeding the CPU generator, so
+# these seed the CPU generator directly (never through torch.manual_seed: that would recurse).
 def manual_seed(seed: int) -> None:
-    torch.manual_seed(seed)
+    torch.default_generator.manual_seed(int(seed))
 
 
 def manual_seed_all(seed: int) -> None:
-    torch.manual_seed(seed)
+    torch.default_generator.manual_seed(int(seed))
 
 
 def seed() -> None:
-    torch.seed()
+    torch.default_generator.seed()
 
 
 def seed_all() -> None:
-    torch.seed()
+    torch.default_generator.seed()
 
 
 def initial_seed() -> int:

@@ -86,7 +86,7 @@ def compile_kernel(source: str, name: str, signature=None):
             except Exception as exc:
                 raise KernelCompileError(
                     f"Numba failed to compile kernel {name} for {signature}: "
-                    f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}\n"
+                    f"{type(exc).__name__}: {_short(exc)}\n"
                     f"--- source ---\n{source}") from exc
             finally:
                 # NOTE: Numba's threading layer resets torch's intra-op thread count on init.
@@ -94,6 +94,11 @@ def compile_kernel(source: str, name: str, signature=None):
                     torch.set_num_threads(threads)
         disp.disable_compile()
     return disp
+
+
+def _short(exc: Exception) -> str:
+    lines = [ln for ln in str(exc).splitlines() if ln.strip() and not ln.startswith("During")]
+    return "\n".join(lines[:12])
 
 
 def typeof_args(args) -> tuple:

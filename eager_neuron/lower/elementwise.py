@@ -336,6 +336,7 @@ def lower_elementwise(func, a: dict, outs: list, op_name: str) -> None:
         rank = 1
         arrays = [out.view(-1).numpy()] + [a[nm].reshape(-1).numpy() for nm in tensors]
     else:
+        kinds = ["one" if k == "one" else "nd" for k in kinds]
         expanded = [a[nm].expand(shape) if kinds[i] == "nd" else None
                     for i, nm in enumerate(tensors)]
         strides = [out.stride()] + [e.stride() for e in expanded if e is not None]
