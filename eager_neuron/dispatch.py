@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 import warnings
 
 import torch
@@ -162,6 +163,9 @@ def _plan(func) -> Plan:
     if lower is not None and not (schema.overload_name.startswith("out") and
                                   name not in ops.OUT_OK):
         return Plan("kernel", lower=lower, **kw)
+    if name.startswith("prims::") and hasattr(func, "impl_aten"):
+        # PyTorch's refs decompose into prims; each prim has an aten implementation
+        return Plan("decomp", decomp=func.impl_aten, **kw)
     if full not in ops.NO_DECOMP:
         decomp = ops.decomposition(func)
         if decomp is not None:
@@ -240,11 +244,7 @@ def dispatch(func, args, kwargs, mode=None):
     if kind == "kernel":
         return _run_kernel(func, plan, args, kwargs, mode)
     if kind == "decomp":
-        STATS.decompositions[plan.name] += 1
-        if mode is not None:
-            with mode:
-                return plan.decomp(*args, **kwargs)
-        return plan.decomp(*args, **kwargs)
+        return _run_decomp(func, plan, plan.decomp, args, kwargs, mode)
     if kind == "host":
         return plan.lower(func, args, kwargs, mode)
     if kind == "alloc":
@@ -376,12 +376,30 @@ def _lowering_declined(func, plan, args, kwargs, mode, exc):
 
         decomp = ops.decomposition(func)
     if decomp is not None:
-        STATS.decompositions[plan.name] += 1
+        return _run_decomp(func, plan, decomp, args, kwargs, mode)
+    return run_fallback(func, plan, args, kwargs, mode, why=str(exc))
+
+
+_TLS = threading.local()   # autograd runs backward for a device on its own worker thread
+
+
+def _run_decomp(func, plan, decomp, args, kwargs, mode):
+    """Run PyTorch's decomposition; its ops re-enter dispatch. A decomposition that reaches
+    its own op again (refs -> prims -> aten loops) goes to the fallback instead."""
+    active = getattr(_TLS, "decomps", None)
+    if active is None:
+        active = _TLS.decomps = set()
+    if func in active:
+        return run_fallback(func, plan, args, kwargs, mode, why="decomposition loops")
+    STATS.decompositions[plan.name] += 1
+    active.add(func)
+    try:
         if mode is not None:
             with mode:
                 return decomp(*args, **kwargs)
         return decomp(*args, **kwargs)
-    return run_fallback(func, plan, args, kwargs, mode, why=str(exc))
+    finally:
+        active.discard(func)
 
 
 def _original(func, args, kwargs, name):
