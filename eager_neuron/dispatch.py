@@ -230,15 +230,26 @@ def meta_outputs(func, args, kwargs):
 # the funnel
 # ---------------------------------------------------------------------------------------------
 
+# Profiler hooks: each is a context-manager factory hook(plan, args, kwargs) entered around an op.
+OP_HOOKS: list = []
+
+
 def dispatch(func, args, kwargs, mode=None):
     """Run one aten op. `mode` is the NeuronMode when entered through it (CPU in, CPU out)."""
     STATS.ops += 1
     plan = _PLANS.get(func)
     if plan is None:
         plan = _PLANS[func] = _plan(func)
-    kind = plan.kind
     if "ops" in config.log:
         _log_op(plan, args, kwargs)
+    if OP_HOOKS:
+        with OP_HOOKS[0](plan, args, kwargs):
+            return _dispatch_plan(func, plan, args, kwargs, mode)
+    return _dispatch_plan(func, plan, args, kwargs, mode)
+
+
+def _dispatch_plan(func, plan, args, kwargs, mode):
+    kind = plan.kind
     if kind == "view":
         return _run_view(func, args, kwargs, mode)
     if kind == "kernel":
