@@ -49,6 +49,24 @@ class NeuronTensor(torch.Tensor):
         # NOTE: insert before the closing paren: "tensor([1., 2.], dtype=...)" -> "..., device=)"
         return text[:-1] + suffix + ")"
 
+    # NOTE: these read memory directly in C++ and a wrapper has no storage: go through the host.
+    def tolist(self):
+        from .dispatch import to_host
+
+        return to_host(self, reason="tolist").tolist()
+
+    def numpy(self, *, force: bool = False):
+        if not force:
+            raise TypeError(
+                f"can't convert {self.device} device type tensor to numpy. Use Tensor.cpu() to "
+                "copy the tensor to host memory first.")
+        from .dispatch import to_host
+
+        return to_host(self, reason="numpy").numpy()
+
+    def __array__(self, dtype=None, copy=None):
+        return self.numpy()  # raises, as a CUDA tensor does: copy with .cpu() first
+
     def __reduce_ex__(self, protocol):
         from .dispatch import to_host
 
