@@ -18,8 +18,16 @@ _device.register()
 
 from . import dispatch as _dispatch  # noqa: E402,F401
 from .errors import KernelError, UnsupportedOpError, UnsupportedTensorError  # noqa: E402
+from .adaptive import adaptive, set_adaptive  # noqa: E402
 from .mode import NeuronMode  # noqa: E402
+from .profiler import profile  # noqa: E402
 from .tensor import NeuronTensor  # noqa: E402
+
+if config.disk_cache:
+    # the disk tier; diskcache and numba are imported with the first kernel, not here
+    from .cache import disk as _disk  # noqa: E402
+
+    _disk.install()
 
 
 def stats() -> dict:
@@ -31,14 +39,8 @@ def stats() -> dict:
     from .simulator import SIM
 
     out = STATS.snapshot()
-    out["device_time_us"] = SIM.device_time_us()
-    out["launch_overhead_us"] = sum(c.launch_overhead_us for c in SIM.cores)
-    out["hbm_bytes"] = sum(c.hbm_bytes for c in SIM.cores)
-    busy: dict = {}
-    for c in SIM.cores:
-        for engine, us in c.busy_us.items():
-            busy[engine] = busy.get(engine, 0.0) + us
-    out["engine_busy_us"] = busy
+    # simulated device: device_time_us, launch_overhead_us, hbm_bytes, engine_busy_us, ...
+    out.update(SIM.stats())
     return out
 
 
@@ -48,6 +50,6 @@ def reset_stats() -> None:
 
 
 __all__ = [
-    "NeuronMode", "NeuronTensor", "stats", "reset_stats", "config", "UnsupportedOpError",
-    "UnsupportedTensorError", "KernelError", "__version__",
+    "NeuronMode", "NeuronTensor", "adaptive", "set_adaptive", "stats", "reset_stats", "config", "UnsupportedOpError",
+    "UnsupportedTensorError", "KernelError", "profile", "__version__",
 ]

@@ -21,6 +21,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from . import errors, launch as _launch
+from .adaptive import MODULE as _adaptive
 from .config import config
 from .lower.common import HALF, KERNEL_DTYPES, bind
 from .simulator import SIM
@@ -30,13 +31,10 @@ from . import tensor as _tensor_mod
 
 aten = torch.ops.aten
 
-# Hook for adaptive eager: called before any host read/sync with a reason (see adaptive.py).
-FLUSH_HOOKS: list = []
-
-
 def flush(reason: str) -> None:
-    for hook in FLUSH_HOOKS:
-        hook(reason)
+    """Adaptive eager: launch any pending fused group before a value can be observed."""
+    if _adaptive.STATE.group is not None:
+        _adaptive.flush(reason)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -250,6 +248,10 @@ def dispatch(func, args, kwargs, mode=None):
 
 def _dispatch_plan(func, plan, args, kwargs, mode):
     kind = plan.kind
+    if _adaptive.STATE.group is not None and (
+            mode is not None or kind in ("fallback", "inplace_view") or
+            (kind == "kernel" and plan.lower not in _fusible())):
+        flush(f"non-fusible op {plan.name}")
     if kind == "view":
         return _run_view(func, args, kwargs, mode)
     if kind == "kernel":
@@ -346,6 +348,15 @@ def _run_kernel(func, plan, args, kwargs, mode):
     # 3. run the lowering (half types computed in float32, rounded to nearest even)
     prev = _launch._current_core[0]
     _launch._current_core[0] = index or 0
+    armed = _adaptive.STATE.enabled and mode is None and index is not None
+    if armed:
+        _adaptive.ARG_BLOCKS = _blocks_of(args, kwargs, outs, blocks)
+        if plan.name in _adaptive.REDUCTIONS and not plan.lower in _fusible():
+            if _adaptive.try_record_reduction(plan.name, a, outs, _adaptive.ARG_BLOCKS):
+                _launch._current_core[0] = prev
+                return wrap(outs[0], blocks[0], index)
+            flush(f"non-fusible op {plan.name}")
+        _adaptive.ARMED[0] = plan.lower in _fusible()
     try:
         if any(isinstance(o, torch.Tensor) and o.dtype in HALF for o in outs) or any(
                 isinstance(v, torch.Tensor) and v.dtype in HALF for v in a.values()):
@@ -364,6 +375,9 @@ def _run_kernel(func, plan, args, kwargs, mode):
             f"  args: {errors.describe_args(args, kwargs)}") from exc
     finally:
         _launch._current_core[0] = prev
+        if armed:
+            _adaptive.ARMED[0] = False
+            _adaptive.ARG_BLOCKS = {}
     # 4. results: written args come back as the caller's own objects
     results = []
     for i, out in enumerate(outs):
@@ -377,6 +391,35 @@ def _run_kernel(func, plan, args, kwargs, mode):
     if len(results) == 1 and spec.num_leaves == 1 and spec.type is None:
         return results[0]
     return tree_unflatten(results, spec)
+
+
+_FUSIBLE = None
+
+
+def _fusible() -> frozenset:
+    """Lowerings whose launches adaptive eager may record (the elementwise and cast families)."""
+    global _FUSIBLE
+    if _FUSIBLE is None:
+        from . import ops
+
+        _FUSIBLE = frozenset(fn for name, fn in ops.KERNELS.items()
+                             if name in ops.FUSIBLE_OPS)
+    return _FUSIBLE
+
+
+def _blocks_of(args, kwargs, outs, blocks) -> dict:
+    found = {}
+    for x in list(args) + list(kwargs.values()):
+        if type(x) is NeuronTensor:
+            found[id(x._data)] = x._block
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                if type(v) is NeuronTensor:
+                    found[id(v._data)] = v._block
+    for o, b in zip(outs, blocks):
+        if b is not None:
+            found[id(o)] = b
+    return found
 
 
 def _lowering_declined(func, plan, args, kwargs, mode, exc):

@@ -44,25 +44,37 @@ def arg_types(args: tuple) -> tuple:
 
 
 def _build(key: tuple, render: Callable[[], tuple[str, str]], args: tuple):
-    # 1. disk tier (machine code from an earlier process)
-    if DISK is not None:
-        kernel = DISK.load(key, args)
+    source, name = render()
+    if DISK is None:
+        kernel, seconds = kc.timed_compile(source, name, args)
+    else:
+        # 1. disk tier (machine code from an earlier process)
+        kernel = DISK.load(key, args, source)
         if kernel is not None:
             STATS.disk_hits += 1
             return kernel, "disk", 0.0
-    # 2. render + compile
-    source, name = render()
-    kernel, seconds = kc.timed_compile(source, name, args)
+        # 2. a miss compiles once across threads and processes: whoever waited for the lock
+        #    finds the winner's kernel in memory (same process) or on disk (another process)
+        with DISK.lock(key, source):
+            kernel = MEMORY.get(key)
+            if kernel is not None:
+                STATS.memory_hits += 1
+                return kernel, "memory", 0.0
+            kernel = DISK.load(key, args, source, count=False)
+            if kernel is not None:
+                STATS.disk_hits += 1
+                return kernel, "disk", 0.0
+            kernel, seconds = kc.timed_compile(source, name, args)
+            DISK.store(key, kernel, source, name, seconds)
+            MEMORY.put(key, kernel)
     STATS.compiles += 1
     STATS.compile_seconds += seconds
-    if DISK is not None:
-        DISK.store(key, kernel, source, name, seconds)
     return kernel, "compile", seconds
 
 
 def launch(key: tuple, render: Callable[[], tuple[str, str]], args: tuple,
            flops: float = 0.0, bytes_moved: float = 0.0, engine: str = "vector",
-           dtype_class: str = "fp32") -> None:
+           dtype_class: str = "fp32", extra: dict | None = None) -> None:
     """Run the kernel for `key` on `args` (numpy arrays and scalars) and charge its cost.
 
     `key` is (family, op, static fields...); the arguments' types are appended here, so a new
@@ -86,6 +98,8 @@ def launch(key: tuple, render: Callable[[], tuple[str, str]], args: tuple,
         host_us = (time.perf_counter() - t0) * 1e6
         event = {"key": key, "outcome": outcome, "compile_s": seconds, "host_us": host_us,
                  "device_us": device_us, "bytes": bytes_moved, "flops": flops, "engine": engine}
+        if extra:
+            event.update(extra)
         for hook in HOOKS:
             hook(event)
         if "kernels" in config.log:

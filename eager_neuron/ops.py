@@ -31,6 +31,10 @@ for _name in list(elementwise.OPS):
     if _name.startswith("aten::") and not _name.endswith("_"):
         KERNELS.setdefault(_name + "_", KERNELS[_name])
 
+# what adaptive eager may record into a fused group (the rest flushes it)
+FUSIBLE_OPS = frozenset(set(elementwise.LOWERINGS) | {n + "_" for n in elementwise.OPS}
+                        | set(cast.LOWERINGS))
+
 # packets whose .out overloads the same lowering handles (it writes into the given out)
 OUT_OK = frozenset(name for name in elementwise.OPS)
 

@@ -1,0 +1,339 @@
+"""Adaptive eager: record runs of elementwise ops and launch each run as one fused kernel.
+
+States (an explicit machine, as tinygrad's TinyJit):
+    OFF        ops launch one by one (plain eager)
+    IDLE       adaptive on, nothing recorded
+    RECORDING  fusible ops append nodes to the pending group instead of launching
+and a flush (RECORDING -> IDLE) happens wherever a value could be observed or ordering matters:
+a host read (item, print, tolist, .cpu()), a non-fusible op, a CPU fallback, RNG, synchronize,
+the node/argument limit, leaving the context. Every flush has a named, counted reason.
+
+>>> import torch, eager_neuron
+>>> x = torch.ones(4, device="neuron")
+>>> with eager_neuron.adaptive():
+...     v = ((x + 1) * 2).relu().sum().item()
+>>> v
+16.0
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import weakref
+
+import numpy as np
+
+from .config import config
+from .stats import STATS
+
+OFF, IDLE, RECORDING = "off", "idle", "recording"
+MAX_NODES = 256       # compile time grows with the kernel: bound the group
+MAX_BUFS = 96
+REDUCTIONS = {"aten::sum.default": "sum", "aten::mean.default": "mean",
+              "aten::sum.dim_IntList": "sum", "aten::mean.dim": "mean"}
+
+_lock = threading.RLock()
+ARG_BLOCKS: dict = {}   # id(host buffer) -> Block, set by dispatch around a recorded lowering
+ARMED = [False]         # True while dispatch runs an elementwise op that may be recorded
+
+
+class _Buf:
+    __slots__ = ("arr", "lo", "hi", "dtype", "block_ref", "pin", "written_in", "read_in")
+
+    def __init__(self, arr: np.ndarray, block) -> None:
+        self.arr = arr
+        self.lo = arr.__array_interface__["data"][0]
+        self.hi = self.lo + arr.nbytes
+        self.dtype = arr.dtype
+        self.block_ref = weakref.ref(block) if block is not None else None
+        self.pin = None            # a strong ref once a later loop reads this buffer
+        self.written_in = set()    # loop indices that write it
+        self.read_in = set()       # loop indices that read it
+
+
+class _Loop:
+    __slots__ = ("numel", "nodes", "size_buf", "last_writer")
+
+    def __init__(self, numel: int, size_buf: int) -> None:
+        self.numel = numel
+        self.nodes = []
+        self.size_buf = size_buf
+        self.last_writer: dict = {}   # buf index -> node id whose value it holds
+
+
+class _Group:
+    def __init__(self) -> None:
+        self.loops: list[_Loop] = []
+        self.bufs: list[_Buf] = []
+        self.scalars: list = []
+        self.scalar_casts: list[str] = []
+        self.n_nodes = 0
+        self.ops: list[str] = []
+
+    def buf_index(self, arr: np.ndarray, block) -> int:
+        ptr = arr.__array_interface__["data"][0]
+        for j, b in enumerate(self.bufs):
+            if b.lo == ptr and b.arr.nbytes == arr.nbytes and b.dtype == arr.dtype:
+                # a dead block's storage handed out again: the new owner decides observability
+                if block is not None and (b.block_ref is None or b.block_ref() is None):
+                    b.block_ref = weakref.ref(block)
+                return j
+        self.bufs.append(_Buf(arr, block))
+        return len(self.bufs) - 1
+
+
+class _State:
+    def __init__(self) -> None:
+        self.enabled = config.adaptive
+        self.group: _Group | None = None
+
+    @property
+    def name(self) -> str:
+        if not self.enabled:
+            return OFF
+        return RECORDING if self.group is not None else IDLE
+
+
+STATE = _State()
+# NOTE: `eager_neuron.adaptive` is the public context manager, which shadows this module as a
+# package attribute; internal code imports the module as `from .adaptive import MODULE`.
+MODULE = sys.modules[__name__]
+
+
+def set_adaptive(enabled: bool) -> None:
+    """Switch adaptive eager on or off for the process (flushes pending work)."""
+    flush("adaptive toggled")
+    STATE.enabled = bool(enabled)
+
+
+@contextlib.contextmanager
+def adaptive(enabled: bool = True):
+    """with eager_neuron.adaptive(): ... fuses consecutive elementwise ops into one kernel."""
+    prev = STATE.enabled
+    flush("adaptive toggled")
+    STATE.enabled = enabled
+    try:
+        yield
+    finally:
+        flush("leave adaptive")
+        STATE.enabled = prev
+
+
+def _overlaps(g: _Group, j: int, k: int) -> bool:
+    a, b = g.bufs[j], g.bufs[k]
+    return a.lo < b.hi and b.lo < a.hi
+
+
+def record(op: str, expr: str, kinds: tuple, loads: tuple, scalar_casts: tuple, store: str,
+           out: np.ndarray, operands: list, scalars: tuple, numel: int,
+           reduce: str | None = None, blocks: dict | None = None) -> bool:
+    """Append one elementwise node (flat loop) to the pending group. False: not fusible here."""
+    with _lock:
+        g = STATE.group
+        if g is None:
+            g = STATE.group = _Group()
+        if g.n_nodes >= MAX_NODES or len(g.bufs) + len(operands) + 1 > MAX_BUFS:
+            _flush_locked("buffer limit")
+            g = STATE.group = _Group()
+        blocks = blocks if blocks is not None else ARG_BLOCKS
+        # 1. buffers: operands and output, by their memory range
+        op_idx = [g.buf_index(arr, blocks.get(id(src))) for arr, src in operands]
+        out_idx = g.buf_index(out[0], blocks.get(id(out[1])))
+        # 2. place the node: after the last loop it conflicts with; join a loop of its size
+        barrier, aligned = -1, True
+        reads = set(op_idx)
+        for li in range(len(g.loops) - 1, -1, -1):
+            hit = False
+            for j, b in enumerate(g.bufs):
+                if li in b.written_in and (j in reads or j == out_idx or
+                                           any(_overlaps(g, j, r) for r in reads) or
+                                           _overlaps(g, j, out_idx)):
+                    hit = True
+                    same = (j in reads or j == out_idx) and g.bufs[j].arr.shape[0] == numel
+                    one_read = any(kinds[i] == "one" and op_idx[i] == j for i in range(len(kinds)))
+                    if not same or one_read or not _exact_only(g, j, reads | {out_idx}):
+                        aligned = False
+                if li in b.read_in and (j == out_idx or _overlaps(g, j, out_idx)):
+                    hit = True
+                    if j != out_idx or g.bufs[j].arr.shape[0] != numel:
+                        aligned = False
+            if hit:
+                barrier = li
+                break
+        target = None
+        for li in range(len(g.loops) - 1, max(barrier, 0) - 1, -1):
+            loop = g.loops[li]
+            if loop.numel != numel:
+                continue
+            if li == barrier and not aligned:
+                continue
+            target = li
+            break
+        if target is None:
+            g.loops.append(_Loop(numel, out_idx if not reduce else op_idx[0]))
+            target = len(g.loops) - 1
+        loop = g.loops[target]
+        # 3. operands: a value computed earlier in this loop stays in a register
+        ops = []
+        for i, j in enumerate(op_idx):
+            if kinds[i] == "one":
+                ops.append(("one", j))
+            elif j in loop.last_writer:
+                ops.append(("val", loop.last_writer[j]))
+            else:
+                ops.append(("buf", j))
+            b = g.bufs[j]
+            b.read_in.add(target)
+            if ops[-1][0] != "val" and b.pin is None and b.block_ref is not None:
+                # read from memory: keep the block (and its storage) out of the pool until the
+                # flush, and keep the producer's store
+                b.pin = b.block_ref()
+        base = len(g.scalars)
+        g.scalars.extend(scalars)
+        g.scalar_casts.extend(scalar_casts)
+        node_id = g.n_nodes
+        loop.nodes.append([expr, loads, store, ops, tuple(range(base, base + len(scalars))),
+                           out_idx, reduce, node_id])
+        g.bufs[out_idx].written_in.add(target)
+        if not reduce:
+            loop.last_writer[out_idx] = node_id
+        g.n_nodes += 1
+        g.ops.append(op)
+        return True
+
+
+def _exact_only(g: _Group, j: int, touched: set) -> bool:
+    """True when buffer j overlaps none of `touched` except itself exactly."""
+    return all(k == j or not _overlaps(g, j, k) for k in touched)
+
+
+def flush(reason: str) -> None:
+    """Launch the pending group (if any) as one fused kernel. `reason` is counted and logged."""
+    if STATE.group is None:
+        return
+    with _lock:
+        _flush_locked(reason)
+
+
+def _flush_locked(reason: str) -> None:
+    g = STATE.group
+    STATE.group = None
+    if g is None or g.n_nodes == 0:
+        return
+    STATS.flushes[reason] += 1
+    if "flush" in config.log:
+        from .errors import where
+
+        print(f"[eager_neuron] flush ({reason}): {g.n_nodes} ops in {len(g.loops)} loops "
+              f"-> 1 launch [{', '.join(sorted(set(g.ops)))}]\n{where()}", file=sys.stderr)
+    _launch_group(g, reason)
+
+
+def _spec(g: _Group):
+    """Plain-data kernel spec + args; a store is dropped when nothing can observe the buffer."""
+    loops = []
+    for loop in g.loops:
+        nodes = []
+        for expr, loads, store, ops, scal, out_idx, reduce, node_id in loop.nodes:
+            b = g.bufs[out_idx]
+            observable = (reduce is not None or b.block_ref is None or b.pin is not None
+                          or b.block_ref() is not None
+                          or loop.last_writer.get(out_idx) != node_id)
+            nodes.append((expr, loads, store, tuple(ops), scal,
+                          out_idx if observable else None, reduce, node_id))
+        loops.append((loop.size_buf, tuple(nodes)))
+    return (tuple(loops), len(g.bufs), tuple(g.scalar_casts))
+
+
+def _launch_group(g: _Group, reason: str) -> None:
+    from .kernels import compile as kc
+    from .kernels import fused as kf
+    from .launch import launch
+    from .lower.elementwise import PARALLEL_MIN, PRELUDE
+
+    spec = _spec(g)
+    numel = max(lp.numel for lp in g.loops)
+    parallel = numel >= PARALLEL_MIN and kc.parallel_allowed()
+    args = tuple(b.arr for b in g.bufs) + tuple(g.scalars)
+    stored = sum(g.bufs[n[5]].arr.nbytes for lp in spec[0] for n in lp[1] if n[5] is not None)
+    loaded = sum(b.arr.nbytes for b in g.bufs if b.read_in)
+
+    def render():
+        src, name = kf.render(spec, parallel)
+        return PRELUDE + src, name
+
+    try:
+        launch(("fused", spec, parallel), render, args, flops=float(numel * g.n_nodes),
+               bytes_moved=float(stored + loaded), engine="vector",
+               extra={"group_ops": g.n_nodes, "flush_reason": reason})
+    except Exception as exc:  # a fused kernel that fails falls back to op-by-op, counted
+        STATS.fusion_fallbacks += 1
+        if "flush" in config.log:
+            print(f"[eager_neuron] fused group failed ({type(exc).__name__}: "
+                  f"{str(exc)[:2000]}); running its ops one by one", file=sys.stderr)
+        _run_one_by_one(g)
+        return
+    STATS.fused_launches += 1
+    STATS.fused_ops += g.n_nodes
+
+
+def _run_one_by_one(g: _Group) -> None:
+    """Replay the group as single-node groups, in program order."""
+    order = sorted((n[7], li, n) for li, lp in enumerate(g.loops) for n in lp.nodes)
+    for _id, li, node in order:
+        single = _Group()
+        single.bufs = g.bufs
+        expr, loads, store, ops, scal, out_idx, reduce, _ = node
+        ops = [("buf", j) if k == "val" else (k, j) for k, j in ops]
+        # a "val" operand refers to a node of the same loop: its buffer holds the value now
+        fixed = []
+        for (kind, ref), orig in zip(ops, node[3]):
+            if orig[0] == "val":
+                writer = [n for n in g.loops[li].nodes if n[7] == orig[1]][0]
+                fixed.append(("buf", writer[5]))
+            else:
+                fixed.append((kind, ref))
+        size = g.loops[li].size_buf
+        single.loops = [_Loop(g.loops[li].numel, size)]
+        single.loops[0].nodes = [[expr, loads, store, fixed, scal, out_idx, reduce, 0]]
+        single.scalars, single.scalar_casts = g.scalars, g.scalar_casts
+        single.n_nodes = 1
+        spec = (((size, ((expr, loads, store, tuple(fixed), scal, out_idx, reduce, 0),)),),
+                len(g.bufs), tuple(g.scalar_casts))
+        from .kernels import fused as kf
+        from .launch import launch
+        from .lower.elementwise import PRELUDE
+
+        args = tuple(b.arr for b in g.bufs) + tuple(g.scalars)
+        launch(("fused", spec, False), lambda: (lambda s: (PRELUDE + s[0], s[1]))(
+            kf.render(spec, False)), args)
+
+
+def recording() -> bool:
+    return STATE.enabled
+
+
+def pending_ops() -> int:
+    g = STATE.group
+    return g.n_nodes if g is not None else 0
+
+
+_FLOAT = {np.dtype(np.float32): "np.float32", np.dtype(np.float64): "np.float64"}
+
+
+def try_record_reduction(name: str, a: dict, outs: list, blocks: dict) -> bool:
+    """sum/mean over every element of a contiguous float tensor: a group epilogue."""
+    kind = REDUCTIONS.get(name)
+    x, out = a.get("self"), outs[0]
+    if kind is None or a.get("dtype") is not None or out.numel() != 1 or x.numel() <= 1:
+        return False
+    if not x.is_contiguous() or not out.is_contiguous() or x.dtype != out.dtype:
+        return False
+    arr = x.reshape(-1).numpy()
+    t = _FLOAT.get(arr.dtype)
+    if t is None:
+        return False
+    return record(name, "x0", ("flat",), (t,), (), t + "({})", (out.reshape(-1).numpy(), out),
+                  [(arr, x)], (), arr.shape[0], reduce=kind, blocks=blocks)
