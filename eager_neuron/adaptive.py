@@ -31,7 +31,7 @@ from .stats import STATS
 OFF, IDLE, RECORDING = "off", "idle", "recording"
 MAX_NODES = 256       # compile time grows with the kernel: bound the group
 MAX_BUFS = 96
-REDUCTIONS = {"aten::sum.default": "sum", "aten::mean.default": "mean",
+REDUCTIONS = {"aten::sum": "sum", "aten::mean": "mean",
               "aten::sum.dim_IntList": "sum", "aten::mean.dim": "mean"}
 
 _lock = threading.RLock()

@@ -250,7 +250,8 @@ def _dispatch_plan(func, plan, args, kwargs, mode):
     kind = plan.kind
     if _adaptive.STATE.group is not None and (
             mode is not None or kind in ("fallback", "inplace_view") or
-            (kind == "kernel" and plan.lower not in _fusible())):
+            (kind == "kernel" and plan.lower not in _fusible()
+             and plan.name not in _adaptive.REDUCTIONS)):
         flush(f"non-fusible op {plan.name}")
     if kind == "view":
         return _run_view(func, args, kwargs, mode)
