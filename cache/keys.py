@@ -1,39 +1,68 @@
 """Cache keys and their versions.
 
 A kernel key is a flat tuple of exactly what changes the generated code:
-    (FORMAT_VERSION, family, op, tensor types, static scalars, variant)
-and the disk tier adds `toolchain()` so that a numba/llvmlite/numpy/torch/CPU change is a miss.
+    (FORMAT_VERSION, family, op, static fields..., argument types)
+and the disk tier adds `toolchain()` and a digest of the rendered source, so that a
+numba/llvmlite/numpy/torch/Python/CPU change or an edited renderer is a clean miss.
+
+>>> from eager_neuron.cache.keys import disk_key
+>>> len(disk_key((1, "elementwise", "aten::add"), "@njit\\ndef k(o):\\n    pass\\n"))
+64
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import platform
+import sys
 
-FORMAT_VERSION = 1   # bump when any renderer's output changes
+FORMAT_VERSION = 1   # bump when any renderer's output or the disk entry layout changes
 
 
 @functools.lru_cache(maxsize=1)
 def toolchain() -> tuple:
+    """Everything outside the key that changes the machine code a kernel compiles to."""
     import llvmlite
     import numba
     import numpy
     import torch
+    from numba.core import config as nb_config
 
     from eager_neuron import __version__
 
     try:
-        import llvmlite.binding as llvm
+        from numba.core.registry import cpu_target
 
-        cpu = (llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten())
-    except Exception:  # pragma: no cover - llvmlite without host queries
-        cpu = (platform.machine(), "")
+        # (triple, cpu name, cpu features) as Numba's own cache index has them; honours
+        # NUMBA_CPU_NAME / NUMBA_CPU_FEATURES (e.g. "generic" for a cache shared across hosts)
+        cpu = tuple(cpu_target.target_context.codegen().magic_tuple())
+    except Exception:  # pragma: no cover - a numba without magic_tuple
+        cpu = (platform.machine(), "", "")
     return (
-        __version__,
-        numba.__version__,
-        llvmlite.__version__,
-        numpy.__version__,
-        torch.__version__,
-        platform.machine(),
-        cpu,
+        ("eager_neuron", __version__),
+        ("format", FORMAT_VERSION),
+        ("python", sys.implementation.name, sys.version_info[:2]),
+        ("numba", numba.__version__),
+        ("llvmlite", llvmlite.__version__),
+        ("numpy", numpy.__version__),
+        ("torch", torch.__version__),
+        ("codegen", int(nb_config.OPT), bool(nb_config.BOUNDSCHECK),
+         bool(nb_config.DEBUGINFO_DEFAULT)),
+        ("cpu",) + cpu,
     )
+
+
+@functools.lru_cache(maxsize=1)
+def toolchain_id() -> str:
+    """A short stable name for `toolchain()` (shown by the cache tool, stored in entries)."""
+    return hashlib.sha256(repr(toolchain()).encode()).hexdigest()[:16]
+
+
+def disk_key(key: tuple, source: str) -> str:
+    """The disk tier's key: sha256 over the toolchain, the kernel key and the rendered source.
+
+    The source digest makes an edited renderer a miss even when nobody bumped FORMAT_VERSION.
+    """
+    src = hashlib.sha256(source.encode()).hexdigest()
+    return hashlib.sha256(repr((toolchain(), key, src)).encode()).hexdigest()
