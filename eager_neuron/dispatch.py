@@ -526,3 +526,22 @@ def _log_op(plan, args, kwargs) -> None:
 
 
 _tensor_mod._dispatch = dispatch
+
+_IMPL_LIB = None
+
+
+def install_privateuse1_impls() -> None:
+    """Explicit PrivateUse1 kernels for the copies PyTorch's C++ issues with the Python key
+    excluded (torch.tensor(data, device="neuron") ends in _to_copy/copy_ there): the boxed
+    fallback cannot serve those (an internal assert in torch 2.13), a registered impl can."""
+    global _IMPL_LIB
+    if _IMPL_LIB is not None:
+        return
+    _IMPL_LIB = torch.library.Library("aten", "IMPL")
+    for name in ("_to_copy", "copy_", "_copy_from", "_copy_from_and_resize"):
+        op = getattr(aten, name).default
+
+        def impl(*args, _op=op, **kwargs):
+            return dispatch(_op, args, kwargs)
+
+        _IMPL_LIB.impl(name, impl, "PrivateUse1")

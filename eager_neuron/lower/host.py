@@ -38,7 +38,7 @@ def _charge(index: int, t: torch.Tensor) -> None:
 def to_device(host: torch.Tensor, index: int) -> NeuronTensor:
     """Copy a CPU tensor into a fresh device buffer on core `index` (keeps its strides)."""
     d = _d()
-    if not host.is_non_overlapping_and_dense():
+    if not host.is_contiguous():
         host = host.contiguous()
     data, block = d.alloc(index, host.shape, host.stride(), host.dtype)
     data.copy_(host)
