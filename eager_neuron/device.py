@@ -93,18 +93,31 @@ def get_device_name(device=None) -> str:
 
 
 def get_device_properties(device=None):
+    """The simulated core's figures (a namespace, like torch.cuda.get_device_properties)."""
     index = _index(device)
     core = SIM.core(index)
+    p = SIM.profile
     return types.SimpleNamespace(
-        name=get_device_name(index), type=SIM.profile.name, total_memory=core.capacity,
-        launch_overhead_us=SIM.profile.launch_overhead_us)
+        name=get_device_name(index), type=p.name, core=p.core_name, total_memory=core.capacity,
+        hbm_bytes_per_s=p.hbm_bytes_per_s / p.cores_per_chip, tensor_flops=dict(p.tensor_flops),
+        vector_flops=dict(p.vector_flops), scalar_flops=dict(p.scalar_flops),
+        sbuf_bytes=p.sbuf_bytes, psum_bytes=p.psum_bytes, dma_bytes_per_s=p.dma_bytes_per_s,
+        launch_overhead_us=p.launch_overhead_us)
 
 
 def synchronize(device=None) -> None:
-    """Wait for all queued work (adaptive groups are flushed; the simulated clock is settled)."""
+    """The host waits for all work queued on core `device` (the current core if None).
+
+    Adaptive groups are flushed first; the simulated host clock moves to the core's makespan.
+
+    >>> import torch, eager_neuron
+    >>> torch.neuron.synchronize(); torch.neuron.current_stream().query()
+    True
+    """
     from .dispatch import flush
 
     flush("synchronize")
+    SIM.synchronize(_index(device))
 
 
 # -- RNG: the CPU generator, so a seed gives the same numbers on cpu and neuron ---------------------
@@ -146,8 +159,9 @@ def set_rng_state_all(states) -> None:
     torch.set_rng_state(states[0])
 
 
-# -- memory --------------------------------------------------------------------------------------
+# -- memory: live device buffers per core (see simulator.Core) ----------------------------------
 def memory_allocated(device=None) -> int:
+    """Bytes held by live tensors on core `device` (views share their base's bytes)."""
     return SIM.core(_index(device)).allocated
 
 
@@ -156,7 +170,10 @@ def max_memory_allocated(device=None) -> int:
 
 
 def memory_reserved(device=None) -> int:
-    return SIM.core(_index(device)).reserved
+    """Bytes allocated plus bytes cached in the pool for reuse (empty_cache() returns them)."""
+    core = SIM.core(_index(device))
+    core.allocated  # drain pending frees
+    return core.reserved
 
 
 def max_memory_reserved(device=None) -> int:
@@ -164,45 +181,69 @@ def max_memory_reserved(device=None) -> int:
 
 
 def reset_peak_memory_stats(device=None) -> None:
+    SIM.core(_index(device)).reset_peak()
+
+
+def reset_max_memory_allocated(device=None) -> None:
+    SIM.core(_index(device)).reset_peak()
+
+
+def reset_accumulated_memory_stats(device=None) -> None:
     core = SIM.core(_index(device))
-    core.peak = core.allocated
-    core.peak_reserved = core.reserved
+    core.allocated  # drain pending frees
+    core.alloc_count = core.free_count = core.oom_count = core.retries = 0
+    core.alloc_bytes_total = core.freed_bytes_total = 0
 
 
 def empty_cache() -> None:
+    """Return every cached (pooled, unused) block on every core to the simulated HBM."""
     for core in SIM.cores:
         core.empty_cache()
 
 
 def mem_get_info(device=None) -> tuple[int, int]:
+    """(free, total) HBM bytes of core `device`."""
     core = SIM.core(_index(device))
+    core.allocated  # drain pending frees
     return core.capacity - core.reserved, core.capacity
 
 
 def memory_stats(device=None) -> dict:
+    """torch.cuda.memory_stats-style counters for core `device`."""
     core = SIM.core(_index(device))
+    allocated = core.allocated
     return {
-        "allocated_bytes.all.current": core.allocated,
+        "allocated_bytes.all.current": allocated,
         "allocated_bytes.all.peak": core.peak,
+        "allocated_bytes.all.allocated": core.alloc_bytes_total,
+        "allocated_bytes.all.freed": core.freed_bytes_total,
+        "active_bytes.all.current": allocated,
         "reserved_bytes.all.current": core.reserved,
         "reserved_bytes.all.peak": core.peak_reserved,
-        "num_alloc_retries": 0,
-        "num_ooms": core.oom_count,
+        "inactive_split_bytes.all.current": core.reserved - allocated,
+        "allocation.all.current": core.alloc_count - core.free_count,
         "allocation.all.allocated": core.alloc_count,
         "allocation.all.freed": core.free_count,
+        "num_alloc_retries": core.retries,
+        "num_ooms": core.oom_count,
+        "hbm_capacity_bytes": core.capacity,
     }
 
 
 def memory_summary(device=None, abbreviated: bool = False) -> str:
+    """A few lines on core `device`'s HBM: allocated, reserved, capacity, counts, OOMs."""
     from .simulator import _fmt
 
     core = SIM.core(_index(device))
+    allocated = core.allocated
     rows = [
         f"eager_neuron memory summary: neuron:{core.index} ({SIM.profile.name})",
-        f"  allocated      {_fmt(core.allocated):>12}   peak {_fmt(core.peak)}",
+        f"  allocated      {_fmt(allocated):>12}   peak {_fmt(core.peak)}",
         f"  reserved       {_fmt(core.reserved):>12}   peak {_fmt(core.peak_reserved)}",
+        f"  free           {_fmt(core.capacity - core.reserved):>12}",
         f"  capacity       {_fmt(core.capacity):>12}",
-        f"  allocs/frees   {core.alloc_count}/{core.free_count}   OOMs {core.oom_count}",
+        f"  allocs/frees   {core.alloc_count}/{core.free_count}   retries {core.retries}   "
+        f"OOMs {core.oom_count}",
     ]
     return "\n".join(rows)
 
@@ -211,17 +252,95 @@ device = _DeviceContext
 
 
 def _build_module() -> types.ModuleType:
+    from . import streams
+
     mod = types.ModuleType("torch.neuron")
     for name in (
         "is_available", "is_initialized", "_is_in_bad_fork", "device_count", "current_device",
         "set_device", "get_device_name", "get_device_properties", "synchronize", "manual_seed",
         "manual_seed_all", "seed", "seed_all", "initial_seed", "get_rng_state", "set_rng_state",
         "get_rng_state_all", "set_rng_state_all", "memory_allocated", "max_memory_allocated",
-        "memory_reserved", "max_memory_reserved", "reset_peak_memory_stats", "empty_cache",
+        "memory_reserved", "max_memory_reserved", "reset_peak_memory_stats",
+        "reset_max_memory_allocated", "reset_accumulated_memory_stats", "empty_cache",
         "mem_get_info", "memory_stats", "memory_summary", "device",
     ):
         setattr(mod, name, globals()[name])
+    for name in ("Stream", "Event", "StreamContext", "stream", "current_stream",
+                 "default_stream", "set_stream"):
+        setattr(mod, name, getattr(streams, name))
     return mod
+
+
+# -- torch.accelerator -----------------------------------------------------------------------------
+# PyTorch 2.13's Python device guard (torch._C._acc.DeviceGuard) forwards only type_() to Python:
+# its getDevice/setDevice/getStream/record/synchronize are C++ no-ops or raise, and the generic
+# memory functions need a C++ caching allocator. So torch.accelerator.current_device_index()
+# would always say 0, set_device_index() would be ignored and synchronize() would raise. Those
+# generic functions are Python wrappers in torch/accelerator/__init__.py; we point the ones
+# PyTorch cannot route to their torch.neuron twins. torch.Stream(...)/torch.Event(...) built
+# directly are C++ objects we cannot reach: use torch.neuron.Stream/Event (docs/SIMULATOR.md).
+class _AcceleratorDeviceIndex:
+    """torch.accelerator.device_index(i): core i is current inside the block; None: no change."""
+
+    def __init__(self, device, /) -> None:
+        self.idx = device
+
+    def __enter__(self) -> None:
+        if self.idx is not None:
+            self.prev = _current()
+            set_device(self.idx)
+
+    def __exit__(self, *exc) -> None:
+        if self.idx is not None:
+            set_device(self.prev)
+
+
+def _accelerator_set_stream(stream) -> None:
+    from . import streams
+
+    s = streams._as_stream(stream)
+    set_device(s.device_index)
+    streams.set_stream(s)
+
+
+def _accelerator_get_memory_info(device_index=None, /) -> tuple[int, int]:
+    return mem_get_info(device_index)
+
+
+_ACCELERATOR_ORIGINALS: dict = {}
+
+
+def _accelerator_shims() -> dict:
+    from . import streams
+
+    return {
+        "current_device_index": current_device, "current_device_idx": current_device,
+        "set_device_index": set_device, "set_device_idx": set_device,
+        "device_index": _AcceleratorDeviceIndex, "current_stream": streams.current_stream,
+        "set_stream": _accelerator_set_stream, "synchronize": synchronize,
+        "empty_cache": empty_cache, "memory_stats": memory_stats,
+        "memory_allocated": memory_allocated, "max_memory_allocated": max_memory_allocated,
+        "memory_reserved": memory_reserved, "max_memory_reserved": max_memory_reserved,
+        "reset_peak_memory_stats": reset_peak_memory_stats,
+        "reset_accumulated_memory_stats": reset_accumulated_memory_stats,
+        "get_memory_info": _accelerator_get_memory_info,
+    }
+
+
+def install_accelerator_shims() -> None:
+    """Point the torch.accelerator functions PyTorch cannot route to a Python backend at ours."""
+    acc = torch.accelerator
+    for name, fn in _accelerator_shims().items():
+        if hasattr(acc, name):
+            _ACCELERATOR_ORIGINALS.setdefault(name, getattr(acc, name))
+            setattr(acc, name, fn)
+
+
+def uninstall_accelerator_shims() -> None:
+    """Restore PyTorch's own torch.accelerator functions."""
+    for name, fn in _ACCELERATOR_ORIGINALS.items():
+        setattr(torch.accelerator, name, fn)
+    _ACCELERATOR_ORIGINALS.clear()
 
 
 _registered = False
@@ -240,6 +359,7 @@ def register() -> None:
     torch._C._acc.register_python_privateuseone_hook(_Hooks())
     torch._C._acc.register_python_privateuseone_device_guard(_Guard())
     _install_fallback()
+    install_accelerator_shims()
 
 
 _lib = None

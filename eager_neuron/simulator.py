@@ -1,8 +1,18 @@
-"""Simulated NeuronCores: HBM allocator with capacity and OOM, a per-core clock, engine busy time.
+"""Simulated NeuronCores: HBM allocator with capacity and OOM, queues (streams), a simulated clock.
 
-A core exposes a handful of verbs: alloc, free (by the block's death), launch, transfer.
+A core exposes a handful of verbs: alloc, free (by the block's death), launch, transfer; the
+simulator adds the timeline verbs that streams and events need (record, wait, synchronize).
 Device buffers are host memory (torch CPU storages) standing in for HBM; this module decides
-whether an allocation fits and charges every launch and transfer to the simulated clock.
+whether an allocation fits and charges every launch and copy to the simulated clock.
+
+Timeline (all times in simulated microseconds since import):
+- the host has one clock, `host_us`, that moves only when the host waits: a synchronize, an
+  event/stream synchronize, a blocking host <-> device copy, or every launch under
+  NEURON_LAUNCH_BLOCKING=1;
+- a launch is enqueued on its core's current queue and starts at
+  max(queue tail, core's engines free, host_us); the core runs one kernel at a time;
+- host <-> device copies use the core's DMA engine, so a copy on one queue overlaps compute on
+  another; they are blocking for the host (as PyTorch's default copies from pageable memory are).
 
 >>> from eager_neuron.simulator import SIM
 >>> block = SIM.alloc(0, 4096); SIM.core(0).allocated >= 4096
@@ -11,8 +21,10 @@ True
 
 from __future__ import annotations
 
+import itertools
 import threading
-from collections import defaultdict
+from collections import defaultdict, deque
+from dataclasses import replace
 
 import torch
 
@@ -28,6 +40,14 @@ def _round(nbytes: int) -> int:
     return max(512, (nbytes + 511) // 512 * 512)
 
 
+def _fmt(nbytes: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(nbytes) < 1024 or unit == "GiB":
+            return f"{nbytes:.2f} {unit}" if unit != "B" else f"{int(nbytes)} B"
+        nbytes /= 1024
+    return f"{nbytes:.2f} GiB"
+
+
 class Block:
     """One device allocation. Dies (and returns its bytes) when no tensor refers to it."""
 
@@ -39,70 +59,126 @@ class Block:
         self.storage = storage
 
     def __del__(self) -> None:
+        # NOTE: no lock here. __del__ may run from the garbage collector in the middle of any
+        # allocation, including one inside Core.alloc's critical section; the core drains this
+        # queue under its lock before it next reads or changes its counters.
         try:
-            self.core._release(self)
+            self.core._freed.append((self.nbytes, self.storage))
         except Exception:  # interpreter shutdown: nothing left to account
             pass
 
 
-class Core:
-    """One NeuronCore: its share of HBM, its clock and its engines' busy time."""
+class Queue:
+    """One stream's timeline on one core: the time its last enqueued work completes."""
 
-    def __init__(self, index: int, profile: cost.DeviceProfile, capacity: int) -> None:
+    __slots__ = ("core", "id", "priority", "tail_us", "handle")
+
+    def __init__(self, core: int, id: int, priority: int = 0) -> None:
+        self.core = core
+        self.id = id
+        self.priority = priority
+        self.tail_us = 0.0
+        self.handle = None      # the torch.neuron.Stream wrapping this queue, made on demand
+
+    def __repr__(self) -> str:
+        return f"Queue(neuron:{self.core}, id={self.id}, tail={self.tail_us:.3f} us)"
+
+
+class Core:
+    """One NeuronCore: its share of HBM, its queues and clock, its engines' busy time."""
+
+    def __init__(self, sim: "Simulator", index: int, profile: cost.DeviceProfile,
+                 capacity: int) -> None:
+        self.sim = sim
         self.index = index
         self.profile = profile
         self.capacity = capacity
-        self.allocated = 0
+        # memory
+        self._allocated = 0
         self.peak = 0
         self.reserved = 0           # allocated + cached in the pool
         self.peak_reserved = 0
         self.alloc_count = 0
         self.free_count = 0
+        self.alloc_bytes_total = 0
+        self.freed_bytes_total = 0
         self.oom_count = 0
+        self.retries = 0            # pool emptied to make room
         self.pool: dict[int, list[torch.UntypedStorage]] = defaultdict(list)
-        self.clock_us = 0.0         # simulated device time on this core
+        self._freed: deque = deque()
+        self.lock = threading.Lock()
+        # time
+        self._queue_ids = itertools.count(1)
+        self.default_queue = Queue(index, 0)
+        self.queue = self.default_queue   # the current stream (process-wide, see streams.py)
+        self.compute_free_us = 0.0  # the engines finish their last kernel
+        self.dma_free_us = 0.0      # the DMA engine finishes its last copy
+        self.clock_us = 0.0         # everything enqueued on this core completes
+        self.reset_counters()
+
+    def reset_counters(self) -> None:
         self.busy_us: dict[str, float] = defaultdict(float)   # engine -> busy time
         self.launch_overhead_us = 0.0
         self.launches = 0
-        self.hbm_bytes = 0          # bytes moved between HBM and the engines
-        self.lock = threading.Lock()
+        self.hbm_bytes = 0          # bytes moved between HBM and the engines (as reported)
+        self.transfer_bytes = 0     # bytes this core received or sent to the host
 
     # -- memory ---------------------------------------------------------------------------------
+    @property
+    def allocated(self) -> int:
+        if self._freed:
+            with self.lock:
+                self._drain()
+        return self._allocated
+
+    def _drain(self) -> None:
+        freed = self._freed
+        while freed:
+            nbytes, storage = freed.popleft()
+            self._allocated -= nbytes
+            self.free_count += 1
+            self.freed_bytes_total += nbytes
+            if nbytes >= _POOL_MIN_BYTES:
+                self.pool[nbytes].append(storage)
+            else:
+                self.reserved -= nbytes
+
     def alloc(self, nbytes: int) -> Block:
+        """A block of at least nbytes, from the pool or fresh; OutOfMemoryError if it cannot fit.
+
+        On OOM nothing changes except the OOM counter: existing tensors stay intact.
+        """
         size = _round(nbytes)
         with self.lock:
+            self._drain()
             storage = None
             if size >= _POOL_MIN_BYTES and self.pool.get(size):
                 storage = self.pool[size].pop()
             else:
-                if self.reserved + size > self.capacity and self.pool:
+                if self.reserved + size > self.capacity and self.reserved > self._allocated:
+                    self.retries += 1
                     self._empty_pool()
                 if self.reserved + size > self.capacity:
                     self.oom_count += 1
-                    free = self.capacity - self.allocated
+                    free = self.capacity - self._allocated
                     raise torch.OutOfMemoryError(
                         f"neuron:{self.index} out of memory: tried to allocate {_fmt(size)} "
-                        f"({size} bytes); {_fmt(self.allocated)} allocated, {_fmt(free)} free of "
-                        f"{_fmt(self.capacity)} total HBM on this core. Free tensors you no "
+                        f"({size} bytes); {_fmt(self._allocated)} allocated, {_fmt(free)} "
+                        f"({free} bytes) free of {_fmt(self.capacity)} ({self.capacity} bytes) "
+                        f"total HBM on this core ({self.profile.name}). Free tensors you no "
                         "longer need (del), use a smaller batch, or raise EAGER_NEURON_HBM_BYTES."
                     )
                 self.reserved += size
-                self.peak_reserved = max(self.peak_reserved, self.reserved)
-            self.allocated += size
-            self.peak = max(self.peak, self.allocated)
+                if self.reserved > self.peak_reserved:
+                    self.peak_reserved = self.reserved
+            self._allocated += size
+            if self._allocated > self.peak:
+                self.peak = self._allocated
             self.alloc_count += 1
+            self.alloc_bytes_total += size
         if storage is None:
             storage = torch.UntypedStorage(size)
         return Block(self, size, storage)
-
-    def _release(self, block: Block) -> None:
-        with self.lock:
-            self.allocated -= block.nbytes
-            self.free_count += 1
-            if block.nbytes >= _POOL_MIN_BYTES:
-                self.pool[block.nbytes].append(block.storage)
-            else:
-                self.reserved -= block.nbytes
 
     def _empty_pool(self) -> None:
         for size, storages in self.pool.items():
@@ -111,60 +187,97 @@ class Core:
 
     def empty_cache(self) -> None:
         with self.lock:
+            self._drain()
             self._empty_pool()
+
+    def reset_peak(self) -> None:
+        with self.lock:
+            self._drain()
+            self.peak = self._allocated
+            self.peak_reserved = self.reserved
 
     # -- time -----------------------------------------------------------------------------------
     def launch(self, flops: float, bytes_moved: float, engine: str, dtype_class: str = "fp32"
                ) -> float:
-        """Charge one kernel launch to this core's clock; returns its simulated duration (us)."""
+        """Enqueue one kernel on this core's current queue; returns its simulated duration (us)."""
+        # NOTE: the hot path (once per kernel): no lock. Launches come from one thread at a time
+        # (autograd's device thread runs while the caller waits); the GIL keeps each update whole.
+        overhead = self.profile.launch_overhead_us
         body = cost.kernel_time_us(self.profile, flops, bytes_moved, engine, dtype_class)
-        total = self.profile.launch_overhead_us + body
-        self.clock_us += total
+        sim = self.sim
+        q = self.queue
+        start = q.tail_us
+        if self.compute_free_us > start:
+            start = self.compute_free_us
+        if sim.host_us > start:
+            start = sim.host_us
+        end = start + overhead + body
+        q.tail_us = self.compute_free_us = end
+        if end > self.clock_us:
+            self.clock_us = end
+        if config.launch_blocking:
+            sim.host_us = end
         self.busy_us[engine] += body
-        self.launch_overhead_us += self.profile.launch_overhead_us
+        self.launch_overhead_us += overhead
         self.launches += 1
-        self.hbm_bytes += int(bytes_moved)
-        return total
+        self.hbm_bytes += bytes_moved
+        return overhead + body
 
     def transfer(self, nbytes: int) -> float:
-        """Charge a host <-> device copy; returns its simulated duration (us)."""
+        """A blocking host <-> device copy on the current queue; returns its duration (us)."""
         t = cost.transfer_time_us(self.profile, nbytes)
-        self.clock_us += t
-        self.busy_us["dma"] += t
+        sim = self.sim
+        with sim.lock:
+            q = self.queue
+            start = max(q.tail_us, self.dma_free_us, sim.host_us)
+            end = start + t
+            q.tail_us = self.dma_free_us = end
+            if end > self.clock_us:
+                self.clock_us = end
+            sim.host_us = end     # the host waits for its copy
+            self.busy_us["dma"] += t
+            self.transfer_bytes += nbytes
         STATS.transfers += 1
         STATS.transfer_bytes += nbytes
         return t
 
 
-def _fmt(nbytes: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(nbytes) < 1024 or unit == "GiB":
-            return f"{nbytes:.2f} {unit}" if unit != "B" else f"{int(nbytes)} B"
-        nbytes /= 1024
-    return f"{nbytes:.2f} GiB"
-
-
 class Simulator:
-    """The simulated chip: a device profile and its cores."""
+    """The simulated chip: a device profile, its cores, and the host's clock."""
 
     def __init__(self) -> None:
+        # NOTE: a plain Lock: nothing that runs under it (including Block.__del__ from the
+        # garbage collector) takes it again.
+        self.lock = threading.Lock()
         self.configure(config.device, config.cores, config.hbm_bytes)
 
-    def configure(self, device: str, cores: int, hbm_bytes: int | None = None) -> None:
+    def configure(self, device: str, cores: int, hbm_bytes: int | None = None,
+                  launch_overhead_us: float | None = None) -> None:
+        """(Re)build the chip. Tensors made before keep their old cores' accounting.
+
+        >>> from eager_neuron.simulator import Simulator
+        >>> s = Simulator(); s.configure("trn3", 4, hbm_bytes=1 << 20); len(s.cores)
+        4
+        """
         if device not in cost.PROFILES:
             raise ValueError(
                 f"EAGER_NEURON_DEVICE={device!r} is not a known device profile; "
                 f"choose one of {sorted(cost.PROFILES)}")
-        self.profile = cost.PROFILES[device]
         if cores < 1:
             raise ValueError(f"EAGER_NEURON_CORES={cores}: need at least one core")
-        per_core = hbm_bytes if hbm_bytes else self.profile.hbm_bytes // self.profile.cores_per_chip
-        self.cores = [Core(i, self.profile, per_core) for i in range(cores)]
+        profile = cost.PROFILES[device]
+        if launch_overhead_us is not None:
+            profile = replace(profile, launch_overhead_us=float(launch_overhead_us))
+        self.profile = profile
+        per_core = hbm_bytes if hbm_bytes else cost.core_hbm_bytes(profile)
+        self.host_us = 0.0
+        self.epoch_us = 0.0
+        self.cores = [Core(self, i, profile, per_core) for i in range(cores)]
 
     def core(self, index: int) -> Core:
         try:
             return self.cores[index]
-        except IndexError:
+        except (IndexError, TypeError):
             raise RuntimeError(
                 f"neuron:{index} does not exist: this simulated device has {len(self.cores)} "
                 "cores (set EAGER_NEURON_CORES to change it)") from None
@@ -172,8 +285,113 @@ class Simulator:
     def alloc(self, index: int, nbytes: int) -> Block:
         return self.core(index).alloc(nbytes)
 
+    # -- queues, events, synchronization ------------------------------------------------------
+    def new_queue(self, index: int, priority: int = 0) -> Queue:
+        core = self.core(index)
+        return Queue(index, next(core._queue_ids), priority)
+
+    def record(self, q: Queue) -> float:
+        """An event marker at the end of q's work: the time it completes."""
+        with self.lock:
+            t = q.tail_us if q.tail_us > self.host_us else self.host_us
+            q.tail_us = t
+            return t
+
+    def wait(self, q: Queue, t: float) -> None:
+        """Work enqueued on q after this starts no earlier than t (a device-side wait)."""
+        with self.lock:
+            if t > q.tail_us:
+                q.tail_us = t
+
+    def host_wait(self, t: float) -> None:
+        """The host blocks until simulated time t."""
+        with self.lock:
+            if t > self.host_us:
+                self.host_us = t
+
+    def done(self, t: float) -> bool:
+        """Has the work that completes at t finished, as far as the host can tell?"""
+        return t <= self.host_us
+
+    def synchronize(self, index: int | None = None) -> None:
+        """The host waits for every queue of core `index` (all cores if None)."""
+        cores = self.cores if index is None else [self.core(index)]
+        self.host_wait(max(c.clock_us for c in cores))
+
+    def copy_between(self, src: int, dst: int, nbytes: int) -> float:
+        """A core -> core copy on one chip, ordered after both cores' current queues.
+
+        Asynchronous for the host (like a device-to-device copy); returns its duration (us).
+        """
+        a, b = self.core(src), self.core(dst)
+        t = cost.cross_core_time_us(self.profile, nbytes)
+        with self.lock:
+            start = max(a.queue.tail_us, b.queue.tail_us, a.dma_free_us, b.dma_free_us,
+                        self.host_us)
+            end = start + t
+            for c in (a, b):
+                c.queue.tail_us = c.dma_free_us = end
+                c.clock_us = max(c.clock_us, end)
+            b.transfer_bytes += nbytes     # counted once, on the receiving core
+            b.busy_us["dma"] += t
+        STATS.transfers += 1
+        STATS.transfer_bytes += nbytes
+        return t
+
+    # -- counters -------------------------------------------------------------------------------
+    def now_us(self) -> float:
+        """When everything enqueued so far completes (the simulated makespan)."""
+        return max([self.host_us] + [c.clock_us for c in self.cores])
+
     def device_time_us(self) -> float:
-        return max(c.clock_us for c in self.cores)
+        """Simulated time from the last reset_counters() until all enqueued work completes."""
+        return max(0.0, self.now_us() - self.epoch_us)
+
+    def reset_counters(self) -> None:
+        """Zero launches, busy time, traffic; device time restarts from the current makespan."""
+        with self.lock:
+            self.epoch_us = self.now_us()
+            for c in self.cores:
+                c.reset_counters()
+
+    def stats(self) -> dict:
+        """What eager_neuron.stats() reports about the simulated device."""
+        busy: dict = {}
+        for c in self.cores:
+            for engine, us in c.busy_us.items():
+                busy[engine] = busy.get(engine, 0.0) + us
+        return {
+            "device": self.profile.name,
+            "device_time_us": self.device_time_us(),
+            "core_time_us": [max(0.0, c.clock_us - self.epoch_us) for c in self.cores],
+            "launch_overhead_us": sum(c.launch_overhead_us for c in self.cores),
+            "hbm_bytes": int(sum(c.hbm_bytes for c in self.cores)),
+            "engine_busy_us": busy,
+            "hbm_allocated": [c.allocated for c in self.cores],
+            "hbm_peak": [c.peak for c in self.cores],
+        }
+
+    def summary(self) -> str:
+        """A few lines for the demo: device time, where it went, traffic and memory.
+
+        >>> print(SIM.summary().splitlines()[0])  # doctest: +ELLIPSIS
+        simulated trn... x ... cores: device time ... us
+        """
+        s = self.stats()
+        busy = ", ".join(f"{k} {v:.1f} us" for k, v in sorted(s["engine_busy_us"].items()))
+        launches = sum(c.launches for c in self.cores)
+        transfer_bytes = sum(c.transfer_bytes for c in self.cores)
+        lines = [
+            f"simulated {self.profile.name} x {len(self.cores)} cores: device time "
+            f"{s['device_time_us']:.1f} us",
+            f"  {launches} launches, {s['launch_overhead_us']:.1f} us of launch overhead; "
+            f"engines busy: {busy or 'idle'}",
+            f"  HBM traffic {_fmt(s['hbm_bytes'])}; host<->device {_fmt(transfer_bytes)}",
+            "  HBM in use " + ", ".join(
+                f"neuron:{c.index} {_fmt(c.allocated)} (peak {_fmt(c.peak)})"
+                for c in self.cores),
+        ]
+        return "\n".join(lines)
 
 
 SIM = Simulator()
