@@ -149,6 +149,9 @@ def _plan(func) -> Plan:
     kw = dict(name=full, mutates=mutates, ret_alias=tuple(ret_alias))
     if full in ops.HOST or name in ops.HOST:
         return Plan("host", lower=ops.HOST.get(full) or ops.HOST[name], **kw)
+    if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
+        # reached us from inside a decomposition (e.g. aten::to): PyTorch's own composite
+        return Plan("decomp", decomp=func.decompose, **kw)
     if torch.Tag.inplace_view in func.tags:
         return Plan("inplace_view", **kw)
     if func.is_view or full in ops.VIEW_LIKE:
