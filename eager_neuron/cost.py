@@ -44,6 +44,8 @@ class DeviceProfile:
 # NeuronCore-v3's page does not, but the chip totals (181 FP32 TFLOPS trn2, 183 trn3, i.e. ~22.6
 # per core) include the Vector/Scalar/GpSimd engines, exactly as 8 x 79 BF16 = 632 < 667 does.
 # VectorE and ScalarE publish only FP32 figures; BF16/FP8 use the same rate (no published number).
+_DOCS = "https://awsdocs-neuron.readthedocs-hosted.com/en/latest"
+
 PROFILES = {
     "trn2": DeviceProfile(
         name="trn2", core_name="NeuronCore-v3", cores_per_chip=8,
@@ -55,10 +57,9 @@ PROFILES = {
         dma_bytes_per_s=64e9,        # PCIe Gen5 x16, an assumption
         launch_overhead_us=15.0,
         sources=(
-            "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/about-neuron/arch/"
-            "neuron-hardware/trainium2.html",
-            "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/about-neuron/arch/"
-            "neuron-hardware/neuron-core-v3.html",
+            f"{_DOCS}/about-neuron/arch/neuron-hardware/trainium2.html",
+            f"{_DOCS}/about-neuron/arch/neuron-hardware/neuron-core-v3.html",
+            f"{_DOCS}/nki/guides/architecture/trainium2_arch.html",
         ),
     ),
     "trn3": DeviceProfile(
@@ -71,10 +72,9 @@ PROFILES = {
         dma_bytes_per_s=64e9,        # PCIe Gen5 x16, an assumption (trn3's link is unpublished)
         launch_overhead_us=15.0,
         sources=(
-            "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/about-neuron/arch/"
-            "neuron-hardware/trainium3.html",
-            "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/about-neuron/arch/"
-            "neuron-hardware/neuron-core-v4.html",
+            f"{_DOCS}/about-neuron/arch/neuron-hardware/trainium3.html",
+            f"{_DOCS}/about-neuron/arch/neuron-hardware/neuron-core-v4.html",
+            f"{_DOCS}/nki/about/trainium3_arch.html",
         ),
     ),
 }

@@ -172,7 +172,7 @@ def max_memory_allocated(device=None) -> int:
 def memory_reserved(device=None) -> int:
     """Bytes allocated plus bytes cached in the pool for reuse (empty_cache() returns them)."""
     core = SIM.core(_index(device))
-    core.allocated  # drain pending frees
+    core.drain()
     return core.reserved
 
 
@@ -190,7 +190,7 @@ def reset_max_memory_allocated(device=None) -> None:
 
 def reset_accumulated_memory_stats(device=None) -> None:
     core = SIM.core(_index(device))
-    core.allocated  # drain pending frees
+    core.drain()
     core.alloc_count = core.free_count = core.oom_count = core.retries = 0
     core.alloc_bytes_total = core.freed_bytes_total = 0
 
@@ -204,7 +204,7 @@ def empty_cache() -> None:
 def mem_get_info(device=None) -> tuple[int, int]:
     """(free, total) HBM bytes of core `device`."""
     core = SIM.core(_index(device))
-    core.allocated  # drain pending frees
+    core.drain()
     return core.capacity - core.reserved, core.capacity
 
 
@@ -242,8 +242,8 @@ def memory_summary(device=None, abbreviated: bool = False) -> str:
         f"  reserved       {_fmt(core.reserved):>12}   peak {_fmt(core.peak_reserved)}",
         f"  free           {_fmt(core.capacity - core.reserved):>12}",
         f"  capacity       {_fmt(core.capacity):>12}",
-        f"  allocs/frees   {core.alloc_count}/{core.free_count}   retries {core.retries}   "
-        f"OOMs {core.oom_count}",
+        (f"  allocs/frees   {core.alloc_count}/{core.free_count}   retries {core.retries}   "
+         f"OOMs {core.oom_count}"),
     ]
     return "\n".join(rows)
 
@@ -378,4 +378,4 @@ def _install_fallback() -> None:
     _lib.fallback(fallback, "PrivateUse1")
 
 
-__all__ = ["register", "config"]
+__all__ = ["config", "register"]

@@ -51,9 +51,9 @@ def _fmt(nbytes: float) -> str:
 class Block:
     """One device allocation. Dies (and returns its bytes) when no tensor refers to it."""
 
-    __slots__ = ("core", "nbytes", "storage", "__weakref__")
+    __slots__ = ("__weakref__", "core", "nbytes", "storage")
 
-    def __init__(self, core: "Core", nbytes: int, storage: torch.UntypedStorage) -> None:
+    def __init__(self, core: Core, nbytes: int, storage: torch.UntypedStorage) -> None:
         self.core = core
         self.nbytes = nbytes
         self.storage = storage
@@ -64,14 +64,14 @@ class Block:
         # queue under its lock before it next reads or changes its counters.
         try:
             self.core._freed.append((self.nbytes, self.storage))
-        except Exception:  # interpreter shutdown: nothing left to account
+        except Exception:  # noqa: BLE001, S110 -- interpreter shutdown: nothing left to account
             pass
 
 
 class Queue:
     """One stream's timeline on one core: the time its last enqueued work completes."""
 
-    __slots__ = ("core", "id", "priority", "tail_us", "handle")
+    __slots__ = ("core", "handle", "id", "priority", "tail_us")
 
     def __init__(self, core: int, id: int, priority: int = 0) -> None:
         self.core = core
@@ -87,7 +87,7 @@ class Queue:
 class Core:
     """One NeuronCore: its share of HBM, its queues and clock, its engines' busy time."""
 
-    def __init__(self, sim: "Simulator", index: int, profile: cost.DeviceProfile,
+    def __init__(self, sim: Simulator, index: int, profile: cost.DeviceProfile,
                  capacity: int) -> None:
         self.sim = sim
         self.index = index
@@ -126,10 +126,15 @@ class Core:
     # -- memory ---------------------------------------------------------------------------------
     @property
     def allocated(self) -> int:
+        """Bytes held by live blocks (frees queued by Block.__del__ are applied first)."""
+        self.drain()
+        return self._allocated
+
+    def drain(self) -> None:
+        """Apply the frees queued by dead blocks."""
         if self._freed:
             with self.lock:
                 self._drain()
-        return self._allocated
 
     def _drain(self) -> None:
         freed = self._freed
@@ -169,11 +174,9 @@ class Core:
                         "longer need (del), use a smaller batch, or raise EAGER_NEURON_HBM_BYTES."
                     )
                 self.reserved += size
-                if self.reserved > self.peak_reserved:
-                    self.peak_reserved = self.reserved
+                self.peak_reserved = max(self.peak_reserved, self.reserved)
             self._allocated += size
-            if self._allocated > self.peak:
-                self.peak = self._allocated
+            self.peak = max(self.peak, self._allocated)
             self.alloc_count += 1
             self.alloc_bytes_total += size
         if storage is None:
@@ -207,14 +210,11 @@ class Core:
         sim = self.sim
         q = self.queue
         start = q.tail_us
-        if self.compute_free_us > start:
-            start = self.compute_free_us
-        if sim.host_us > start:
-            start = sim.host_us
+        start = max(start, self.compute_free_us)
+        start = max(start, sim.host_us)
         end = start + overhead + body
         q.tail_us = self.compute_free_us = end
-        if end > self.clock_us:
-            self.clock_us = end
+        self.clock_us = max(self.clock_us, end)
         if config.launch_blocking:
             sim.host_us = end
         self.busy_us[engine] += body
@@ -232,8 +232,7 @@ class Core:
             start = max(q.tail_us, self.dma_free_us, sim.host_us)
             end = start + t
             q.tail_us = self.dma_free_us = end
-            if end > self.clock_us:
-                self.clock_us = end
+            self.clock_us = max(self.clock_us, end)
             sim.host_us = end     # the host waits for its copy
             self.busy_us["dma"] += t
             self.transfer_bytes += nbytes
@@ -293,21 +292,19 @@ class Simulator:
     def record(self, q: Queue) -> float:
         """An event marker at the end of q's work: the time it completes."""
         with self.lock:
-            t = q.tail_us if q.tail_us > self.host_us else self.host_us
+            t = max(self.host_us, q.tail_us)
             q.tail_us = t
             return t
 
     def wait(self, q: Queue, t: float) -> None:
         """Work enqueued on q after this starts no earlier than t (a device-side wait)."""
         with self.lock:
-            if t > q.tail_us:
-                q.tail_us = t
+            q.tail_us = max(q.tail_us, t)
 
     def host_wait(self, t: float) -> None:
         """The host blocks until simulated time t."""
         with self.lock:
-            if t > self.host_us:
-                self.host_us = t
+            self.host_us = max(self.host_us, t)
 
     def done(self, t: float) -> bool:
         """Has the work that completes at t finished, as far as the host can tell?"""
@@ -382,10 +379,10 @@ class Simulator:
         launches = sum(c.launches for c in self.cores)
         transfer_bytes = sum(c.transfer_bytes for c in self.cores)
         lines = [
-            f"simulated {self.profile.name} x {len(self.cores)} cores: device time "
-            f"{s['device_time_us']:.1f} us",
-            f"  {launches} launches, {s['launch_overhead_us']:.1f} us of launch overhead; "
-            f"engines busy: {busy or 'idle'}",
+            (f"simulated {self.profile.name} x {len(self.cores)} cores: device time "
+             f"{s['device_time_us']:.1f} us"),
+            (f"  {launches} launches, {s['launch_overhead_us']:.1f} us of launch overhead; "
+             f"engines busy: {busy or 'idle'}"),
             f"  HBM traffic {_fmt(s['hbm_bytes'])}; host<->device {_fmt(transfer_bytes)}",
             "  HBM in use " + ", ".join(
                 f"neuron:{c.index} {_fmt(c.allocated)} (peak {_fmt(c.peak)})"
