@@ -1,0 +1,1 @@
+"""Command-line tools: `python -m eager_neuron.tools.<name> --help`."""
