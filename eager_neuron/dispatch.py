@@ -160,6 +160,9 @@ def _plan(func) -> Plan:
         return Plan("alloc", **kw)
     if name.startswith("aten::_foreach_"):
         return Plan("foreach", **kw)
+    dynamic = ops.DYNAMIC.get(full) or ops.DYNAMIC.get(name)
+    if dynamic is not None:
+        return Plan("dynamic", lower=dynamic, **kw)
     lower = ops.KERNELS.get(full) or ops.KERNELS.get(name)
     if lower is not None and not (schema.overload_name.startswith("out") and
                                   name not in ops.OUT_OK):
@@ -252,7 +255,8 @@ def dispatch(func, args, kwargs, mode=None):
 def _dispatch_plan(func, plan, args, kwargs, mode):
     kind = plan.kind
     if _adaptive.STATE.group is not None and (
-            mode is not None or kind in ("fallback", "inplace_view") or
+            mode is not None or kind not in ("view", "alloc", "decomp", "foreach", "host",
+                                             "kernel") or
             (kind == "kernel" and plan.lower not in _fusible()
              and plan.name not in _adaptive.REDUCTIONS)):
         flush(f"non-fusible op {plan.name}")
@@ -264,6 +268,8 @@ def _dispatch_plan(func, plan, args, kwargs, mode):
         return _run_decomp(func, plan, plan.decomp, args, kwargs, mode)
     if kind == "host":
         return plan.lower(func, args, kwargs, mode)
+    if kind == "dynamic":
+        return _run_dynamic(func, plan, args, kwargs, mode)
     if kind == "alloc":
         return _run_alloc(func, args, kwargs, mode)
     if kind == "foreach":
@@ -424,6 +430,30 @@ def _blocks_of(args, kwargs, outs, blocks) -> dict:
         if b is not None:
             found[id(o)] = b
     return found
+
+
+def _run_dynamic(func, plan, args, kwargs, mode):
+    """Ops whose output size depends on the data (nonzero, masked_select, x[mask]): the
+    lowering counts first, then allocates and fills; it returns [(data, block), ...]."""
+    uargs, ukw, index = unwrap_args(args, kwargs)
+    a = bind(func, uargs, ukw)
+    prev = _launch._current_core[0]
+    _launch._current_core[0] = index or 0
+    try:
+        produced = plan.lower(func, a, index)
+    except NotImplementedError as exc:
+        return _lowering_declined(func, plan, args, kwargs, mode, exc)
+    except (errors.UnsupportedOpError, errors.UnsupportedTensorError, torch.OutOfMemoryError,
+            IndexError):
+        raise
+    except Exception as exc:
+        raise errors.KernelError(
+            f"{plan.name} failed on neuron: {type(exc).__name__}: {exc}\n{errors.where()}\n"
+            f"  args: {errors.describe_args(args, kwargs)}") from exc
+    finally:
+        _launch._current_core[0] = prev
+    outs = [wrap(data, block, index) for data, block in produced]
+    return outs[0] if len(outs) == 1 else tuple(outs)
 
 
 def _lowering_declined(func, plan, args, kwargs, mode, exc):

@@ -22,6 +22,14 @@ for _mod in ("reduce", "matmul", "index", "norm", "conv", "loss"):
     except ImportError:  # family not built yet
         pass
 
+# ops whose output size depends on the data: fn(func, a, core) -> [(data, block), ...]
+DYNAMIC: dict = {}
+for _mod in ("index", "mask"):
+    try:
+        DYNAMIC.update(__import__(f"eager_neuron.lower.{_mod}", fromlist=["DYNAMIC"]).DYNAMIC)
+    except (ImportError, AttributeError):
+        pass
+
 KERNELS: dict = {}
 for _family, _table in FAMILIES.items():
     for _name, _fn in _table.items():
