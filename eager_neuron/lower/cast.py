@@ -14,7 +14,9 @@ from ..simulator import SIM
 from ..stats import STATS
 from . import elementwise as ew
 
-_F32_TO_BF16 = ("((x0 >> 16) | 64) if (x0 & 0x7FFFFFFF) > 0x7F800000 else "
+# NOTE: every NaN becomes the quiet NaN 0x7FC0, as c10::round_to_nearest_even does (the CPU's
+# AVX2 path writes 0xFFFF for contiguous inputs; either is NaN, the payload is not observable)
+_F32_TO_BF16 = ("0x7FC0 if (x0 & 0x7FFFFFFF) > 0x7F800000 else "
                 "((x0 + 0x7FFF + ((x0 >> 16) & 1)) >> 16)")
 _BF16_TO_F32 = "(x0 & 0xFFFF) << 16"
 
@@ -50,6 +52,9 @@ def cast(src: torch.Tensor, dst: torch.Tensor) -> None:
 def _cast_half(src: torch.Tensor, dst: torch.Tensor) -> None:
     if src.dtype == torch.float16 or dst.dtype == torch.float16:
         # NOTE: no float16 in Numba; torch's converter rounds to nearest even like the CPU.
+        from ..adaptive import flush
+
+        flush("float16 host cast")
         dst.copy_(src)
         STATS.launches += 1
         SIM.cores[_launch._current_core[0]].launch(0, dst.numel() * 6, "vector")

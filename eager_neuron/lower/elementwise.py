@@ -7,12 +7,15 @@ arguments become loaded operands, Scalar arguments become kernel scalars, so `ad
 
 from __future__ import annotations
 
+import hashlib
 import re
 
+import numpy as np
 import torch
 
 from ..kernels import compile as kc
 from ..kernels import elementwise as kew
+from ..adaptive import MODULE as _adaptive
 from ..launch import launch
 from .common import NP_TYPE, coalesce
 
@@ -59,7 +62,7 @@ OPS: dict = {
     "aten::ceil": ("np.ceil(self)", "out"),
     "aten::trunc": ("np.trunc(self)", "out"),
     "aten::frac": ("self - np.trunc(self)", "out"),
-    "aten::round": ("np.rint(self)", "out"),
+    "aten::round": (lambda a: _round(a.get("decimals") or 0), "out"),
     "aten::sign": ("T(self > 0) - T(self < 0)", "out"),
     "aten::sgn": ("T(self > 0) - T(self < 0)", "out"),
     "aten::reciprocal": ("T(1) / self", "out"),
@@ -87,7 +90,7 @@ OPS: dict = {
     "aten::threshold": ("value if self <= threshold else self", "out"),
     "aten::gelu": (lambda a: _GELU[a["approximate"]], "out"),
     "aten::logit": (lambda a: "math.log(self / (T(1) - self))" if a["eps"] is None else
-                    "math.log(_c(self, eps) / (T(1) - _c(self, eps)))", "out"),
+                    "_logit_eps(self, eps, T(1))", "out"),
     # -- activation backward ---------------------------------------------------------------------
     "aten::threshold_backward": ("T(0) if self <= threshold else grad_output", "out"),
     "aten::sigmoid_backward": ("grad_output * (T(1) - output) * output", "out"),
@@ -113,9 +116,9 @@ OPS: dict = {
     "aten::div": (lambda a: _DIV[a.get("rounding_mode")], "out"),
     "aten::true_divide": ("self / other", "out"),
     "aten::floor_divide": (lambda a: _DIV["floor"], "out"),
-    "aten::remainder": ("_rem(self, other)", "out"),
-    "aten::fmod": ("_fmod(self, other)", "out"),
-    "aten::pow": ("_pow(self, exponent)", "out"),
+    "aten::remainder": ("_rem(self, other, T(1))", "out"),
+    "aten::fmod": ("_fmod(self, other, T(1))", "out"),
+    "aten::pow": (lambda a: _pow(a), "out"),
     "aten::maximum": ("self if self != self else (other if other != other else "
                       "(self if self > other else other))", "out"),
     "aten::minimum": ("self if self != self else (other if other != other else "
@@ -184,9 +187,43 @@ _GELU_BW = {
 _DIV = {
     None: "self / other",
     "true": "self / other",
-    "trunc": "_div_trunc(self, other)",
-    "floor": "_div_floor(self, other)",
+    "trunc": "_div_trunc(self, other, T(1))",
+    "floor": "_div_floor(self, other, T(1))",
 }
+
+
+def _round(decimals: int) -> str:
+    # torch: nearbyint(x * 10^d) / 10^d, or nearbyint(x / 10^-d) * 10^-d for d < 0
+    if decimals == 0:
+        return "np.rint(self)"
+    p = f"T({float(10 ** abs(decimals))!r})"
+    return f"np.rint(self * {p}) / {p}" if decimals > 0 else f"np.rint(self / {p}) * {p}"
+
+
+def _is_integral(v) -> bool:
+    if isinstance(v, torch.Tensor):
+        return not (v.dtype.is_floating_point or v.dtype.is_complex)
+    return isinstance(v, (bool, int))
+
+
+# torch's CPU pow for a floating result special-cases these scalar exponents (PowKernel.cpp)
+# (0.5 is sqrt_kernel, so pow(-inf, 0.5) is nan there, not C's inf)
+_POW_SPECIAL = {0.5: "math.sqrt(self) if self >= 0 else T(math.nan)",
+                -0.5: "T(1) / math.sqrt(self) if self >= 0 else T(math.nan)",
+                -1.0: "T(1) / self", 2.0: "self * self", 3.0: "self * self * self",
+                -2.0: "T(1) / (self * self)", 0.0: "T(1)", 1.0: "self"}
+
+
+def _pow(a: dict) -> str:
+    base, exp = a["self"], a["exponent"]
+    integral = _is_integral(base) and _is_integral(exp)
+    if not isinstance(exp, torch.Tensor):
+        if integral and isinstance(base, torch.Tensor) and exp < 0:
+            raise RuntimeError("Integers to negative integer powers are not allowed.")
+        special = _POW_SPECIAL.get(float(exp)) if not integral or exp in (0, 1, 2, 3) else None
+        if special is not None:
+            return special
+    return "_pow(self, exponent, T(1))"
 
 
 def _clamp(a: dict, lo: str | None, hi: str | None) -> str:
@@ -214,78 +251,207 @@ def _nan_to_num(a: dict) -> str:
 
 
 # Small njit helpers every elementwise kernel may call (defined in the kernel's namespace).
+# NOTE: Numba's isinstance() does not see np.float32 as float, so each helper comes in a float
+# (`_f`) and an integer (`_i`) form and the renderer picks one from the compute type (_HELPERS).
+# Float helpers take `one` in the compute type: a bare literal would promote float32 to float64.
 PRELUDE = '''
 @njit(inline="always", error_model="numpy")
-def _div_trunc(a, b):
-    if isinstance(a, float) or isinstance(b, float):
-        return np.trunc(a / b)
+def _div_trunc_f(a, b, one):
+    return np.trunc(a / b)
+
+@njit(inline="always", error_model="numpy")
+def _div_trunc_i(a, b, one):
+    if b == 0:
+        raise ZeroDivisionError("ZeroDivisionError")
     q = a // b
     if q < 0 and q * b != a:
         q += 1
     return q
 
 @njit(inline="always", error_model="numpy")
-def _div_floor(a, b):
-    if isinstance(a, float) or isinstance(b, float):
-        if b == 0:
-            return a / b
-        m = math.fmod(a, b)
-        d = (a - m) / b
-        if m != 0 and ((b < 0) != (m < 0)):
-            d -= 1
+def _div_floor_f(a, b, one):
+    if b == 0:
+        return a / b
+    m = np.fmod(a, b)
+    d = (a - m) / b
+    if m != 0 and ((b < 0) != (m < 0)):
+        d -= one
+    if d != 0:
         f = np.floor(d)
-        if d - f > 0.5:
-            f += 1
-        return f if d != 0 else math.copysign(0.0, a / b) * 1
+        if d - f > one / (one + one):
+            f += one
+        return f
+    return np.copysign(one - one, a / b)
+
+@njit(inline="always", error_model="numpy")
+def _div_floor_i(a, b, one):
+    if b == 0:
+        raise ZeroDivisionError("ZeroDivisionError")
     return a // b
 
 @njit(inline="always", error_model="numpy")
-def _rem(a, b):
-    if isinstance(a, float) or isinstance(b, float):
-        if b == 0:
-            return a - a / b * 0 if False else math.nan
-        m = math.fmod(a, b)
-        if m != 0 and ((b < 0) != (m < 0)):
-            m += b
-        return m
+def _rem_f(a, b, one):
+    m = np.fmod(a, b)
+    if m != 0 and ((b < 0) != (m < 0)):
+        m += b
+    return m
+
+@njit(inline="always", error_model="numpy")
+def _rem_i(a, b, one):
+    if b == 0:
+        raise ZeroDivisionError("ZeroDivisionError")
     return a % b
 
 @njit(inline="always", error_model="numpy")
-def _fmod(a, b):
-    if isinstance(a, float) or isinstance(b, float):
-        return math.fmod(a, b) if b != 0 else math.nan
+def _fmod_f(a, b, one):
+    return np.fmod(a, b)
+
+@njit(inline="always", error_model="numpy")
+def _fmod_i(a, b, one):
+    if b == 0:
+        raise ZeroDivisionError("ZeroDivisionError")
     r = a % b
     if r != 0 and ((r < 0) != (a < 0)):
         r -= b
     return r
 
 @njit(inline="always", error_model="numpy")
-def _pow(a, b):
+def _pow_f(a, b, one):
     return a ** b
 
 @njit(inline="always", error_model="numpy")
-def _c(x, eps):
-    return eps if x < eps else (1 - eps if x > 1 - eps else x)
+def _pow_i(a, b, one):
+    # torch: an integer to a negative power is 1, -1 or 0 (never a division by zero)
+    if b < 0:
+        if a == 1:
+            return one
+        if a == -1:
+            return -one if b & 1 else one
+        return one - one
+    r = one
+    base = a
+    while b:
+        if b & 1:
+            r = r * base
+        base = base * base
+        b >>= 1
+    return r
+
+@njit(inline="always", error_model="numpy")
+def _logit_eps(x, eps, one):
+    hi = one - eps
+    x = eps if x < eps else (hi if x > hi else x)
+    return math.log(x / (one - x))
 
 @njit(inline="always")
 def _finfo_max(x):
     return np.finfo(type(x)).max
 '''
 
-_NAME_RE: dict = {}
+# the prelude is part of every kernel's source: its hash is part of every kernel's key
+PRELUDE_ID = hashlib.sha1(PRELUDE.encode()).hexdigest()[:10]
+_HELPERS = ("_div_trunc", "_div_floor", "_rem", "_fmod", "_pow")
+_HELPER_RE = re.compile(r"\b(" + "|".join(_HELPERS) + r")\(")
+_FLOATS = frozenset({torch.float32, torch.float64})
 
 
-def _render_expr(template: str, names: list, subst: dict) -> str:
-    key = tuple(names)
-    pattern = _NAME_RE.get(key)
-    if pattern is None:
-        pattern = re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\b")
-        _NAME_RE[key] = pattern
+# ---------------------------------------------------------------------------------------------
+# template analysis, once per (op, template, argument types)
+# ---------------------------------------------------------------------------------------------
+
+class _Spec:
+    """What a call's argument types fix: operands, the rendered expression, casts, the store."""
+
+    __slots__ = ("tensors", "scalars", "expr", "loads", "scalar_casts", "store", "T", "flops",
+                 "engine", "one_ok")
+
+    def __init__(self, tensors, scalars, expr, loads, scalar_casts, store, T, flops, engine):
+        self.tensors = tensors            # schema names loaded from arrays, in order x0, x1, ..
+        self.scalars = scalars            # schema names passed as kernel scalars c0, c1, ..
+        self.expr = expr
+        self.loads = loads                # per tensor: numpy cast applied on load
+        self.scalar_casts = scalar_casts  # per scalar
+        self.store = store
+        self.T = T
+        self.flops = flops
+        self.engine = engine
+
+
+_NAMES: dict = {}   # (template, schema names) -> the names the template uses, schema order
+_SPECS: dict = {}   # (op, template, out dtype, per-name type, as-scalar mask) -> _Spec
+
+
+def _template_names(template: str, arg_names: tuple) -> tuple:
+    key = (template, arg_names)
+    names = _NAMES.get(key)
+    if names is None:
+        # NOTE: a name after '.' is an attribute (math.exp), never an argument
+        names = tuple(nm for nm in arg_names
+                      if re.search(r"(?<![\w.])%s\b" % re.escape(nm), template))
+        _NAMES[key] = names
+    return names
+
+
+def _render_expr(template: str, subst: dict) -> str:
+    if not subst:
+        return template
+    pattern = re.compile(r"(?<![\w.])(" + "|".join(map(re.escape, subst)) + r")\b")
     return pattern.sub(lambda m: subst[m.group(1)], template)
 
 
-def _is_tensor(v) -> bool:
-    return isinstance(v, torch.Tensor)
+def _np(t: torch.Tensor):
+    return t.numpy(force=True)
+
+
+def _type_of(v):
+    return v.dtype if isinstance(v, torch.Tensor) else type(v)
+
+
+def _build_spec(op_name: str, template: str, rule: str, arg_casts: dict, a: dict, names: tuple,
+                as_scalar: tuple, out_dtype) -> _Spec:
+    # 1. compute type, from the original operands (a (1,)-shaped tensor still promotes fully)
+    if rule == "out":
+        ctype = out_dtype
+    elif rule == "out_float":
+        self_t = a["self"].dtype
+        ctype = self_t if self_t.is_floating_point else torch.float32
+    elif rule == "common":
+        vals = [a[nm] for nm in names]
+        ctype = torch.result_type(*vals) if len(vals) == 2 else vals[0].dtype
+    elif rule == "bool":
+        ctype = torch.bool
+    else:
+        ctype = None
+    T = NP_TYPE[ctype] if ctype is not None else ""
+    # 2. operands: tensors are loaded from arrays, scalars (and one-element tensors) are not
+    tensors = tuple(nm for i, nm in enumerate(names)
+                    if isinstance(a[nm], torch.Tensor) and not as_scalar[i])
+    scalars = tuple(nm for nm in names if nm not in tensors)
+    loads = tuple("np.bool_" if arg_casts.get(nm) == "bool" else T for nm in tensors)
+    scalar_casts = []
+    for i, nm in enumerate(names):
+        if nm in tensors:
+            continue
+        v = a[nm]
+        if arg_casts.get(nm) == "bool":
+            scalar_casts.append("np.bool_")
+        elif T:
+            scalar_casts.append(T)
+        elif isinstance(v, torch.Tensor):
+            scalar_casts.append(NP_TYPE[v.dtype])
+        else:
+            scalar_casts.append(_py_cast(v))
+    # 3. the expression: names -> x_i / c_j, T(..) -> the compute type, helpers by kind
+    subst = {nm: f"x{i}" for i, nm in enumerate(tensors)}
+    subst.update({nm: f"c{j}" for j, nm in enumerate(scalars)})
+    expr = _render_expr(template, subst)
+    kind = "_f" if ctype in _FLOATS else "_i"
+    expr = _HELPER_RE.sub(lambda m: f"{m.group(1)}{kind}(", expr)
+    expr = re.sub(r"(?<![\w.])T\(", f"{T or 'np.float64'}(", expr)
+    store = "({}) != 0" if out_dtype == torch.bool else f"{NP_TYPE[out_dtype]}({{}})"
+    engine = "scalar" if "math." in expr else "vector"
+    return _Spec(tensors, scalars, expr, loads, tuple(scalar_casts), store, T,
+                 max(1, expr.count("(")), engine)
 
 
 def lower_elementwise(func, a: dict, outs: list, op_name: str) -> None:
@@ -295,101 +461,90 @@ def lower_elementwise(func, a: dict, outs: list, op_name: str) -> None:
         return
     entry = OPS[op_name]
     template, rule = entry[0], entry[1]
-    arg_casts = entry[2] if len(entry) > 2 else {}
     if callable(template):
         template = template(a)
-    # 1. operands named in the template, in schema order
-    names = [name for name in a if re.search(r"\b%s\b" % name, template)] if template else []
-    tensors = [nm for nm in names if _is_tensor(a[nm])]
-    scalars = [nm for nm in names if not _is_tensor(a[nm])]
-    # 2. compute type
-    if rule == "out":
-        ctype = out.dtype
-    elif rule == "out_float":
-        ctype = torch.promote_types(a["self"].dtype, torch.float32) \
-            if not a["self"].is_floating_point() else a["self"].dtype
-    elif rule == "common":
-        vals = [a[nm] for nm in names]
-        ctype = torch.result_type(*vals) if len(vals) == 2 else vals[0].dtype
-    elif rule == "bool":
-        ctype = torch.bool
-    else:
-        ctype = None
-    T = NP_TYPE[ctype] if ctype is not None else ""
-
-    def load_type(nm: str, dtype) -> str:
-        cast = arg_casts.get(nm)
-        if cast == "bool":
-            return "np.bool_"
-        return T if T else ""
-
-    # 3. operand kinds: flat (same shape, contiguous), one (single element), nd (broadcast)
-    shape = tuple(out.shape)
+    names = _template_names(template, tuple(a))
+    # 1. a one-element tensor operand of a larger output is read once, as a kernel scalar, so
+    #    `x * t` (t of one element) shares the kernel of `x * 2.0`. Not while adaptive eager
+    #    records: the element may be the pending output of a recorded op.
+    one_ok = rule not in ("none", "common") and n != 1 and not _adaptive.ARMED[0]
+    as_scalar = tuple(one_ok and isinstance(a[nm], torch.Tensor) and a[nm].numel() == 1
+                      for nm in names)
+    key = (op_name, template, out.dtype, tuple(_type_of(a[nm]) for nm in names), as_scalar)
+    spec = _SPECS.get(key)
+    if spec is None:
+        spec = _SPECS[key] = _build_spec(op_name, template, rule, entry[2] if len(entry) > 2
+                                         else {}, a, names, as_scalar, out.dtype)
+    tensors = spec.tensors
+    # 2. operand kinds: flat (same shape, contiguous), one (single element), nd (broadcast)
+    shape = out.shape
     out_contig = out.is_contiguous()
     kinds = []
     for nm in tensors:
         t = a[nm]
         if t.numel() == 1 and n != 1:
             kinds.append("one")
-        elif out_contig and tuple(t.shape) == shape and t.is_contiguous():
+        elif out_contig and t.shape == shape and t.is_contiguous():
             kinds.append("flat")
         else:
             kinds.append("nd")
+    # NOTE: numpy(force=True): under NeuronMode an operand may be a CPU tensor that requires
+    # grad; force only detaches here (a CPU buffer, never conj/neg), the memory is shared.
     if "nd" not in kinds and out_contig:
         rank = 1
-        arrays = [out.view(-1).numpy()] + [a[nm].reshape(-1).numpy() for nm in tensors]
+        arrays = [_np(out.view(-1))] + [_np(a[nm].reshape(-1)) for nm in tensors]
     else:
         kinds = ["one" if k == "one" else "nd" for k in kinds]
         expanded = [a[nm].expand(shape) if kinds[i] == "nd" else None
                     for i, nm in enumerate(tensors)]
         strides = [out.stride()] + [e.stride() for e in expanded if e is not None]
-        cshape, cstrides = coalesce(shape, strides)
+        cshape, cstrides = coalesce(tuple(shape), strides)
         rank = len(cshape)
-        arrays = [out.as_strided(cshape, cstrides[0], out.storage_offset()).numpy()]
+        arrays = [_np(out.as_strided(cshape, cstrides[0], out.storage_offset()))]
         j = 1
         for i, nm in enumerate(tensors):
             if kinds[i] == "nd":
                 e = expanded[i]
-                arrays.append(e.as_strided(cshape, cstrides[j], e.storage_offset()).numpy())
+                arrays.append(_np(e.as_strided(cshape, cstrides[j], e.storage_offset())))
                 j += 1
             else:
-                arrays.append(a[nm].reshape(-1).numpy())
-    # 4. scalars: runtime arguments, cast to the compute type inside the kernel
+                arrays.append(_np(a[nm].reshape(-1)))
+    kinds = tuple(kinds)
+    # 3. scalars: runtime arguments (a new alpha never recompiles), cast inside the kernel
     scalar_vals = []
-    scalar_casts = []
-    for nm in scalars:
+    for nm in spec.scalars:
         v = a[nm]
-        if isinstance(v, bool) or v is None:
+        if isinstance(v, torch.Tensor):
+            v = _np(v.reshape(-1))[0].item()
+        elif isinstance(v, bool) or v is None:
             v = bool(v)
         scalar_vals.append(v)
-        cast = arg_casts.get(nm)
-        scalar_casts.append("np.bool_" if cast == "bool" else (T or _py_cast(v)))
-    subst = {nm: f"x{i}" for i, nm in enumerate(tensors)}
-    subst.update({nm: f"c{j}" for j, nm in enumerate(scalars)})
-    expr = _render_expr(template, names, subst) if names else template
-    expr = expr.replace("T(", f"{T or 'np.float64'}(")
-    store_t = NP_TYPE[out.dtype]
-    store = "({}) != 0" if out.dtype == torch.bool else f"{store_t}({{}})"
-    loads = tuple(load_type(nm, a[nm].dtype) for nm in tensors)
+    expr, loads, scalar_casts, store = spec.expr, spec.loads, spec.scalar_casts, spec.store
     parallel = n >= PARALLEL_MIN and kc.parallel_allowed()
-    key = ("elementwise", op_name, expr, tuple(kinds), rank, loads, tuple(scalar_casts), store,
-           parallel)
+    key = ("elementwise", op_name, expr, kinds, rank, loads, scalar_casts, store, parallel,
+           PRELUDE_ID)
 
     def render():
-        src, name = kew.render(expr, tuple(kinds), rank, loads, tuple(scalar_casts), store,
-                               parallel)
+        src, name = kew.render(expr, kinds, rank, loads, scalar_casts, store, parallel)
         return PRELUDE + src, name
 
-    itemsize = out.element_size()
-    bytes_moved = n * itemsize + sum(
+    if _adaptive.ARMED[0] and rank == 1:
+        # adaptive eager: append to the pending fused group instead of launching
+        operands = [(arrays[1 + i], a[nm]) for i, nm in enumerate(tensors)]
+        if _adaptive.record(op_name, expr, kinds, loads, scalar_casts, store,
+                            (arrays[0], out), operands, tuple(scalar_vals), n):
+            return
+    elif _adaptive.ARMED[0]:
+        _adaptive.flush("strided or broadcast operand")
+    bytes_moved = n * out.element_size() + sum(
         (a[nm].numel() if kinds[i] != "one" else 1) * a[nm].element_size()
         for i, nm in enumerate(tensors))
-    launch(key, render, tuple(arrays) + tuple(scalar_vals), flops=n * max(1, expr.count("(")),
-           bytes_moved=bytes_moved, engine="scalar" if "math." in expr else "vector")
+    launch(key, render, tuple(arrays) + tuple(scalar_vals), flops=n * spec.flops,
+           bytes_moved=bytes_moved, engine=spec.engine)
 
 
 def _py_cast(v) -> str:
-    if isinstance(v, bool):
+    if isinstance(v, bool) or v is None:
         return "np.bool_"
     if isinstance(v, int):
         return "np.int64"
@@ -404,3 +559,102 @@ def _make(op_name: str):
 
 
 LOWERINGS = {name: _make(name) for name in OPS}
+
+
+# ---------------------------------------------------------------------------------------------
+# fused recurrent cells (nn.LSTM / nn.GRU on an accelerator call these; no CPU kernel exists)
+# ---------------------------------------------------------------------------------------------
+
+def _cell_arrays(*ts):
+    """2-D (or 1-D bias) numpy views; a missing optional tensor is an empty placeholder."""
+    out = []
+    for t in ts:
+        out.append(_np(t) if t is not None else np.zeros(0, np.float32))
+    return out
+
+
+def _cell_launch(op: str, key: tuple, render, arrays: list, numel: int) -> None:
+    if _adaptive.STATE.group is not None:   # reads buffers a pending fused group may write
+        _adaptive.flush(f"non-fusible op {op}")
+    nbytes = sum(x.nbytes for x in arrays)
+    launch(("elementwise", op) + key, render, tuple(arrays), flops=30.0 * numel,
+           bytes_moved=float(nbytes), engine="scalar")
+
+
+def _check_cell(*ts) -> str:
+    if any(t is not None and t.dim() != 2 for t in ts):
+        raise NotImplementedError("fused rnn cell: 2-D (batched) operands only")
+    dtypes = {t.dtype for t in ts if t is not None}
+    if len(dtypes) != 1 or next(iter(dtypes)) not in _FLOATS:
+        raise NotImplementedError(f"fused rnn cell: one float dtype, got {dtypes}")
+    return NP_TYPE[next(iter(dtypes))]
+
+
+def lower_lstm_cell(func, a, outs) -> None:
+    ig, hg, cx, b1, b2 = (a["input_gates"], a["hidden_gates"], a["cx"], a["input_bias"],
+                          a["hidden_bias"])
+    T = _check_cell(ig, hg, cx)
+    has_bias = b1 is not None and b2 is not None
+    hy, cy, ws = outs
+    if hy.numel() == 0:
+        return
+    _cell_launch("aten::_thnn_fused_lstm_cell", (has_bias, T),
+                 lambda: kew.render_lstm_cell(has_bias, T),
+                 _cell_arrays(hy, cy, ws, ig, hg, cx, b1 if has_bias else None,
+                              b2 if has_bias else None), cx.numel())
+
+
+def lower_lstm_cell_backward(func, a, outs) -> None:
+    ghy, gcy, cx, cy, ws = a["grad_hy"], a["grad_cy"], a["cx"], a["cy"], a["workspace"]
+    T = _check_cell(ghy, gcy, cx, cy, ws)
+    gg, gcx, gb = outs
+    if not isinstance(gg, torch.Tensor):    # neither grad defined: nothing to compute
+        return
+    has_bias = isinstance(gb, torch.Tensor)
+    if gg.numel() == 0:
+        if has_bias:
+            gb.zero_()
+        return
+    flags = (ghy is not None, gcy is not None, has_bias)
+    _cell_launch("aten::_thnn_fused_lstm_cell_backward_impl", flags + (T,),
+                 lambda: kew.render_lstm_cell_backward(*flags, T),
+                 _cell_arrays(gg, gcx, gb if has_bias else None, ghy, gcy, cx, cy, ws),
+                 cx.numel())
+
+
+def lower_gru_cell(func, a, outs) -> None:
+    ig, hg, hx, b1, b2 = (a["input_gates"], a["hidden_gates"], a["hx"], a["input_bias"],
+                          a["hidden_bias"])
+    T = _check_cell(ig, hg, hx)
+    has_bias = b1 is not None and b2 is not None
+    hy, ws = outs
+    if hy.numel() == 0:
+        return
+    _cell_launch("aten::_thnn_fused_gru_cell", (has_bias, T),
+                 lambda: kew.render_gru_cell(has_bias, T),
+                 _cell_arrays(hy, ws, ig, hg, hx, b1 if has_bias else None,
+                              b2 if has_bias else None), hx.numel())
+
+
+def lower_gru_cell_backward(func, a, outs) -> None:
+    ghy, ws = a["grad_hy"], a["workspace"]
+    T = _check_cell(ghy, ws)
+    gig, ghg, ghx, gib, ghb = outs
+    has_bias = isinstance(gib, torch.Tensor) and isinstance(ghb, torch.Tensor)
+    if ghy.numel() == 0:
+        for g in (gib, ghb):
+            if isinstance(g, torch.Tensor):
+                g.zero_()
+        return
+    _cell_launch("aten::_thnn_fused_gru_cell_backward", (has_bias, T),
+                 lambda: kew.render_gru_cell_backward(has_bias, T),
+                 _cell_arrays(gig, ghg, ghx, gib if has_bias else None,
+                              ghb if has_bias else None, ghy, ws), ghy.numel())
+
+
+LOWERINGS.update({
+    "aten::_thnn_fused_lstm_cell": lower_lstm_cell,
+    "aten::_thnn_fused_lstm_cell_backward_impl": lower_lstm_cell_backward,
+    "aten::_thnn_fused_gru_cell": lower_gru_cell,
+    "aten::_thnn_fused_gru_cell_backward": lower_gru_cell_backward,
+})

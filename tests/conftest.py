@@ -1,0 +1,72 @@
+"""Shared fixtures: counters, the strict-fallback switch, and the OpInfo fallback summary.
+
+>>> def test_x(stats_delta):            # counters since the test started
+...     torch.ones(3, device="neuron") + 1
+...     assert stats_delta()["launches"] >= 1
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+
+import pytest
+import torch
+
+import eager_neuron
+from eager_neuron.config import config as neuron_config
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "opinfo: one OpInfo op on neuron vs the CPU")
+    config.addinivalue_line("markers", "models: real models train on neuron vs the CPU")
+    # the fallback warns once per op; tests count fallbacks through stats() instead
+    config.addinivalue_line("filterwarnings", "ignore:.*has no neuron kernel:UserWarning")
+
+
+@pytest.fixture
+def stats_delta():
+    """A function returning the counters accumulated since the fixture was set up."""
+    eager_neuron.reset_stats()
+
+    def delta() -> dict:
+        return eager_neuron.stats()
+
+    return delta
+
+
+@pytest.fixture
+def strict_fallback():
+    """EAGER_NEURON_FALLBACK=error for the duration of the test."""
+    prev = neuron_config.fallback
+    neuron_config.fallback = "error"
+    try:
+        yield
+    finally:
+        neuron_config.fallback = prev
+
+
+@pytest.fixture
+def seeded():
+    """Seed the (shared CPU) generator; returns the seeding function for re-seeding."""
+    def seed(s: int = 0) -> None:
+        torch.manual_seed(s)
+
+    seed()
+    return seed
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):  # noqa: ARG001
+    """After an OpInfo run: which ops reached the CPU fallback, and how often."""
+    mod = sys.modules.get("test_opinfo") or sys.modules.get("tests.test_opinfo")
+    seen: collections.Counter = getattr(mod, "FALLBACKS_SEEN", None) or collections.Counter()
+    if not seen:
+        return
+    tr = terminalreporter
+    tr.section("eager_neuron: CPU fallbacks met by the OpInfo sweep")
+    tr.write_line(f"{sum(seen.values())} fallback calls in {len(seen)} ops "
+                  "(these samples count as failures; see tests/opinfo_xfail.txt)")
+    for name, count in seen.most_common(25):
+        tr.write_line(f"  {count:6d}  {name}")
+    if len(seen) > 25:
+        tr.write_line(f"  ... and {len(seen) - 25} more ops")
