@@ -100,7 +100,8 @@ def _thread_state():
 
 
 def _user_frame():
-    """(file, line, function) of the first frame outside torch, eager_neuron and the stdlib."""
+    """(code, instruction offset, None) of the first frame outside torch, eager_neuron and the
+    stdlib. NOTE: the line number is resolved when the profile ends (f_lineno costs ~1 us)."""
     f = sys._getframe(2)
     skip = _SKIP_CODE
     while f is not None:
@@ -110,13 +111,13 @@ def _user_frame():
             fn = code.co_filename
             s = skip[code] = fn.startswith(_SKIP_PREFIXES)
         if not s:
-            return (code.co_filename, f.f_lineno, code.co_name, None)
+            return (code, f.f_lasti, None)
         f = f.f_back
     return None
 
 
 def _locate():
-    """Location of a top-level op: (file, line, function, grad_fn or None) or None.
+    """Location of a top-level op: (code, offset, grad_fn or None) or None.
 
     NOTE: autograd runs a neuron tensor's backward on its own device thread, where no user frame
     exists; the node being run carries the forward op's sequence number instead.
@@ -125,7 +126,7 @@ def _locate():
     if node is not None:
         fwd = _SEQ_LOC.get(node._sequence_nr())
         name = node.name()
-        return (fwd[0], fwd[1], fwd[2], name) if fwd else (None, None, None, name)
+        return (fwd[0], fwd[1], name) if fwd else (None, None, name)
     loc = _user_frame()
     # the op's autograd node (if it has one) was made just before dispatch: its number is seq-1
     seq = _sequence_nr()
@@ -349,10 +350,13 @@ def _place(loc) -> tuple:
     """(phase, grad_fn, file, line, function, source, location) of a raw location."""
     if loc is None:
         return (None, None, None, None, None, None, "<unknown>")
-    file, line, func, grad_fn = loc
+    code, offset, grad_fn = loc
     phase = "forward" if grad_fn is None else "backward"
-    if file is None:
+    if code is None:
         return (phase, grad_fn, None, None, None, None, "<backward>")
+    file, func = code.co_filename, code.co_name
+    line = next((ln for start, end, ln in code.co_lines() if start <= offset < end), None)
+    line = line if line is not None else code.co_firstlineno
     source = linecache.getline(file, line).strip() or None
     here = f"{os.path.basename(file)}:{line} in {func}"
     return (phase, grad_fn, file, line, func, source,
@@ -477,6 +481,13 @@ _GROUPS = {
     "kernel": ("kernel", "launches", "memory", "disk", "compiles", "compile_ms", "host_us",
                "device_us", "mbytes", "engine", "group"),
 }
+class Table(str):
+    """The table text; shown as a table, not a quoted string, when a REPL echoes it."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
 _ALIASES = {"device": "device_us", "host": "host_ms", "time": "device_us", "compile": "compile_ms",
             "bytes": "mbytes", "count": "calls"}
 
@@ -531,11 +542,22 @@ class Profile:
 
     # -- rows ----------------------------------------------------------------------------------
     def rows(self) -> list[dict]:
-        """One dict per event (the columns of to_dataframe / to_parquet)."""
+        """One dict per event (the columns of to_dataframe / to_parquet).
+
+        >>> import torch, eager_neuron
+        >>> with eager_neuron.profile() as prof: _ = torch.ones(8, device="neuron") + 1
+        >>> prof.rows()[-1]["type"]
+        'kernel'
+        """
         return [{f: getattr(e, f) for f in FIELDS} for e in self.events]
 
     def summary(self, group_by: str = "line", sort_by: str = "device_us") -> list[dict]:
-        """Aggregated rows, as table() prints them (group_by: line | op | kernel)."""
+        """Aggregated rows, as table() prints them (group_by: line | op | kernel).
+
+        >>> import torch, eager_neuron
+        >>> with eager_neuron.profile() as prof: _ = torch.ones(8, device="neuron") + 1
+        >>> [r["calls"] for r in prof.summary(group_by="line")]  # doctest: +SKIP
+        """
         if group_by not in _GROUPS:
             raise ValueError(f"group_by={group_by!r}: choose one of {sorted(_GROUPS)}")
         columns = _GROUPS[group_by]
@@ -574,7 +596,7 @@ class Profile:
         return rows
 
     def table(self, sort_by: str = "device_us", group_by: str = "line",
-              row_limit: int = 30) -> str:
+              row_limit: int = 30) -> Table:
         """A readable table: per source line (default), per aten op, or per kernel.
 
         >>> import torch, eager_neuron
@@ -604,7 +626,7 @@ class Profile:
         lines += [fmt(r) for r in cells]
         if len(rows) > row_limit:
             lines.append(f"... {len(rows) - row_limit} more rows (row_limit={row_limit})")
-        return "\n".join(lines)
+        return Table("\n".join(lines))
 
     def __str__(self) -> str:
         return self.table()
@@ -622,7 +644,12 @@ class Profile:
             json.dump(chrome_trace(self.events), f)
 
     def to_dataframe(self):
-        """A pandas DataFrame, one row per event (needs pandas: pip install eager_neuron[profile])."""
+        """A pandas DataFrame, one row per event (needs pandas: pip install eager_neuron[profile]).
+
+        >>> import torch, eager_neuron
+        >>> with eager_neuron.profile() as prof: _ = torch.ones(8, device="neuron") + 1
+        >>> prof.to_dataframe().groupby("type").device_us.sum()  # doctest: +SKIP
+        """
         try:
             import pandas as pd
         except ImportError:
@@ -631,7 +658,12 @@ class Profile:
         return pd.DataFrame(self.rows(), columns=list(FIELDS))
 
     def to_parquet(self, path: str) -> None:
-        """Write the events as Parquet (needs pyarrow); read_parquet(path) gives the rows back."""
+        """Write the events as Parquet (needs pyarrow); read_parquet(path) gives the rows back.
+
+        >>> import torch, eager_neuron
+        >>> with eager_neuron.profile() as prof: _ = torch.ones(8, device="neuron") + 1
+        >>> prof.to_parquet("/tmp/events.parquet")  # doctest: +SKIP
+        """
         pa, pq = _arrow()
         rows = self.rows()
         cols = {f: [r[f] for r in rows] for f in FIELDS}
@@ -650,7 +682,11 @@ def profile() -> Profile:
 
 
 def read_parquet(path: str) -> list[dict]:
-    """The rows a Profile wrote with to_parquet (as Profile.rows() gives them)."""
+    """The rows a Profile wrote with to_parquet (as Profile.rows() gives them).
+
+    >>> from eager_neuron.profiler import read_parquet
+    >>> rows = read_parquet("/tmp/events.parquet")  # doctest: +SKIP
+    """
     _pa, pq = _arrow()
     rows = pq.read_table(path).to_pylist()
     for r in rows:

@@ -119,6 +119,7 @@ def test_tables_render_every_grouping(mlp_profile):
     for group_by in ("line", "op", "kernel"):
         text = mlp_profile.table(group_by=group_by, sort_by="device_us")
         assert text.startswith("eager_neuron profile:") and "device_us" in text
+        assert repr(text) == text                # a REPL shows the table, not a quoted string
     assert "backward of test_profiler.py" in mlp_profile.table()
     assert "aten::relu" in mlp_profile.table(group_by="op")
     assert "elementwise:aten::relu" in mlp_profile.table(group_by="kernel")
@@ -255,6 +256,13 @@ def test_threads_record_their_own_stacks_and_lines():
     for e in prof.events:
         if e.parent is not None and e.type in ("op", "kernel"):
             assert prof.events[e.parent].thread == e.thread
+
+
+def test_a_failing_record_is_dropped_and_counted_never_raised():
+    with eager_neuron.profile() as prof, profiler._op_hook(object(), (), {}):  # no .name
+        y = torch.ones(2, device="neuron") + 1
+    assert prof.totals["dropped"] == 1 and "1 records DROPPED" in prof.table()
+    assert y.sum().item() == 4.0
 
 
 def test_hooks_come_off_and_nested_sessions_both_see_events():
