@@ -48,7 +48,10 @@ def stats() -> dict:
 
 def reset_stats() -> None:
     """Zero every counter (kernels stay cached)."""
+    from .simulator import SIM
+
     STATS.reset()
+    SIM.reset_counters()
 
 
 __all__ = [

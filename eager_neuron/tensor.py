@@ -70,8 +70,11 @@ class NeuronTensor(torch.Tensor):
     def __reduce_ex__(self, protocol):
         from .dispatch import to_host
 
-        return (_rebuild_neuron, (to_host(self, reason="serialize"), self.device.index,
-                                  self.requires_grad))
+        # NOTE: PyTorch's own rebuild honours torch.load(map_location=...) and is on the
+        # weights_only allowlist, so a checkpoint loads on cpu without eager_neuron installed.
+        return (torch._utils._rebuild_device_tensor_from_cpu_tensor,
+                (to_host(self, reason="serialize"), self.dtype, str(self.device),
+                 self.requires_grad))
 
 
 def _rebuild_neuron(host: torch.Tensor, index: int, requires_grad: bool):

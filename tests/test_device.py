@@ -85,8 +85,6 @@ def test_state_dict_round_trip_through_torch_save():
         assert torch.equal(fresh.state_dict()[k].cpu(), v.cpu())
 
 
-@pytest.mark.xfail(strict=True, reason="tensor.py pickles NeuronTensor with its own rebuild "
-                   "function, so torch.load ignores map_location")
 def test_neuron_checkpoint_loads_on_cpu_with_map_location():
     buf = io.BytesIO()
     torch.save(torch.nn.Linear(5, 2).to("neuron").state_dict(), buf)

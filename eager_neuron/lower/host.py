@@ -66,8 +66,12 @@ def to_copy(func, args, kwargs, mode):
         d.flush("cross-core copy")
         kw["device"] = torch.device("cpu")
         moved = aten._to_copy.default(src._data, **kw)
-        out = to_device(moved, target)
-        return out
+        if not moved.is_contiguous():
+            moved = moved.contiguous()
+        data, block = d.alloc(target, moved.shape, moved.stride(), moved.dtype)
+        data.copy_(moved)
+        SIM.copy_between(src.device.index, target, moved.numel() * moved.element_size())
+        return NeuronTensor(data, block, target)
     # host -> device (a CPU tensor with device="neuron"), or plain CPU under the mode
     target = _target_index(device)
     kw["device"] = torch.device("cpu")
@@ -104,7 +108,7 @@ def copy_(func, args, kwargs, mode):
             return d._run_kernel(func, plan, args, kwargs, None)
         d.flush("cross-core copy")
         dst._data.copy_(src._data)
-        SIM.cores[src.device.index].transfer(src.numel() * src.element_size())
+        SIM.copy_between(src.device.index, dst.device.index, src.numel() * src.element_size())
         return dst
     if isinstance(dst, NeuronTensor):  # host -> device
         d.flush("copy to device")
