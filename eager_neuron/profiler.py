@@ -73,11 +73,11 @@ class _Op:
 
 
 class _Kernel:
-    __slots__ = ("clock", "core", "event", "loc", "op", "t", "thread")
+    __slots__ = ("clock", "core", "event", "group", "loc", "op", "t", "thread")
 
-    def __init__(self, event, op, t, core, clock, thread, loc):
+    def __init__(self, event, op, t, core, clock, thread, loc, group):
         self.event, self.op, self.t, self.core = event, op, t, core
-        self.clock, self.thread, self.loc = clock, thread, loc
+        self.clock, self.thread, self.loc, self.group = clock, thread, loc, group
 
 
 class _Flush:
@@ -209,9 +209,14 @@ def _launch_hook(event: dict) -> None:
             loc = op.loc
         else:
             loc = _user_frame()
-        _RECORDS.append(_Kernel(event, op, t, core, SIM.cores[core].clock_us, thread, loc))
-        if _PENDING and event.get("group") is None:
+        group = event.get("group")
+        if group is None and event.get("group_ops") is not None:
+            # a fused group launched without record_flush: all recorded ops are its members
+            group = _implicit_flush(event, op, thread, loc)
+        elif _PENDING and group is None:
             _PENDING.clear()  # a plain launch: whatever launched nothing before was no recording
+        _RECORDS.append(
+            _Kernel(event, op, t, core, SIM.cores[core].clock_us, thread, loc, group))
         if _torch_prof._is_profiler_enabled:
             _annotate_torch_profiler(event, core)
     except Exception:  # noqa: BLE001 - a profiler bug must not fail the user's kernel
@@ -231,6 +236,24 @@ def _annotate_torch_profiler(event: dict, core: int) -> None:
                             "host_us": float(event["host_us"]), "core": core,
                             "engine": str(event["engine"])}):
         pass
+
+
+_GROUP_IDS = [0]
+
+
+def _implicit_flush(event: dict, op, thread, loc) -> str:
+    """adaptive.py launches one pending group per flush with extra={"group_ops": n,
+    "flush_reason": r}: every op recorded since the last launch belongs to it."""
+    with _LOCK:
+        members = _PENDING[:]
+        _PENDING.clear()
+        _GROUP_IDS[0] += 1
+        group = f"g{_GROUP_IDS[0]}"
+    reason = event.get("flush_reason")
+    for m in members:
+        m.group, m.flush_reason = group, reason
+    _RECORDS.append(_Flush(reason, event["group_ops"], group, op, perf_counter_ns(), thread, loc))
+    return group
 
 
 def record_flush(reason: str, n_ops: int, group_id=None) -> None:
@@ -331,7 +354,8 @@ class Event:
 
 FIELDS = tuple(f.name for f in dataclasses.fields(Event))
 _LAUNCH_KEYS = frozenset(
-    ("key", "outcome", "compile_s", "host_us", "device_us", "bytes", "flops", "engine", "group"))
+    ("key", "outcome", "compile_s", "host_us", "device_us", "bytes", "flops", "engine", "group",
+     "group_ops", "flush_reason"))
 
 
 _DTYPE_NAMES: dict = {}
@@ -343,7 +367,9 @@ def _dtype_name(dtype) -> str:
 
 
 def _kernel_name(key) -> str:
-    return f"{key[0]}:{key[1]}" if isinstance(key, tuple) and len(key) >= 2 else str(key)
+    if isinstance(key, tuple) and len(key) >= 2:
+        return f"{key[0]}:{key[1]}" if isinstance(key[1], str) else str(key[0])
+    return str(key)
 
 
 def _place(loc) -> tuple:
@@ -410,8 +436,9 @@ def _materialize(raw: list, t0: int, t_end: int, clk0: list, clk1: list) -> list
             base = clk0[r.core] if r.core < len(clk0) else 0.0
             ev.device_start_us = r.clock - e["device_us"] - base
             ev.bytes, ev.flops, ev.engine = float(e["bytes"]), float(e["flops"]), e["engine"]
-            if e.get("group") is not None:
-                ev.group = str(e["group"])
+            if r.group is not None:
+                ev.group, ev.flush_reason, ev.n_ops = str(r.group), e.get("flush_reason"), e.get(
+                    "group_ops")
             extra = {k: v for k, v in e.items() if k not in _LAUNCH_KEYS}
             if extra:   # NOTE: through JSON once, so the rows equal what Parquet gives back
                 ev.extra = json.loads(json.dumps(extra, default=str))
@@ -428,13 +455,21 @@ def _materialize(raw: list, t0: int, t_end: int, clk0: list, clk1: list) -> list
             place = places[r.loc] = _place(r.loc)
         (ev.phase, ev.grad_fn, ev.file, ev.line, ev.function, ev.source, ev.location) = place
         events.append(ev)
-    # 2. self times: inclusive minus the children's
+    # 2. a fused kernel is named after its group's ops: fused:add+mul+relu
+    members = defaultdict(list)
+    for ev in events:
+        if ev.type == "op" and ev.group is not None:
+            members[ev.group].append(ev.name.split("::")[-1].split(".")[0])
+    for ev in events:
+        if ev.type == "kernel" and ev.group in members and ":" not in ev.name:
+            ev.name = f"{ev.name}:{'+'.join(members[ev.group])}"
+    # 3. self times: inclusive minus the children's
     for ev in events:
         if ev.type == "op":
             children = kids.get(ev.id, ())
             ev.self_host_us = ev.host_us - sum(c.host_us for c in children)
             ev.self_device_us = ev.device_us - sum(c.device_us for c in children)
-    # 3. device time inside an op (or outside all ops) that no kernel or child op covers: the
+    # 4. device time inside an op (or outside all ops) that no kernel or child op covers: the
     #    simulated clock is serial per core, so these gaps are transfers (DMA) charged directly
     charged = [ev.id for ev in events if ev.type == "op" and ev.device_us > 0]
     for op_id in [None] + charged:
@@ -475,7 +510,7 @@ def _transfer(eid: int, events: list, op_id, core: int, start: float, dur: float
 _GROUPS = {
     # group_by: columns in display order (the first is the group's key)
     "line": ("location", "calls", "kernels", "compiles", "compile_ms", "host_ms", "device_us",
-             "dma_us", "mbytes", "ops", "source"),
+             "dma_us", "mbytes", "fused", "ops", "source"),
     "op": ("name", "calls", "kernels", "compiles", "host_ms", "self_host_ms", "device_us",
            "self_device_us", "dma_us"),
     "kernel": ("kernel", "launches", "memory", "disk", "compiles", "compile_ms", "host_us",
@@ -726,14 +761,17 @@ def _arrow_schema(pa):
 
 def _by_line(groups: dict, e: Event, own: dict) -> dict | None:
     # top-level ops, kernels, transfers and flushes count at the line they ran for
-    if e.type == "op" and e.depth != 0:
-        return None
     key = (e.file, e.line, e.function, e.phase, e.location)
     row = groups.get(key)
     if row is None:
         row = groups[key] = {"location": e.location, "source": e.source or "", "calls": 0,
                              "kernels": 0, "compiles": 0, "compile_ms": 0.0, "host_ms": 0.0,
-                             "device_us": 0.0, "dma_us": 0.0, "mbytes": 0.0, "_ops": {}}
+                             "device_us": 0.0, "dma_us": 0.0, "mbytes": 0.0, "fused": 0,
+                             "_ops": {}}
+    if e.type == "op" and e.group is not None:
+        row["fused"] += 1             # recorded into a fused group (its kernel ran at the flush)
+    if e.type == "op" and e.depth != 0:
+        return row
     if e.type == "op":
         row["calls"] += 1
         row["host_ms"] += e.host_us / 1e3

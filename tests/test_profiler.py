@@ -225,6 +225,39 @@ def test_record_flush_marks_fused_group_members_and_passes_launch_keys_through()
     profiler.record_flush("outside", 1, 9)   # no session: a no-op
 
 
+def test_fused_launch_without_record_flush_takes_every_recorded_op():
+    t = torch.ones(2)
+    with eager_neuron.profile() as prof:
+        for name in ("aten::add.Tensor", "aten::relu"):
+            with profiler._op_hook(_plan(name), (t,), {}):
+                pass
+        with profiler._op_hook(_plan("aten::_local_scalar_dense", "host"), (t,), {}):
+            profiler._launch_hook(_event(("fused", ((1,),), False), group_ops=2,
+                                         flush_reason="item"))
+    add, relu, item, flush, kernel = prof.events
+    assert add.group == relu.group == kernel.group and item.group is None
+    assert (add.flush_reason, kernel.flush_reason, kernel.n_ops) == ("item", "item", 2)
+    assert kernel.name == "fused:add+relu" and kernel.extra is None
+    assert (flush.type, flush.name, flush.parent) == ("flush", "item", item.id)
+    line = {r["location"]: r for r in prof.summary(group_by="line")}[add.location]
+    assert line["fused"] == 2
+
+
+@pytest.mark.skipif(not hasattr(eager_neuron, "adaptive"), reason="no adaptive eager yet")
+def test_adaptive_eager_groups_show_up():
+    x = torch.randn(100, device="neuron")
+    with eager_neuron.profile() as prof, eager_neuron.adaptive():
+        y = (x + 1).relu()  # fused
+        v = y.sum().item()  # flush
+    ops = {e.name: e for e in prof.events if e.type == "op"}
+    kernels = [e for e in prof.events if e.type == "kernel" and e.group is not None]
+    assert kernels and ops["aten::add.Tensor"].group == ops["aten::relu"].group == kernels[0].group
+    assert kernels[0].name.startswith("fused:add+relu")
+    fn = test_adaptive_eager_groups_show_up
+    assert ops["aten::add.Tensor"].line == _line("fused", fn)
+    assert kernels[0].line == _line("flush", fn) and v == pytest.approx((x.cpu() + 1).relu().sum())
+
+
 def test_threads_record_their_own_stacks_and_lines():
     x = torch.ones(64, device="neuron")
     _ = x * 3 + 1                            # kernels ready before the threads race
