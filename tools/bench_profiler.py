@@ -13,13 +13,20 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import statistics
+import sys
 import time
 import warnings
 
-import torch
+# NOTE: python puts tools/ first on sys.path, where tools/coverage.py shadows the `coverage`
+# package that numba probes at import (numba.misc.coverage_support); keep tools/ off the path.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 
-import eager_neuron
+import torch  # noqa: E402
+
+import eager_neuron  # noqa: E402
 
 
 def make_step(batch: int, width: int):
