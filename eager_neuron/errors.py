@@ -10,7 +10,11 @@ import torch
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _OUR_DIR = os.path.dirname(os.path.abspath(__file__))
-_SKIP = (_TORCH_DIR, _OUR_DIR, os.path.dirname(os.__file__))
+# kernels/ and cache/ install as eager_neuron.kernels/.cache but live at the repository top
+_REPO = os.path.dirname(_OUR_DIR)
+_SKIP = tuple(d + os.sep for d in (
+    _TORCH_DIR, _OUR_DIR, os.path.join(_REPO, "kernels"), os.path.join(_REPO, "cache"),
+    os.path.dirname(os.__file__)))
 
 
 def user_frame():

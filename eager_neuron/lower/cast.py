@@ -26,6 +26,11 @@ ew.OPS["cast::bf16_to_f32"] = (_BF16_TO_F32.replace("x0", "(self & 0xFFFF)"), "n
 ew.OPS["cast::bits"] = ("self", "none")
 
 
+def _dense(t: torch.Tensor) -> bool:
+    """Strides that cover the elements exactly once (torch 2.13 has no Python method for it)."""
+    return torch._prims_common.is_non_overlapping_and_dense_or_false(t)
+
+
 def _bits(op: str, src: torch.Tensor, dst: torch.Tensor, src_int, dst_int) -> None:
     """Run a bit-level cast over the integer bit patterns of src into dst (both reinterpreted)."""
     s = src.view(src_int) if src.dtype != src_int else src
@@ -36,7 +41,7 @@ def _bits(op: str, src: torch.Tensor, dst: torch.Tensor, src_int, dst_int) -> No
 def _f32(t: torch.Tensor) -> torch.Tensor:
     """A float32 copy of t (host-backed scratch)."""
     out = torch.empty_strided(t.shape, t.stride(), dtype=torch.float32) \
-        if t.is_non_overlapping_and_dense() else torch.empty(t.shape, dtype=torch.float32)
+        if _dense(t) else torch.empty(t.shape, dtype=torch.float32)
     cast(t, out)
     return out
 

@@ -11,6 +11,11 @@ import torch
 from .common import HALF
 
 
+def _dense(t: torch.Tensor) -> bool:
+    """Strides that cover the elements exactly once (torch 2.13 has no Python method for it)."""
+    return torch._prims_common.is_non_overlapping_and_dense_or_false(t)
+
+
 def _up(t: torch.Tensor, index_like: torch.Tensor) -> torch.Tensor:
     from ..dispatch import alloc
     from .. import ops
@@ -18,7 +23,7 @@ def _up(t: torch.Tensor, index_like: torch.Tensor) -> torch.Tensor:
     if t.dtype not in HALF:
         return t
     out = torch.empty_strided(t.shape, t.stride(), dtype=torch.float32) if not \
-        t.is_non_overlapping_and_dense() else alloc_like(t, torch.float32)
+        _dense(t) else alloc_like(t, torch.float32)
     ops.KERNELS["aten::_to_copy"](torch.ops.aten._to_copy.default, {"self": t}, [out])
     return out
 
