@@ -26,6 +26,7 @@ import contextlib
 import hashlib
 import io
 import json
+import marshal
 import os
 import pickle
 import struct
@@ -40,7 +41,7 @@ from . import keys
 MAGIC = b"ENKC"                    # eager_neuron kernel cache entry
 _PREFIX = struct.Struct("<4sI")    # magic, header length; then the JSON header, then the payload
 N_LOCK_STRIPES = 256               # lock files: a key hashes to one (a collision only serialises)
-LOCK_TIMEOUT_S = 300.0             # then compile anyway: a stuck peer must not hang this process
+LOCK_TIMEOUT_S = 60.0              # then compile anyway: a stuck peer must not hang this process
 DB_TIMEOUT_S = 30.0                # SQLite busy timeout, then a counted miss / write error
 
 
@@ -74,7 +75,8 @@ def unpack(blob) -> tuple[dict, bytes]:
         size, digest = header["size"], header["sha256"]
     except Exception as exc:
         raise _Miss("corrupt", f"unreadable header: {exc}") from None
-    if header.get("format") != keys.FORMAT_VERSION or header.get("toolchain") != keys.toolchain_id():
+    if (header.get("format") != keys.FORMAT_VERSION
+            or header.get("toolchain") != keys.toolchain_id()):
         raise _Miss("version", f"format {header.get('format')} toolchain {header.get('toolchain')}")
     if size != len(payload) or hashlib.sha256(payload).hexdigest() != digest:
         raise _Miss("corrupt", "truncated payload or bad checksum")
@@ -158,7 +160,32 @@ def _referenced_envs(cres) -> list:
 
 # -- the runtime a loaded kernel links against ---------------------------------------------------
 
-_runtime = {"refreshed": False}
+
+def _define(kc, source: str, name: str, code: bytes | None = None):
+    """exec the kernel's source and return its dispatcher, compiling nothing.
+
+    Only `name` becomes a Numba dispatcher: the helpers next to it (`@njit(inline="always")`
+    preludes) are already inside the stored machine code, and making dispatchers of them would
+    be most of the exec's cost.
+    """
+    namespace = kc._namespace()
+    njit = namespace["njit"]
+
+    def njit_kernel_only(*args, **kwargs):
+        if len(args) == 1 and callable(args[0]) and not kwargs:       # bare @njit
+            return njit(args[0]) if args[0].__name__ == name else args[0]
+        return lambda fn: njit(*args, **kwargs)(fn) if fn.__name__ == name else fn
+
+    namespace["njit"] = njit_kernel_only
+    # NOTE: compiling the source to bytecode is most of a load's Python time; the entry carries
+    # the marshalled code object (same Python version: it is part of the toolchain key).
+    code = marshal.loads(code) if code else compile(source, f"<eager_neuron kernel {name}>", "exec")
+    exec(code, namespace)
+    namespace["njit"] = njit
+    return namespace[name]
+
+
+_runtime = {"refreshed": False, "resolved": set()}
 
 
 def _resolve(ctx, undefined: list | None, reload_init) -> None:
@@ -175,10 +202,13 @@ def _resolve(ctx, undefined: list | None, reload_init) -> None:
     for fn in reload_init or ():
         fn()
     engine = ctx.codegen()._engine
+    resolved = _runtime["resolved"]
 
     def missing() -> list:
-        return [s for s in undefined if not (engine.is_symbol_defined(s)
-                                             or ll.address_of_symbol(s))]
+        out = [s for s in undefined if s not in resolved
+               and not (engine.is_symbol_defined(s) or ll.address_of_symbol(s))]
+        resolved.update(s for s in undefined if s not in out)
+        return out
 
     if undefined is None or missing():
         if not _runtime["refreshed"]:
@@ -186,6 +216,47 @@ def _resolve(ctx, undefined: list | None, reload_init) -> None:
             _runtime["refreshed"] = True
         if undefined is not None and missing():
             raise _Miss("rebuild", f"unresolved symbols {missing()[:5]}")
+
+
+_LAZY_LINK: dict = {}
+
+
+def _unserialize(codegen, libdata, defined: list):
+    """Numba's `CPUCodeLibrary._unserialize` for object code, minus two thirds of its cost.
+
+    Numba parses the library's linking bitcode and walks it for defined symbols on every load;
+    the entry carries those symbol names, and the bitcode is parsed only if some other function
+    ever links this library (never, for a kernel whose dispatcher cannot compile).
+    """
+    import llvmlite.binding as ll
+
+    name, _kind, (object_code, bitcode) = libdata
+    lib = codegen.create_library(name)
+    base = type(lib)
+    lazy = _LAZY_LINK.get(base)
+    if lazy is None:
+        def _get_module_for_linking(self):
+            if self._shared_module is None:
+                self._shared_module = ll.parse_bitcode(self._eager_neuron_bitcode)
+            return self._shared_module
+
+        lazy = type(f"LazyLink{base.__name__}", (base,),
+                    {"_get_module_for_linking": _get_module_for_linking})
+        _LAZY_LINK[base] = lazy
+    lib.__class__ = lazy
+    lib._eager_neuron_bitcode = bitcode
+    lib.enable_object_caching()
+    lib._set_compiled_object(object_code)
+    lib._finalize_final_module()
+    codegen._engine._defined_symbols.update(defined)
+    return lib
+
+
+def _defined_symbols(cres) -> list:
+    """What Numba's `_load_defined_symbols` would collect from the library's linking module."""
+    mod = cres.library._get_module_for_linking()
+    return sorted({gv.name for gsets in (mod.functions, mod.global_variables)
+                   for gv in gsets if not gv.is_declaration})
 
 
 # -- the tier -------------------------------------------------------------------------------------
@@ -220,7 +291,7 @@ class DiskTier:
     @property
     def size_limit(self) -> int:
         mb = self._size_mb if self._size_mb is not None else config.cache_size_mb
-        return int(mb) * 2**20
+        return int(float(mb) * 2**20)
 
     def _warn(self, message: str) -> None:
         if self._warned:
@@ -272,7 +343,9 @@ class DiskTier:
                 raise _Miss("io")
             dkey = keys.disk_key(key, source)
             try:
-                blob = cache.get(dkey)
+                # NOTE: the re-check under the lock asks `in` first: a get would count a second
+                # lookup miss in the cache's persistent hit rate for the same request
+                blob = cache.get(dkey) if count or dkey in cache else None
             except Exception as exc:
                 raise _Miss("io", f"read failed ({type(exc).__name__}: {exc})") from None
             if blob is None:
@@ -302,11 +375,15 @@ class DiskTier:
         from numba.core.compiler_lock import global_compiler_lock
 
         # 1. define the dispatcher from the stored source: exec only, nothing compiles
-        name = header["name"]
-        disp = kc.compile_kernel(source, name)
+        try:
+            stream = io.BytesIO(payload)
+            code = pickle.load(stream)
+        except Exception as exc:
+            raise _Miss("corrupt", f"unpickling failed ({type(exc).__name__}: {exc})") from None
+        disp = _define(kc, source, header["name"], code)
         namespace = disp.py_func.__globals__
         try:
-            entry = _Unpickler(io.BytesIO(payload), namespace).load()
+            entry = _Unpickler(stream, namespace).load()
         except Exception as exc:
             raise _Miss("corrupt", f"unpickling failed ({type(exc).__name__}: {exc})") from None
         if entry.get("source_sha256") != hashlib.sha256(source.encode()).hexdigest():
@@ -321,7 +398,14 @@ class DiskTier:
                 ctx = disp.targetctx
                 reduced = entry["cres"]
                 _resolve(ctx, entry["undefined"], reduced[7])
-                cres = CompileResult._rebuild(ctx, *reduced)
+                codegen = ctx.codegen()
+                # NOTE: shadows the method for this one call, under Numba's compiler lock
+                codegen.unserialize_library = lambda data: _unserialize(codegen, data,
+                                                                        entry["defined"])
+                try:
+                    cres = CompileResult._rebuild(ctx, *reduced)
+                finally:
+                    del codegen.unserialize_library
                 if not cres.objectmode:
                     ctx.insert_user_function(cres.entry_point, cres.fndesc, [cres.library])
                 disp.add_overload(cres)
@@ -535,9 +619,12 @@ def _entry(key: tuple, kernel, source: str, name: str, seconds: float) -> tuple[
         "sig": tuple(cres.signature.args),
         "source_sha256": hashlib.sha256(source.encode()).hexdigest(),
         "undefined": undefined_symbols(reduced[0][2][0]),
+        "defined": _defined_symbols(cres),
         "cres": tuple(reduced),
     }
     buf = io.BytesIO()
+    code = compile(source, f"<eager_neuron kernel {name}>", "exec")
+    pickle.dump(marshal.dumps(code), buf, protocol=pickle.HIGHEST_PROTOCOL)
     _Pickler(buf, kernel.py_func.__globals__).dump(entry)
     payload = buf.getvalue()
     dkey = keys.disk_key(key, source)

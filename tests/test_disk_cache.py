@@ -1,0 +1,515 @@
+"""The kernel disk cache: a second process compiles nothing; every failure is a counted miss.
+
+Each test runs fresh Python processes (`sys.executable script.py`) on its own temporary
+EAGER_NEURON_CACHE_DIR, so nothing depends on the user's cache or on what this process compiled.
+Scripts print one JSON line of results last; `_run` returns it with the process's stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+TIMEOUT = 240
+
+# x + 1, * 2, exp, - : a handful of elementwise kernels (compiled in well under a second each)
+SMALL = """
+import json, torch, eager_neuron
+{prelude}
+x = torch.arange(6, dtype=torch.float32, device="neuron")
+y = (x + 1) * 2 - x.exp()
+c = torch.arange(6, dtype=torch.float32)
+ok = torch.allclose(y.cpu(), (c + 1) * 2 - c.exp())
+s = eager_neuron.stats()
+print(json.dumps({{"ok": bool(ok), **{{k: s[k] for k in
+      ("compiles", "disk_hits", "disk_misses", "disk_errors", "memory_hits")}}}}))
+"""
+
+TRAIN = """
+import json, torch, eager_neuron
+{prelude}
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
+                            torch.nn.Linear(32, 4)).to("neuron")
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+x, y = torch.randn(8, 16).to("neuron"), torch.randn(8, 4).to("neuron")
+losses = []
+for _ in range(3):
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    losses.append(loss.item())
+s = eager_neuron.stats()
+print(json.dumps({{"losses": losses, **{{k: s[k] for k in
+      ("compiles", "disk_hits", "disk_misses", "disk_errors")}}}}))
+"""
+
+# the second process must not reach Numba's compiler at all, not just our wrapper of it
+NO_COMPILER = """
+import numba.core.compiler
+from eager_neuron.kernels import compile as kc
+
+def _refuse(*a, **k):
+    raise AssertionError("the compiler ran in a process that should only load kernels")
+
+kc.timed_compile = _refuse
+numba.core.compiler.compile_extra = _refuse
+numba.core.compiler.compile_ir = _refuse
+"""
+
+
+def _env(cache_dir, **extra) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("EAGER_NEURON_", "TORCH_NEURONX"))}
+    env["EAGER_NEURON_CACHE_DIR"] = str(cache_dir)
+    env.update(extra)
+    return env
+
+
+def _script(tmp_path, text: str, prelude: str = "") -> str:
+    path = tmp_path / f"script_{abs(hash((text, prelude)))}.py"
+    path.write_text(textwrap.dedent(text).format(prelude=textwrap.dedent(prelude)))
+    return str(path)
+
+
+def _run(script: str, cache_dir, **env) -> tuple[dict, str]:
+    proc = subprocess.run([sys.executable, script], env=_env(cache_dir, **env),
+                          capture_output=True, text=True, timeout=TIMEOUT, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A cache filled by one training run: (cache dir, that run's results, training script)."""
+    tmp = tmp_path_factory.mktemp("trained")
+    script = _script(tmp, TRAIN)
+    cold, _ = _run(script, tmp / "cache")
+    return tmp / "cache", cold, script
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """A cache filled by SMALL: (cache dir, number of kernels, the script)."""
+    tmp = tmp_path_factory.mktemp("small")
+    script = _script(tmp, SMALL)
+    first, _ = _run(script, tmp / "cache")
+    assert first["ok"] and first["compiles"] >= 3
+    assert first["disk_misses"] == {"absent": first["compiles"]}
+    return tmp / "cache", first["compiles"], script
+
+
+# -- a second process compiles nothing -------------------------------------------------------
+
+def test_second_training_process_compiles_nothing(trained):
+    cache_dir, cold, script = trained
+    assert cold["compiles"] > 0 and cold["disk_hits"] == 0
+    assert cold["disk_misses"] == {"absent": cold["compiles"]} and cold["disk_errors"] == 0
+    warm, _ = _run(script, cache_dir)
+    assert warm["compiles"] == 0
+    assert warm["disk_hits"] == cold["compiles"]
+    assert warm["disk_misses"] == {} and warm["disk_errors"] == 0
+    assert warm["losses"] == cold["losses"]            # bit-identical: the same machine code
+
+
+def test_second_process_runs_with_the_compiler_raising(trained, tmp_path):
+    cache_dir, cold, _ = trained
+    script = _script(tmp_path, TRAIN, prelude=NO_COMPILER)
+    warm, _ = _run(script, cache_dir)
+    assert warm["compiles"] == 0 and warm["disk_hits"] == cold["compiles"]
+    assert warm["losses"] == cold["losses"]
+
+
+# -- never fatal -------------------------------------------------------------------------------
+#
+# One process runs every case in turn (a process costs seconds of torch import): each case
+# installs a fresh DiskTier on its own directory, empties the memory tier and the counters, and
+# records the warnings it raised with the filter at "always", so a second warning would show.
+
+SCENARIOS = """
+import json, os, resource, signal, sys, threading, warnings
+import numpy as np
+import torch, eager_neuron
+from eager_neuron import launch
+from eager_neuron.cache import disk, keys
+
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)    # a write past RLIMIT_FSIZE fails with EFBIG
+
+
+def small_ops():
+    x = torch.arange(6, dtype=torch.float32, device="neuron")
+    y = (x + 1) * 2 - x.exp()
+    c = torch.arange(6, dtype=torch.float32)
+    return bool(torch.allclose(y.cpu(), (c + 1) * 2 - c.exp()))
+
+
+SRC = "@njit\\ndef k_fill(o, v):\\n    for i in range(o.shape[0]):\\n        o[i] = v * 2\\n"
+
+
+def two_threads():
+    outs = [np.zeros(5, np.float32) for _ in range(2)]
+    barrier = threading.Barrier(2)
+
+    def work(i):
+        barrier.wait()
+        launch.launch(("test", "fill_twice"), lambda: (SRC, "k_fill"), (outs[i], 1.5))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return all(o.tolist() == [3.0] * 5 for o in outs)
+
+
+def run(cache_dir, mode):
+    launch.MEMORY.clear()
+    tier = disk.install(disk.DiskTier(cache_dir))
+    eager_neuron.reset_stats()
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    toolchain = keys.toolchain
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            if mode == "full":
+                tier._open()                          # the disk fills after the cache opened
+            if mode in ("full", "no_writes") and os.geteuid() == 0:
+                # NOTE: root ignores permissions: a process that may not write past 4 KiB of any
+                # file meets the same failure as a read-only directory (every database write
+                # fails) while torch's few-byte probe files still work.
+                resource.setrlimit(resource.RLIMIT_FSIZE, (4096, hard))
+            if mode == "full" and os.geteuid() != 0:
+                resource.setrlimit(resource.RLIMIT_FSIZE, (4096, hard))
+            if mode == "toolchain":
+                keys.toolchain = lambda: toolchain() + (("numba", "99.0"),)
+                keys.toolchain_id.cache_clear()
+            ok = two_threads() if mode == "threads" else small_ops()
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+            keys.toolchain = toolchain
+            keys.toolchain_id.cache_clear()
+    s = eager_neuron.stats()
+    return {"ok": ok, "warnings": [str(w.message) for w in caught
+                                   if issubclass(w.category, disk.DiskCacheWarning)],
+            **{k: s[k] for k in ("compiles", "disk_hits", "memory_hits", "disk_misses",
+                                 "disk_errors")}}
+
+
+results = {}
+for name, cache_dir, mode in json.loads(sys.argv[1]):
+    results[name] = run(cache_dir, mode)
+print(json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def never_fatal(small, tmp_path_factory):
+    """Prepare one directory per case, run them all in one process: {case: results}."""
+    import diskcache
+
+    from eager_neuron.cache import disk
+
+    source, kernels, _ = small
+    tmp = tmp_path_factory.mktemp("never_fatal")
+    dirs = {}
+    for case in ("corrupt", "version", "toolchain", "read_only"):
+        dirs[case] = tmp / case
+        shutil.copytree(source, dirs[case])
+
+    def rewrite(cache_dir, change):
+        with diskcache.Cache(str(cache_dir)) as cache:
+            for i, key in enumerate(list(cache.iterkeys())):
+                blob, tag = cache.get(key, tag=True)
+                cache.set(key, change(i, blob), tag=tag)
+
+    # half the entries truncated, half random bytes
+    rewrite(dirs["corrupt"], lambda i, blob: blob[: len(blob) // 2] if i % 2 else
+            os.urandom(len(blob)))
+
+    def restamp(i, blob):                       # as if written before a numba upgrade
+        header, payload = _split(blob)
+        header["toolchain"] = "0123456789abcdef"
+        return disk.pack(header, payload)
+
+    rewrite(dirs["version"], restamp)
+    dirs["unusable"] = tmp / "a_file"
+    dirs["unusable"].write_text("this is a file, not a cache directory")
+    dirs["full"] = tmp / "full"
+    dirs["threads"] = tmp / "threads"
+    if os.geteuid() != 0:
+        for root, subdirs, files in os.walk(dirs["read_only"]):
+            for name in files:
+                os.chmod(os.path.join(root, name), 0o444)
+            for name in subdirs:
+                os.chmod(os.path.join(root, name), 0o555)
+        os.chmod(dirs["read_only"], 0o555)
+    plan = [("corrupt", str(dirs["corrupt"]), ""),
+            ("corrupt_again", str(dirs["corrupt"]), ""),
+            ("version", str(dirs["version"]), ""),
+            ("toolchain", str(dirs["toolchain"]), "toolchain"),
+            ("unusable", str(dirs["unusable"]), ""),
+            ("read_only", str(dirs["read_only"]), "no_writes"),
+            ("full", str(dirs["full"]), "full"),
+            ("threads", str(dirs["threads"]), "threads")]
+    script = tmp / "scenarios.py"
+    script.write_text(SCENARIOS)
+    try:
+        proc = subprocess.run([sys.executable, str(script), json.dumps(plan)],
+                              env=_env(tmp / "unused"), capture_output=True, text=True,
+                              timeout=TIMEOUT, check=False)
+    finally:
+        for root, _subdirs, _files in os.walk(dirs["read_only"]):
+            os.chmod(root, 0o755)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1]), kernels
+
+
+def _split(blob):
+    import struct
+
+    _magic, n = struct.unpack_from("<4sI", blob, 0)
+    return json.loads(blob[8:8 + n]), blob[8 + n:]
+
+
+def test_truncated_and_garbage_entries_are_counted_misses(never_fatal):
+    results, kernels = never_fatal
+    out = results["corrupt"]
+    assert out["ok"] and out["compiles"] == kernels
+    assert out["disk_misses"] == {"corrupt": kernels} and out["disk_errors"] == 0
+    assert len(out["warnings"]) == 1
+    again = results["corrupt_again"]                   # the recompiled entries replaced them
+    assert again["ok"] and again["compiles"] == 0 and again["disk_hits"] == kernels
+    assert again["warnings"] == []
+
+
+def test_entry_from_another_toolchain_is_a_version_miss(never_fatal):
+    results, kernels = never_fatal
+    out = results["version"]
+    assert out["ok"] and out["compiles"] == kernels
+    assert out["disk_misses"] == {"version": kernels} and len(out["warnings"]) == 1
+
+
+def test_toolchain_change_is_a_clean_miss(never_fatal):
+    results, kernels = never_fatal
+    out = results["toolchain"]
+    assert out["ok"] and out["compiles"] == kernels
+    assert out["disk_misses"] == {"absent": kernels} and out["disk_errors"] == 0
+    assert out["warnings"] == []
+
+
+def test_unusable_directory(never_fatal):
+    results, kernels = never_fatal
+    out = results["unusable"]
+    assert out["ok"] and out["compiles"] == kernels
+    assert out["disk_misses"] == {"io": kernels} and out["disk_errors"] == 1
+    assert len(out["warnings"]) == 1
+
+
+def test_read_only_directory(never_fatal):
+    results, kernels = never_fatal
+    out = results["read_only"]
+    assert out["ok"]
+    assert out["compiles"] + out["disk_hits"] == kernels     # loading is allowed, never wrong
+    assert set(out["disk_misses"]) <= {"io"} and len(out["warnings"]) <= 1
+
+
+def test_full_disk(never_fatal):
+    results, kernels = never_fatal
+    out = results["full"]
+    assert out["ok"] and out["compiles"] == kernels
+    assert out["disk_errors"] >= 1 and set(out["disk_misses"]) <= {"io", "absent"}
+    assert len(out["warnings"]) == 1
+
+
+# -- concurrency -------------------------------------------------------------------------------
+
+RACE = """
+import os, time
+ready = os.path.join(os.environ["RACE_DIR"], f"ready-{os.getpid()}")
+open(ready, "w").close()
+while len([f for f in os.listdir(os.environ["RACE_DIR"]) if f.startswith("ready-")]) < 2:
+    time.sleep(0.005)
+"""
+
+
+def test_two_processes_compile_each_kernel_once(small, tmp_path):
+    _, kernels, _ = small
+    race = tmp_path / "race"
+    race.mkdir()
+    script = _script(tmp_path, SMALL, prelude=RACE)
+    env = _env(tmp_path / "cache", RACE_DIR=str(race))
+    procs = [subprocess.Popen([sys.executable, script], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=TIMEOUT)
+        assert p.returncode == 0, stderr[-3000:]
+        outs.append(json.loads(stdout.strip().splitlines()[-1]))
+    assert all(o["ok"] for o in outs)
+    assert sum(o["compiles"] for o in outs) == kernels          # one compile per kernel
+    for o in outs:
+        assert o["compiles"] + o["disk_hits"] == kernels
+        assert set(o["disk_misses"]) <= {"absent"} and o["disk_errors"] == 0
+    assert _intact(tmp_path / "cache") == kernels               # and the cache is intact
+
+
+def _intact(cache_dir) -> int:
+    """How many entries verify (header, key, checksum); asserts there is no other kind."""
+    import diskcache
+
+    from eager_neuron.cache import disk
+
+    with diskcache.Cache(str(cache_dir)) as cache:
+        keys = list(cache.iterkeys())
+        for key in keys:
+            header, _ = disk.unpack(cache.get(key))
+            assert header["key"] == key
+    return len(keys)
+
+
+def test_two_threads_compile_once(never_fatal):
+    out = never_fatal[0]["threads"]
+    assert out["ok"] and out["compiles"] == 1
+    assert out["memory_hits"] + out["disk_hits"] == 1 and out["warnings"] == []
+
+
+# -- fork --------------------------------------------------------------------------------------
+
+FORK = """
+import json, torch, eager_neuron
+from torch.utils.data import DataLoader, Dataset
+
+N = 1 << 19                                   # >= 2**18: a parallel kernel in the parent
+big = torch.ones(N, device="neuron") * 2 + 1
+assert big[:3].tolist() == [3.0, 3.0, 3.0]
+
+class Squares(Dataset):
+    def __len__(self):
+        return 8
+    def __getitem__(self, i):
+        # workers are forked children: they run the serial variants (and compile/load them)
+        t = torch.full((N,), float(i), device="neuron") * 2 + 1
+        return t[:4].cpu()
+
+model = torch.nn.Linear(4, 1).to("neuron")
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+seen = []
+for batch in DataLoader(Squares(), batch_size=2, num_workers=2,
+                        multiprocessing_context="fork"):
+    seen += batch[:, 0].tolist()
+    loss = model(batch.to("neuron")).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+again = torch.ones(N, device="neuron") * 2 + 1          # the parent's parallel kernels still run
+s = eager_neuron.stats()
+print(json.dumps({"seen": sorted(seen), "again": again[-2:].tolist(),
+                  "finite": bool(torch.isfinite(loss).item()), "disk_errors": s["disk_errors"]}))
+"""
+
+
+def test_fork_dataloader_after_parallel_kernels(tmp_path):
+    out, _ = _run(_script(tmp_path, FORK.replace("{", "{{").replace("}", "}}")),
+                  tmp_path / "cache")
+    assert out["seen"] == [2.0 * i + 1 for i in range(8)]
+    assert out["again"] == [3.0, 3.0] and out["finite"] and out["disk_errors"] == 0
+
+
+# -- the tool ----------------------------------------------------------------------------------
+
+TOOL = """
+import contextlib, io, json, os, sys
+from eager_neuron.tools.cache import main
+
+def run(*argv):
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = main(list(argv))
+    return code, buf.getvalue()
+
+src, dst, archive = sys.argv[1:4]
+out = {}
+out["stats"] = json.loads(run("--dir", src, "stats", "--json")[1])
+out["ls"] = json.loads(run("--dir", src, "ls", "--json")[1])
+out["export"] = run("--dir", src, "export", archive)
+out["import"] = run("--dir", dst, "import", archive)
+out["imported"] = json.loads(run("--dir", dst, "stats", "--json")[1])["entries"]
+out["clear"] = run("--dir", src, "clear")
+out["cleared"] = json.loads(run("--dir", src, "stats", "--json")[1])["entries"]
+
+# the imported cache serves this process: nothing compiles
+import torch, eager_neuron
+from eager_neuron.cache import disk
+disk.install(disk.DiskTier(dst))
+eager_neuron.reset_stats()
+x = torch.arange(6, dtype=torch.float32, device="neuron")
+y = (x + 1) * 2 - x.exp()
+c = torch.arange(6, dtype=torch.float32)
+s = eager_neuron.stats()
+out["loaded"] = {"ok": bool(torch.allclose(y.cpu(), (c + 1) * 2 - c.exp())),
+                 "compiles": s["compiles"], "disk_hits": s["disk_hits"]}
+print(json.dumps(out))
+"""
+
+
+def test_tool_warm_stats_ls_export_import_clear(small, tmp_path):
+    _, kernels, small_script = small
+    warm = subprocess.run([sys.executable, "-m", "eager_neuron.tools.cache", "--dir",
+                           str(tmp_path / "a"), "warm", small_script], env=_env(tmp_path / "x"),
+                          capture_output=True, text=True, timeout=TIMEOUT, check=False)
+    assert warm.returncode == 0, warm.stderr[-3000:]
+    assert f"[warm] {kernels} kernels compiled" in warm.stderr
+    script = _script(tmp_path, TOOL.replace("{", "{{").replace("}", "}}"))
+    proc = subprocess.run([sys.executable, script, str(tmp_path / "a"), str(tmp_path / "b"),
+                           str(tmp_path / "k.tar.gz")], env=_env(tmp_path / "x"),
+                          capture_output=True, text=True, timeout=TIMEOUT, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["stats"]["entries"] == kernels and out["stats"]["bytes"] > 0
+    assert {r["op"] for r in out["ls"]} >= {"aten::add", "aten::mul", "aten::exp"}
+    assert all(r["compile_s"] > 0 and r["bytes"] > 0 and r["last_use"] for r in out["ls"])
+    assert out["export"][0] == 0 and out["import"][0] == 0
+    assert out["imported"] == kernels
+    assert out["clear"][0] == 0 and out["cleared"] == 0
+    loaded = out["loaded"]
+    assert loaded["ok"] and loaded["compiles"] == 0 and loaded["disk_hits"] == kernels
+
+
+# -- in-process units (no kernels run: nothing here touches a cache but tmp_path) --------------
+
+def test_unpack_rejects_damage():
+    from eager_neuron.cache import disk, keys
+
+    payload = b"x" * 100
+    good = disk.pack({"format": keys.FORMAT_VERSION, "toolchain": keys.toolchain_id(),
+                      "key": "k", "name": "n", "size": 100,
+                      "sha256": __import__("hashlib").sha256(payload).hexdigest()}, payload)
+    assert disk.unpack(good)[1] == payload
+    for bad, reason in [(good[:50], "corrupt"), (b"", "corrupt"), (b"ENKC" + b"\xff" * 20,
+                        "corrupt"), (good[:-1] + b"y", "corrupt"),
+                        (good.replace(keys.toolchain_id().encode(), b"f" * 16), "version")]:
+        with pytest.raises(disk._Miss) as info:
+            disk.unpack(bad)
+        assert info.value.reason == reason
+
+
+def test_size_cap_evicts_least_recently_used(tmp_path):
+    from eager_neuron.cache.disk import DiskTier
+
+    tier = DiskTier(str(tmp_path / "cache"), size_mb=1)
+    cache = tier._open()
+    assert cache.eviction_policy == "least-recently-used" and cache.size_limit == 2**20
+    blob = os.urandom(40_000)                          # ~25 fit; diskcache culls 10 at a time
+    cache.set("first", blob)
+    for i in range(60):
+        time.sleep(0.001)
+        cache.get("first")                             # keep using the first entry
+        cache.set(f"k{i}", blob)
+    assert "first" in cache and "k0" not in cache and "k59" in cache
+    assert cache.volume() <= 2**20 + 40_000
