@@ -1,0 +1,215 @@
+"""Matmul lowerings: mm, bmm, addmm, baddbmm, addbmm, mv, addmv, dot (and in-place add*_).
+
+Every op becomes one `gemm(out, a, b, bias, beta, alpha, batch)` call, one launch: vectors are
+(K, 1) or (1, K) matrices (Numba's np.dot then picks BLAS gemv/dot), and the bias/scale epilogue
+runs in the same kernel as the product. Float operands reach BLAS without a copy when they are
+C- or F-contiguous (a transposed weight from nn.Linear is F-contiguous); only genuinely strided
+operands are copied, by the cast kernel, into a contiguous scratch.
+
+>>> import torch, eager_neuron
+>>> w = torch.ones(3, 2, device="neuron")
+>>> torch.nn.functional.linear(torch.ones(1, 2, device="neuron"), w).tolist()
+[[2.0, 2.0, 2.0]]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..kernels import compile as kc
+from ..kernels import matmul as kmm
+from ..launch import launch
+from .cast import cast
+from .common import NP_TYPE
+
+VERSION = 1              # bump when this family's rendered source changes (disk cache key)
+PARALLEL_MIN = 1 << 16   # integer loop: multiply-adds below which prange costs more than it saves
+_BLAS = frozenset({torch.float32, torch.float64})
+_LOOP = frozenset({torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8})
+# NOTE: kernels are named by shape class, not by aten op: mm, mv, dot, addmm and the linear
+# backward all run the same 2-D kernel when their epilogue and layouts agree.
+_KERNEL_OP = {"none": "mm", "bmm": "bmm", "sum": "addbmm"}
+
+
+def _np(t: torch.Tensor):
+    """Zero-copy numpy view. Under NeuronMode an operand may be a CPU tensor that requires grad:
+    detach it (same memory) rather than let .numpy() refuse."""
+    return t.detach().numpy() if t.requires_grad else t.numpy()
+
+
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    """A C-contiguous scratch copy (host-backed, like an SBUF tile), written by the cast kernel."""
+    out = torch.empty(t.shape, dtype=t.dtype)
+    cast(t, out)
+    return out
+
+
+def _mat2(t: torch.Tensor):
+    """A 2-D operand BLAS can read as is (C or F), else a contiguous copy."""
+    arr = _np(t)
+    if arr.flags.c_contiguous or arr.flags.f_contiguous:
+        return arr
+    return _np(_dense(t))
+
+
+def _mat3(t: torch.Tensor, allow_shared: bool):
+    """(array, mode) for a batched operand; see kernels/matmul.py for the modes."""
+    arr = _np(t)
+    if arr.flags.c_contiguous:
+        return arr, "n"
+    tt = _np(t.transpose(1, 2))
+    if tt.flags.c_contiguous:
+        return tt, "t"
+    if allow_shared and t.stride(0) == 0:      # one matrix expanded over the batch
+        m = _np(t[0])
+        if m.flags.c_contiguous or m.flags.f_contiguous:
+            return m, "b"
+    return _np(_dense(t)), "n"
+
+
+def _shares(x: torch.Tensor, others) -> bool:
+    ptr = x.untyped_storage().data_ptr()
+    return any(o is not None and o.untyped_storage().data_ptr() == ptr for o in others)
+
+
+def _scalar(v, dtype: torch.dtype):
+    """alpha/beta as a kernel argument of the array's kind (a float32 kernel stays float32)."""
+    if dtype.is_floating_point:
+        return np.float32(v) if dtype == torch.float32 else float(v)
+    return int(v)
+
+
+def gemm(op: str, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias=None, beta=1,
+         alpha=1, batch: str = "none") -> None:
+    """out = beta * bias + alpha * (a @ b), one launch.
+
+    batch "none": a (M, K), b (K, N), out (M, N); "bmm": a (B, M, K), b (B, K, N), out (B, M, N);
+    "sum": like "bmm" but out (M, N) sums the B products. bias broadcasts to out's shape.
+    """
+    dtype = out.dtype
+    if a.dtype != dtype or b.dtype != dtype or (bias is not None and bias.dtype != dtype):
+        raise NotImplementedError(f"{op}: mixed dtypes {a.dtype}, {b.dtype} -> {dtype}")
+    if dtype not in _BLAS and dtype not in _LOOP:
+        raise NotImplementedError(f"{op}: no matmul kernel for {dtype}")
+    if out.numel() == 0:
+        return
+    # 1. epilogue: beta == 0 ignores bias entirely (NaN/inf in it too), as PyTorch does
+    if bias is None or beta == 0:
+        epilogue = "none" if alpha == 1 else "scale"
+    else:
+        epilogue = "bias"
+    # 2. in-place ops (addmm_) and odd output layouts: compute into scratch, then copy
+    direct = _np(out).flags.c_contiguous and not _shares(out, (a, b, bias))
+    res = out if direct else torch.empty(out.shape, dtype=dtype)
+    m, n = out.shape[-2], out.shape[-1]
+    k = a.shape[-1]
+    nb = a.shape[0] if batch != "none" else 1
+    scalars = ()
+    if epilogue == "bias":
+        scalars = (_np(bias.expand(out.shape)), _scalar(beta, dtype), _scalar(alpha, dtype))
+    elif epilogue == "scale":
+        scalars = (_scalar(alpha, dtype),)
+    # 3. the kernel: BLAS for floats, a loop for integers
+    if dtype in _BLAS:
+        if batch == "none":
+            arrays, modes = (_mat2(a), _mat2(b)), ("n", "n")
+        else:
+            (xa, ma), (xb, mb) = _mat3(a, batch == "bmm"), _mat3(b, batch == "bmm")
+            arrays, modes = (xa, xb), (ma, mb)
+        key = (
+            "matmul", _KERNEL_OP[batch],
+            VERSION,     # this family's renderer version
+            "blas",      # np.dot (BLAS) vs the integer loop
+            modes,       # per batched operand: n | t (read transposed) | b (shared matrix)
+            epilogue,    # none | scale | bias
+        )
+
+        def render():
+            return kmm.render_blas(batch, modes, epilogue)
+
+        args = (_np(res),) + arrays + scalars
+    else:
+        # NOTE: every operand as a 3-D strided view: no copies, one loop nest for all batches
+        res3, a3, b3 = res, a, b
+        if batch != "bmm":
+            res3 = res.unsqueeze(0)
+        if batch == "none":
+            a3, b3 = a.unsqueeze(0), b.unsqueeze(0)
+        if epilogue == "bias":
+            bias3 = bias.expand(out.shape)
+            bias3 = bias3 if batch == "bmm" else bias3.unsqueeze(0)
+            scalars = (_np(bias3),) + scalars[1:]
+        parallel = nb * m * n * k >= PARALLEL_MIN and kc.parallel_allowed()
+        acc, store = "np.int64", NP_TYPE[dtype]
+        key = ("matmul", _KERNEL_OP[batch], VERSION, "loop", epilogue, store, parallel)
+
+        def render():
+            return kmm.render_loop(batch, epilogue, acc, store, parallel)
+
+        args = (_np(res3), _np(a3), _np(b3)) + scalars
+    itemsize = out.element_size()
+    bytes_moved = (a.numel() + b.numel() + out.numel() * (2 if epilogue == "bias" else 1)) \
+        * itemsize
+    launch(key, render, args, flops=2.0 * nb * m * n * k, bytes_moved=bytes_moved,
+           engine="tensor", dtype_class="fp32")
+    if res is not out:
+        cast(res, out)
+
+
+# ---------------------------------------------------------------------------------------------
+# lowerings: each maps its schema onto gemm's shapes
+# ---------------------------------------------------------------------------------------------
+
+def lower_mm(func, a, outs):
+    gemm("mm", outs[0], a["self"], a["mat2"])
+
+
+def lower_addmm(func, a, outs):
+    gemm("addmm", outs[0], a["mat1"], a["mat2"], a["self"], a["beta"], a["alpha"])
+
+
+def lower_bmm(func, a, outs):
+    gemm("bmm", outs[0], a["self"], a["mat2"], batch="bmm")
+
+
+def lower_baddbmm(func, a, outs):
+    gemm("baddbmm", outs[0], a["batch1"], a["batch2"], a["self"], a["beta"], a["alpha"],
+         batch="bmm")
+
+
+def lower_addbmm(func, a, outs):
+    gemm("addbmm", outs[0], a["batch1"], a["batch2"], a["self"], a["beta"], a["alpha"],
+         batch="sum")
+
+
+def lower_mv(func, a, outs):
+    # (M, K) @ (K, 1) -> (M, 1): np.dot sees n == 1 and calls gemv
+    gemm("mv", outs[0].unsqueeze(1), a["self"], a["vec"].unsqueeze(1))
+
+
+def lower_addmv(func, a, outs):
+    out = outs[0].unsqueeze(1)
+    bias = a["self"].expand(outs[0].shape).unsqueeze(1)
+    gemm("addmv", out, a["mat"], a["vec"].unsqueeze(1), bias, a["beta"], a["alpha"])
+
+
+def lower_dot(func, a, outs):
+    # (1, K) @ (K, 1) -> (1, 1): np.dot sees m == n == 1 and calls BLAS dot
+    gemm("dot", outs[0].reshape(1, 1), a["self"].unsqueeze(0), a["tensor"].unsqueeze(1))
+
+
+LOWERINGS = {
+    "aten::mm": lower_mm,
+    "aten::addmm": lower_addmm,
+    "aten::addmm_": lower_addmm,
+    "aten::bmm": lower_bmm,
+    "aten::baddbmm": lower_baddbmm,
+    "aten::baddbmm_": lower_baddbmm,
+    "aten::addbmm": lower_addbmm,
+    "aten::addbmm_": lower_addbmm,
+    "aten::mv": lower_mv,
+    "aten::addmv": lower_addmv,
+    "aten::addmv_": lower_addmv,
+    "aten::dot": lower_dot,
+}

@@ -1,0 +1,189 @@
+"""Convolution and pooling on `neuron` against the CPU, forward and backward: conv1d/conv2d with
+stride, padding, dilation, groups, bias, 1x1 and channels_last inputs; max/avg/adaptive pooling
+with their options; a small CNN; counters (no CPU fallback or decomposition of these ops, no
+recompile for a new batch size, the documented fallback for transposed convolution).
+
+Sizes are small and cases share kernels (keyed on flags and layouts, never on sizes).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import eager_neuron
+from eager_neuron.lower import conv as lconv
+
+DEV = "neuron"
+TOL = {torch.float32: {"rtol": 1e-5, "atol": 1e-5, "equal_nan": True},
+       torch.float64: {"equal_nan": True}}
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+def _ours_clean():
+    st = eager_neuron.stats()
+    ours = set(lconv.LOWERINGS)
+    assert not ours & set(st["fallbacks"]), st["fallbacks"]
+    assert not ours & set(st["decompositions"]), st["decompositions"]
+
+
+def run(fn, *xs, dtype=torch.float32, grad=(True,)):
+    """fn on neuron copies and on xs: outputs, and .grad of every float input, match the CPU."""
+    eager_neuron.reset_stats()
+    grads = tuple(grad) + (grad[-1],) * (len(xs) - len(grad))
+    xs = [x.to(dtype) for x in xs]
+    xc = [x.clone().requires_grad_(g) for x, g in zip(xs, grads)]
+    xd = [x.to(DEV).requires_grad_(g) for x, g in zip(xs, grads)]
+    want, got = fn(*xc), fn(*xd)
+    want, got = (want, got) if isinstance(want, tuple) else ((want,), (got,))
+    for w, g in zip(want, got):
+        torch.testing.assert_close(g.cpu(), w, **TOL[dtype])
+    if any(grads):
+        go = torch.randn_like(want[0])
+        want[0].backward(go)
+        got[0].backward(go.to(DEV))
+        for c, d in zip(xc, xd):
+            if c.grad is None:                  # an input fn does not use
+                assert d.grad is None
+            else:
+                torch.testing.assert_close(d.grad.cpu(), c.grad, **TOL[dtype])
+    _ours_clean()
+
+
+# -- convolution ---------------------------------------------------------------------------------
+
+CONV2D = {
+    "pad": lambda x, w, b: F.conv2d(x, w, b, padding=1),
+    "stride_dilation_groups": lambda x, w, b: F.conv2d(x, w[:, :2], b, stride=(2, 1),
+                                                       padding=(1, 2), dilation=(2, 1), groups=2),
+    "no_bias": lambda x, w, b: F.conv2d(x, w, None, stride=2),
+    "pointwise": lambda x, w, b: F.conv2d(x, w[:, :, :1, :1], b),
+    "depthwise": lambda x, w, b: F.conv2d(x, w[:4, :1], b[:4], padding=1, groups=4),
+    "channels_last": lambda x, w, b: F.conv2d(x.contiguous(memory_format=torch.channels_last),
+                                              w, b, padding=1),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONV2D))
+def test_conv2d(case):
+    run(CONV2D[case], torch.randn(2, 4, 7, 9), torch.randn(6, 4, 3, 3), torch.randn(6))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_conv1d(dtype):
+    """Height-1 2-D convolution; in float32 it reuses the conv2d kernels."""
+    run(lambda x, w, b: F.conv1d(x, w, b, stride=2, padding=2, dilation=2),
+        torch.randn(3, 4, 17), torch.randn(5, 4, 3), torch.randn(5), dtype=dtype)
+
+
+def test_conv_input_without_grad():
+    """The first layer: output_mask (False, True, True) runs the weight kernel only."""
+    run(CONV2D["pad"], torch.randn(2, 4, 7, 9), torch.randn(6, 4, 3, 3), torch.randn(6),
+        grad=(False, True, True))
+
+
+def test_conv_forward_is_one_launch():
+    x, w, b = (t.to(DEV) for t in (torch.randn(2, 4, 7, 9), torch.randn(6, 4, 3, 3),
+                                   torch.randn(6)))
+    F.conv2d(x, w, b, padding=1)
+    eager_neuron.reset_stats()
+    F.conv2d(x, w, b, padding=1)
+    assert eager_neuron.stats()["launches"] == 1
+
+
+def test_transposed_conv_falls_back_counted():
+    x, w = torch.randn(1, 4, 5, 5), torch.randn(4, 2, 3, 3)
+    eager_neuron.reset_stats()
+    got = F.conv_transpose2d(x.to(DEV), w.to(DEV))
+    torch.testing.assert_close(got.cpu(), F.conv_transpose2d(x, w), **TOL[torch.float32])
+    assert eager_neuron.stats()["fallbacks"].get("aten::convolution") == 1
+
+
+# -- pooling ---------------------------------------------------------------------------------------
+
+POOLS = {
+    "max": lambda x: F.max_pool2d(x, 3, 2, 1, return_indices=True),
+    "max_dilation_ceil": lambda x: F.max_pool2d(x, (3, 2), (2, 1), (1, 1), dilation=(2, 1),
+                                                ceil_mode=True, return_indices=True),
+    "max1d": lambda x: F.max_pool1d(x.flatten(2), 3, 2),
+    "avg": lambda x: F.avg_pool2d(x, 3, 2, 1),
+    "avg_exclude_pad_ceil": lambda x: F.avg_pool2d(x, 3, 2, 1, ceil_mode=True,
+                                                   count_include_pad=False),
+    "avg_divisor": lambda x: F.avg_pool2d(x, (2, 3), 2, divisor_override=5),
+    "avg1d": lambda x: F.avg_pool1d(x.flatten(2), 4, 3, 1),
+    "adaptive_avg": lambda x: F.adaptive_avg_pool2d(x, (3, 4)),
+    "adaptive_avg_unbatched": lambda x: F.adaptive_avg_pool2d(x[0], (4, 2)),
+    "adaptive_max": lambda x: F.adaptive_max_pool2d(x, (3, 4), return_indices=True),
+    "channels_last": lambda x: F.max_pool2d(x.contiguous(memory_format=torch.channels_last), 2),
+}
+
+
+@pytest.mark.parametrize("case", sorted(POOLS))
+def test_pool(case):
+    run(POOLS[case], torch.randn(2, 3, 10, 9))
+
+
+def test_pool_float64():
+    run(POOLS["max"], torch.randn(2, 3, 10, 9), dtype=torch.float64)
+    run(POOLS["avg"], torch.randn(2, 3, 10, 9), dtype=torch.float64)
+
+
+def test_max_pool_nan_and_integers():
+    x = torch.randn(1, 2, 6, 6)
+    x[0, 0, 1, 1] = float("nan")
+    run(POOLS["max"], x, grad=(False,))
+    eager_neuron.reset_stats()
+    xi = torch.randint(-50, -1, (2, 3, 6, 6))     # all negative: the start value must be lowest
+    got = F.max_pool2d(xi.to(DEV), 2, return_indices=True)
+    for g, w in zip(got, F.max_pool2d(xi, 2, return_indices=True)):
+        torch.testing.assert_close(g.cpu(), w)
+    _ours_clean()
+
+
+# -- models and counters ---------------------------------------------------------------------------
+
+def _cnn():
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(8, 8, 3, padding=1, groups=2), torch.nn.ReLU(),
+        torch.nn.AvgPool2d(2), torch.nn.AdaptiveAvgPool2d((2, 2)), torch.nn.Flatten(),
+        torch.nn.Linear(32, 5))
+
+
+def test_cnn_training_step_matches_cpu():
+    cpu = _cnn()
+    dev = copy.deepcopy(cpu).to(DEV)
+    opt_c = torch.optim.SGD(cpu.parameters(), lr=0.1)
+    opt_d = torch.optim.SGD(dev.parameters(), lr=0.1)
+    x, y = torch.randn(4, 3, 12, 12), torch.randint(0, 5, (4,))
+    eager_neuron.reset_stats()
+    for _ in range(2):
+        for model, opt, xx, yy in ((cpu, opt_c, x, y), (dev, opt_d, x.to(DEV), y.to(DEV))):
+            opt.zero_grad()
+            F.cross_entropy(model(xx), yy).backward()
+            opt.step()
+    for pc, pd in zip(cpu.parameters(), dev.parameters()):
+        torch.testing.assert_close(pd.detach().cpu(), pc.detach(), rtol=1e-4, atol=1e-5)
+    _ours_clean()
+
+
+def test_new_batch_size_does_not_recompile():
+    model = _cnn().to(DEV)
+
+    def step(batch):
+        model(torch.randn(batch, 3, 12, 12, device=DEV, requires_grad=True)).sum().backward()
+
+    step(2)
+    step(2)          # the second backward accumulates into .grad: that kernel is warm too
+    eager_neuron.reset_stats()
+    step(5)
+    st = eager_neuron.stats()
+    assert st["compiles"] == 0, st
+    _ours_clean()
