@@ -242,3 +242,14 @@ def test_neuron_mode_on_cpu_tensors_that_require_grad():
     torch.testing.assert_close(w.grad, gw, **TOL[torch.float32])
     assert eager_neuron.stats()["launches"] > 0
     _ours_clean()
+
+
+def test_small_products_run_blas_on_one_thread():
+    """OpenBLAS thread sync costs more than a second thread saves on small products."""
+    bt = lmm.blas_threads
+    run(torch.mm, _rand(8, 8), _rand(8, 8))
+    if bt.setter is None:
+        pytest.skip("no OpenBLAS thread control in this SciPy build")
+    assert bt.current == 1
+    bt(float(lmm.BLAS_THREADED_MIN))
+    assert bt.current == bt.default

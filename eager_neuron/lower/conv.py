@@ -21,6 +21,7 @@ from ..kernels import conv as kconv
 from ..launch import launch
 from .cast import cast
 from .common import NP_TYPE
+from .matmul import blas_threads
 
 VERSION = 1              # bump when this family's rendered source changes (disk cache key)
 PARALLEL_MIN = 1 << 18   # elements of work below which a prange launch costs more than it saves
@@ -110,6 +111,7 @@ def lower_convolution(func, a, outs):
         stride + padding + dilation + (a["groups"], kh, kw, oh, ow)
     flops = 2.0 * n * o * oh * ow * cg * kh * kw
     nbytes = (x.numel() + w.numel() + out.numel()) * out.element_size()
+    blas_threads(flops / (n * a["groups"]))      # one gemm per (sample, group)
     launch(key, render, args, flops=flops, bytes_moved=nbytes, engine="tensor")
     if res is not out4:
         cast(res, out4)
@@ -140,6 +142,7 @@ def lower_convolution_backward(func, a, outs):
     w2 = _np(_flat_weight(w4))
     gemm_flops = 2.0 * n * o * oh * ow * cg * kh * kw
     itemsize = go.element_size()
+    blas_threads(gemm_flops / (n * a["groups"]))   # one gemm per (sample, group)
     # 1. grad_input: its own kernel, so that layers whose input needs no grad (the first)
     #    share the weight kernel with the rest
     if mask[0]:
