@@ -1,0 +1,377 @@
+"""Index/gather lowerings: embedding (+ backward), index_select, gather, scatter*, index_add,
+index / index_put (advanced indexing), masked_scatter, and the data-dependent nonzero,
+masked_select and boolean-mask index (DYNAMIC: meta cannot give their output shape).
+
+Every op is planned onto a few kernels (kernels/index.py): `take` reads self[i0[b], i1[b], .., r]
+for broadcast index positions b and rest dims r; `put` is its write (or accumulate); `gather` /
+`scatter` work along one axis; `count` + `nonzero` turn a mask into coordinates. Dims are
+permuted and coalesced into numpy views here, so kernels see only a few loop ranks.
+
+>>> import torch, eager_neuron
+>>> w = torch.arange(6.).view(3, 2).to("neuron")
+>>> torch.nn.functional.embedding(torch.tensor([2, 0]).to("neuron"), w).cpu().tolist()
+[[4.0, 5.0], [0.0, 1.0]]
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from ..kernels import index as kix
+from ..launch import launch
+from .common import NP_TYPE, coalesce
+from .mask import (
+    core_index,
+    dynamic_masked_select,
+    dynamic_nonzero,
+    lower_masked_scatter,
+    nonzero_scratch,
+)
+from .shape import LOWERINGS as SHAPE_LOWERINGS
+from .shape import axis_views as _axis_views
+from .shape import nbytes as _nbytes
+from .shape import np_view as _np
+
+
+def _raise_bad(err: np.ndarray, op: str, dims) -> None:
+    """Turn a kernel's error record (flag, value, axis, size) into the CPU's IndexError."""
+    if err[0]:
+        raise IndexError(f"{op}: index {err[1]} is out of bounds for dimension "
+                         f"{dims[err[2]]} with size {err[3]}")
+
+
+def _store(dtype) -> str:
+    return "({}) != 0" if dtype == torch.bool else NP_TYPE.get(dtype, "np.int16") + "({})"
+
+
+def _int_index(t: torch.Tensor, op: str) -> None:
+    if t.dtype not in (torch.int64, torch.int32):
+        raise IndexError(f"{op}: tensors used as indices must be long or int, got {t.dtype}")
+
+
+# ---------------------------------------------------------------------------------------------
+# take / put: the two kernels behind embedding, index_select, index, index_add, index_put
+# ---------------------------------------------------------------------------------------------
+
+def _split(data_p, idx_p, nb: int, k: int, rest_p, src_p):
+    """Coalesce the index-position dims (over data_p's first nb dims and the indices) and the
+    rest dims (over data_p's and src_p's trailing dims); returns the numpy views."""
+    bshape = tuple(data_p.shape[:nb])
+    ex = [i.expand(bshape) for i in idx_p]
+    cb, bstr = coalesce(bshape, [data_p.stride()[:nb]] + [e.stride() for e in ex])
+    rshape = tuple(data_p.shape[nb:])
+    cr, rstr = coalesce(rshape, [data_p.stride()[nb:], rest_p.stride()[k:]])
+    d = _np(data_p, cb + cr, bstr[0] + rstr[0])
+    s = _np(rest_p, tuple(rest_p.shape[:k]) + cr, tuple(rest_p.stride()[:k]) + rstr[1])
+    iv = [_np(e, cb, st) for e, st in zip(ex, bstr[1:])]
+    return d, s, iv, len(cb), len(cr)
+
+
+def _pair(out: torch.Tensor, full: torch.Tensor):
+    """Coalesced numpy views of out and a same-shape tensor for a kernel's copy loop."""
+    cs, cst = coalesce(tuple(out.shape), [out.stride(), full.stride()])
+    return _np(out, cs, cst[0]), _np(full, cs, cst[1]), len(cs)
+
+
+def take(op: str, out_p, src_p, idxs, dims, wrap: bool) -> None:
+    """out_p[b.., r..] = src_p[idxs[0][b..], .., r..]; out_p is (B + R), src_p (K + R)."""
+    k = len(idxs)
+    nb = out_p.dim() - (src_p.dim() - k)
+    if math.prod(out_p.shape[:nb]) == 0:
+        return
+    o, s, iv, cb, cr = _split(out_p, idxs, nb, k, src_p, src_p)
+    err = np.zeros(4, np.int64)
+    key = ("index", "take",
+           cb,     # coalesced index-position loop rank
+           k,      # number of index tensors
+           cr)     # coalesced rest loop rank
+    launch(key, lambda: kix.render_take(cb, k, cr), (o, s, *iv, wrap, err),
+           bytes_moved=2 * _nbytes(out_p) + _nbytes(*idxs))
+    _raise_bad(err, op, dims)
+
+
+def put(op: str, out, out_p, vals_p, idxs, dims, *, self=None, wrap=False, accumulate=False,
+        alpha=None, zero=False, pad=None, freq=False) -> None:
+    """out_p[idxs[0][b..], .., r..] (+)= vals_p[b.., r..] * alpha; out_p is a permuted view of
+    out. `self` given: out starts as a copy of it (the functional form, in the same launch)."""
+    k = len(idxs)
+    nb = vals_p.dim() - (out_p.dim() - k)
+    v, o, iv, cb, cr = _split(vals_p, idxs, nb, k, out_p, out_p)
+    copy = self is not None and out is not self
+    dst, full, rc = _pair(out, self if copy else out)
+    one = np.dtype(o.dtype).type(1 if alpha is None else alpha)
+    err = np.zeros(4, np.int64)
+    key = ("index", "put", cb, k, cr,   # loop ranks, as for take
+           rc,                            # coalesced rank of the copy (out = self) loop
+           freq,                          # rows scaled by 1 / index frequency
+           _store(out.dtype))             # the output's store cast
+    # NOTE: wrap, accumulate, copy, zero and padding are runtime flags: one compiled kernel
+    # serves index_put, index_add and embedding backward of the same ranks and dtype.
+    launch(key, lambda: kix.render_put(cb, k, cr, rc, freq, _store(out.dtype)),
+           (o, v, *iv, wrap, accumulate, copy, zero, pad is not None,
+            -1 if pad is None else int(pad), one, err, dst, full),
+           flops=vals_p.numel() if accumulate else 0,
+           bytes_moved=2 * _nbytes(vals_p) + _nbytes(*idxs) + 2 * _nbytes(self if copy else None))
+    _raise_bad(err, op, dims)
+
+
+def _flat_index(index: torch.Tensor, op: str) -> torch.Tensor:
+    _int_index(index, op)
+    if index.dim() > 1:
+        raise IndexError(f"{op}: index must be a vector or a scalar, got {index.dim()} dims")
+    return index.reshape(-1)
+
+
+def _dim(a: dict, t: torch.Tensor) -> int:
+    if not isinstance(a["dim"], int):   # the Dimname overloads share the op name
+        raise NotImplementedError("named dimensions")
+    return a["dim"] % t.dim()
+
+
+def _at_least_1d(*ts):
+    return [t.view(1) if t.dim() == 0 else t for t in ts]
+
+
+def lower_embedding(func, a, outs):
+    weight, indices = a["weight"], a["indices"]
+    if weight.dim() != 2:
+        raise NotImplementedError("embedding with a weight that is not 2-D")
+    _int_index(indices, "aten::embedding")
+    take("aten::embedding", outs[0], weight, [indices], (0,), wrap=False)
+
+
+def lower_embedding_backward(func, a, outs):
+    grad, indices = a["grad_output"], a["indices"]
+    out = outs[0]
+    # NOTE: grad is indices.shape + (D,); a negative padding_idx means none (nn.Embedding has
+    # already turned -1 into num_weights - 1 before it gets here).
+    pad = a["padding_idx"] if a["padding_idx"] >= 0 else None
+    put("aten::embedding_dense_backward", out, out, grad, [indices], (0,), accumulate=True,
+        zero=True, pad=pad, freq=bool(a["scale_grad_by_freq"]))
+
+
+def lower_index_select(func, a, outs):
+    self, out = _at_least_1d(a["self"], outs[0])
+    dim = _dim(a, self)
+    index = _flat_index(a["index"], "aten::index_select")
+    take("aten::index_select", out.movedim(dim, 0), self.movedim(dim, 0), [index], (dim,),
+         wrap=False)
+
+
+def lower_index_add(func, a, outs):
+    self, out, source = _at_least_1d(a["self"], outs[0], a["source"])
+    dim = _dim(a, self)
+    index = _flat_index(a["index"], "aten::index_add")
+    alpha = a["alpha"]
+    put("aten::index_add", outs[0], out.movedim(dim, 0), source.movedim(dim, 0), [index],
+        (dim,), self=a["self"], accumulate=True, alpha=None if alpha == 1 else alpha)
+
+
+# ---------------------------------------------------------------------------------------------
+# advanced indexing: self[indices] and self[indices] = values
+# ---------------------------------------------------------------------------------------------
+
+def _adv_plan(self: torch.Tensor, indices: list):
+    """(P: indexed dims, R: other dims, index tensors, result shape, perm result -> B + R)."""
+    if len(indices) > self.dim():
+        raise IndexError(f"too many indices for tensor of dimension {self.dim()}")
+    idx = list(indices) + [None] * (self.dim() - len(indices))
+    P = [d for d, t in enumerate(idx) if t is not None]
+    R = [d for d, t in enumerate(idx) if t is None]
+    if not P:
+        raise NotImplementedError("advanced indexing without an index tensor")
+    B = tuple(torch.broadcast_shapes(*(idx[d].shape for d in P)))
+    nb = len(B)
+    if P == list(range(P[0], P[0] + len(P))):  # adjacent: the broadcast dims replace them
+        p0 = P[0]
+        shape = tuple(self.shape[:p0]) + B + tuple(self.shape[P[-1] + 1:])
+        perm = list(range(p0, p0 + nb)) + list(range(p0)) + list(range(p0 + nb, len(shape)))
+    else:                                      # split: the broadcast dims go first
+        shape = B + tuple(self.shape[d] for d in R)
+        perm = list(range(len(shape)))
+    return P, R, [idx[d] for d in P], shape, perm
+
+
+def expand_masks(self: torch.Tensor, indices) -> list:
+    """Boolean (or uint8) masks become one long index tensor per masked dim (via nonzero)."""
+    out = []
+    for t in indices:
+        if t is None or t.dtype not in (torch.bool, torch.uint8):
+            if t is not None:
+                _int_index(t, "aten::index")
+            out.append(t)
+            continue
+        d = len(out)
+        for j, size in enumerate(t.shape):
+            if d + j >= self.dim() or self.shape[d + j] != size:
+                raise IndexError(
+                    f"The shape of the mask {list(t.shape)} at index {j} does not match the "
+                    f"shape of the indexed tensor {list(self.shape)} at index {d + j}")
+        coords = nonzero_scratch(t)
+        out.extend(coords[:, j] for j in range(t.dim()))
+    return out
+
+
+def _index(self, indices, out) -> None:
+    P, R, idxs, _shape, perm = _adv_plan(self, indices)
+    take("aten::index", out.permute(perm), self.permute(P + R), idxs, P, wrap=True)
+
+
+def lower_index_put(func, a, outs):
+    self, out, values = a["self"], outs[0], a["values"]
+    indices = expand_masks(self, a["indices"])
+    P, R, idxs, shape, perm = _adv_plan(self, indices)
+    vals = values
+    while vals.dim() > len(shape) and vals.shape[0] == 1:
+        vals = vals[0]
+    try:
+        vals = vals.expand(shape)
+    except RuntimeError:
+        raise RuntimeError(f"shape mismatch: value tensor of shape {list(values.shape)} cannot "
+                           f"be broadcast to indexing result of shape {list(shape)}") from None
+    if vals.dtype != out.dtype:
+        raise NotImplementedError("index_put with values of another dtype")
+    put("aten::index_put", out, out.permute(P + R), vals.permute(perm), idxs, P, self=self,
+        wrap=True, accumulate=bool(a["accumulate"]))
+
+
+# ---------------------------------------------------------------------------------------------
+# gather / scatter along one axis
+# ---------------------------------------------------------------------------------------------
+
+def lower_gather(func, a, outs):
+    self, index, out = _at_least_1d(a["self"], a["index"], outs[0])
+    if index.dtype != torch.int64:
+        raise RuntimeError("gather(): Expected dtype int64 for index")
+    if index.numel() == 0:
+        return
+    dim = a["dim"] % self.dim()
+    n = index.shape[dim]
+    o, s, i = _axis_views(index.shape, dim, [(out, n), (self, self.shape[dim]), (index, n)])
+    err = np.zeros(4, np.int64)
+    c = o.ndim - 1
+    launch(("index", "gather", c), lambda: kix.render_gather(c), (o, s, i, err),
+           bytes_moved=2 * _nbytes(out) + _nbytes(index))
+    _raise_bad(err, "aten::gather", (dim,))
+
+
+_LEGACY = {"add": "sum", "multiply": "prod"}
+
+
+def _identity(reduce: str, dtype):
+    if reduce in ("sum", "mean"):
+        return 0
+    if reduce == "prod":
+        return 1
+    big = reduce == "amin"
+    if dtype == torch.bool:
+        return big
+    if dtype.is_floating_point:
+        return math.inf if big else -math.inf
+    info = torch.iinfo(dtype)
+    return info.max if big else info.min
+
+
+def _scatter(a, outs, reduce=None, include_self=True):
+    out, self, index = outs[0], a["self"], a["index"]
+    src = a.get("src")
+    value = src is None
+    if not value and src.dtype != out.dtype:
+        raise NotImplementedError("scatter with src of another dtype")
+    if index.dtype != torch.int64:
+        raise RuntimeError("scatter(): Expected dtype int64 for index")
+    out1, index1 = _at_least_1d(out, index)
+    dim = _dim(a, out1)
+    copy = out is not self
+    parts = [(out1, out1.shape[dim]), (index1, index1.shape[dim])]
+    if not value:
+        parts.append((src.view(1) if src.dim() == 0 else src, index1.shape[dim]))
+    views = _axis_views(index1.shape, dim, parts)
+    o, i = views[0], views[1]
+    s = (a["value"] if not isinstance(a["value"], bool) else int(a["value"])) if value \
+        else views[2]
+    cast = NP_TYPE.get(out.dtype, "np.int16")
+    store = _store(out.dtype)
+    kind = o.dtype.type
+    if value:
+        s = kind(s)
+    err = np.zeros(4, np.int64)
+    c = o.ndim - 1
+    dst, full, rc = _pair(out, self)
+    key = ("index", "scatter", c,
+           rc,              # coalesced rank of the copy (out = self) loop
+           value,           # src is a scalar
+           cast, store)     # load and store casts of the output dtype
+    # NOTE: the reduction, include_self and copy are runtime: one kernel per rank and dtype.
+    launch(key, lambda: kix.render_scatter(c, rc, value, cast, store),
+           (o, s, i, kix.REDUCE[reduce], include_self, copy,
+            kind(_identity(reduce or "sum", out.dtype)), err, dst, full),
+           flops=index.numel() if reduce else 0,
+           bytes_moved=2 * _nbytes(index) + _nbytes(None if value else src)
+           + 2 * _nbytes(self if copy else None))
+    _raise_bad(err, "aten::scatter" if reduce is None else f"aten::scatter ({reduce})", (dim,))
+
+
+def lower_scatter(func, a, outs):
+    reduce = a.get("reduce")
+    _scatter(a, outs, None if reduce is None else _LEGACY[reduce])
+
+
+def lower_scatter_add(func, a, outs):
+    _scatter(a, outs, "sum")
+
+
+def lower_scatter_reduce(func, a, outs):
+    _scatter(a, outs, a["reduce"], bool(a["include_self"]))
+
+
+# ---------------------------------------------------------------------------------------------
+# DYNAMIC: output shape depends on the data. fn(func, a[, index]) -> [(data, block), ...]
+# ---------------------------------------------------------------------------------------------
+
+def dynamic_index(func, a, index=-1):
+    """self[indices] with boolean masks: masks -> coordinates, then meta sizes the output."""
+    from ..dispatch import alloc, meta_outputs
+
+    self = a["self"]
+    indices = expand_masks(self, a["indices"])
+    leaves, _spec = meta_outputs(func, (self, indices), {})
+    data, block = alloc(core_index(index), *leaves[0])
+    _index(self, indices, data)
+    return [(data, block)]
+
+
+def _lowerings() -> dict:
+    table = {
+        "aten::embedding": lower_embedding,
+        "aten::embedding_dense_backward": lower_embedding_backward,
+        "aten::index_select": lower_index_select,
+        "aten::gather": lower_gather,
+        "aten::masked_scatter": lower_masked_scatter,
+        "aten::masked_scatter_": lower_masked_scatter,
+    }
+    for name in ("index_add", "index_add_"):
+        table[f"aten::{name}"] = lower_index_add
+    for name in ("index_put", "index_put_", "_index_put_impl_"):
+        table[f"aten::{name}"] = lower_index_put
+    for sfx in ("", "_"):
+        for ov in ("src", "value", "reduce", "value_reduce"):
+            table[f"aten::scatter{sfx}.{ov}"] = lower_scatter
+        table[f"aten::scatter_add{sfx}"] = lower_scatter_add
+        table[f"aten::scatter_reduce{sfx}.two"] = lower_scatter_reduce
+    return table
+
+
+LOWERINGS = _lowerings()
+DYNAMIC = {
+    "aten::nonzero": dynamic_nonzero,
+    "aten::masked_select": dynamic_masked_select,
+    # NOTE: not in LOWERINGS: dispatch sizes kernel outputs by meta first, which raises for a
+    # boolean mask; dynamic_index serves integer indices as well.
+    "aten::index.Tensor": dynamic_index,
+}
+# shape ops (cat, pad, flip, roll, repeat, tril/triu, *_scatter, sort/topk) live next door
+LOWERINGS.update(SHAPE_LOWERINGS)

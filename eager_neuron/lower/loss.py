@@ -1,0 +1,198 @@
+"""Loss lowerings: nll_loss (1d and 2d, forward and backward), mse_loss, binary_cross_entropy.
+
+nll views the input as (N, C, S) and the target as (N, S), S the coalesced spatial dims, so the
+1d and 2d ops share one kernel. mse and bce are map-reduces over operands broadcast to one shape;
+their backward is the same pointwise kernel with the incoming gradient as one more operand.
+
+>>> import torch, eager_neuron
+>>> x = torch.zeros(2, 3, device="neuron")
+>>> torch.nn.functional.nll_loss(x, torch.tensor([0, 2], device="neuron")).item()
+-0.0
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..kernels import reduce as kr
+from ..launch import launch
+from .common import NP_TYPE, coalesce, strided_np
+from .reduce import F64
+
+_REDUCTIONS = (0, 1, 2)   # none, mean, sum (torch.nn._reduction)
+
+
+def _float(t: torch.Tensor) -> None:
+    if not t.is_floating_point():
+        raise NotImplementedError(f"loss of {t.dtype}")
+
+
+def _nsc(t: torch.Tensor, lead: int) -> np.ndarray:
+    """t as (lead dims..., S): the first `lead` dims kept (padded with size 1 for a batchless
+    input), the rest coalesced into one."""
+    shape, stride = list(t.shape), list(t.stride())
+    head_shape, head_stride = shape[:lead], stride[:lead]
+    while len(head_shape) < lead:                    # (C,) input / () target: no batch dim
+        head_shape.insert(0, 1)
+        head_stride.insert(0, 0)
+    rest, (rest_stride,) = coalesce(tuple(shape[lead:]), [tuple(stride[lead:])])
+    if len(rest) != 1:
+        raise NotImplementedError("nll_loss over spatial dims that do not coalesce")
+    return strided_np(t, tuple(head_shape) + rest, tuple(head_stride) + rest_stride)
+
+
+def _scalar2(t: torch.Tensor) -> np.ndarray:
+    return strided_np(t, (1, 1), (0, 0))
+
+
+def _raise_target(err: np.ndarray) -> None:
+    if err[1]:
+        raise IndexError(f"Target {int(err[0])} is out of bounds.")
+
+
+def _weight(w, dtype) -> tuple[np.ndarray, int]:
+    """(class weights, step): no weights is [1] read with step 0 (same kernel either way)."""
+    if w is None:
+        return np.ones(1, dtype), 0
+    if not w.is_contiguous():
+        raise NotImplementedError("non-contiguous class weights")
+    return w.view(-1).numpy(), 1
+
+
+def _nll_views(x: torch.Tensor, t: torch.Tensor, per_elem: list) -> tuple:
+    """x as (N, C, S); target and the per-element tensors (loss / its grad for reduction none,
+    same shape as the target) as (N, S); a batchless (C,) input is N = S = 1."""
+    if x.dim() == 1:
+        xv = strided_np(x, (1, x.shape[0], 1), (0, x.stride(0), 0))
+        return xv, _scalar2(t), [_scalar2(p) for p in per_elem]
+    return _nsc(x, 2), _nsc(t, 1), [_nsc(p, 1) for p in per_elem]
+
+
+def lower_nll_forward(func, a, outs):
+    x, t, reduction = a["self"], a["target"], a["reduction"]
+    out, tw = outs
+    _float(x)
+    if reduction not in _REDUCTIONS or (x.dim() > 1 and x.shape[1] == 0):
+        raise NotImplementedError("nll_loss with this reduction or no classes")
+    none = reduction == 0
+    xv, tv, pv = _nll_views(x, t, [out] if none else [])
+    ov = pv[0] if none else _scalar2(out)
+    wv, ws = _weight(a["weight"], xv.dtype)
+    err = np.zeros(2, np.int64)
+    store = NP_TYPE[out.dtype]
+    launch(("loss", "nll", F64, store), lambda: kr.render_nll(F64, store),
+           (ov, strided_np(tw, (1,), (0,)), err, xv, tv, wv, ws, int(reduction),
+            int(a["ignore_index"])),
+           flops=float(2 * t.numel()),
+           bytes_moved=float(t.numel() * (t.element_size() + x.element_size())),
+           engine="vector")
+    _raise_target(err)
+
+
+def lower_nll_backward(func, a, outs):
+    g, x, t, reduction = a["grad_output"], a["self"], a["target"], a["reduction"]
+    gi = outs[0]
+    _float(x)
+    if reduction not in _REDUCTIONS or gi.numel() == 0:
+        raise NotImplementedError("nll_loss backward with this reduction or no elements")
+    none = reduction == 0
+    giv, tv, pv = _nll_views(gi, t, [g] if none else [])
+    wv, ws = _weight(a["weight"], giv.dtype)
+    err = np.zeros(2, np.int64)
+    store = NP_TYPE[gi.dtype]
+    launch(("loss", "nll_bw", F64, store), lambda: kr.render_nll_backward(F64, store),
+           (giv, err, pv[0] if none else _scalar2(g), tv, wv, ws,
+            _scalar2(a["total_weight"]).reshape(1), int(reduction), int(a["ignore_index"])),
+           flops=float(t.numel()), bytes_moved=float(gi.numel() * gi.element_size()),
+           engine="vector")
+    _raise_target(err)
+
+
+# ---------------------------------------------------------------------------------------------
+# pointwise losses: mse, binary cross entropy
+# ---------------------------------------------------------------------------------------------
+
+_LOG = "(math.log({v}) if {v} > 0 else A(-np.inf))"
+_BCE = ("-x2 * (x1 * max(" + _LOG.format(v="x0") + ", A(-100)) + (A(1) - x1) * max("
+        + _LOG.format(v="(A(1) - x0)") + ", A(-100)))")
+_BCE_BW = "x3 * x2 * (x0 - x1) / max((A(1) - x0) * x0, A(1e-12))"
+_IN_01 = "x0 >= 0 and x0 <= 1"
+
+
+def _pointwise(name: str, expr: str, operands: list, out: torch.Tensor, reduction: int,
+               grad: bool, check: str = "") -> None:
+    """Forward (grad False): out = expr summed over the broadcast operands, / numel for mean,
+    or per element for reduction none. Backward (grad True): out = expr per element, where the
+    expression divides by `div` (numel for mean, else 1)."""
+    for t in operands:
+        _float(t)
+    if reduction not in _REDUCTIONS:
+        raise NotImplementedError(f"{name} reduction {reduction}")
+    shape = torch.broadcast_shapes(*(t.shape for t in operands))
+    n = 1
+    for s in shape:
+        n *= s
+    reduce = not grad and reduction != 0
+    if n == 0 and not reduce:
+        return
+    if not reduce and tuple(out.shape) != tuple(shape):
+        raise NotImplementedError(f"{name}: output shape {tuple(out.shape)} != {tuple(shape)}")
+    ts = [t.expand(shape) for t in operands]
+    strides = ([] if reduce else [out.stride()]) + [t.stride() for t in ts]
+    cshape, cst = coalesce(tuple(shape), strides)
+    views = [strided_np(t, cshape, st) for t, st in zip(ts, cst[0 if reduce else 1:])]
+    rank, store = len(cshape), NP_TYPE[out.dtype]
+    # a reduced loss lands in out[0, ..]: a one-element view of the same rank and layout
+    ov = strided_np(out, (1,) * rank, (0,) * rank) if reduce else \
+        strided_np(out, cshape, cst[0])
+    div = float(n if reduction == 1 else 1)
+    err = np.zeros(2, np.int64)
+    key = ("loss", name, expr, rank, len(views), F64, store, check)
+    launch(key, lambda: kr.render_pointwise(expr, rank, len(views), F64, store, check),
+           (ov, err) + tuple(views) + (int(reduce), div), flops=float(4 * n),
+           bytes_moved=float(sum(t.numel() * t.element_size() for t in operands)
+                             + out.numel() * out.element_size()),
+           engine="scalar" if "math." in expr else "vector")
+    if err[1]:
+        raise RuntimeError("all elements of input should be between 0 and 1")
+
+
+def _weights(a, like: torch.Tensor) -> torch.Tensor:
+    w = a.get("weight")
+    return w if w is not None else torch.ones((), dtype=like.dtype)
+
+
+def lower_mse(func, a, outs):
+    _pointwise("mse", "(x0 - x1) * (x0 - x1)", [a["self"], a["target"]], outs[0],
+               a["reduction"], False)
+
+
+def lower_mse_backward(func, a, outs):
+    # d/dx of mean((x - y)^2) = 2 (x - y) g / n
+    _pointwise("mse_bw", "A(2) * (x0 - x1) * x2 / A(div)",
+               [a["self"], a["target"], a["grad_output"]], outs[0], a["reduction"], True)
+
+
+def lower_bce(func, a, outs):
+    x = a["self"]
+    _pointwise("bce", _BCE, [x, a["target"], _weights(a, x)], outs[0], a["reduction"], False,
+               _IN_01)
+
+
+def lower_bce_backward(func, a, outs):
+    x = a["self"]
+    _pointwise("bce_bw", _BCE_BW + " / A(div)",
+               [x, a["target"], _weights(a, x), a["grad_output"]], outs[0], a["reduction"], True)
+
+
+LOWERINGS = {
+    "aten::nll_loss_forward": lower_nll_forward,
+    "aten::nll_loss2d_forward": lower_nll_forward,
+    "aten::nll_loss_backward": lower_nll_backward,
+    "aten::nll_loss2d_backward": lower_nll_backward,
+    "aten::mse_loss": lower_mse,
+    "aten::mse_loss_backward": lower_mse_backward,
+    "aten::binary_cross_entropy": lower_bce,
+    "aten::binary_cross_entropy_backward": lower_bce_backward,
+}

@@ -1,0 +1,257 @@
+"""Normalization lowerings: softmax/log_softmax (+ backward), layer norm and batch norm (+ backward).
+
+Views come from `reduce.split`: the normalized dims last, everything else first, coalesced. Batch
+norm's running statistics are updated in place in the running buffers (their host-backed memory
+is the device memory), as PyTorch's CPU kernel does, or written to new outputs for the functional
+variant.
+
+>>> import torch, eager_neuron
+>>> torch.softmax(torch.zeros(2, 4, device="neuron"), 1)[0].tolist()
+[0.25, 0.25, 0.25, 0.25]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..kernels import compile as kc
+from ..kernels import norm as kn
+from ..launch import launch
+from .common import NP_TYPE
+from .reduce import F64, PARALLEL_MIN, red_dims, split
+
+
+
+def _acc(t: torch.Tensor) -> str:
+    if not t.is_floating_point():
+        raise NotImplementedError(f"normalization of {t.dtype}")
+    return F64
+
+
+def _parallel(n: int, outer: int) -> bool:
+    return n >= PARALLEL_MIN and outer > 1 and kc.parallel_allowed()
+
+
+def _bytes(*ts) -> float:
+    return float(sum(t.numel() * t.element_size() for t in ts if isinstance(t, torch.Tensor)))
+
+
+def _flat(t: torch.Tensor) -> np.ndarray:
+    """A 1-d view of a contiguous parameter or statistic."""
+    if not t.is_contiguous():
+        raise NotImplementedError("non-contiguous normalization parameter")
+    return t.view(-1).numpy()
+
+
+# NOTE: an absent array is a one-element stand-in of the data's dtype and of the real array's
+# rank and layout, so the kernel's signature (and the compiled kernel) is the same either way.
+def _dummy(like: np.ndarray, rank: int, value: float = 0.0) -> np.ndarray:
+    return np.full((1,) * rank, value, like.dtype)
+
+
+def _param(t, dtype, identity: float) -> tuple[np.ndarray, int]:
+    """(array, step): weight/bias read at k * step; absent means [identity] with step 0."""
+    if t is None:
+        return np.full(1, identity, dtype), 0
+    return _flat(t), 1
+
+
+def _out1(t, like: np.ndarray) -> np.ndarray:
+    return _flat(t) if t is not None else _dummy(like, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# softmax
+# ---------------------------------------------------------------------------------------------
+
+def _softmax(log: bool):
+    def lower(func, a, outs):
+        x, out = a["self"], outs[0]
+        if out.numel() == 0:
+            return
+        acc = _acc(out)
+        kshape, _r, (ov, xv), _ = split([out, x], red_dims(x, a["dim"]))
+        ko, store = len(kshape), NP_TYPE[out.dtype]
+        par = _parallel(x.numel(), kshape[0])
+        launch(("norm", "softmax", log, ko, acc, store, par),
+               lambda: kn.render_softmax(log, ko, acc, store, par), (ov, xv),
+               flops=float(4 * x.numel()), bytes_moved=_bytes(x) * 3 + _bytes(out),
+               engine="scalar")
+    return lower
+
+
+def _softmax_backward(log: bool):
+    def lower(func, a, outs):
+        gi, g, y = outs[0], a["grad_output"], a["output"]
+        if gi.numel() == 0:
+            return
+        acc = _acc(gi)
+        kshape, _r, views, _ = split([gi, g, y], red_dims(g, a["dim"]))
+        ko, store = len(kshape), NP_TYPE[gi.dtype]
+        par = _parallel(g.numel(), kshape[0])
+        launch(("norm", "softmax_bw", log, ko, acc, store, par),
+               lambda: kn.render_softmax_backward(log, ko, acc, store, par), tuple(views),
+               flops=float(4 * g.numel()), bytes_moved=_bytes(g, y) * 2 + _bytes(gi),
+               engine="scalar" if log else "vector")
+    return lower
+
+
+# ---------------------------------------------------------------------------------------------
+# layer norm
+# ---------------------------------------------------------------------------------------------
+
+def _ln_views(x, normalized_shape, full, small):
+    axis = x.dim() - len(normalized_shape)
+    kshape, rshape, fviews, sviews = split(full, list(range(axis, x.dim())), small)
+    if len(kshape) != 1:
+        raise NotImplementedError("layer norm over a view whose leading dims do not coalesce")
+    return kshape, rshape, fviews, sviews
+
+
+def lower_layer_norm(func, a, outs):
+    x, w, b, eps = a["input"], a["weight"], a["bias"], float(a["eps"])
+    out, mean, rstd = outs
+    if out.numel() == 0:
+        if mean.numel():
+            raise NotImplementedError("layer norm over an empty normalized shape")
+        return
+    acc = _acc(x)
+    kshape, rshape, (ov, xv), (mv, rv) = _ln_views(x, a["normalized_shape"], [out, x],
+                                                   [mean, rstd])
+    kr = len(rshape)
+    store, stat = NP_TYPE[out.dtype], NP_TYPE[mean.dtype]
+    par = _parallel(x.numel(), kshape[0])
+    (wv, ws), (bv, bs) = _param(w, xv.dtype, 1), _param(b, xv.dtype, 0)
+    launch(("norm", "layer_norm", kr, acc, store, stat, par),
+           lambda: kn.render_layer_norm(kr, acc, store, stat, par),
+           (ov, mv, rv, xv, wv, bv, ws, bs, eps),
+           flops=float(8 * x.numel()), bytes_moved=_bytes(x) * 3 + _bytes(out, w, b),
+           engine="vector")
+
+
+def lower_layer_norm_backward(func, a, outs):
+    g, x, mean, rstd, w = a["grad_out"], a["input"], a["mean"], a["rstd"], a["weight"]
+    gi, gw, gb = outs
+    if x.numel() == 0:
+        raise NotImplementedError("layer norm backward of an empty input")
+    acc = _acc(x)
+    full = [x, g] + ([gi] if gi is not None else [])
+    kshape, rshape, fviews, (mv, rv) = _ln_views(x, a["normalized_shape"], full, [mean, rstd])
+    kr = len(rshape)
+    stores = tuple(NP_TYPE[(o if o is not None else x).dtype] for o in outs)
+    par = _parallel(x.numel(), kshape[0])
+    nch = min(kshape[0], 32) if par else 1
+    wv, ws = _param(w, fviews[0].dtype, 1)
+    launch(("norm", "layer_norm_bw", kr, acc, stores, par),
+           lambda: kn.render_layer_norm_backward(kr, acc, stores, par),
+           (fviews[2] if gi is not None else _dummy(fviews[0], 1 + kr), _out1(gw, fviews[0]),
+            _out1(gb, fviews[0]), fviews[1], fviews[0], mv, rv, wv, ws,
+            int(gi is not None), int(gw is not None), int(gb is not None), nch),
+           flops=float(12 * x.numel()), bytes_moved=_bytes(x, g) * 2 + _bytes(gi, gw, gb),
+           engine="vector")
+
+
+# ---------------------------------------------------------------------------------------------
+# batch norm
+# ---------------------------------------------------------------------------------------------
+
+def _bn_red(x: torch.Tensor) -> list:
+    if x.dim() < 2:
+        raise NotImplementedError("batch norm of a tensor with fewer than 2 dims")
+    return [0] + list(range(2, x.dim()))
+
+
+def _batch_norm(a, outs, train: bool, rm, rv, rm_out, rv_out):
+    x, w, b = a["input"], a["weight"], a["bias"]
+    out, smean, sinv = outs[0], outs[1], outs[2]
+    if x.numel() == 0:
+        raise NotImplementedError("batch norm of an empty input")
+    has_run = rm is not None and rv is not None
+    if not train and not has_run:
+        raise NotImplementedError("batch norm in eval mode without running stats")
+    acc = _acc(x)
+    kshape, rshape, (xv, ov), _ = split([x, out], _bn_red(x), sort=True)
+    kr, c, dt = len(rshape), x.shape[1], xv.dtype
+    save = smean.numel() == c and sinv.numel() == c
+    store, stat = NP_TYPE[out.dtype], NP_TYPE[smean.dtype]
+    run = NP_TYPE[(rm_out if train and has_run else x).dtype]
+    par = _parallel(x.numel(), kshape[0])
+    (wv, ws), (bv, bs) = _param(w, dt, 1), _param(b, dt, 0)
+    stats = (_flat(smean), _flat(sinv)) if save else (_dummy(xv, 1),) * 2
+    runs = (_flat(rm_out), _flat(rv_out)) if train and has_run else (_dummy(xv, 1),) * 2
+    launch(("norm", "batch_norm", kr, acc, store, stat, run, par),
+           lambda: kn.render_batch_norm(kr, acc, store, stat, run, par),
+           (ov,) + stats + runs + (xv, wv, bv, _flat(rm) if has_run else _dummy(xv, 1),
+                                   _flat(rv) if has_run else _dummy(xv, 1), ws, bs, int(train),
+                                   int(train and has_run), int(save), float(a["momentum"]),
+                                   float(a["eps"])),
+           flops=float(6 * x.numel()), bytes_moved=_bytes(x) * (3 if train else 1) + _bytes(out),
+           engine="vector")
+
+
+def lower_native_batch_norm(func, a, outs):
+    rm, rv = a["running_mean"], a["running_var"]
+    _batch_norm(a, outs, a["training"], rm, rv, rm, rv)
+
+
+def lower_bn_no_stats(func, a, outs):
+    _batch_norm(a, outs, a["training"], None, None, None, None)
+
+
+def lower_bn_no_training(func, a, outs):
+    _batch_norm(a, outs, False, a["running_mean"], a["running_var"], None, None)
+
+
+def lower_bn_functional(func, a, outs):
+    rm, rv = a["running_mean"], a["running_var"]
+    train = a["training"]
+    if not train:
+        # the new running stats are copies of the old ones
+        from .cast import cast
+
+        cast(rm, outs[3])
+        cast(rv, outs[4])
+    _batch_norm(a, outs, train, rm, rv, outs[3], outs[4])
+
+
+def lower_batch_norm_backward(func, a, outs):
+    g, x, w = a["grad_out"], a["input"], a["weight"]
+    rm, rv, smean, sinv = a["running_mean"], a["running_var"], a["save_mean"], a["save_invstd"]
+    train = a["train"]
+    gi, gw, gb = outs
+    if x.numel() == 0:
+        raise NotImplementedError("batch norm backward of an empty input")
+    if (train and (smean is None or sinv is None)) or (not train and (rm is None or rv is None)):
+        raise NotImplementedError("batch norm backward without the statistics it needs")
+    acc = _acc(x)
+    full = [x, g] + ([gi] if gi is not None else [])
+    kshape, rshape, fviews, _ = split(full, _bn_red(x), sort=True)
+    kr, xv = len(rshape), fviews[0]
+    stores = tuple(NP_TYPE[(o if o is not None else x).dtype] for o in outs)
+    par = _parallel(x.numel(), kshape[0])
+    wv, ws = _param(w, xv.dtype, 1)
+    stat = [_flat(t) if t is not None else _dummy(xv, 1) for t in (rm, rv, smean, sinv)]
+    launch(("norm", "batch_norm_bw", kr, acc, stores, par),
+           lambda: kn.render_batch_norm_backward(kr, acc, stores, par),
+           (fviews[2] if gi is not None else _dummy(xv, 1 + kr), _out1(gw, xv), _out1(gb, xv),
+            fviews[1], xv, wv, ws, *stat, int(train), int(gi is not None), int(gw is not None),
+            int(gb is not None), float(a["eps"])),
+           flops=float(8 * x.numel()), bytes_moved=_bytes(x, g) * 2 + _bytes(gi),
+           engine="vector")
+
+
+LOWERINGS = {
+    "aten::_softmax": _softmax(False),
+    "aten::_log_softmax": _softmax(True),
+    "aten::_softmax_backward_data": _softmax_backward(False),
+    "aten::_log_softmax_backward_data": _softmax_backward(True),
+    "aten::native_layer_norm": lower_layer_norm,
+    "aten::native_layer_norm_backward": lower_layer_norm_backward,
+    "aten::native_batch_norm": lower_native_batch_norm,
+    "aten::_native_batch_norm_legit": lower_native_batch_norm,
+    "aten::_native_batch_norm_legit.no_stats": lower_bn_no_stats,
+    "aten::_native_batch_norm_legit_no_training": lower_bn_no_training,
+    "aten::_native_batch_norm_legit_functional": lower_bn_functional,
+    "aten::native_batch_norm_backward": lower_batch_norm_backward,
+}

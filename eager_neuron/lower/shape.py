@@ -1,0 +1,221 @@
+"""Shape lowerings: cat, constant_pad_nd, flip, roll, repeat, tril/triu, slice/select/diagonal
+scatter, and stable sort / argsort / top-k.
+
+flip, roll, repeat, constant_pad_nd and tril/triu are one `remap` kernel (kernels/shape.py):
+each output element reads a source coordinate computed per dimension. cat and the *_scatter ops
+are device copies into views of the output (the cast kernel, which also converts dtypes).
+
+>>> import torch, eager_neuron
+>>> x = torch.arange(4.).to("neuron")
+>>> torch.cat([x.flip(0), x.roll(1)]).cpu().tolist()
+[3.0, 2.0, 1.0, 0.0, 3.0, 0.0, 1.0, 2.0]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..kernels import shape as ksh
+from ..launch import launch
+from .cast import cast as copy_into
+from .common import HALF, NP_TYPE, coalesce
+
+aten = torch.ops.aten
+
+
+def np_view(t: torch.Tensor, shape=None, stride=None) -> np.ndarray:
+    """Zero-copy numpy view, optionally re-strided; half floats travel as their int16 bits."""
+    if shape is not None:
+        t = t.as_strided(shape, stride, t.storage_offset())
+    if t.dtype in HALF:
+        t = t.view(torch.int16)
+    return t.numpy()
+
+
+def nbytes(*ts) -> int:
+    return sum(t.numel() * t.element_size() for t in ts if isinstance(t, torch.Tensor))
+
+
+def axis_views(loop_shape, dim: int, parts) -> list:
+    """numpy views of each (tensor, axis size) over loop_shape with `dim` moved last and the
+    other dims coalesced across all parts: kernels loop over outer dims and one axis."""
+    outer = [d for d in range(len(loop_shape)) if d != dim]
+    oshape = tuple(loop_shape[d] for d in outer)
+    cshape, cstr = coalesce(oshape, [tuple(t.stride(d) for d in outer) for t, _ in parts])
+    return [np_view(t, cshape + (n,), s + (t.stride(dim),)) for (t, n), s in zip(parts, cstr)]
+
+
+def _as_1d(*ts):
+    return [t.view(1) if t.dim() == 0 else t for t in ts]
+
+
+# ---------------------------------------------------------------------------------------------
+# remap: flip, roll, repeat, constant_pad_nd, tril/triu
+# ---------------------------------------------------------------------------------------------
+
+def remap(out: torch.Tensor, src: torch.Tensor, modes: str, params, value=0, cond=None) -> None:
+    """out[i..] = src[j..] with j per dim from `modes` (see kernels/shape.py); `params` are the
+    runtime per-dim parameters (plus the diagonal for tril/triu)."""
+    if out.numel() == 0:
+        return
+    if out.dtype in HALF and value != 0:
+        raise NotImplementedError("non-zero fill of a half tensor without upcast")
+    cast = NP_TYPE.get(out.dtype, "np.int16")
+    m = np.array([ksh.MODES[c] for c in modes], np.int64)
+    p = np.array(list(params) + [0], np.int64)
+    if isinstance(value, bool):
+        value = int(value)
+    rank = len(modes)
+    key = ("shape", "remap",
+           rank,    # loop rank (modes and parameters are runtime)
+           cond,    # None or the triangular mask
+           cast)    # store type of the fill value
+    launch(key, lambda: ksh.render_remap(rank, cond, cast),
+           (np_view(out), np_view(src), m, p, np.dtype(np_view(out).dtype).type(value)),
+           bytes_moved=nbytes(out) + nbytes(src))
+
+
+def lower_flip(func, a, outs):
+    self, out = _as_1d(a["self"], outs[0])
+    flipped = {d % self.dim() for d in a["dims"]}
+    modes = "".join("f" if d in flipped else "i" for d in range(self.dim()))
+    remap(out, self, modes, [n - 1 for n in self.shape])
+
+
+def lower_roll(func, a, outs):
+    self, out = _as_1d(a["self"], outs[0])
+    shifts, dims = list(a["shifts"]), list(a["dims"])
+    if not dims:
+        # NOTE: roll without dims rolls the flattened tensor: only a view when contiguous
+        if len(shifts) != 1 or not (self.is_contiguous() and out.is_contiguous()):
+            raise NotImplementedError("roll without dims of a non-contiguous tensor")
+        self, out, dims = self.reshape(-1), out.view(-1), [0]
+    if len(shifts) != len(dims):
+        raise NotImplementedError("roll with mismatched shifts and dims")
+    total = [0] * self.dim()
+    for s, d in zip(shifts, dims):
+        total[d % self.dim()] += s
+    modes = "".join("r" if t and n else "i" for t, n in zip(total, self.shape))
+    remap(out, self, modes, [t % n if n else 0 for t, n in zip(total, self.shape)])
+
+
+def lower_repeat(func, a, outs):
+    self, out, reps = a["self"], outs[0], list(a["repeats"])
+    src = self.reshape((1,) * (len(reps) - self.dim()) + tuple(self.shape))  # a view
+    out, src = _as_1d(out, src)
+    modes = "".join("i" if r == 1 else "m" for r in reps) or "i"
+    remap(out, src, modes, [0] * src.dim())
+
+
+def lower_constant_pad_nd(func, a, outs):
+    self, out = _as_1d(a["self"], outs[0])
+    pad = list(a["pad"])
+    before = [0] * self.dim()
+    for i in range(len(pad) // 2):
+        before[self.dim() - 1 - i] = pad[2 * i]
+    padded = {self.dim() - 1 - i for i in range(len(pad) // 2)
+              if pad[2 * i] or pad[2 * i + 1]}
+    modes = "".join("p" if d in padded else "i" for d in range(self.dim()))
+    remap(out, self, modes, before, a["value"])
+
+
+def _tri(cond):
+    def lower(func, a, outs):
+        self, out = a["self"], outs[0]
+        if self.dim() < 2:
+            raise RuntimeError(f"{cond}: input tensor must have at least 2 dimensions")
+        # the diagonal is the parameter after the per-dim ones (p[rank])
+        remap(out, self, "i" * self.dim(), [0] * self.dim() + [a["diagonal"]], cond=cond)
+    lower.__name__ = f"lower_{cond}"
+    return lower
+
+
+# ---------------------------------------------------------------------------------------------
+# cat and the *_scatter ops: device copies into views of the output
+# ---------------------------------------------------------------------------------------------
+
+def lower_cat(func, a, outs):
+    out = outs[0]
+    if not isinstance(a["dim"], int):   # cat.names shares the op name
+        raise NotImplementedError("named dimensions")
+    dim = a["dim"] % max(out.dim(), 1)
+    offset = 0
+    for t in a["tensors"]:
+        if t.dim() == 1 and t.numel() == 0 and out.dim() != 1:
+            continue   # legacy empty 1-D tensors are skipped, as torch does
+        n = t.shape[dim]
+        if t.numel():
+            copy_into(t, out.narrow(dim, offset, n))
+        offset += n
+
+
+def _copy_then(view_fn):
+    def lower(func, a, outs):
+        out, self = outs[0], a["self"]
+        if out is not self:
+            copy_into(self, out)
+        dst = view_fn(out, a)
+        if dst.numel():
+            copy_into(a["src"], dst)
+    return lower
+
+
+lower_slice_scatter = _copy_then(
+    lambda out, a: aten.slice.Tensor(out, a["dim"], a["start"], a["end"], a["step"]))
+lower_select_scatter = _copy_then(lambda out, a: out.select(a["dim"], a["index"]))
+lower_diagonal_scatter = _copy_then(
+    lambda out, a: out.diagonal(a["offset"], a["dim1"], a["dim2"]))
+
+
+# ---------------------------------------------------------------------------------------------
+# sort / topk: a stable merge sort per row, NaN largest (as torch orders it)
+# ---------------------------------------------------------------------------------------------
+
+def _sort(self, vals, inds, dim: int, descending: bool) -> None:
+    self, vals, inds = _as_1d(self, vals, inds)
+    dim %= self.dim()
+    if vals.numel() == 0:
+        return
+    v, i, s = axis_views(self.shape, dim, [(vals, vals.shape[dim]), (inds, inds.shape[dim]),
+                                           (self, self.shape[dim])])
+    c = s.ndim - 1
+    n = self.shape[dim]
+    launch(("shape", "sort", c), lambda: ksh.render_sort(c), (v, i, s, bool(descending)),
+           flops=self.numel() * max(1, int(np.log2(max(n, 2)))),
+           bytes_moved=nbytes(self, vals, inds))
+
+
+def _sort_out(outs):
+    if outs[0].dtype in HALF:
+        raise NotImplementedError("sort of half floats without upcast")
+    return outs
+
+
+def lower_sort(func, a, outs):
+    vals, inds = _sort_out(outs)
+    _sort(a["self"], vals, inds, a["dim"], a["descending"])
+
+
+def lower_topk(func, a, outs):
+    vals, inds = _sort_out(outs)
+    _sort(a["self"], vals, inds, a["dim"], a["largest"])
+
+
+LOWERINGS = {
+    "aten::cat": lower_cat,
+    "aten::constant_pad_nd": lower_constant_pad_nd,
+    "aten::flip": lower_flip,
+    "aten::roll": lower_roll,
+    "aten::repeat": lower_repeat,
+    "aten::tril": _tri("tril"),
+    "aten::triu": _tri("triu"),
+    "aten::tril_": _tri("tril"),
+    "aten::triu_": _tri("triu"),
+    "aten::slice_scatter": lower_slice_scatter,
+    "aten::select_scatter": lower_select_scatter,
+    "aten::diagonal_scatter": lower_diagonal_scatter,
+    "aten::sort": lower_sort,
+    "aten::sort.stable": lower_sort,
+    "aten::topk": lower_topk,
+}

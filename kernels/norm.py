@@ -1,0 +1,219 @@
+"""Normalization family: softmax/log_softmax, layer norm and batch norm, forward and backward.
+
+Every kernel walks a strided view with the normalized ("row") elements last: softmax rows are
+`a[i0.., j]` (ko outer dims), layer norm rows `a[i, j0..]` (one outer dim), batch norm channels
+`a[c, j0..]` (the channel is the outer dim, batch and spatial dims the row). Sizes are runtime;
+flags (which inputs/outputs exist, training or not) are static and change the rendered code.
+Arrays an op lacks are passed as 1-element dummies so the signature never changes.
+`A` is the compute type (float64 for float32 data: one rounding at the store).
+
+>>> src, name = render_softmax(False, 1, "np.float64", "np.float32")
+>>> "math.exp" in src
+True
+"""
+
+from __future__ import annotations
+
+from .elementwise import kernel_name
+
+HEADER = '@njit(error_model="numpy", nogil=True{extra})\n'
+
+
+class _Src:
+    """Lines of source with an indentation cursor."""
+
+    def __init__(self, name: str, params: list, parallel: bool):
+        extra = ", parallel=True" if parallel else ""
+        self.lines = [HEADER.format(extra=extra) + f"def {name}({', '.join(params)}):"]
+        self.depth = 1
+
+    def __call__(self, *lines: str) -> "_Src":
+        for line in lines:
+            self.lines.append("    " * self.depth + line)
+        return self
+
+    def loops(self, dims: list, rng: str = "range") -> None:
+        """Open one `for` per (index, extent) pair; the first may be a prange."""
+        for n, (idx, extent) in enumerate(dims):
+            self(f"for {idx} in {rng if n == 0 else 'range'}({extent}):")
+            self.depth += 1
+
+    def close(self, n: int) -> None:
+        self.depth -= n
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+def _row(kr: int, lead: str) -> tuple[list, str]:
+    """Inner loops over dims 1..kr of a row-major (lead, j0..) view, and the index string."""
+    dims = [(f"j{d}", f"a.shape[{d + 1}]") for d in range(kr)]
+    return dims, ", ".join([lead] + [f"j{d}" for d in range(kr)])
+
+
+def render_softmax(log: bool, ko: int, acc_t: str, store: str,
+                   parallel: bool = False) -> tuple[str, str]:
+    """`k(out, a)`: softmax or log_softmax along the last dim of rank-(ko + 1) views."""
+    name = kernel_name("softmax", log, ko, acc_t, store, parallel)
+    s = _Src(name, ["out", "a"], parallel)
+    s.loops([(f"i{d}", f"a.shape[{d}]") for d in range(ko)], "prange" if parallel else "range")
+    ix = ", ".join([f"i{d}" for d in range(ko)] + ["j"])
+    A = acc_t
+    s(f"m = {A}(-np.inf)", f"for j in range(a.shape[{ko}]):",
+      f"    x = {A}(a[{ix}])", "    if x > m or x != x:", "        m = x",
+      f"s = {A}(0)", f"for j in range(a.shape[{ko}]):", f"    s += math.exp({A}(a[{ix}]) - m)")
+    if log:
+        s("ls = math.log(s)", f"for j in range(a.shape[{ko}]):",
+          f"    out[{ix}] = {store}({A}(a[{ix}]) - m - ls)")
+    else:
+        s(f"for j in range(a.shape[{ko}]):",
+          f"    out[{ix}] = {store}(math.exp({A}(a[{ix}]) - m) / s)")
+    return s.text(), name
+
+
+def render_softmax_backward(log: bool, ko: int, acc_t: str, store: str,
+                            parallel: bool = False) -> tuple[str, str]:
+    """`k(gi, g, y)`: y is the forward output; gi = y * (g - sum(g * y)) or g - exp(y) sum(g)."""
+    name = kernel_name("softmax_bw", log, ko, acc_t, store, parallel)
+    s = _Src(name, ["gi", "g", "y"], parallel)
+    s.loops([(f"i{d}", f"g.shape[{d}]") for d in range(ko)], "prange" if parallel else "range")
+    ix = ", ".join([f"i{d}" for d in range(ko)] + ["j"])
+    A = acc_t
+    term = f"{A}(g[{ix}])" if log else f"{A}(g[{ix}]) * {A}(y[{ix}])"
+    s(f"s = {A}(0)", f"for j in range(g.shape[{ko}]):", f"    s += {term}",
+      f"for j in range(g.shape[{ko}]):")
+    if log:
+        s(f"    gi[{ix}] = {store}({A}(g[{ix}]) - math.exp({A}(y[{ix}])) * s)")
+    else:
+        s(f"    gi[{ix}] = {store}({A}(y[{ix}]) * ({A}(g[{ix}]) - s))")
+    return s.text(), name
+
+
+def render_layer_norm(kr: int, acc_t: str, store: str, stat_store: str,
+                      parallel: bool = False) -> tuple[str, str]:
+    """`k(out, mean, rstd, a, w, b, ws, bs, eps)`: rows a[i, j0..]; w/b flat, read at k * ws
+    (ws = 0 and a one-element [1] stand in for no weight: one kernel with or without affine)."""
+    name = kernel_name("layer_norm", kr, acc_t, store, stat_store, parallel)
+    s = _Src(name, ["out", "mean", "rstd", "a", "w", "b", "ws", "bs", "eps"], parallel)
+    A = acc_t
+    dims, ix = _row(kr, "i")
+    s("cnt = " + " * ".join(f"a.shape[{d + 1}]" for d in range(kr)))
+    s.loops([("i", "a.shape[0]")], "prange" if parallel else "range")
+    # 1. two-pass moments
+    s(f"t = {A}(0)")
+    s.loops(dims)
+    s(f"t += {A}(a[{ix}])")
+    s.close(kr)
+    s("mu = t / cnt", f"ss = {A}(0)")
+    s.loops(dims)
+    s(f"d = {A}(a[{ix}]) - mu", "ss += d * d")
+    s.close(kr)
+    s(f"r = {A}(1) / math.sqrt(ss / cnt + eps)", f"mean[i] = {stat_store}(mu)",
+      f"rstd[i] = {stat_store}(r)", "k = 0")
+    # 2. normalize, scale, shift
+    s.loops(dims)
+    s(f"out[{ix}] = {store}(({A}(a[{ix}]) - mu) * r * {A}(w[k * ws]) + {A}(b[k * bs]))",
+      "k += 1")
+    return s.text(), name
+
+
+def render_layer_norm_backward(kr: int, acc_t: str, stores: tuple,
+                               parallel: bool = False) -> tuple[str, str]:
+    """`k(gi, gw, gb, g, a, mean, rstd, w, ws, m0, m1, m2, nch)`: m0..m2 say which grads to
+    write; rows split in nch chunks with their own partial sums for gw/gb (so the chunks can run
+    in parallel), merged at the end."""
+    name = kernel_name("layer_norm_bw", kr, acc_t, stores, parallel)
+    s = _Src(name, ["gi", "gw", "gb", "g", "a", "mean", "rstd", "w", "ws", "m0", "m1", "m2",
+                    "nch"], parallel)
+    A = acc_t
+    dims, ix = _row(kr, "i")
+    s("rows = a.shape[0]", "cnt = " + " * ".join(f"a.shape[{d + 1}]" for d in range(kr)),
+      f"pw = np.zeros((nch, cnt if m1 else 1), {A})",
+      f"pb = np.zeros((nch, cnt if m2 else 1), {A})")
+    s.loops([("c", "nch")], "prange" if parallel else "range")
+    s("for i in range(c * rows // nch, (c + 1) * rows // nch):")
+    s.depth += 1
+    s(f"mu = {A}(mean[i])", f"r = {A}(rstd[i])", f"s1 = {A}(0)", f"s2 = {A}(0)", "k = 0")
+    s("if m0:")
+    s.depth += 1
+    s.loops(dims)
+    s(f"wdy = {A}(g[{ix}]) * {A}(w[k * ws])", "s1 += wdy",
+      f"s2 += wdy * ({A}(a[{ix}]) - mu) * r", "k += 1")
+    s.close(kr)
+    s("s1 /= cnt", "s2 /= cnt")
+    s.depth -= 1
+    s("k = 0")
+    s.loops(dims)
+    s(f"dy = {A}(g[{ix}])", f"xh = ({A}(a[{ix}]) - mu) * r", "if m0:",
+      f"    gi[{ix}] = {stores[0]}((dy * {A}(w[k * ws]) - s1 - xh * s2) * r)",
+      "if m1:", "    pw[c, k] += dy * xh", "if m2:", "    pb[c, k] += dy", "k += 1")
+    s.depth = 1
+    for flag, part, out, st in (("m1", "pw", "gw", stores[1]), ("m2", "pb", "gb", stores[2])):
+        s(f"if {flag}:", "    for k in range(cnt):", f"        t = {A}(0)",
+          "        for c in range(nch):", f"            t += {part}[c, k]",
+          f"        {out}[k] = {st}(t)")
+    return s.text(), name
+
+
+def render_batch_norm(kr: int, acc_t: str, store: str, stat_store: str, run_store: str,
+                      parallel: bool = False) -> tuple[str, str]:
+    """`k(out, smean, sinv, rm_out, rv_out, a, w, b, rm, rv, ws, bs, train, run, save, mom, eps)`
+    over channels a[c, j..]. Training: batch moments, and with `run` the running stats updated
+    with the unbiased variance (torch's rule); eval: the running stats normalize. rm_out may be
+    rm itself (in place). Flags are runtime values: one kernel for every module option."""
+    name = kernel_name("batch_norm", kr, acc_t, store, stat_store, run_store, parallel)
+    s = _Src(name, ["out", "smean", "sinv", "rm_out", "rv_out", "a", "w", "b", "rm", "rv", "ws",
+                    "bs", "train", "run", "save", "mom", "eps"], parallel)
+    A = acc_t
+    dims, ix = _row(kr, "c")
+    s("cnt = " + " * ".join(f"a.shape[{d + 1}]" for d in range(kr)))
+    s.loops([("c", "a.shape[0]")], "prange" if parallel else "range")
+    s("if train:")
+    s.depth += 1
+    s(f"t = {A}(0)")
+    s.loops(dims)
+    s(f"t += {A}(a[{ix}])")
+    s.close(kr)
+    s("mu = t / cnt", f"ss = {A}(0)")
+    s.loops(dims)
+    s(f"d = {A}(a[{ix}]) - mu", "ss += d * d")
+    s.close(kr)
+    s(f"inv = {A}(1) / math.sqrt(ss / cnt + eps)", "if run:",
+      f"    rm_out[c] = {run_store}(({A}(1) - mom) * {A}(rm[c]) + mom * mu)",
+      f"    rv_out[c] = {run_store}(({A}(1) - mom) * {A}(rv[c]) + mom * (ss / (cnt - 1)))")
+    s.depth -= 1
+    s("else:", f"    mu = {A}(rm[c])", f"    inv = {A}(1) / math.sqrt({A}(rv[c]) + eps)",
+      "if save:", f"    smean[c] = {stat_store}(mu)", f"    sinv[c] = {stat_store}(inv)",
+      f"wc = {A}(w[c * ws])", f"bc = {A}(b[c * bs])")
+    s.loops(dims)
+    s(f"out[{ix}] = {store}(({A}(a[{ix}]) - mu) * inv * wc + bc)")
+    return s.text(), name
+
+
+def render_batch_norm_backward(kr: int, acc_t: str, stores: tuple,
+                               parallel: bool = False) -> tuple[str, str]:
+    """`k(gi, gw, gb, g, a, w, ws, rm, rv, smean, sinv, train, m0, m1, m2, eps)` over
+    channels a[c, j..]; m0..m2 say which grads to write."""
+    name = kernel_name("batch_norm_bw", kr, acc_t, stores, parallel)
+    s = _Src(name, ["gi", "gw", "gb", "g", "a", "w", "ws", "rm", "rv", "smean", "sinv", "train",
+                    "m0", "m1", "m2", "eps"], parallel)
+    A = acc_t
+    dims, ix = _row(kr, "c")
+    s("cnt = " + " * ".join(f"a.shape[{d + 1}]" for d in range(kr)))
+    s.loops([("c", "a.shape[0]")], "prange" if parallel else "range")
+    s("if train:", f"    mu = {A}(smean[c])", f"    inv = {A}(sinv[c])",
+      "else:", f"    mu = {A}(rm[c])", f"    inv = {A}(1) / math.sqrt({A}(rv[c]) + eps)",
+      f"wc = {A}(w[c * ws])", f"sdy = {A}(0)", f"sdyx = {A}(0)")
+    s.loops(dims)
+    s(f"dy = {A}(g[{ix}])", "sdy += dy", f"sdyx += dy * ({A}(a[{ix}]) - mu)")
+    s.close(kr)
+    s("k1 = sdy / cnt if train else 0.0", "k2 = sdyx * inv * inv / cnt if train else 0.0",
+      "if m0:")
+    s.depth += 1
+    s.loops(dims)
+    s(f"gi[{ix}] = {stores[0]}(({A}(g[{ix}]) - k1 - ({A}(a[{ix}]) - mu) * k2) * inv * wc)")
+    s.close(kr)
+    s.depth -= 1
+    s("if m1:", f"    gw[c] = {stores[1]}(sdyx * inv)", "if m2:",
+      f"    gb[c] = {stores[2]}(sdy)")
+    return s.text(), name

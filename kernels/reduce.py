@@ -1,0 +1,267 @@
+"""Reduction family: reduce the trailing `kr` dims of an (outer..., inner...) view, and scans.
+
+The lowering permutes the reduced dims last and coalesces both groups, so a kernel sees
+`a[i0..i(ko-1), j0..j(kr-1)]` and writes `out[i0..i(ko-1)]`; sizes are read from the arrays at
+run time. An op is plain data: passes of (init, step) statements over the loaded element `x`
+(and its linear inner index `k`), then one final expression per output. Tokens: `A(..)` the
+accumulator type, `L(..)` the load cast, `cnt` the inner element count, `c0..` the scalars.
+
+Modes (which loop nest; all read the same strided view):
+- "row":   per output, loop over its inner elements (any op; prange over the outermost dim).
+- "col":   2-d only, inner dim strided and outer dim unit-stride (`x.sum(0)`): accumulators for a
+           block of outputs, walking the reduced dim in the outer loop, so loads stay contiguous.
+- "chunk": one output, 1-d inner: prange over chunks, then merge the partial accumulators.
+
+>>> src, name = render_reduce("sum", 1, 1, "np.float64", "np.float32", ("np.float32",), 0)
+>>> "acc += x" in src
+True
+"""
+
+from __future__ import annotations
+
+import re
+
+from .elementwise import kernel_name
+
+# name -> (passes [(init, step)], finals per output, merge for "chunk" (p: a partial), flags)
+# flags: "index" uses k (no dim sorting, row mode only); "multi" has several passes.
+OPS: dict = {
+    "sum": ([("acc = A(0)", "acc += x")], ("acc",), "acc += p", ""),
+    "mean": ([("acc = A(0)", "acc += x")], ("acc / cnt",), "acc += p", ""),
+    "prod": ([("acc = A(1)", "acc *= x")], ("acc",), "acc *= p", ""),
+    # NOTE: `x != x` keeps NaN: once acc is NaN no comparison replaces it (torch propagates).
+    "max": ([("acc = INIT", "if x > acc or x != x: acc = x")], ("acc",),
+            "if p > acc or p != p: acc = p", ""),
+    "min": ([("acc = INIT", "if x < acc or x != x: acc = x")], ("acc",),
+            "if p < acc or p != p: acc = p", ""),
+    # the first NaN wins, then the first extreme value: torch's argmax/max.dim semantics
+    "argmax": ([("acc = INIT\nidx = 0",
+                 "if x > acc or (x != x and acc == acc):\n    acc = x\n    idx = k")],
+               ("acc", "idx"), "", "index"),
+    "argmin": ([("acc = INIT\nidx = 0",
+                 "if x < acc or (x != x and acc == acc):\n    acc = x\n    idx = k")],
+               ("acc", "idx"), "", "index"),
+    "any": ([("acc = False", "acc |= x != 0")], ("acc",), "acc |= p", ""),
+    "all": ([("acc = True", "acc &= x != 0")], ("acc",), "acc &= p", ""),
+    "norm2": ([("acc = A(0)", "acc += x * x")], ("math.sqrt(acc)",), "acc += p", ""),
+    "norm1": ([("acc = A(0)", "acc += abs(x)")], ("acc",), "acc += p", ""),
+    "norm0": ([("acc = A(0)", "acc += A(x != 0)")], ("acc",), "acc += p", ""),
+    "normp": ([("acc = A(0)", "acc += abs(x) ** c0")], ("acc ** (A(1) / c0)",), "acc += p", ""),
+    "norminf": ([("acc = A(0)", "y = abs(x)\nif y > acc or y != y: acc = y")], ("acc",),
+                "if p > acc or p != p: acc = p", ""),
+    "normninf": ([("acc = A(np.inf)", "y = abs(x)\nif y < acc or y != y: acc = y")], ("acc",),
+                 "if p < acc or p != p: acc = p", ""),
+    # two-pass variance: the mean first, then squared deviations (c0 = max(0, cnt - correction))
+    "var": ([("acc = A(0)", "acc += x"), ("mu = acc / cnt\nss = A(0)", "d = x - mu\nss += d * d")],
+            ("ss / c0", "mu"), "", "multi"),
+    "std": ([("acc = A(0)", "acc += x"), ("mu = acc / cnt\nss = A(0)", "d = x - mu\nss += d * d")],
+            ("math.sqrt(ss / c0)", "mu"), "", "multi"),
+    # torch subtracts the max unless it is infinite (then 0), so all -inf gives -inf, not NaN
+    "logsumexp": ([("m = A(-np.inf)", "if x > m or x != x: m = x"),
+                   ("mm = A(0) if abs(m) == np.inf else m\ns = A(0)", "s += math.exp(x - mm)")],
+                  ("math.log(s) + mm",), "", "multi"),
+}
+SCANS = {"cumsum": ("A(0)", "acc += x"), "cumprod": ("A(1)", "acc *= x")}
+
+HEADER = '@njit(error_model="numpy", nogil=True{extra})\n'
+COL_BLOCK = 256     # outputs per accumulator block in "col" mode (2 KiB of float64: stays in L1)
+CHUNKS = 64         # partial accumulators in "chunk" mode (a few per thread)
+
+
+def _indent(block: str, depth: int) -> list[str]:
+    pad = "    " * depth
+    return [pad + line for line in block.split("\n")]
+
+
+def _subst(code: str, acc_t: str, load_t: str, init: str) -> str:
+    code = code.replace("INIT", init)
+    code = re.sub(r"\bA\(", f"{acc_t}(", code)
+    return re.sub(r"\bL\(", f"{load_t}(", code) if load_t else code.replace("L(", "(")
+
+
+def _header(name: str, params: list, parallel: bool, fastmath: bool) -> list[str]:
+    extra = (", parallel=True" if parallel else "") + \
+        (", fastmath={'reassoc'}" if fastmath else "")
+    return [HEADER.format(extra=extra) + f"def {name}({', '.join(params)}):"]
+
+
+def render_reduce(op: str, ko: int, kr: int, acc_t: str, load_t: str, stores: tuple,
+                  n_scalars: int, mode: str = "row", parallel: bool = False,
+                  fastmath: bool = False, init: str = "") -> tuple[str, str]:
+    """Source of `k(out0[, out1], a, s0..)`: a has rank ko + kr, each out rank ko."""
+    passes, finals, merge, _flags = OPS[op]
+    name = kernel_name("red", op, ko, kr, acc_t, load_t, stores, n_scalars, mode, parallel,
+                       fastmath, init)
+    outs = [f"out{i}" for i in range(len(stores))]
+    params = outs + ["a"] + [f"s{j}" for j in range(n_scalars)]
+    lines = _header(name, params, parallel, fastmath)
+    # 1. runtime sizes and scalars
+    cnt = " * ".join(f"a.shape[{ko + d}]" for d in range(kr))
+    lines.append(f"    cnt = {cnt}")
+    for j in range(n_scalars):
+        lines.append(f"    c{j} = {acc_t}(s{j})")
+    sub = lambda code: _subst(code, acc_t, load_t, init)  # noqa: E731
+    load = f"{load_t}(a[{{}}])" if load_t else "a[{}]"
+    if mode == "col":
+        return _render_col(lines, passes[0], finals, outs, stores, sub, load, acc_t,
+                           parallel), name
+    if mode == "chunk":
+        return _render_chunk(lines, passes[0], finals, merge, stores, sub, load, acc_t,
+                             parallel), name
+    # 2. row mode: loop nest over the outputs, then one inner nest per pass
+    rng = "prange" if parallel else "range"
+    depth = 1
+    for d in range(ko):
+        lines.append("    " * depth + f"for i{d} in {rng if d == 0 else 'range'}(a.shape[{d}]):")
+        depth += 1
+    oidx = ", ".join(f"i{d}" for d in range(ko))
+    aidx = ", ".join([f"i{d}" for d in range(ko)] + [f"j{d}" for d in range(kr)])
+    uses_k = any(re.search(r"\bk\b", step) for _init, step in passes)
+    for init_code, step in passes:
+        lines += _indent(sub(init_code), depth)
+        if uses_k:
+            lines.append("    " * depth + "k = 0")
+        inner = depth
+        for d in range(kr):
+            lines.append("    " * inner + f"for j{d} in range(a.shape[{ko + d}]):")
+            inner += 1
+        lines.append("    " * inner + "x = " + load.format(aidx))
+        lines += _indent(sub(step), inner)
+        if uses_k:
+            lines.append("    " * inner + "k += 1")
+    for out, store, final in zip(outs, stores, finals):
+        lines.append("    " * depth + f"{out}[{oidx}] = {store}({sub(final)})")
+    return "\n".join(lines) + "\n", name
+
+
+def _render_col(lines, pass0, finals, outs, stores, sub, load, acc_t, parallel) -> str:
+    init_code, step = pass0
+    rng = "prange" if parallel else "range"
+    acc = lambda code: re.sub(r"\bacc\b", "accs[i - lo]", sub(code))  # noqa: E731
+    lines += [
+        "    n_out = a.shape[0]",
+        f"    for b in {rng}((n_out + {COL_BLOCK - 1}) // {COL_BLOCK}):",
+        f"        lo = b * {COL_BLOCK}",
+        f"        hi = min(n_out, lo + {COL_BLOCK})",
+    ]
+    lines += _indent(sub(init_code), 2)
+    lines += [f"        accs = np.empty(hi - lo, {acc_t})",
+              "        for i in range(lo, hi):", "            accs[i - lo] = acc",
+              "        for j in range(a.shape[1]):", "            for i in range(lo, hi):",
+              "                x = " + load.format("i, j")]
+    lines += _indent(acc(step), 4)
+    lines.append("        for i in range(lo, hi):")
+    for out, store, final in zip(outs, stores, finals):
+        lines.append(f"            {out}[i] = {store}({acc(final)})")
+    return "\n".join(lines) + "\n"
+
+
+def _render_chunk(lines, pass0, finals, merge, stores, sub, load, acc_t, parallel) -> str:
+    init_code, step = pass0
+    rng = "prange" if parallel else "range"
+    lines += _indent(sub(init_code), 1)
+    lines += ["    n = a.shape[1]", f"    parts = np.empty({CHUNKS}, {acc_t})",
+              f"    for c in {rng}({CHUNKS}):"]
+    lines += _indent(sub(init_code), 2)
+    lines += [f"        for j in range(c * n // {CHUNKS}, (c + 1) * n // {CHUNKS}):",
+              "            x = " + load.format("0, j")]
+    lines += _indent(sub(step), 3)
+    lines += ["        parts[c] = acc"]
+    lines += _indent(sub(init_code), 1)
+    lines += [f"    for c in range({CHUNKS}):", "        p = parts[c]"]
+    lines += _indent(sub(merge), 2)
+    lines.append(f"    out0[0] = {stores[0]}({sub(finals[0])})")
+    return "\n".join(lines) + "\n"
+
+
+def render_scan(op: str, ko: int, acc_t: str, load_t: str, store: str,
+                parallel: bool = False) -> tuple[str, str]:
+    """Source of `k(out, a)`: inclusive scan along the last dim of rank-(ko + 1) views."""
+    init, step = SCANS[op]
+    name = kernel_name("scan", op, ko, acc_t, load_t, store, parallel)
+    lines = _header(name, ["out", "a"], parallel, False)
+    rng = "prange" if parallel else "range"
+    depth = 1
+    for d in range(ko):
+        lines.append("    " * depth + f"for i{d} in {rng if d == 0 else 'range'}(a.shape[{d}]):")
+        depth += 1
+    idx = ", ".join([f"i{d}" for d in range(ko)] + ["j"])
+    pad = "    " * depth
+    lines += [pad + f"acc = {_subst(init, acc_t, load_t, '')}",
+              pad + f"for j in range(a.shape[{ko}]):",
+              pad + f"    x = {load_t}(a[{idx}])",
+              pad + "    " + step,
+              pad + f"    out[{idx}] = {store}(acc)"]
+    return "\n".join(lines) + "\n", name
+
+
+# -- losses: gathers and map-reduces over several operands ----------------------------------------
+
+def render_nll(acc_t: str, store: str) -> tuple[str, str]:
+    """`k(out, tw, err, x, t, w, ws, reduction, ignore)`: x (N, C, S), t (N, S); out (N, S) for
+    reduction 0 (none), else out[0, 0] = mean or sum. Class weights are read at c * ws (ws = 0
+    with [1] for none). An out-of-range target stops the kernel; err says which (the lowering
+    raises). The reduction is a runtime value: one kernel for all three."""
+    name = kernel_name("nll", acc_t, store)
+    A = acc_t
+    lines = _header(name, ["out", "tw", "err", "x", "t", "w", "ws", "reduction", "ignore"],
+                    False, False) + [
+        f"    acc = {A}(0)", f"    wsum = {A}(0)",
+        "    for n in range(x.shape[0]):", "        for s in range(x.shape[2]):",
+        "            c = t[n, s]", "            if c == ignore:",
+        "                if reduction == 0:", f"                    out[n, s] = {store}(0)",
+        "                continue",
+        "            if c < 0 or c >= x.shape[1]:",
+        "                err[0] = c", "                err[1] = 1", "                return",
+        f"            wc = {A}(w[c * ws])", f"            v = -wc * {A}(x[n, c, s])",
+        "            if reduction == 0:", f"                out[n, s] = {store}(v)",
+        "            acc += v", "            wsum += wc",
+        "    if reduction == 1:", f"        out[0, 0] = {store}(acc / wsum)",
+        "    elif reduction == 2:", f"        out[0, 0] = {store}(acc)",
+        f"    tw[0] = {store}(wsum)",
+    ]
+    return "\n".join(lines) + "\n", name
+
+
+def render_nll_backward(acc_t: str, store: str) -> tuple[str, str]:
+    """`k(gi, err, g, t, w, ws, tw, reduction, ignore)`: gi (N, C, S) is zero except
+    -w[t] * g at the targets (g per element for reduction none, else g[0, 0], / tw for mean)."""
+    name = kernel_name("nll_bw", acc_t, store)
+    A = acc_t
+    lines = _header(name, ["gi", "err", "g", "t", "w", "ws", "tw", "reduction", "ignore"],
+                    False, False) + [
+        f"    scale = {A}(1) / {A}(tw[0]) if reduction == 1 else {A}(1)",
+        "    for n in range(gi.shape[0]):", "        for s in range(gi.shape[2]):",
+        "            for cc in range(gi.shape[1]):", f"                gi[n, cc, s] = {store}(0)",
+        "            c = t[n, s]", "            if c == ignore:", "                continue",
+        "            if c < 0 or c >= gi.shape[1]:",
+        "                err[0] = c", "                err[1] = 1", "                return",
+        f"            gv = {A}(g[n, s]) if reduction == 0 else {A}(g[0, 0]) * scale",
+        f"            gi[n, c, s] = {store}(-{A}(w[c * ws]) * gv)",
+    ]
+    return "\n".join(lines) + "\n", name
+
+
+def render_pointwise(expr: str, rank: int, n_in: int, acc_t: str, store: str,
+                     check: str = "") -> tuple[str, str]:
+    """`k(out, err, a0.., reduce, div)`: v = expr(x0..) per element of rank-`rank` views;
+    out[idx] = v, or with `reduce` out[0..] = sum(v) / div (out is then a one-element view of
+    the same rank, so both are one kernel). A failed `check` sets err[1] and stops."""
+    name = kernel_name("pointwise", expr, rank, n_in, acc_t, store, check)
+    A = acc_t
+    params = ["out", "err"] + [f"a{i}" for i in range(n_in)] + ["reduce", "div"]
+    lines = _header(name, params, False, False) + [f"    acc = {A}(0)"]
+    depth = 1
+    for d in range(rank):
+        lines.append("    " * depth + f"for i{d} in range(a0.shape[{d}]):")
+        depth += 1
+    idx = ", ".join(f"i{d}" for d in range(rank))
+    pad = "    " * depth
+    lines += [pad + f"x{i} = {A}(a{i}[{idx}])" for i in range(n_in)]
+    if check:
+        lines += [pad + f"if not ({check}):", pad + "    err[1] = 1", pad + "    return"]
+    lines += [pad + f"v = {_subst(expr, A, '', '')}", pad + "if reduce:", pad + "    acc += v",
+              pad + "else:", pad + f"    out[{idx}] = {store}(v)"]
+    zeros = ", ".join("0" for _ in range(rank))
+    lines += ["    if reduce:", f"        out[{zeros}] = {store}(acc / {A}(div))"]
+    return "\n".join(lines) + "\n", name
