@@ -484,10 +484,14 @@ def _run_decomp(func, plan, decomp, args, kwargs, mode):
     try:
         if mode is not None:
             with mode:
-                return decomp(*args, **kwargs)
-        return decomp(*args, **kwargs)
+                out = decomp(*args, **kwargs)
+        else:
+            out = decomp(*args, **kwargs)
     finally:
         active.discard(func)
+    if out is NotImplemented:  # some decompositions decline argument patterns on purpose
+        return run_fallback(func, plan, args, kwargs, mode, why="decomposition declined")
+    return out
 
 
 def _original(func, args, kwargs, name):
