@@ -34,9 +34,9 @@ import threading
 import time
 import warnings
 
-from ..config import config
-from ..stats import STATS
-from . import keys
+from eager_neuron.cache import keys
+from eager_neuron.config import config
+from eager_neuron.stats import STATS
 
 MAGIC = b"ENKC"                    # eager_neuron kernel cache entry
 _PREFIX = struct.Struct("<4sI")    # magic, header length; then the JSON header, then the payload
@@ -367,7 +367,7 @@ class DiskTier:
             return None
 
     def _rebuild(self, header: dict, payload: bytes, source: str, args: tuple):
-        from ..kernels import compile as kc
+        from eager_neuron.kernels import compile as kc
 
         nb = kc.numba()
         import torch
@@ -649,7 +649,7 @@ def install(tier: DiskTier | None = None) -> DiskTier:
     >>> disk.install() is disk.TIER
     True
     """
-    from .. import launch
+    from eager_neuron import launch
 
     launch.DISK = tier or TIER
     return launch.DISK
@@ -657,6 +657,6 @@ def install(tier: DiskTier | None = None) -> DiskTier:
 
 def uninstall() -> None:
     """No disk tier: every memory miss compiles (as EAGER_NEURON_DISK_CACHE=0)."""
-    from .. import launch
+    from eager_neuron import launch
 
     launch.DISK = None

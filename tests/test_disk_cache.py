@@ -34,7 +34,16 @@ print(json.dumps({{"ok": bool(ok), **{{k: s[k] for k in
 
 TRAIN = """
 import json, torch, eager_neuron
+import numpy as np
+from eager_neuron.launch import launch
 {prelude}
+# a parallel kernel (>= 2**18 elements: prange, the threading layer must start on load)
+big = torch.ones(1 << 18, device="neuron") * 3 + 1
+# a kernel calling a helper that is not inlined: the helper's code lives in the kernel's library
+SRC = ("@njit(inline='never')\\ndef _twice(v):\\n    return v * 2\\n\\n"
+       "@njit\\ndef k_helper(o):\\n    for i in range(o.shape[0]):\\n        o[i] = _twice(i)\\n")
+helper = np.zeros(4)
+launch(("test", "helper"), lambda: (SRC, "k_helper"), (helper,))
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
                             torch.nn.Linear(32, 4)).to("neuron")
@@ -48,7 +57,8 @@ for _ in range(3):
     opt.step()
     losses.append(loss.item())
 s = eager_neuron.stats()
-print(json.dumps({{"losses": losses, **{{k: s[k] for k in
+print(json.dumps({{"losses": losses, "big": big.sum().item(), "helper": helper.tolist(),
+                  **{{k: s[k] for k in
       ("compiles", "disk_hits", "disk_misses", "disk_errors")}}}}))
 """
 
@@ -118,6 +128,8 @@ def test_second_training_process_compiles_nothing(trained):
     assert warm["disk_hits"] == cold["compiles"]
     assert warm["disk_misses"] == {} and warm["disk_errors"] == 0
     assert warm["losses"] == cold["losses"]            # bit-identical: the same machine code
+    assert warm["big"] == cold["big"] == 4.0 * (1 << 18)
+    assert warm["helper"] == cold["helper"] == [0.0, 2.0, 4.0, 6.0]
 
 
 def test_second_process_runs_with_the_compiler_raising(trained, tmp_path):
@@ -125,7 +137,7 @@ def test_second_process_runs_with_the_compiler_raising(trained, tmp_path):
     script = _script(tmp_path, TRAIN, prelude=NO_COMPILER)
     warm, _ = _run(script, cache_dir)
     assert warm["compiles"] == 0 and warm["disk_hits"] == cold["compiles"]
-    assert warm["losses"] == cold["losses"]
+    assert warm["losses"] == cold["losses"] and warm["helper"] == cold["helper"]
 
 
 # -- never fatal -------------------------------------------------------------------------------
