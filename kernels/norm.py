@@ -27,7 +27,7 @@ class _Src:
         self.lines = [HEADER.format(extra=extra) + f"def {name}({', '.join(params)}):"]
         self.depth = 1
 
-    def __call__(self, *lines: str) -> "_Src":
+    def __call__(self, *lines: str) -> _Src:
         for line in lines:
             self.lines.append("    " * self.depth + line)
         return self
@@ -53,21 +53,25 @@ def _row(kr: int, lead: str) -> tuple[list, str]:
 
 def render_softmax(log: bool, ko: int, acc_t: str, store: str,
                    parallel: bool = False) -> tuple[str, str]:
-    """`k(out, a)`: softmax or log_softmax along the last dim of rank-(ko + 1) views."""
+    """`k(out, a)`: softmax or log_softmax along the last dim of rank-(ko + 1) views.
+
+    Like torch's CPU kernel: exp(x - max) in the data's type, each computed once (softmax keeps
+    it in `out` and rescales in place), the sum in `acc_t`."""
     name = kernel_name("softmax", log, ko, acc_t, store, parallel)
     s = _Src(name, ["out", "a"], parallel)
     s.loops([(f"i{d}", f"a.shape[{d}]") for d in range(ko)], "prange" if parallel else "range")
     ix = ", ".join([f"i{d}" for d in range(ko)] + ["j"])
     A = acc_t
-    s(f"m = {A}(-np.inf)", f"for j in range(a.shape[{ko}]):",
-      f"    x = {A}(a[{ix}])", "    if x > m or x != x:", "        m = x",
-      f"s = {A}(0)", f"for j in range(a.shape[{ko}]):", f"    s += math.exp({A}(a[{ix}]) - m)")
+    s(f"m = a[{', '.join([f'i{d}' for d in range(ko)] + ['0'])}]",
+      f"for j in range(a.shape[{ko}]):",
+      f"    x = a[{ix}]", "    if x > m or x != x:", "        m = x",
+      f"s = {A}(0)", f"for j in range(a.shape[{ko}]):", f"    e = math.exp(a[{ix}] - m)")
     if log:
-        s("ls = math.log(s)", f"for j in range(a.shape[{ko}]):",
-          f"    out[{ix}] = {store}({A}(a[{ix}]) - m - ls)")
+        s("    s += e", f"ls = {A}(m) + math.log(s)", f"for j in range(a.shape[{ko}]):",
+          f"    out[{ix}] = {store}({A}(a[{ix}]) - ls)")
     else:
-        s(f"for j in range(a.shape[{ko}]):",
-          f"    out[{ix}] = {store}(math.exp({A}(a[{ix}]) - m) / s)")
+        s(f"    out[{ix}] = {store}(e)", "    s += e", f"inv = {A}(1) / s",
+          f"for j in range(a.shape[{ko}]):", f"    out[{ix}] = {store}(out[{ix}] * inv)")
     return s.text(), name
 
 

@@ -100,7 +100,7 @@ def render_reduce(op: str, ko: int, kr: int, acc_t: str, load_t: str, stores: tu
     lines.append(f"    cnt = {cnt}")
     for j in range(n_scalars):
         lines.append(f"    c{j} = {acc_t}(s{j})")
-    sub = lambda code: _subst(code, acc_t, load_t, init)  # noqa: E731
+    sub = lambda code: _subst(code, acc_t, load_t, init)
     load = f"{load_t}(a[{{}}])" if load_t else "a[{}]"
     if mode == "col":
         return _render_col(lines, passes[0], finals, outs, stores, sub, load, acc_t,
@@ -137,7 +137,7 @@ def render_reduce(op: str, ko: int, kr: int, acc_t: str, load_t: str, stores: tu
 def _render_col(lines, pass0, finals, outs, stores, sub, load, acc_t, parallel) -> str:
     init_code, step = pass0
     rng = "prange" if parallel else "range"
-    acc = lambda code: re.sub(r"\bacc\b", "accs[i - lo]", sub(code))  # noqa: E731
+    acc = lambda code: re.sub(r"\bacc\b", "accs[i - lo]", sub(code))
     lines += [
         "    n_out = a.shape[0]",
         f"    for b in {rng}((n_out + {COL_BLOCK - 1}) // {COL_BLOCK}):",

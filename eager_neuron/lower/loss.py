@@ -5,9 +5,9 @@ nll views the input as (N, C, S) and the target as (N, S), S the coalesced spati
 their backward is the same pointwise kernel with the incoming gradient as one more operand.
 
 >>> import torch, eager_neuron
->>> x = torch.zeros(2, 3, device="neuron")
->>> torch.nn.functional.nll_loss(x, torch.tensor([0, 2], device="neuron")).item()
--0.0
+>>> logp = torch.tensor([[0.0, -1.0, -2.0], [-3.0, 0.0, -1.0]]).to("neuron")
+>>> torch.nn.functional.nll_loss(logp, torch.tensor([1, 0]).to("neuron")).item()
+2.0
 """
 
 from __future__ import annotations

@@ -22,7 +22,6 @@ from .common import NP_TYPE
 from .reduce import F64, PARALLEL_MIN, red_dims, split
 
 
-
 def _acc(t: torch.Tensor) -> str:
     if not t.is_floating_point():
         raise NotImplementedError(f"normalization of {t.dtype}")

@@ -11,7 +11,6 @@ so LLVM vectorizes the loop and the float32 result is within one rounding of tor
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from ..kernels import compile as kc
@@ -93,8 +92,12 @@ def reduce(op: str, x: torch.Tensor, outs: list, red: list, keepdim: bool, *, lo
         return
     _passes, _finals, _merge, flags = kr.OPS[op]
     if x.numel() == 0 and op in ("max", "min", "argmax", "argmin", "norminf", "normninf"):
-        raise IndexError(f"{what}(): Expected reduction dim {red[0] if red else ''} to have "
-                         "non-zero size.")
+        # no identity to return: torch's own errors
+        if len(red) == x.dim():
+            raise IndexError(f"{what}(): Expected reduction dim to be specified for "
+                             "input.numel() == 0.")
+        d = next(d for d in red if x.shape[d] == 0)
+        raise IndexError(f"{what}(): Expected reduction dim {d} to have non-zero size.")
     # 2. views and mode
     kshape, rshape, (a,), views = split([x], red, outs, keepdim, sort="index" not in flags)
     ko, kdim = len(kshape), len(rshape)

@@ -1,0 +1,180 @@
+"""Softmax, layer norm and batch norm on `neuron` against the CPU: forward, gradients of inputs
+and parameters, running statistics, odd layouts, and counters (no fallback, no recompile)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import eager_neuron
+from eager_neuron.lower import norm as lnorm
+
+DEV = "neuron"
+
+
+def _same(got, want, **kw):
+    torch.testing.assert_close(got.cpu(), want, equal_nan=True, **kw)
+
+
+def _no_fallback():
+    st = eager_neuron.stats()
+    assert st["fallbacks"] == {}, st["fallbacks"]
+    ours = {k for k in st["decompositions"] if k in lnorm.LOWERINGS}
+    assert not ours, f"declined to decompositions: {ours}"
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+def check_module(make, x, train=True, steps=1, **kw):
+    """The module on neuron and on the CPU: outputs, input/parameter grads, buffers."""
+    torch.manual_seed(1)
+    mc = make()
+    torch.manual_seed(1)
+    mn = make().to(DEV)
+    mc.train(train)
+    mn.train(train)
+    eager_neuron.reset_stats()
+    for _ in range(steps):
+        xc = x.clone().requires_grad_()
+        xn = x.to(DEV).requires_grad_()
+        yc, yn = mc(xc), mn(xn)
+        _same(yn, yc.detach())
+        g = torch.randn_like(yc)
+        yc.backward(g)
+        yn.backward(g.to(DEV))
+        _same(xn.grad, xc.grad)
+    for (name, p), (_, q) in zip(mc.named_parameters(), mn.named_parameters()):
+        _same(q.grad, p.grad, msg=name, **kw)
+    for (name, b), (_, c) in zip(mc.named_buffers(), mn.named_buffers()):
+        _same(c, b, msg=name)
+    _no_fallback()
+
+
+def check_fn(fn, *xs, grad=True, **kw):
+    cs = [x.clone().requires_grad_(grad) for x in xs]
+    ns = [x.to(DEV).requires_grad_(grad) for x in xs]
+    eager_neuron.reset_stats()
+    yc, yn = fn(*cs), fn(*ns)
+    _same(yn, yc.detach(), **kw)
+    if grad:
+        g = torch.randn_like(yc)
+        yc.backward(g)
+        yn.backward(g.to(DEV))
+        for c, n in zip(cs, ns):
+            _same(n.grad, c.grad, **kw)
+    _no_fallback()
+
+
+# -- softmax -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("log,dim", [(False, -1), (True, -1), (False, 1)])
+def test_softmax(log, dim):
+    fn = torch.log_softmax if log else torch.softmax
+    check_fn(lambda t: fn(t * 4, dim), torch.randn(4, 6, 5))
+
+
+def test_softmax_odd():
+    check_fn(lambda t: torch.softmax(t, 0), torch.tensor(3.0))                 # 0-d: 1.0
+    check_fn(lambda t: torch.softmax(t.transpose(0, 2), -1), torch.randn(4, 6, 5))
+    check_fn(lambda t: torch.log_softmax(t, -1), torch.randn(3, 0), grad=False)
+    x = torch.randn(3, 5)
+    x[0, :] = -math.inf                                                       # NaN like torch
+    x[1, 2] = math.inf
+    x[2, 1] = -math.inf
+    check_fn(lambda t: torch.softmax(t, -1), x, grad=False)
+    check_fn(lambda t: torch.log_softmax(t, -1), x, grad=False)
+    check_fn(lambda t: torch.softmax(t, -1), torch.randn(3, 5, dtype=torch.float64))
+    check_fn(lambda t: torch.softmax(t, -1, dtype=torch.float64), torch.randn(3, 5))
+
+
+# -- layer norm ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape,normalized", [((4, 6, 5), (5,)), ((4, 6, 5), (6, 5)),
+                                               ((7, 5), (5,))])
+def test_layer_norm(shape, normalized):
+    check_module(lambda: torch.nn.LayerNorm(normalized), torch.randn(*shape) * 3 + 2)
+
+
+def test_layer_norm_no_affine_and_functional():
+    check_module(lambda: torch.nn.LayerNorm(5, elementwise_affine=False), torch.randn(4, 6, 5))
+    w, b = torch.randn(5), torch.randn(5)
+    check_fn(lambda t, w, b: torch.nn.functional.layer_norm(t, (5,), w, b, 1e-3),
+             torch.randn(4, 5), w, b)
+    check_fn(lambda t, w: torch.nn.functional.layer_norm(t, (5,), w), torch.randn(3, 5), w)
+    # a transposed input: the rows are strided
+    check_fn(lambda t: torch.nn.functional.layer_norm(t.t(), (3,)), torch.randn(3, 4))
+
+
+# -- batch norm ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("train", [True, False])
+def test_batch_norm_2d(train):
+    x = torch.randn(4, 3, 5, 5) * 2 + 1
+    check_module(lambda: torch.nn.BatchNorm2d(3), x, train=train, steps=2)
+
+
+def test_batch_norm_1d_and_options():
+    check_module(lambda: torch.nn.BatchNorm1d(6), torch.randn(8, 6), steps=2)
+    check_module(lambda: torch.nn.BatchNorm1d(6), torch.randn(8, 6, 3))
+    check_module(lambda: torch.nn.BatchNorm2d(3, affine=False, track_running_stats=False),
+                 torch.randn(4, 3, 5, 5))
+    check_module(lambda: torch.nn.BatchNorm2d(3, momentum=None), torch.randn(4, 3, 2, 2),
+                 steps=3)
+
+
+def test_batch_norm_channels_last():
+    x = torch.randn(4, 3, 5, 5).to(memory_format=torch.channels_last)
+    check_module(lambda: torch.nn.BatchNorm2d(3), x)
+
+
+def test_batch_norm_aten_variants():
+    aten = torch.ops.aten
+    x = torch.randn(4, 3, 5)
+    w, b, rm, rv = torch.randn(3), torch.randn(3), torch.randn(3), torch.rand(3) + 0.5
+    dev = [t.to(DEV) for t in (x, w, b, rm, rv)]
+    eager_neuron.reset_stats()
+    cases = [
+        lambda x, w, b, rm, rv: aten._native_batch_norm_legit(x, w, b, rm, rv, True, 0.1, 1e-5),
+        lambda x, w, b, rm, rv: aten._native_batch_norm_legit.no_stats(x, w, b, True, 0.1,
+                                                                       1e-5),
+        lambda x, w, b, rm, rv: aten._native_batch_norm_legit_no_training(x, w, b, rm, rv, 0.1,
+                                                                          1e-5)[:1],
+        lambda x, w, b, rm, rv: aten._native_batch_norm_legit_functional(x, w, b, rm, rv, True,
+                                                                         0.1, 1e-5),
+    ]
+    cpu = [x, w, b, rm.clone(), rv.clone()]
+    for case in cases:
+        got, want = case(*dev), case(*cpu)
+        for g, e in zip(got, want):
+            _same(g, e)
+    _same(dev[3], cpu[3])                                        # running stats updated in place
+    _same(dev[4], cpu[4])
+    _no_fallback()
+
+
+def test_no_recompile_for_new_batch():
+    ln, bn = torch.nn.LayerNorm(8).to(DEV), torch.nn.BatchNorm1d(8).to(DEV)
+
+    def step(batch):
+        x = torch.randn(batch, 8, device=DEV, requires_grad=True)
+        (torch.log_softmax(ln(x), -1).sum() + bn(x).sum()).backward()
+
+    step(3)
+    step(3)                     # the second step accumulates into .grad: warm that path too
+    eager_neuron.reset_stats()
+    step(5)
+    step(33)
+    assert eager_neuron.stats()["compiles"] == 0
+    _no_fallback()
+
+
+def test_large_parallel():
+    # above PARALLEL_MIN rows run under prange; layer norm backward merges per-chunk partials
+    x = torch.randn(lnorm.PARALLEL_MIN // 64 + 3, 64)
+    # NOTE: weight/bias grads sum 4099 rows; torch accumulates in float32, we in float64
+    check_module(lambda: torch.nn.LayerNorm(64), x, rtol=1e-4, atol=1e-3)
