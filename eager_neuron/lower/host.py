@@ -56,8 +56,11 @@ def to_copy(func, args, kwargs, mode):
         target = _target_index(device) if device is not None else src.device.index
         if target is None:  # device -> host
             host = d.to_host(src, reason="copy to cpu")
-            kw["device"] = torch.device("cpu")
             kw.pop("non_blocking", None)
+            if kw.get("dtype") in (None, src.dtype) and not kw.get("pin_memory") and \
+                    kw.get("memory_format") in (None, torch.preserve_format):
+                return host   # to_host's copy is already the answer: do not copy it twice
+            kw["device"] = torch.device("cpu")
             return aten._to_copy.default(host, **kw)
         if target == src.device.index:
             kw.pop("device", None)
@@ -74,6 +77,11 @@ def to_copy(func, args, kwargs, mode):
         return NeuronTensor(data, block, target)
     # host -> device (a CPU tensor with device="neuron"), or plain CPU under the mode
     target = _target_index(device)
+    if mode is not None and target is None and isinstance(src, torch.Tensor):
+        # NeuronMode: a cast of a CPU tensor is a kernel too (CPU in, CPU out)
+        kw.pop("device", None)
+        kw.pop("non_blocking", None)
+        return d._run_kernel(func, _kernel_plan(func), (src,), kw, mode)
     kw["device"] = torch.device("cpu")
     host = aten._to_copy.default(src, **kw)
     if target is None:
@@ -95,17 +103,24 @@ def _kernel_plan(func):
     return plan
 
 
+def _copy_plan():
+    from .. import dispatch, ops
+
+    plan = _KPLANS.get("copy_")
+    if plan is None:
+        plan = _KPLANS["copy_"] = dispatch.Plan(
+            "kernel", lower=ops.KERNELS["aten::copy_"], name="aten::copy_",
+            ret_alias=("self",), mutates=("self",))
+    return plan
+
+
 def copy_(func, args, kwargs, mode):
     """aten::copy_(self, src): device<-host, host<-device, or on-device (cast + broadcast)."""
     d = _d()
     dst, src = args[0], args[1]
     if isinstance(dst, NeuronTensor) and isinstance(src, NeuronTensor):
         if dst.device == src.device:
-            from .. import ops
-
-            plan = d.Plan("kernel", lower=ops.KERNELS["aten::copy_"], name="aten::copy_",
-                          ret_alias=("self",), mutates=("self",))
-            return d._run_kernel(func, plan, args, kwargs, None)
+            return d._run_kernel(func, _copy_plan(), args, kwargs, None)
         d.flush("cross-core copy")
         dst._data.copy_(src._data)
         SIM.copy_between(src.device.index, dst.device.index, src.numel() * src.element_size())
@@ -120,6 +135,9 @@ def copy_(func, args, kwargs, mode):
         dst.copy_(src._data)
         _charge(src.device.index, src._data)
         return dst
+    if mode is not None and isinstance(src, torch.Tensor):
+        # NeuronMode: a CPU-to-CPU copy_ is a kernel too
+        return d._run_kernel(func, _copy_plan(), args, kwargs, mode)
     return func(*args, **kwargs)
 
 
@@ -172,6 +190,8 @@ def native_dropout(func, args, kwargs, mode):
     x = args[0]
     p = args[1] if len(args) > 1 else kwargs["p"]
     train = args[2] if len(args) > 2 else kwargs.get("train")
+    if train is None:   # Tensor? train=None means training (ATen: !train.has_value() || *train)
+        train = True
     if not train or p == 0:
         return x.clone(), torch.ones_like(x, dtype=torch.bool)
     if p == 1:
