@@ -67,8 +67,9 @@ def render_softmax(log: bool, ko: int, acc_t: str, store: str,
       f"    x = a[{ix}]", "    if x > m or x != x:", "        m = x",
       f"s = {A}(0)", f"for j in range(a.shape[{ko}]):", f"    e = math.exp(a[{ix}] - m)")
     if log:
-        s("    s += e", f"ls = {A}(m) + math.log(s)", f"for j in range(a.shape[{ko}]):",
-          f"    out[{ix}] = {store}({A}(a[{ix}]) - ls)")
+        # torch's order: (x - max) - log(sum)
+        s("    s += e", "ls = math.log(s)", f"for j in range(a.shape[{ko}]):",
+          f"    out[{ix}] = {store}({A}(a[{ix}] - m) - ls)")
     else:
         s(f"    out[{ix}] = {store}(e)", "    s += e", f"inv = {A}(1) / s",
           f"for j in range(a.shape[{ko}]):", f"    out[{ix}] = {store}(out[{ix}] * inv)")
