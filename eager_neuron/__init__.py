@@ -19,6 +19,10 @@ _device.register()
 from . import dispatch as _dispatch  # noqa: E402,F401
 
 _dispatch.install_privateuse1_impls()
+
+from . import backward as _backward  # noqa: E402
+
+_backward.install()
 from .errors import KernelError, UnsupportedOpError, UnsupportedTensorError  # noqa: E402
 from .adaptive import adaptive, set_adaptive  # noqa: E402
 from .mode import NeuronMode  # noqa: E402

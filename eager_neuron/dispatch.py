@@ -20,7 +20,7 @@ import warnings
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from . import errors, launch as _launch
+from . import backward as _backward, errors, launch as _launch
 from .adaptive import MODULE as _adaptive
 from .config import config
 from .lower.common import HALF, KERNEL_DTYPES, bind
@@ -84,6 +84,12 @@ def alloc(index: int | None, shape, stride, dtype) -> tuple[torch.Tensor, object
     """A fresh device buffer: (host-backed view, block). index None means plain CPU (the mode)."""
     if index is None:
         return torch.empty_strided(shape, stride, dtype=dtype), None
+    if dtype not in KERNEL_DTYPES and dtype not in HALF:
+        raise errors.UnsupportedTensorError(
+            f"{dtype} tensors are not supported on neuron (supported: float32, float64, "
+            f"bfloat16, float16, int64, int32, int16, int8, uint8, bool)\n{errors.where()}\n"
+            "  fix: keep this tensor on the CPU, or convert it (e.g. complex -> "
+            "torch.view_as_real) before moving it to neuron")
     numel = 1
     for s in shape:
         numel *= s
@@ -246,10 +252,36 @@ def dispatch(func, args, kwargs, mode=None):
         plan = _PLANS[func] = _plan(func)
     if "ops" in config.log:
         _log_op(plan, args, kwargs)
-    if OP_HOOKS:
-        with OP_HOOKS[0](plan, args, kwargs):
-            return _dispatch_plan(func, plan, args, kwargs, mode)
-    return _dispatch_plan(func, plan, args, kwargs, mode)
+    try:
+        if OP_HOOKS:
+            with OP_HOOKS[0](plan, args, kwargs):
+                return _dispatch_plan(func, plan, args, kwargs, mode)
+        return _dispatch_plan(func, plan, args, kwargs, mode)
+    except Exception as exc:
+        if mode is None and _backward.in_backward():
+            return _placeholder_outputs(func, plan, args, kwargs, exc)
+        raise
+
+
+def _placeholder_outputs(func, plan, args, kwargs, exc):
+    """An op failed on autograd's worker thread, where raising kills the process in torch 2.13:
+    stash the error (raised after backward returns, see backward.py) and let the engine finish
+    with NaN-filled outputs of the right metadata."""
+    _backward.stash(exc)
+    uargs, ukw, index = unwrap_args(args, kwargs)
+    leaves, spec = meta_outputs(func, uargs, ukw)
+    out = []
+    for i, leaf in enumerate(leaves):
+        target = plan.ret_alias[i] if i < len(plan.ret_alias) else None
+        if target is not None:
+            out.append(_original(func, args, kwargs, target))
+        elif isinstance(leaf, tuple):
+            data, block = alloc(index, *leaf)
+            data.fill_(float("nan") if data.is_floating_point() else 0)
+            out.append(wrap(data, block, index))
+        else:
+            out.append(leaf)
+    return tree_unflatten(out, spec)
 
 
 def _dispatch_plan(func, plan, args, kwargs, mode):
@@ -380,9 +412,7 @@ def _run_kernel(func, plan, args, kwargs, mode):
     except NotImplementedError as exc:
         return _lowering_declined(func, plan, args, kwargs, mode, exc)
     except Exception as exc:
-        raise errors.KernelError(
-            f"{plan.name} failed on neuron: {type(exc).__name__}: {exc}\n{errors.where()}\n"
-            f"  args: {errors.describe_args(args, kwargs)}") from exc
+        raise _kernel_error(plan, exc, args, kwargs) from exc
     finally:
         _launch._current_core[0] = prev
         if armed:
@@ -401,6 +431,22 @@ def _run_kernel(func, plan, args, kwargs, mode):
     if len(results) == 1 and spec.num_leaves == 1 and spec.type is None:
         return results[0]
     return tree_unflatten(results, spec)
+
+
+_KEEP_TYPE = (IndexError, ValueError, TypeError, ZeroDivisionError)
+
+
+def _kernel_error(plan, exc, args, kwargs) -> Exception:
+    """The error a user sees: the op, its arguments, their line. PyTorch's own error types
+    (IndexError for an out-of-range index, ...) are kept so `except IndexError` still works."""
+    detail = (f"{plan.name} failed on neuron: {type(exc).__name__}: {exc}\n{errors.where()}\n"
+              f"  args: {errors.describe_args(args, kwargs)}")
+    if isinstance(exc, _KEEP_TYPE):
+        try:
+            return type(exc)(detail)
+        except Exception:  # an exception type with a custom constructor
+            pass
+    return errors.KernelError(detail)
 
 
 _FUSIBLE = None
@@ -447,9 +493,7 @@ def _run_dynamic(func, plan, args, kwargs, mode):
             IndexError):
         raise
     except Exception as exc:
-        raise errors.KernelError(
-            f"{plan.name} failed on neuron: {type(exc).__name__}: {exc}\n{errors.where()}\n"
-            f"  args: {errors.describe_args(args, kwargs)}") from exc
+        raise _kernel_error(plan, exc, args, kwargs) from exc
     finally:
         _launch._current_core[0] = prev
     outs = [wrap(data, block, index) for data, block in produced]

@@ -1,0 +1,54 @@
+"""Bad input gets a clear error naming the op, its arguments and the user's line; never a crash."""
+
+import pytest
+import torch
+
+import eager_neuron
+from eager_neuron import ops
+
+
+def test_kernel_error_in_backward_reaches_the_caller(monkeypatch):
+    # torch 2.13 kills the process when a Python backend raises on autograd's device thread;
+    # dispatch stashes the error and re-raises it after backward returns.
+    def broken(func, a, outs):
+        raise RuntimeError("boom in kernel")
+
+    monkeypatch.setitem(ops.KERNELS, "aten::threshold_backward", broken)
+    from eager_neuron import dispatch
+
+    monkeypatch.setattr(dispatch, "_PLANS", {})
+    x = torch.randn(4, device="neuron", requires_grad=True)
+    with pytest.raises(eager_neuron.KernelError, match="threshold_backward.*boom in kernel"):
+        x.relu().sum().backward()
+    # the process goes on and the next backward works
+    monkeypatch.setattr(dispatch, "_PLANS", {})
+    monkeypatch.undo()
+    y = torch.randn(4, device="neuron", requires_grad=True)
+    y.relu().sum().backward()
+    torch.testing.assert_close(y.grad.cpu(), (y.detach().cpu() > 0).float())
+
+
+def test_error_type_is_kept_and_names_the_op_and_line():
+    x = torch.randn(3, 4, device="neuron")
+    with pytest.raises(IndexError) as info:
+        torch.nn.functional.nll_loss(x.log_softmax(1), torch.tensor([0, 9, 1], device="neuron"))
+    text = str(info.value)
+    assert "nll_loss" in text and "test_errors.py" in text
+
+
+def test_strict_fallback_names_op_args_and_line(monkeypatch):
+    monkeypatch.setattr(eager_neuron.config, "fallback", "error")
+    x = torch.randn(8, 16, device="neuron")
+    with pytest.raises(eager_neuron.UnsupportedOpError) as info:
+        torch.fft.rfft(x)  # the line the error must point at
+    text = str(info.value)
+    assert "aten::_fft_r2c" in text
+    assert "f32[8, 16]@neuron:0" in text
+    assert "test_errors.py" in text and "torch.fft.rfft(x)" in text
+    assert "EAGER_NEURON_FALLBACK=cpu" in text
+
+
+def test_complex_tensors_get_a_clear_error():
+    z = torch.randn(3, dtype=torch.complex64)
+    with pytest.raises((eager_neuron.UnsupportedTensorError, RuntimeError), match="complex"):
+        z.to("neuron") + 1
