@@ -40,14 +40,17 @@ class NeuronTensor(torch.Tensor):
         from .dispatch import to_host
 
         host = to_host(self, reason="print")
-        text = torch._tensor_str._str(host)
-        suffix = f", device='{self.device}'"
+        text = torch._tensor_str._str(host)[:-1]
+        # NOTE: as CUDA prints it: data, then device, then dtype/size, then autograd info
+        device = f", device='{self.device}'"
+        cut = min((i for i in (text.rfind(", dtype="), text.rfind(", size=")) if i >= 0),
+                  default=len(text))
+        text = text[:cut] + device + text[cut:]
         if self.requires_grad and self.grad_fn is None:
-            suffix += ", requires_grad=True"
+            text += ", requires_grad=True"
         elif self.grad_fn is not None:
-            suffix += f", grad_fn=<{type(self.grad_fn).__name__}>"
-        # NOTE: insert before the closing paren: "tensor([1., 2.], dtype=...)" -> "..., device=)"
-        return text[:-1] + suffix + ")"
+            text += f", grad_fn=<{type(self.grad_fn).__name__}>"
+        return text + ")"
 
     # NOTE: these read memory directly in C++ and a wrapper has no storage: go through the host.
     def tolist(self):

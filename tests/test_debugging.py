@@ -75,7 +75,6 @@ def test_repr_formats_like_cpu(mode):
         assert repr(b) == "tensor([[ True, False],\n        [ True,  True]], device='neuron:0')"
 
 
-@pytest.mark.xfail(strict=False, reason="tensor.py repr puts dtype before device (reported)")
 def test_repr_device_before_dtype_like_cuda():
     # torch prints "tensor([...], device='cuda:0', dtype=torch.bfloat16)"
     x = torch.tensor([1.5, -2.0], device="neuron").to(torch.bfloat16)
