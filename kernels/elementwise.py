@@ -185,3 +185,262 @@ def render_gru_cell_backward(has_bias: bool, T: str) -> tuple[str, str]:
             ghx[b, j] = dh
 {bias}'''
     return src, name
+
+
+# ---------------------------------------------------------------------------------------------
+# special functions: straight ports of ATen's CPU code (aten/src/ATen/native/Math.h, derived
+# from Cephes), in the same precision and operation order so results match the CPU's. One copy
+# per float type (`_digamma_float32`, `_digamma_float64`): every constant is cast to the type,
+# since a bare Python literal would promote float32 arithmetic to float64.
+# ---------------------------------------------------------------------------------------------
+
+_I0E_A = (
+    -4.41534164647933937950E-18, 3.33079451882223809783E-17, -2.43127984654795469359E-16,
+    1.71539128555513303061E-15, -1.16853328779934516808E-14, 7.67618549860493561688E-14,
+    -4.85644678311192946090E-13, 2.95505266312963983461E-12, -1.72682629144155570723E-11,
+    9.67580903537323691224E-11, -5.18979560163526290666E-10, 2.65982372468238665035E-9,
+    -1.30002500998624804212E-8, 6.04699502254191894932E-8, -2.67079385394061173391E-7,
+    1.11738753912010371815E-6, -4.41673835845875056359E-6, 1.64484480707288970893E-5,
+    -5.75419501008210370398E-5, 1.88502885095841655729E-4, -5.76375574538582365885E-4,
+    1.63947561694133579842E-3, -4.32430999505057594430E-3, 1.05464603945949983183E-2,
+    -2.37374148058994688156E-2, 4.93052842396707084878E-2, -9.49010970480476444210E-2,
+    1.71620901522208775349E-1, -3.04682672343198398683E-1, 6.76795274409476084995E-1)
+_I0E_B = (
+    -7.23318048787475395456E-18, -4.83050448594418207126E-18, 4.46562142029675999901E-17,
+    3.46122286769746109310E-17, -2.82762398051658348494E-16, -3.42548561967721913462E-16,
+    1.77256013305652638360E-15, 3.81168066935262242075E-15, -9.55484669882830764870E-15,
+    -4.15056934728722208663E-14, 1.54008621752140982691E-14, 3.85277838274214270114E-13,
+    7.18012445138366623367E-13, -1.79417853150680611778E-12, -1.32158118404477131188E-11,
+    -3.14991652796324136454E-11, 1.18891471078464383424E-11, 4.94060238822496958910E-10,
+    3.39623202570838634515E-9, 2.26666899049817806459E-8, 2.04891858946906374183E-7,
+    2.89137052083475648297E-6, 6.88975834691682398426E-5, 3.36911647825569408990E-3,
+    8.04490411014108831608E-1)
+_I1E_A64 = (
+    2.77791411276104639959E-18, -2.11142121435816608115E-17, 1.55363195773620046921E-16,
+    -1.10559694773538630805E-15, 7.60068429473540693410E-15, -5.04218550472791168711E-14,
+    3.22379336594557470981E-13, -1.98397439776494371520E-12, 1.17361862988909016308E-11,
+    -6.66348972350202774223E-11, 3.62559028155211703701E-10, -1.88724975172282928790E-9,
+    9.38153738649577178388E-9, -4.44505912879632808065E-8, 2.00329475355213526229E-7,
+    -8.56872026469545474066E-7, 3.47025130813767847674E-6, -1.32731636560394358279E-5,
+    4.78156510755005422638E-5, -1.61760815825896745588E-4, 5.12285956168575772895E-4,
+    -1.51357245063125314899E-3, 4.15642294431288815669E-3, -1.05640848946261981558E-2,
+    2.47264490306265168283E-2, -5.29459812080949914269E-2, 1.02643658689847095384E-1,
+    -1.76416518357834055153E-1, 2.52587186443633654823E-1)
+_I1E_A32 = _I1E_A64[12:]
+_I1E_B64 = (
+    7.51729631084210481353E-18, 4.41434832307170791151E-18, -4.65030536848935832153E-17,
+    -3.20952592199342395980E-17, 2.96262899764595013876E-16, 3.30820231092092828324E-16,
+    -1.88035477551078244854E-15, -3.81440307243700780478E-15, 1.04202769841288027642E-14,
+    4.27244001671195135429E-14, -2.10154184277266431302E-14, -4.08355111109219731823E-13,
+    -7.19855177624590851209E-13, 2.03562854414708950722E-12, 1.41258074366137813316E-11,
+    3.25260358301548823856E-11, -1.89749581235054123450E-11, -5.58974346219658380687E-10,
+    -3.83538038596423702205E-9, -2.63146884688951950684E-8, -2.51223623787020892529E-7,
+    -3.88256480887769039346E-6, -1.10588938762623716291E-4, -9.76109749136146840777E-3,
+    7.78576235018280120474E-1)
+_I1E_B32 = _I1E_B64[18:]
+_DIGAMMA_A = (8.33333333333333333333E-2, -2.10927960927960927961E-2, 7.57575757575757575758E-3,
+              -4.16666666666666666667E-3, 3.96825396825396825397E-3, -8.33333333333333333333E-3,
+              8.33333333333333333333E-2)
+_ZETA_A = (12.0, -720.0, 30240.0, -1209600.0, 47900160.0, -1.8924375803183791606e9,
+           7.47242496e10, -2.950130727918164224e12, 1.1646782814350067249e14,
+           -4.5979787224074726105e15, 1.8152105401943546773e17, -7.1661652561756670113e18)
+_NDTRI = {
+    "P0": (-5.99633501014107895267E1, 9.80010754185999661536E1, -5.66762857469070293439E1,
+           1.39312609387279679503E1, -1.23916583867381258016E0),
+    "Q0": (1.0, 1.95448858338141759834E0, 4.67627912898881538453E0, 8.63602421390890590575E1,
+           -2.25462687854119370527E2, 2.00260212380060660359E2, -8.20372256168333339912E1,
+           1.59056225126211695515E1, -1.18331621121330003142E0),
+    "P1": (4.05544892305962419923E0, 3.15251094599893866154E1, 5.71628192246421288162E1,
+           4.40805073893200834700E1, 1.46849561928858024014E1, 2.18663306850790267539E0,
+           -1.40256079171354495875E-1, -3.50424626827848203418E-2, -8.57456785154685413611E-4),
+    "Q1": (1.0, 1.57799883256466749731E1, 4.53907635128879210584E1, 4.13172038254672030440E1,
+           1.50425385692907503408E1, 2.50464946208309415979E0, -1.42182922854787788574E-1,
+           -3.80806407691578277194E-2, -9.33259480895457427372E-4),
+    "P2": (3.23774891776946035970E0, 6.91522889068984211695E0, 3.93881025292474443415E0,
+           1.33303460815807542389E0, 2.01485389549179081538E-1, 1.23716634817820021358E-2,
+           3.01581553508235416007E-4, 2.65806974686737550832E-6, 6.23974539184983293730E-9),
+    "Q2": (1.0, 6.02427039364742014255E0, 3.67983563856160859403E0, 1.37702099489081330271E0,
+           2.16236993594496635890E-1, 1.34204006088543189037E-2, 3.28014464682127739104E-4,
+           2.89247864745380683936E-6, 6.79019408009981274425E-9),
+}
+
+
+def _polevl(var: str, coeffs, T: str, out: str, indent: str) -> list:
+    """Cephes polevl as straight-line code: out = ((0 * x + c0) * x + c1) ..."""
+    lines = [f"{indent}{out} = {T}(0)"]
+    lines += [f"{indent}{out} = {out} * {var} + {T}({c!r})" for c in coeffs]
+    return lines
+
+
+def _chbevl(var: str, coeffs, T: str, out: str, indent: str) -> list:
+    """Cephes chbevl (Chebyshev series) as straight-line code."""
+    lines = [f"{indent}b0 = {T}({coeffs[0]!r})", f"{indent}b1 = {T}(0)", f"{indent}b2 = {T}(0)"]
+    for c in coeffs[1:]:
+        lines += [f"{indent}b2 = b1", f"{indent}b1 = b0",
+                  f"{indent}b0 = {var} * b1 - b2 + {T}({c!r})"]
+    lines.append(f"{indent}{out} = {T}(0.5) * (b0 - b2)")
+    return lines
+
+
+def _special_for(T: str) -> str:
+    t = T.split(".")[1]            # "float32"
+    f32 = t == "float32"
+    h = '@njit(inline="always", error_model="numpy")\n'
+    src = []
+    # digamma: x >= 0 part, then the reflection for x < 0 (kept apart: no recursion in numba)
+    body = [f"def _digamma_pos_{t}(x):", f"    result = {T}(0)",
+            f"    while x < {T}(10):", f"        result -= {T}(1) / x", f"        x += {T}(1)",
+            f"    if x == {T}(10):", f"        return result + {T}(2.25175258906672110764)",
+            f"    y = {T}(0)", f"    if x < {T}(1.0e17):", f"        z = {T}(1) / (x * x)"]
+    body += _polevl("z", _DIGAMMA_A, T, "p", "        ")
+    body += ["        y = z * p", f"    return result + math.log(x) - ({T}(0.5) / x) - y"]
+    src.append(h + "\n".join(body))
+    refl = (f"{T}(math.pi / math.tan(math.pi * r))" if f32 else
+            "math.pi / math.tan(math.pi * r)")
+    src.append(h + f'''def _digamma_{t}(x):
+    if x == 0:
+        return {T}(math.copysign(math.inf, -x))
+    if x < 0:
+        if x == np.trunc(x):
+            return {T}(math.nan)
+        xd = np.float64(x)
+        r = xd - np.trunc(xd)
+        return _digamma_pos_{t}({T}(1) - x) - {refl}
+    return _digamma_pos_{t}(x)''')
+    src.append(h + f'''def _trigamma_{t}(x):
+    sign = {T}(1)
+    result = {T}(0)
+    if x < {T}(0.5):
+        sign = {T}(-1)
+        s = math.sin({T}(math.pi) * x)
+        result -= ({T}(math.pi) * {T}(math.pi)) / (s * s)
+        x = {T}(1) - x
+    for _ in range(6):
+        result += {T}(1) / (x * x)
+        x += {T}(1)
+    ixx = {T}(1) / (x * x)
+    result += ({T}(1) + {T}(1) / ({T}(2) * x) + ixx * ({T}(1) / {T}(6) - ixx * ({T}(1) / {T}(30)
+               - ixx * ({T}(1) / {T}(42))))) / x
+    return sign * result''')
+    # polygamma(n >= 2): sign * exp(lgamma(n + 1)) * zeta(n + 1, x), zeta in double (acc type)
+    src.append(h + f'''def _polygamma_{t}(x, n):
+    one = {T}(1)
+    sign = one if n % 2 else -one
+    return sign * math.exp(math.lgamma({T}(n) + one)) * {T}(_zeta(np.float64(n + 1), np.float64(x)))''')
+    src.append(h + f'''def _zeta_{t}(x, q):
+    return {T}(_zeta(np.float64(x), np.float64(q)))''')
+    # modified Bessel functions of the first kind (i0, i0e, i1, i1e)
+    i1a, i1b = (_I1E_A32, _I1E_B32) if f32 else (_I1E_A64, _I1E_B64)
+    for name, small, large in (
+            ("i0", "math.exp(x) * ca", "math.exp(x) * cb / math.sqrt(x)"),
+            ("i0e", "ca", "cb / math.sqrt(x)"),
+            ("i1", "math.exp(x) * x * ca", "(math.exp(x) * cb) / math.sqrt(x)"),
+            ("i1e", "ca * x", "cb / math.sqrt(x)")):
+        a, b = (_I0E_A, _I0E_B) if name.startswith("i0") else (i1a, i1b)
+        odd = name.startswith("i1")
+        lines = [f"def _{name}_{t}(x0):", "    x = abs(x0)", f"    if x <= {T}(8.0):",
+                 f"        y = (x / {T}(2.0)) - {T}(2.0)"]
+        lines += _chbevl("y", a, T, "ca", "        ")
+        lines.append(f"        out = {small}")
+        lines.append(f"        return -out if (x0 < {T}(0) and {odd}) else out")
+        lines.append(f"    y = {T}(32.0) / x - {T}(2.0)")
+        lines += _chbevl("y", b, T, "cb", "    ")
+        lines.append(f"    out = {large}")
+        lines.append(f"    return -out if (x0 < {T}(0) and {odd}) else out")
+        src.append(h + "\n".join(lines))
+    src.append(h + f'''def _erfinv_{t}(y):
+    y_abs = abs(y)
+    if y_abs > {T}(1.0):
+        return {T}(math.nan)
+    if y_abs == {T}(1.0):
+        return {T}(math.copysign(math.inf, y))
+    if y_abs <= {T}(0.7):
+        z = y * y
+        num = ((({T}(-0.140543331) * z + {T}(0.914624893)) * z + {T}(-1.645349621)) * z
+               + {T}(0.886226899))
+        dem = (((({T}(0.012229801) * z + {T}(-0.329097515)) * z + {T}(1.442710462)) * z
+                + {T}(-2.118377725)) * z + {T}(1.0))
+        x = y * num / dem
+    else:
+        z = math.sqrt(-math.log(({T}(1.0) - y_abs) / {T}(2.0)))
+        num = (({T}(1.641345311) * z + {T}(3.429567803)) * z + {T}(-1.624906493)) * z \\
+            + {T}(-1.970840454)
+        dem = ({T}(1.637067800) * z + {T}(3.543889200)) * z + {T}(1.0)
+        x = math.copysign(num, y) / dem
+    k = {T}(2.0) * {T}(0.564189583547756286948079451560772586)
+    x = x - (math.erf(x) - y) / (k * math.exp(-x * x))
+    x = x - (math.erf(x) - y) / (k * math.exp(-x * x))
+    return x''')
+    lines = [f"def _ndtri_{t}(y0):", "    one = " + f"{T}(1)", "    zero = " + f"{T}(0)",
+             "    if y0 == zero:", f"        return {T}(-math.inf)",
+             "    if y0 == one:", f"        return {T}(math.inf)",
+             "    if y0 < zero or y0 > one:", f"        return {T}(math.nan)",
+             "    code = True", "    y = y0",
+             f"    if y > one - {T}(0.13533528323661269189):", "        y = one - y",
+             "        code = False",
+             f"    if y > {T}(0.13533528323661269189):", f"        y = y - {T}(0.5)",
+             "        y2 = y * y"]
+    lines += _polevl("y2", _NDTRI["P0"], T, "p", "        ")
+    lines += _polevl("y2", _NDTRI["Q0"], T, "q", "        ")
+    lines += ["        x = y + y * (y2 * p / q)",
+              f"        return x * {T}(2.50662827463100050242E0)",
+              f"    x = math.sqrt({T}(-2.0) * math.log(y))", "    x0 = x - math.log(x) / x",
+              "    z = one / x", f"    if x < {T}(8.0):"]
+    lines += _polevl("z", _NDTRI["P1"], T, "p", "        ")
+    lines += _polevl("z", _NDTRI["Q1"], T, "q", "        ")
+    lines += ["        x1 = z * p / q", "    else:"]
+    lines += _polevl("z", _NDTRI["P2"], T, "p", "        ")
+    lines += _polevl("z", _NDTRI["Q2"], T, "q", "        ")
+    lines += ["        x1 = z * p / q", "    x = x0 - x1", "    if code:", "        x = -x",
+              "    return x"]
+    src.append(h + "\n".join(lines))
+    return "\n\n".join(src) + "\n"
+
+
+def special_prelude() -> str:
+    """njit helpers for digamma, trigamma, polygamma, zeta, i0/i0e/i1/i1e, erfinv, ndtri."""
+    zeta = f'''_ZETA_A = {_ZETA_A!r}
+
+@njit(inline="always", error_model="numpy")
+def _zeta(x, q):
+    machep = 1.11022302462515654042E-16
+    if x == 1.0:
+        return math.inf
+    if x < 1.0:
+        return math.nan
+    if q <= 0.0:
+        if q == np.floor(q):
+            return math.inf
+        if x != np.floor(x):
+            return math.nan
+    s = q ** -x
+    a = q
+    i = 0
+    b = 0.0
+    while i < 9 or a <= 9.0:
+        i += 1
+        a += 1.0
+        b = a ** -x
+        s += b
+        if -machep * s < b and b < machep * s:
+            return s
+    w = a
+    s += b * w / (x - 1.0)
+    s -= 0.5 * b
+    a = 1.0
+    k = 0.0
+    for j in range(12):
+        a *= x + k
+        b /= w
+        t = a * b / _ZETA_A[j]
+        s = s + t
+        t = abs(t / s)
+        if t < machep:
+            return s
+        k += 1.0
+        a *= x + k
+        b /= w
+        k += 1.0
+    return s
+'''
+    return zeta + "\n" + _special_for("np.float32") + "\n" + _special_for("np.float64")

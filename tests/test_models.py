@@ -150,8 +150,6 @@ def test_transformer_encoder_layer(stats_delta):
 # NeuronMode: unmodified CPU code
 # ---------------------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=False, reason="under NeuronMode lowerings receive CPU tensors that "
-                   "require grad and .numpy() refuses them (dispatch should detach; reported)")
 def test_neuron_mode_runs_cpu_code_through_kernels(stats_delta):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 2))

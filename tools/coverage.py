@@ -55,7 +55,7 @@ def worker(out_path: str, op_ids: list, skip: list, samples, max_numel) -> None:
             k0, ks0 = STATS.compiles, STATS.compile_seconds
             skip_here = {(d, p) for (o, d, p) in skip_set if o == op_id}
             res = {}
-            if op.name not in T.NOT_COMPARABLE:
+            if T.comparable(op):
                 try:
                     res = T.run_op(op, max_samples=samples, max_numel=max_numel,
                                    skip=skip_here, progress=progress(op_id))

@@ -2,7 +2,18 @@
 
 Each op is an expression over its schema argument names; `T(..)` is the compute type. Tensor
 arguments become loaded operands, Scalar arguments become kernel scalars, so `add.Tensor` and
-`add.Scalar` share one template and a new alpha value does not recompile.
+`add.Scalar` share one template and a new alpha value does not recompile. A one-element tensor
+operand of a larger output is passed as a scalar too (one kernel for `x * t` and `x * 2.0`).
+
+    1. template analysis (names used, compute type, casts, rendered expression): once per
+       (overload, template, argument types), cached in _SPECS
+    2. per call: operand kinds (flat / one / nd), numpy views, scalars -> launch
+Helpers with integer and float forms (`_div_floor_i` / `_div_floor_f`, ...) are chosen by the
+compute type at render time; integer division by zero raises ZeroDivisionError like the CPU.
+
+>>> import torch, eager_neuron
+>>> (torch.tensor([7, -7], device="neuron") // 2).tolist()
+[3, -4]
 """
 
 from __future__ import annotations
@@ -58,6 +69,16 @@ OPS: dict = {
     "aten::erf": ("math.erf(self)", "out"),
     "aten::erfc": ("math.erfc(self)", "out"),
     "aten::lgamma": ("math.lgamma(self)", "out"),
+    "aten::digamma": ("_digamma(self)", "out"),
+    "aten::polygamma": (lambda a: _polygamma(a["n"]), "out"),
+    "aten::special_zeta": ("_zeta(self, other)", "out"),
+    "aten::i0": ("_i0(self)", "out"),
+    "aten::special_i0e": ("_i0e(self)", "out"),
+    "aten::special_i1": ("_i1(self)", "out"),
+    "aten::special_i1e": ("_i1e(self)", "out"),
+    "aten::erfinv": ("_erfinv(self)", "out"),
+    "aten::special_ndtri": ("_ndtri(self)", "out"),
+    "aten::angle": ("self if self != self else (T(math.pi) if self < 0 else T(0))", "out"),
     "aten::floor": ("np.floor(self)", "out"),
     "aten::ceil": ("np.ceil(self)", "out"),
     "aten::trunc": ("np.trunc(self)", "out"),
@@ -106,6 +127,10 @@ OPS: dict = {
                                 "(T(1) - T(1) / (T(1) + math.exp(self * beta)))", "out"),
     "aten::hardsigmoid_backward": ("grad_output / T(6) if (self > -3 and self < 3) else T(0)",
                                    "out"),
+    "aten::hardshrink_backward": ("T(0) if (self >= -lambd and self <= lambd) else grad_out",
+                                  "out"),
+    "aten::softshrink_backward": ("T(0) if (self >= -lambd and self <= lambd) else "
+                                  "grad_output", "out"),
     "aten::hardswish_backward": ("T(0) if self < -3 else (grad_output if self > 3 else "
                                  "grad_output * (self / T(3) + T(0.5)))", "out"),
     # -- binary -----------------------------------------------------------------------------------
@@ -144,6 +169,10 @@ OPS: dict = {
     "aten::bitwise_and": ("self & other", "out"),
     "aten::bitwise_or": ("self | other", "out"),
     "aten::bitwise_xor": ("self ^ other", "out"),
+    "aten::bitwise_left_shift": (lambda a: _shift(a, "_shl"), "out"),
+    "aten::bitwise_right_shift": (lambda a: _shift(a, "_shr"), "out"),
+    "aten::gcd": ("_gcd(self, other, T(1))", "out"),
+    "aten::nextafter": ("np.nextafter(self, other)", "out"),
     # -- ternary and friends ---------------------------------------------------------------------
     "aten::where": ("self if condition else other", "out", {"condition": "bool"}),
     "aten::masked_fill": ("value if mask else self", "out", {"mask": "bool"}),
@@ -190,6 +219,22 @@ _DIV = {
     "trunc": "_div_trunc(self, other, T(1))",
     "floor": "_div_floor(self, other, T(1))",
 }
+
+
+def _polygamma(n: int) -> str:
+    # torch's CPU kernel: digamma for n = 0, trigamma for n = 1, the zeta series above
+    if n == 0:
+        return "_digamma(self)"
+    if n == 1:
+        return "_trigamma(self)"
+    return f"_polygamma(self, {int(n)})"
+
+
+def _shift(a: dict, helper: str) -> str:
+    # a shift by a negative amount or by the bit width or more is 0 (-1 for a negative value
+    # shifted right), as in ATen's c10 left_shift/right_shift
+    width = torch.empty(0, dtype=torch.result_type(a["self"], a["other"])).element_size() * 8
+    return f"{helper}(self, other, T({width}))"
 
 
 def _round(decimals: int) -> str:
@@ -243,6 +288,8 @@ def _clamp(a: dict, lo: str | None, hi: str | None) -> str:
 
 
 def _nan_to_num(a: dict) -> str:
+    if not a["self"].dtype.is_floating_point:   # integers and bools have no nan/inf: a copy
+        return "self"
     nan = "nan" if a.get("nan") is not None else "T(0)"
     pos = "posinf" if a.get("posinf") is not None else "_finfo_max(self)"
     neg = "neginf" if a.get("neginf") is not None else "-_finfo_max(self)"
@@ -338,6 +385,28 @@ def _pow_i(a, b, one):
     return r
 
 @njit(inline="always", error_model="numpy")
+def _shl_i(a, b, width):
+    if b < 0 or b >= width:
+        return a - a
+    return a << b
+
+@njit(inline="always", error_model="numpy")
+def _shr_i(a, b, width):
+    if b < 0 or b >= width:
+        return a - a - 1 if a < 0 else a - a
+    return a >> b
+
+@njit(inline="always", error_model="numpy")
+def _gcd_i(a, b, one):
+    a = abs(a)
+    b = abs(b)
+    while a != 0:
+        c = a
+        a = b % a
+        b = c
+    return b
+
+@njit(inline="always", error_model="numpy")
 def _logit_eps(x, eps, one):
     hi = one - eps
     x = eps if x < eps else (hi if x > hi else x)
@@ -348,10 +417,16 @@ def _finfo_max(x):
     return np.finfo(type(x)).max
 '''
 
-# the prelude is part of every kernel's source: its hash is part of every kernel's key
-PRELUDE_ID = hashlib.sha1(PRELUDE.encode()).hexdigest()[:10]
-_HELPERS = ("_div_trunc", "_div_floor", "_rem", "_fmod", "_pow")
+_HELPERS = ("_div_trunc", "_div_floor", "_rem", "_fmod", "_pow", "_shl", "_shr", "_gcd")
 _HELPER_RE = re.compile(r"\b(" + "|".join(_HELPERS) + r")\(")
+# special functions (kernels/elementwise.py special_prelude): one copy per float type, their
+# source is added to a kernel only when its expression calls one
+SPECIAL_PRELUDE = kew.special_prelude()
+_SPECIALS = ("_digamma", "_trigamma", "_polygamma", "_zeta", "_i0", "_i0e", "_i1", "_i1e",
+             "_erfinv", "_ndtri")
+_SPECIAL_RE = re.compile(r"\b(" + "|".join(_SPECIALS) + r")\(")
+# the preludes are part of the kernels' source: their hash is part of every kernel's key
+PRELUDE_ID = hashlib.sha1((PRELUDE + SPECIAL_PRELUDE).encode()).hexdigest()[:10]
 _FLOATS = frozenset({torch.float32, torch.float64})
 
 
@@ -363,9 +438,10 @@ class _Spec:
     """What a call's argument types fix: operands, the rendered expression, casts, the store."""
 
     __slots__ = ("tensors", "scalars", "expr", "loads", "scalar_casts", "store", "T", "flops",
-                 "engine", "one_ok")
+                 "engine", "special")
 
-    def __init__(self, tensors, scalars, expr, loads, scalar_casts, store, T, flops, engine):
+    def __init__(self, tensors, scalars, expr, loads, scalar_casts, store, T, flops, engine,
+                 special=False):
         self.tensors = tensors            # schema names loaded from arrays, in order x0, x1, ..
         self.scalars = scalars            # schema names passed as kernel scalars c0, c1, ..
         self.expr = expr
@@ -375,10 +451,11 @@ class _Spec:
         self.T = T
         self.flops = flops
         self.engine = engine
+        self.special = special            # calls a special-function helper (SPECIAL_PRELUDE)
 
 
-_NAMES: dict = {}   # (template, schema names) -> the names the template uses, schema order
-_SPECS: dict = {}   # (op, template, out dtype, per-name type, as-scalar mask) -> _Spec
+_NAMES: dict = {}   # (id(overload), template) -> the names the template uses, schema order
+_SPECS: dict = {}   # (id(overload), op, template, out dtype, per-name type, as-scalar) -> _Spec
 
 
 def _template_names(template: str, arg_names: tuple) -> tuple:
@@ -409,6 +486,10 @@ def _type_of(v):
 
 def _build_spec(op_name: str, template: str, rule: str, arg_casts: dict, a: dict, names: tuple,
                 as_scalar: tuple, out_dtype) -> _Spec:
+    bad = [v.dtype for v in (*(a[nm] for nm in names), torch.empty(0, dtype=out_dtype))
+           if isinstance(v, torch.Tensor) and v.dtype not in NP_TYPE]
+    if bad:
+        raise NotImplementedError(f"no elementwise kernel for {bad[0]}")
     # 1. compute type, from the original operands (a (1,)-shaped tensor still promotes fully)
     if rule == "out":
         ctype = out_dtype
@@ -447,54 +528,77 @@ def _build_spec(op_name: str, template: str, rule: str, arg_casts: dict, a: dict
     expr = _render_expr(template, subst)
     kind = "_f" if ctype in _FLOATS else "_i"
     expr = _HELPER_RE.sub(lambda m: f"{m.group(1)}{kind}(", expr)
+    special = bool(_SPECIAL_RE.search(expr))
+    if special:
+        if ctype not in _FLOATS:
+            raise NotImplementedError(f"{op_name}: special functions compute in float32/64")
+        expr = _SPECIAL_RE.sub(lambda m: f"{m.group(1)}_{T.split('.')[1]}(", expr)
     expr = re.sub(r"(?<![\w.])T\(", f"{T or 'np.float64'}(", expr)
     store = "({}) != 0" if out_dtype == torch.bool else f"{NP_TYPE[out_dtype]}({{}})"
     engine = "scalar" if "math." in expr else "vector"
     return _Spec(tensors, scalars, expr, loads, tuple(scalar_casts), store, T,
-                 max(1, expr.count("(")), engine)
+                 max(1, expr.count("(")), engine, special)
 
 
 def lower_elementwise(func, a: dict, outs: list, op_name: str) -> None:
+    # NOTE: the per-call work reads numpy attributes (shape, size, flags): much cheaper than
+    # torch's Python bindings. numpy(force=True): under NeuronMode an operand may be a CPU
+    # tensor that requires grad; force only detaches here (a CPU buffer, never conj/neg).
     out = outs[0]
-    n = out.numel()
+    out_np = out.numpy(force=True)
+    n = out_np.size
     if n == 0:
         return
     entry = OPS[op_name]
     template, rule = entry[0], entry[1]
     if callable(template):
         template = template(a)
-    names = _template_names(template, tuple(a))
-    # 1. a one-element tensor operand of a larger output is read once, as a kernel scalar, so
-    #    `x * t` (t of one element) shares the kernel of `x * 2.0`. Not while adaptive eager
-    #    records: the element may be the pending output of a recorded op.
-    one_ok = rule not in ("none", "common") and n != 1 and not _adaptive.ARMED[0]
-    as_scalar = tuple(one_ok and isinstance(a[nm], torch.Tensor) and a[nm].numel() == 1
-                      for nm in names)
-    key = (op_name, template, out.dtype, tuple(_type_of(a[nm]) for nm in names), as_scalar)
+    # id(func), not func: OpOverload.__hash__ is Python code
+    names = _NAMES.get((id(func), template))
+    if names is None:
+        names = _NAMES[(id(func), template)] = _template_names(template, tuple(a))
+    # 1. the spec, per argument types. A one-element tensor operand of a larger output is read
+    #    once, as a kernel scalar, so `x * t` (t of one element) shares the kernel of `x * 2.0`.
+    #    Not while adaptive eager records: the element may be the pending output of a recorded op.
+    one_ok = n != 1 and rule not in ("none", "common") and not _adaptive.ARMED[0]
+    types, as_scalar, nps = [], [], {}
+    for nm in names:
+        v = a[nm]
+        if isinstance(v, torch.Tensor):
+            arr = nps[nm] = v.numpy(force=True)
+            types.append(arr.dtype)
+            as_scalar.append(one_ok and arr.size == 1)
+        else:
+            types.append(type(v))
+            as_scalar.append(False)
+    key = (id(func), op_name, template, out_np.dtype, tuple(types), tuple(as_scalar))
     spec = _SPECS.get(key)
     if spec is None:
         spec = _SPECS[key] = _build_spec(op_name, template, rule, entry[2] if len(entry) > 2
-                                         else {}, a, names, as_scalar, out.dtype)
+                                         else {}, a, names, tuple(as_scalar), out.dtype)
     tensors = spec.tensors
     # 2. operand kinds: flat (same shape, contiguous), one (single element), nd (broadcast)
-    shape = out.shape
-    out_contig = out.is_contiguous()
+    shape = out_np.shape
+    out_contig = out_np.flags.c_contiguous
     kinds = []
+    flat = out_contig
+    in_bytes = 0
     for nm in tensors:
-        t = a[nm]
-        if t.numel() == 1 and n != 1:
+        arr = nps[nm]
+        in_bytes += arr.nbytes
+        if arr.size == 1 and n != 1:
             kinds.append("one")
-        elif out_contig and t.shape == shape and t.is_contiguous():
+        elif out_contig and arr.shape == shape and arr.flags.c_contiguous:
             kinds.append("flat")
         else:
             kinds.append("nd")
-    # NOTE: numpy(force=True): under NeuronMode an operand may be a CPU tensor that requires
-    # grad; force only detaches here (a CPU buffer, never conj/neg), the memory is shared.
-    if "nd" not in kinds and out_contig:
+            flat = False
+    if flat:
         rank = 1
-        arrays = [_np(out.view(-1))] + [_np(a[nm].reshape(-1)) for nm in tensors]
+        arrays = [out_np.reshape(-1)] + [nps[nm].reshape(-1) for nm in tensors]
     else:
         kinds = ["one" if k == "one" else "nd" for k in kinds]
+        shape = out.shape
         expanded = [a[nm].expand(shape) if kinds[i] == "nd" else None
                     for i, nm in enumerate(tensors)]
         strides = [out.stride()] + [e.stride() for e in expanded if e is not None]
@@ -508,39 +612,38 @@ def lower_elementwise(func, a: dict, outs: list, op_name: str) -> None:
                 arrays.append(_np(e.as_strided(cshape, cstrides[j], e.storage_offset())))
                 j += 1
             else:
-                arrays.append(_np(a[nm].reshape(-1)))
+                arrays.append(nps[nm].reshape(-1))
     kinds = tuple(kinds)
     # 3. scalars: runtime arguments (a new alpha never recompiles), cast inside the kernel
     scalar_vals = []
     for nm in spec.scalars:
         v = a[nm]
         if isinstance(v, torch.Tensor):
-            v = _np(v.reshape(-1))[0].item()
+            v = nps[nm].reshape(-1)[0].item()
         elif isinstance(v, bool) or v is None:
             v = bool(v)
         scalar_vals.append(v)
     expr, loads, scalar_casts, store = spec.expr, spec.loads, spec.scalar_casts, spec.store
     parallel = n >= PARALLEL_MIN and kc.parallel_allowed()
-    key = ("elementwise", op_name, expr, kinds, rank, loads, scalar_casts, store, parallel,
-           PRELUDE_ID)
+    if _adaptive.ARMED[0]:
+        if rank == 1 and not spec.special:
+            # adaptive eager: append to the pending fused group instead of launching
+            operands = [(arrays[1 + i], a[nm]) for i, nm in enumerate(tensors)]
+            if _adaptive.record(op_name, expr, kinds, loads, scalar_casts, store,
+                                (arrays[0], out), operands, tuple(scalar_vals), n):
+                return
+        else:
+            _adaptive.flush("strided or broadcast operand")
+
+    special = spec.special
 
     def render():
         src, name = kew.render(expr, kinds, rank, loads, scalar_casts, store, parallel)
-        return PRELUDE + src, name
+        return PRELUDE + (SPECIAL_PRELUDE if special else "") + src, name
 
-    if _adaptive.ARMED[0] and rank == 1:
-        # adaptive eager: append to the pending fused group instead of launching
-        operands = [(arrays[1 + i], a[nm]) for i, nm in enumerate(tensors)]
-        if _adaptive.record(op_name, expr, kinds, loads, scalar_casts, store,
-                            (arrays[0], out), operands, tuple(scalar_vals), n):
-            return
-    elif _adaptive.ARMED[0]:
-        _adaptive.flush("strided or broadcast operand")
-    bytes_moved = n * out.element_size() + sum(
-        (a[nm].numel() if kinds[i] != "one" else 1) * a[nm].element_size()
-        for i, nm in enumerate(tensors))
-    launch(key, render, tuple(arrays) + tuple(scalar_vals), flops=n * spec.flops,
-           bytes_moved=bytes_moved, engine=spec.engine)
+    launch(("elementwise", op_name, expr, kinds, rank, loads, scalar_casts, store, parallel,
+            PRELUDE_ID), render, (*arrays, *scalar_vals), flops=n * spec.flops,
+           bytes_moved=out_np.nbytes + in_bytes, engine=spec.engine)
 
 
 def _py_cast(v) -> str:

@@ -208,6 +208,16 @@ def equal(func, args, kwargs, mode):
     return bool((a == b).all().item())
 
 
+def allclose(func, args, kwargs, mode):
+    """aten::allclose: isclose(...).all() on the device; only the verdict comes back."""
+    from .common import bind
+
+    a = bind(func, args, kwargs)
+    close = torch.isclose(a["self"], a["other"], rtol=a["rtol"], atol=a["atol"],
+                          equal_nan=a["equal_nan"])
+    return bool(close.all().item())
+
+
 def tensor_info(func, args, kwargs, mode):
     """is_pinned and friends: facts about a tensor, no data touched."""
     if isinstance(args[0], NeuronTensor):
@@ -261,6 +271,7 @@ HOST = {
     "aten::_local_scalar_dense": local_scalar_dense,
     "aten::native_dropout": native_dropout,
     "aten::equal": equal,
+    "aten::allclose": allclose,
     "aten::is_pinned": tensor_info,
     "aten::record_stream": record_stream,
     "aten::set_": set_unsupported,
