@@ -12,10 +12,10 @@ The result of each (op, dtype, phase) is checked against `opinfo_xfail.txt`, str
 triple that passes fails the test, so the list can only shrink.
 
     make test                                   # this file runs with the rest (bounded samples)
-    .venv/bin/python tools/coverage.py          # the whole sweep, pass rates, failure reasons
-    .venv/bin/python tools/coverage.py --update-xfail   # regenerate opinfo_xfail.txt
+    .venv/bin/python tools/op_coverage.py          # the whole sweep, pass rates, failure reasons
+    .venv/bin/python tools/op_coverage.py --update-xfail   # regenerate opinfo_xfail.txt
 
-The ops run in worker processes (the Sweep engine below; tools/coverage.py --worker), so two
+The ops run in worker processes (the Sweep engine below; tools/op_coverage.py --worker), so two
 cores share the work and an op that aborts its process is reported as a crash, not the end of
 the session; each test_op[...] waits for its op's result. Kernels are cached in each worker's
 memory and in the disk cache, which later runs reuse.
@@ -94,7 +94,7 @@ def load_xfail(path: str = XFAIL_FILE) -> tuple[dict, dict]:
     """({(op, dtype, phase): reason} expected failures, {...: reason} phases that crash).
 
     A line is `op dtype phase  # reason`, or `op dtype phase crash  # reason` for a phase that
-    aborts the process (never run by the test; tools/coverage.py runs it in a child process).
+    aborts the process (never run by the test; tools/op_coverage.py runs it in a child process).
     """
     xfail, crash = {}, {}
     if not os.path.exists(path):
@@ -118,7 +118,7 @@ def write_xfail(failures: dict, crashes: dict, path: str = XFAIL_FILE) -> None:
         "# OpInfo triples (op, dtype, phase) that currently fail on neuron; strict: a listed\n"
         "# triple that passes fails tests/test_opinfo.py, so the list can only shrink.\n"
         "# 'crash' marks a phase that aborts the process: the test does not run it.\n"
-        "# Regenerate with: .venv/bin/python tools/coverage.py --update-xfail\n"
+        "# Regenerate with: .venv/bin/python tools/op_coverage.py --update-xfail\n"
         "# (the test's bounded run: EAGER_NEURON_OPINFO_SAMPLES samples per dtype, samples up to\n"
         "# EAGER_NEURON_OPINFO_MAX_NUMEL elements). Text after '#' is the first failure seen.\n")
     rows = [(k, "", r) for k, r in failures.items()] + [(k, " crash", r) for k, r in
@@ -274,7 +274,7 @@ def run_sample(op, sample, dtype, do_bwd: bool, atol: float, rtol: float,
                progress=_noop) -> dict:
     """{'fwd': (ok, reason, fallbacks), 'bwd': ...} for one sample; absent phase = not run.
 
-    `progress(phase)` is called before each phase runs on neuron (tools/coverage.py uses it to
+    `progress(phase)` is called before each phase runs on neuron (tools/op_coverage.py uses it to
     name the phase that crashed a worker process).
     """
     result = {}
@@ -402,13 +402,13 @@ def verdict(opname: str, results: dict, xfail: dict) -> tuple[list, list]:
 
 
 # ---------------------------------------------------------------------------------------------
-# the sweep engine: ops in worker processes (tools/coverage.py --worker), one JSON line per
+# the sweep engine: ops in worker processes (tools/op_coverage.py --worker), one JSON line per
 # event. Two cores do twice the work, and a phase that aborts its process (std::terminate in
 # an autograd thread, say) is reported as a crash instead of ending the test session.
 # ---------------------------------------------------------------------------------------------
 
 ROOT = os.path.dirname(HERE)
-WORKER = os.path.join(ROOT, "tools", "coverage.py")
+WORKER = os.path.join(ROOT, "tools", "op_coverage.py")
 TIMING = ("seconds", "cpu_seconds", "compiles", "compile_seconds")
 
 
