@@ -8,6 +8,7 @@ atol 1e-5.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -38,11 +39,23 @@ def _train(model: nn.Module, batches, loss_fn, device: str, seed: int = 0, eps: 
     return losses, model
 
 
-def _check_same_training(model: nn.Module, batches, loss_fn, stats_delta, eps=1e-8) -> None:
+@pytest.fixture(params=["plain", "adaptive"])
+def eager_mode(request):
+    """Each model trains in plain eager and under adaptive eager (which must not change results)."""
+    if request.param == "plain":
+        return contextlib.nullcontext
+    adaptive = getattr(eager_neuron, "adaptive", None)
+    if adaptive is None:
+        pytest.skip("adaptive eager not built yet")
+    return adaptive
+
+
+def _check_same_training(model: nn.Module, batches, loss_fn, stats_delta, mode, eps=1e-8):
     cpu_model = copy.deepcopy(model)
     cpu_losses, cpu_model = _train(cpu_model, batches, loss_fn, "cpu", eps=eps)
     eager_neuron.reset_stats()
-    n_losses, n_model = _train(model, batches, loss_fn, "neuron", eps=eps)
+    with mode():
+        n_losses, n_model = _train(model, batches, loss_fn, "neuron", eps=eps)
     stats = stats_delta()
     assert stats["launches"] > 0
     torch.testing.assert_close(torch.tensor(n_losses), torch.tensor(cpu_losses), rtol=RTOL,
@@ -67,13 +80,13 @@ def _batches(make_x, make_y, n=STEPS, seed=1):
 # ---------------------------------------------------------------------------------------------
 
 @pytest.mark.models
-def test_mlp(stats_delta):
+def test_mlp(stats_delta, eager_mode):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(12, 32), nn.GELU(), nn.Linear(32, 32), nn.ReLU(),
                           nn.Linear(32, 5))
     batches = _batches(lambda g: torch.randn(16, 12, generator=g),
                        lambda g: torch.randint(0, 5, (16,), generator=g))
-    _check_same_training(model, batches, F.cross_entropy, stats_delta)
+    _check_same_training(model, batches, F.cross_entropy, stats_delta, eager_mode)
 
 
 class SmallCNN(nn.Module):
@@ -98,11 +111,11 @@ class SmallCNN(nn.Module):
 
 
 @pytest.mark.models
-def test_cnn_batchnorm_pool_dropout(stats_delta):
+def test_cnn_batchnorm_pool_dropout(stats_delta, eager_mode):
     torch.manual_seed(0)
     batches = _batches(lambda g: torch.randn(4, 3, 12, 12, generator=g),
                        lambda g: torch.randint(0, 4, (4,), generator=g))
-    _check_same_training(SmallCNN(), batches, F.cross_entropy, stats_delta)
+    _check_same_training(SmallCNN(), batches, F.cross_entropy, stats_delta, eager_mode)
 
 
 class LSTMRegressor(nn.Module):
@@ -117,11 +130,11 @@ class LSTMRegressor(nn.Module):
 
 
 @pytest.mark.models
-def test_lstm(stats_delta):
+def test_lstm(stats_delta, eager_mode):
     torch.manual_seed(0)
     batches = _batches(lambda g: torch.randn(3, 7, 6, generator=g),
                        lambda g: torch.randn(3, 1, generator=g))
-    _check_same_training(LSTMRegressor(), batches, F.mse_loss, stats_delta)
+    _check_same_training(LSTMRegressor(), batches, F.mse_loss, stats_delta, eager_mode)
 
 
 class TinyTransformer(nn.Module):
@@ -136,14 +149,15 @@ class TinyTransformer(nn.Module):
 
 
 @pytest.mark.models
-def test_transformer_encoder_layer(stats_delta):
+def test_transformer_encoder_layer(stats_delta, eager_mode):
     torch.manual_seed(0)
     batches = _batches(lambda g: torch.randn(2, 5, 16, generator=g),
                        lambda g: torch.randint(0, 3, (2,), generator=g))
     # NOTE: the key projection's bias has an exactly-zero gradient (softmax is invariant to a
     # per-row constant), so on both devices it is rounding noise of ~1e-9; AdamW with eps=1e-8
     # turns noise into lr-sized steps of random sign. eps=1e-4 keeps noise noise.
-    _check_same_training(TinyTransformer(), batches, F.cross_entropy, stats_delta, eps=1e-4)
+    _check_same_training(TinyTransformer(), batches, F.cross_entropy, stats_delta, eager_mode,
+                         eps=1e-4)
 
 
 # ---------------------------------------------------------------------------------------------
