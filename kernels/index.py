@@ -1,6 +1,7 @@
 """Index/gather family: take, put, gather/scatter along an axis, nonzero, masked select/scatter.
 
-Specs are plain data (loop ranks, reduce names, flags); sizes are always runtime. Numba does not
+Specs are plain data (loop ranks, dtype casts); sizes, reductions and most flags are runtime
+values, so one compiled kernel serves many ops and every size. Numba does not
 bounds-check, so every kernel that reads an index checks it and reports the first bad one in
 `err` (int64[4]: flag, value, axis, size) and returns; the lowering raises. Kernels that write
 validate every index before the first write, so an in-place op leaves `self` untouched.
@@ -226,25 +227,32 @@ def render_count(rank: int, bits: bool) -> tuple[str, str]:
 
 
 def render_nonzero(rank: int, bits: bool) -> tuple[str, str]:
-    """`nonzero(out, x)`: the coordinates of x's non-zero elements, in C order, as rows of out."""
+    """`nonzero(out, x, fill)`: the coordinates of x's non-zero elements, in C order, as rows of
+    out; rows past out's end are dropped and rows left over take `fill` (nonzero_static)."""
     name = kernel_name("nonzero", rank, bits)
-    s = _Src(name, ["out", "x"])
+    s = _Src(name, ["out", "x", "fill"])
     s.add("p = 0")
     s.loops("i", "x", rank)
-    s.add(f"if {_test('x[' + _ix('i', rank) + ']', bits)}:")
+    s.add(f"if p < out.shape[0] and {_test('x[' + _ix('i', rank) + ']', bits)}:")
     s.depth += 1
     s.add(*(f"out[p, {d}] = i{d}" for d in range(rank)), "p += 1")
+    s.depth -= rank + 1
+    s.add("for q in range(p, out.shape[0]):",
+          *(f"    out[q, {d}] = fill" for d in range(rank)))
     return s.text(), name
 
 
 def render_masked_select(rank: int) -> tuple[str, str]:
-    """`masked_select(out, x, m)`: x's elements where m is true, in C order."""
+    """`masked_select(out, x, m)`: x's elements where m is true, in C order; the rest of out (if
+    longer, as in masked_scatter_backward) is zeroed."""
     name = kernel_name("masked_select", rank)
     s = _Src(name, ["out", "x", "m"])
     i = _ix("i", rank)
     s.add("p = 0")
     s.loops("i", "x", rank)
     s.add(f"if m[{i}]:", f"    out[p] = x[{i}]", "    p += 1")
+    s.close(rank)
+    s.add("for q in range(p, out.shape[0]):", "    out[q] = 0")
     return s.text(), name
 
 

@@ -4,7 +4,7 @@ A remap reads each output element from a source coordinate computed per dimensio
 dimension's mode and parameter are runtime values, so flip, roll, repeat and pad share one kernel
 per rank and dtype, and a new shift, pad width or size never recompiles.
 
->>> src, name = render_remap(2, None)
+>>> src, name = render_remap(2)
 >>> "j0 = p[0] - i0" in src
 True
 """
@@ -24,23 +24,23 @@ MODES = {
 }
 _J = ("j{d} = i{d}\n"
       "if m[{d}] == 1:\n    j{d} = p[{d}] - i{d}\n"
-      "elif m[{d}] == 2:\n    j{d} = i{d} - p[{d}]\n    if j{d} < 0:\n        j{d} += src.shape[{d}]\n"
+      "elif m[{d}] == 2:\n    j{d} = i{d} - p[{d}]\n"
+      "    if j{d} < 0:\n        j{d} += src.shape[{d}]\n"
       "elif m[{d}] == 3:\n    j{d} = i{d} % src.shape[{d}]\n"
       "elif m[{d}] == 4:\n    j{d} = i{d} - p[{d}]\n"
       "ok{d} = {prev}j{d} >= 0 and j{d} < src.shape[{d}]")
-# triangular masks over the last two dims; the diagonal is p[rank]
-_COND = {
-    "tril": "i{b} - i{a} <= p[{r}]",
-    "triu": "i{b} - i{a} >= p[{r}]",
-}
+# triangular masks over the last two dims (runtime code p[rank + 1]; the diagonal is p[rank])
+TRI = {None: 0, "tril": 1, "triu": 2}
+_TRI = ("(p[{t}] == 0 or (p[{t}] == 1 and i{b} - i{a} <= p[{r}])"
+        " or (p[{t}] == 2 and i{b} - i{a} >= p[{r}]))")
 
 
-def render_remap(rank: int, cond: str | None, cast: str = "np.float32") -> tuple[str, str]:
+def render_remap(rank: int, cast: str = "np.float32") -> tuple[str, str]:
     """`remap(out, src, m, p, value)`: out[i..] = src[j..], or `value` where padded/masked out;
     m[d] is dimension d's mode (MODES) and p[d] its parameter, both runtime, so flip, roll,
-    repeat and pad share one kernel per rank and dtype. `cast` converts `value` ("np.float32").
+    repeat, pad and tril/triu share one kernel per rank and dtype. `cast` converts `value`.
     """
-    name = kernel_name("remap", rank, cond, cast)
+    name = kernel_name("remap", rank, cast)
     s = _Src(name, ["out", "src", "m", "p", "value"])
     s.add(f"fill = {cast}(value)")
     for d in range(rank):
@@ -48,8 +48,8 @@ def render_remap(rank: int, cond: str | None, cast: str = "np.float32") -> tuple
         s.depth += 1
         s.add(*_J.format(d=d, prev=f"ok{d - 1} and " if d else "").split("\n"))
     test = f"ok{rank - 1}"
-    if cond is not None:
-        test += " and " + _COND[cond].format(a=rank - 2, b=rank - 1, r=rank)
+    if rank >= 2:
+        test += " and " + _TRI.format(a=rank - 2, b=rank - 1, r=rank, t=rank + 1)
     s.add(f"out[{_ix('i', rank)}] = src[{_ix('j', rank)}] if {test} else fill")
     return s.text(), name
 

@@ -28,6 +28,8 @@ from .mask import (
     dynamic_masked_select,
     dynamic_nonzero,
     lower_masked_scatter,
+    lower_masked_scatter_backward,
+    lower_nonzero_static,
     nonzero_scratch,
 )
 from .shape import LOWERINGS as SHAPE_LOWERINGS
@@ -56,9 +58,9 @@ def _int_index(t: torch.Tensor, op: str) -> None:
 # take / put: the two kernels behind embedding, index_select, index, index_add, index_put
 # ---------------------------------------------------------------------------------------------
 
-def _split(data_p, idx_p, nb: int, k: int, rest_p, src_p):
+def _split(data_p, idx_p, nb: int, k: int, rest_p):
     """Coalesce the index-position dims (over data_p's first nb dims and the indices) and the
-    rest dims (over data_p's and src_p's trailing dims); returns the numpy views."""
+    rest dims (over data_p's and rest_p's trailing dims); returns the numpy views and ranks."""
     bshape = tuple(data_p.shape[:nb])
     ex = [i.expand(bshape) for i in idx_p]
     cb, bstr = coalesce(bshape, [data_p.stride()[:nb]] + [e.stride() for e in ex])
@@ -82,7 +84,7 @@ def take(op: str, out_p, src_p, idxs, dims, wrap: bool) -> None:
     nb = out_p.dim() - (src_p.dim() - k)
     if math.prod(out_p.shape[:nb]) == 0:
         return
-    o, s, iv, cb, cr = _split(out_p, idxs, nb, k, src_p, src_p)
+    o, s, iv, cb, cr = _split(out_p, idxs, nb, k, src_p)
     err = np.zeros(4, np.int64)
     key = ("index", "take",
            cb,     # coalesced index-position loop rank
@@ -99,7 +101,7 @@ def put(op: str, out, out_p, vals_p, idxs, dims, *, self=None, wrap=False, accum
     out. `self` given: out starts as a copy of it (the functional form, in the same launch)."""
     k = len(idxs)
     nb = vals_p.dim() - (out_p.dim() - k)
-    v, o, iv, cb, cr = _split(vals_p, idxs, nb, k, out_p, out_p)
+    v, o, iv, cb, cr = _split(vals_p, idxs, nb, k, out_p)
     copy = self is not None and out is not self
     dst, full, rc = _pair(out, self if copy else out)
     one = np.dtype(o.dtype).type(1 if alpha is None else alpha)
@@ -166,8 +168,20 @@ def lower_index_add(func, a, outs):
     dim = _dim(a, self)
     index = _flat_index(a["index"], "aten::index_add")
     alpha = a["alpha"]
-    put("aten::index_add", outs[0], out.movedim(dim, 0), source.movedim(dim, 0), [index],
+    put(func._schema.name, outs[0], out.movedim(dim, 0), source.movedim(dim, 0), [index],
         (dim,), self=a["self"], accumulate=True, alpha=None if alpha == 1 else alpha)
+
+
+def lower_put(func, a, outs):
+    """self.put(index, source): put on the flattened self (negative indices wrap)."""
+    self, out, index, source = a["self"], outs[0], a["index"], a["source"]
+    if not (out.is_contiguous() and index.is_contiguous() and source.is_contiguous()):
+        raise NotImplementedError("put on non-contiguous tensors (flattening would copy)")
+    if source.dtype != out.dtype:
+        raise NotImplementedError("put with a source of another dtype")
+    _int_index(index, "aten::put")
+    put(func._schema.name, out, out.view(-1), source.view(-1), [index.view(-1)], (0,),
+        self=self, wrap=True, accumulate=bool(a["accumulate"]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -234,7 +248,7 @@ def lower_index_put(func, a, outs):
                            f"be broadcast to indexing result of shape {list(shape)}") from None
     if vals.dtype != out.dtype:
         raise NotImplementedError("index_put with values of another dtype")
-    put("aten::index_put", out, out.permute(P + R), vals.permute(perm), idxs, P, self=self,
+    put(func._schema.name, out, out.permute(P + R), vals.permute(perm), idxs, P, self=self,
         wrap=True, accumulate=bool(a["accumulate"]))
 
 
@@ -244,11 +258,10 @@ def lower_index_put(func, a, outs):
 
 def lower_gather(func, a, outs):
     self, index, out = _at_least_1d(a["self"], a["index"], outs[0])
-    if index.dtype != torch.int64:
-        raise RuntimeError("gather(): Expected dtype int64 for index")
+    _int_index(index, "aten::gather")
     if index.numel() == 0:
         return
-    dim = a["dim"] % self.dim()
+    dim = _dim(a, self)
     n = index.shape[dim]
     o, s, i = _axis_views(index.shape, dim, [(out, n), (self, self.shape[dim]), (index, n)])
     err = np.zeros(4, np.int64)
@@ -275,14 +288,13 @@ def _identity(reduce: str, dtype):
     return info.max if big else info.min
 
 
-def _scatter(a, outs, reduce=None, include_self=True):
+def _scatter(op: str, a, outs, reduce=None, include_self=True):
     out, self, index = outs[0], a["self"], a["index"]
     src = a.get("src")
     value = src is None
     if not value and src.dtype != out.dtype:
         raise NotImplementedError("scatter with src of another dtype")
-    if index.dtype != torch.int64:
-        raise RuntimeError("scatter(): Expected dtype int64 for index")
+    _int_index(index, op)
     out1, index1 = _at_least_1d(out, index)
     dim = _dim(a, out1)
     copy = out is not self
@@ -291,13 +303,11 @@ def _scatter(a, outs, reduce=None, include_self=True):
         parts.append((src.view(1) if src.dim() == 0 else src, index1.shape[dim]))
     views = _axis_views(index1.shape, dim, parts)
     o, i = views[0], views[1]
-    s = (a["value"] if not isinstance(a["value"], bool) else int(a["value"])) if value \
+    kind = o.dtype.type   # scalars travel as the output's numpy type: one kernel signature
+    s = kind(int(a["value"]) if isinstance(a["value"], bool) else a["value"]) if value \
         else views[2]
     cast = NP_TYPE.get(out.dtype, "np.int16")
     store = _store(out.dtype)
-    kind = o.dtype.type
-    if value:
-        s = kind(s)
     err = np.zeros(4, np.int64)
     c = o.ndim - 1
     dst, full, rc = _pair(out, self)
@@ -312,20 +322,32 @@ def _scatter(a, outs, reduce=None, include_self=True):
            flops=index.numel() if reduce else 0,
            bytes_moved=2 * _nbytes(index) + _nbytes(None if value else src)
            + 2 * _nbytes(self if copy else None))
-    _raise_bad(err, "aten::scatter" if reduce is None else f"aten::scatter ({reduce})", (dim,))
+    _raise_bad(err, op, (dim,))
 
 
 def lower_scatter(func, a, outs):
     reduce = a.get("reduce")
-    _scatter(a, outs, None if reduce is None else _LEGACY[reduce])
+    _scatter(func._schema.name, a, outs, None if reduce is None else _LEGACY[reduce])
 
 
 def lower_scatter_add(func, a, outs):
-    _scatter(a, outs, "sum")
+    _scatter(func._schema.name, a, outs, "sum")
 
 
 def lower_scatter_reduce(func, a, outs):
-    _scatter(a, outs, a["reduce"], bool(a["include_self"]))
+    _scatter(func._schema.name, a, outs, a["reduce"], bool(a["include_self"]))
+
+
+def lower_index_reduce(func, a, outs):
+    """index_reduce along dim is a scatter_reduce whose index is `index` broadcast (stride 0)
+    over the source's other dims."""
+    self, source = _at_least_1d(a["self"], a["source"])
+    dim = _dim(a, self)
+    index = _flat_index(a["index"], "aten::index_reduce")
+    shape = [1] * source.dim()
+    shape[dim] = -1
+    b = dict(a, index=index.view(shape).expand(source.shape), src=source, dim=dim)
+    _scatter(func._schema.name, b, outs, a["reduce"], bool(a["include_self"]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -333,7 +355,7 @@ def lower_scatter_reduce(func, a, outs):
 # ---------------------------------------------------------------------------------------------
 
 def dynamic_index(func, a, index=-1):
-    """self[indices] with boolean masks: masks -> coordinates, then meta sizes the output."""
+    """self[indices]: boolean masks become coordinates first, then meta sizes the output."""
     from ..dispatch import alloc, meta_outputs
 
     self = a["self"]
@@ -352,6 +374,10 @@ def _lowerings() -> dict:
         "aten::gather": lower_gather,
         "aten::masked_scatter": lower_masked_scatter,
         "aten::masked_scatter_": lower_masked_scatter,
+        "aten::masked_scatter_backward": lower_masked_scatter_backward,
+        "aten::nonzero_static": lower_nonzero_static,
+        "aten::put": lower_put,
+        "aten::put_": lower_put,
     }
     for name in ("index_add", "index_add_"):
         table[f"aten::{name}"] = lower_index_add
@@ -362,6 +388,7 @@ def _lowerings() -> dict:
             table[f"aten::scatter{sfx}.{ov}"] = lower_scatter
         table[f"aten::scatter_add{sfx}"] = lower_scatter_add
         table[f"aten::scatter_reduce{sfx}.two"] = lower_scatter_reduce
+        table[f"aten::index_reduce{sfx}"] = lower_index_reduce
     return table
 
 

@@ -9,6 +9,8 @@ masked_scatter. Each counts the mask first (one launch, read back to size the ou
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -25,28 +27,33 @@ def core_index(index: int) -> int:
     return _launch._current_core[0] if index == -1 else index
 
 
-
 def count_nonzero(x: torch.Tensor) -> int:
     """Number of non-zero elements (one launch; the count is read back to size the output)."""
-    x = x.view(1) if x.dim() == 0 else x
     if x.numel() == 0:
         return 0
-    bits = x.dtype in HALF
+    cshape, (cstr,) = coalesce(tuple(x.shape), [x.stride()])   # order does not matter here
+    rank, bits = len(cshape), x.dtype in HALF
     out = np.zeros(1, np.int64)
-    key = ("index", "count", x.dim(), bits)   # rank of the mask; half floats as bits
-    launch(key, lambda: kix.render_count(x.dim(), bits), (_np(x), out),
+    key = ("index", "count", rank, bits)   # rank of the mask; half floats as bits
+    launch(key, lambda: kix.render_count(rank, bits), (_np(x, cshape, cstr), out),
            flops=x.numel(), bytes_moved=_nbytes(x))
     return int(out[0])
 
 
-def fill_nonzero(x: torch.Tensor, out: torch.Tensor) -> None:
+def fill_nonzero(x: torch.Tensor, out: torch.Tensor, fill: int = -1) -> None:
+    """out's rows = coordinates of x's non-zeros (rows left over: `fill`)."""
     if out.numel() == 0:
         return
     x = x.view(1) if x.dim() == 0 else x
     bits = x.dtype in HALF
     key = ("index", "nonzero", x.dim(), bits)
-    launch(key, lambda: kix.render_nonzero(x.dim(), bits), (_np(out), _np(x)),
+    launch(key, lambda: kix.render_nonzero(x.dim(), bits), (_np(out), _np(x), int(fill)),
            flops=x.numel(), bytes_moved=_nbytes(x, out))
+
+
+def lower_nonzero_static(func, a, outs):
+    """nonzero padded with fill_value (or cut) to a static number of rows: no count needed."""
+    fill_nonzero(a["self"], outs[0], a["fill_value"])
 
 
 def nonzero_scratch(x: torch.Tensor) -> torch.Tensor:
@@ -77,7 +84,8 @@ def lower_masked_scatter(func, a, outs):
                            f"elements as ones in mask ({err[1]}), got {err[3]}")
 
 
-# DYNAMIC: output shape depends on the data. fn(func, a[, index]) -> [(data, block), ...]
+# DYNAMIC: the output size depends on the data, so dispatch cannot size it by meta first:
+# fn(func, a, index) -> [(data, block), ...] allocated here on core `index` (None: the CPU).
 
 def dynamic_nonzero(func, a, index=-1):
     from ..dispatch import alloc
@@ -97,13 +105,28 @@ def dynamic_masked_select(func, a, index=-1):
     if mask.dtype != torch.bool:
         raise NotImplementedError("masked_select with a non-bool mask")
     shape = torch.broadcast_shapes(self.shape, mask.shape)
-    x, m = self.expand(shape), mask.expand(shape)
-    n = count_nonzero(m) if m.numel() else 0
+    n = count_nonzero(mask.expand(shape)) if math.prod(shape) else 0
     data, block = alloc(core_index(index), (n,), (1,), self.dtype)
-    if n:
-        cshape, cstr = coalesce(tuple(shape), [x.stride(), m.stride()])
-        rank = len(cshape)
-        launch(("index", "masked_select", rank), lambda: kix.render_masked_select(rank),
-               (_np(data), _np(x, cshape, cstr[0]), _np(m, cshape, cstr[1])),
-               bytes_moved=_nbytes(m) + 2 * _nbytes(data))
+    _select(self, mask, data)
     return [(data, block)]
+
+
+def _select(self: torch.Tensor, mask: torch.Tensor, out: torch.Tensor) -> None:
+    """out[:n] = self[mask] (broadcast), out[n:] = 0; out is 1-D."""
+    if out.numel() == 0:
+        return
+    shape = torch.broadcast_shapes(self.shape, mask.shape)
+    x, m = self.expand(shape), mask.expand(shape)
+    cshape, cstr = coalesce(tuple(shape), [x.stride(), m.stride()])
+    rank = len(cshape)
+    launch(("index", "masked_select", rank), lambda: kix.render_masked_select(rank),
+           (_np(out), _np(x, cshape, cstr[0]), _np(m, cshape, cstr[1])),
+           bytes_moved=_nbytes(m) + 2 * _nbytes(out))
+
+
+def lower_masked_scatter_backward(func, a, outs):
+    """The source's gradient: grad[mask] in order, zero-padded to the source's size."""
+    out = outs[0]
+    if a["mask"].dtype != torch.bool or not out.is_contiguous():
+        raise NotImplementedError("masked_scatter_backward with a non-bool mask")
+    _select(a["grad_output"], a["mask"], out.view(-1))

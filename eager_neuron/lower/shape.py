@@ -3,7 +3,7 @@ scatter, and stable sort / argsort / top-k.
 
 flip, roll, repeat, constant_pad_nd and tril/triu are one `remap` kernel (kernels/shape.py):
 each output element reads a source coordinate computed per dimension. cat and the *_scatter ops
-are device copies into views of the output (the cast kernel, which also converts dtypes).
+are device copies into views of the output (remap too, or the cast kernel across dtypes).
 
 >>> import torch, eager_neuron
 >>> x = torch.arange(4.).to("neuron")
@@ -54,26 +54,59 @@ def _as_1d(*ts):
 # remap: flip, roll, repeat, constant_pad_nd, tril/triu
 # ---------------------------------------------------------------------------------------------
 
-def remap(out: torch.Tensor, src: torch.Tensor, modes: str, params, value=0, cond=None) -> None:
-    """out[i..] = src[j..] with j per dim from `modes` (see kernels/shape.py); `params` are the
-    runtime per-dim parameters (plus the diagonal for tril/triu)."""
+def _merge(out, src, modes: str, params, pinned: int):
+    """Drop size-1 identity dims and merge adjacent identity dims contiguous in both out and
+    src: fewer loop ranks mean fewer kernels and longer inner loops. The last `pinned` dims
+    stay as they are (tril/triu index them)."""
+    dims = []   # [mode, param, out size, out stride, src size, src stride]
+    rank = len(modes)
+    for d in range(rank):
+        mode, fixed = modes[d], d >= rank - pinned
+        if mode == "i" and not fixed and out.shape[d] == 1:
+            continue
+        last = dims[-1] if dims else None
+        if (mode == "i" and not fixed and last is not None and last[0] == "i"
+                and last[3] == out.stride(d) * out.shape[d]
+                and last[5] == src.stride(d) * src.shape[d]):
+            last[2] *= out.shape[d]
+            last[3] = out.stride(d)
+            last[4] *= src.shape[d]
+            last[5] = src.stride(d)
+            continue
+        dims.append(["T" if fixed else mode, params[d], out.shape[d], out.stride(d),
+                     src.shape[d], src.stride(d)])
+    return dims or [["i", 0, 1, 0, 1, 0]]
+
+
+def remap(out: torch.Tensor, src: torch.Tensor, modes: str, params, value=0, cond=None,
+          diagonal: int = 0) -> None:
+    """out[i..] = src[j..] with j per dim from `modes` (see kernels/shape.py) and `params`
+    (runtime, per dim); `cond` masks to the tril/triu of the last two dims at `diagonal`."""
     if out.numel() == 0:
         return
     if out.dtype in HALF and value != 0:
         raise NotImplementedError("non-zero fill of a half tensor without upcast")
+    dims = _merge(out, src, modes, params, 2 if cond else 0)
+    rank = len(dims)
+    m = np.array([ksh.MODES["i" if d[0] == "T" else d[0]] for d in dims], np.int64)
+    p = np.array([d[1] for d in dims] + [diagonal, ksh.TRI[cond]], np.int64)
+    o = np_view(out, tuple(d[2] for d in dims), tuple(d[3] for d in dims))
+    sv = np_view(src, tuple(d[4] for d in dims), tuple(d[5] for d in dims))
     cast = NP_TYPE.get(out.dtype, "np.int16")
-    m = np.array([ksh.MODES[c] for c in modes], np.int64)
-    p = np.array(list(params) + [0], np.int64)
-    if isinstance(value, bool):
-        value = int(value)
-    rank = len(modes)
     key = ("shape", "remap",
-           rank,    # loop rank (modes and parameters are runtime)
-           cond,    # None or the triangular mask
+           rank,    # loop rank after merging (modes, parameters and the mask are runtime)
            cast)    # store type of the fill value
-    launch(key, lambda: ksh.render_remap(rank, cond, cast),
-           (np_view(out), np_view(src), m, p, np.dtype(np_view(out).dtype).type(value)),
+    launch(key, lambda: ksh.render_remap(rank, cast),
+           (o, sv, m, p, o.dtype.type(int(value) if isinstance(value, bool) else value)),
            bytes_moved=nbytes(out) + nbytes(src))
+
+
+def copy(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """dst[...] = src: the remap kernel when dtypes and shapes agree, else the cast kernel."""
+    if src.dtype == dst.dtype and src.shape == dst.shape:
+        remap(dst, src, "i" * dst.dim(), [0] * dst.dim())
+    else:
+        copy_into(src, dst)
 
 
 def lower_flip(func, a, outs):
@@ -125,8 +158,7 @@ def _tri(cond):
         self, out = a["self"], outs[0]
         if self.dim() < 2:
             raise RuntimeError(f"{cond}: input tensor must have at least 2 dimensions")
-        # the diagonal is the parameter after the per-dim ones (p[rank])
-        remap(out, self, "i" * self.dim(), [0] * self.dim() + [a["diagonal"]], cond=cond)
+        remap(out, self, "i" * self.dim(), [0] * self.dim(), cond=cond, diagonal=a["diagonal"])
     lower.__name__ = f"lower_{cond}"
     return lower
 
@@ -146,7 +178,7 @@ def lower_cat(func, a, outs):
             continue   # legacy empty 1-D tensors are skipped, as torch does
         n = t.shape[dim]
         if t.numel():
-            copy_into(t, out.narrow(dim, offset, n))
+            copy(t, out.narrow(dim, offset, n))
         offset += n
 
 
@@ -154,10 +186,10 @@ def _copy_then(view_fn):
     def lower(func, a, outs):
         out, self = outs[0], a["self"]
         if out is not self:
-            copy_into(self, out)
+            copy(self, out)
         dst = view_fn(out, a)
         if dst.numel():
-            copy_into(a["src"], dst)
+            copy(a["src"], dst)
     return lower
 
 

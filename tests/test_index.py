@@ -1,0 +1,326 @@
+"""Index/gather and shape families (lower/index.py, lower/mask.py, lower/shape.py) vs the CPU.
+
+Forward and backward against PyTorch's CPU, int64/float32/bool, non-contiguous inputs, negative
+indices; out-of-range indices raise an error naming the op; no CPU fallbacks for these ops; a new
+batch size does not recompile. nonzero, masked_select and x[mask] have data-dependent output
+shapes: they are served by the DYNAMIC hook (tested directly, and through dispatch once wired).
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import eager_neuron
+from eager_neuron.lower.index import DYNAMIC, LOWERINGS
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:(The reduce argument|index_reduce\\(\\) is in beta):UserWarning")
+aten = torch.ops.aten
+D = "neuron"
+OURS = set(LOWERINGS) | set(DYNAMIC)
+
+
+def _ours_fell_back() -> set:
+    return {name for name in eager_neuron.stats()["fallbacks"]
+            if name in OURS or name.split(".")[0] in OURS}
+
+
+@pytest.fixture(autouse=True)
+def no_fallbacks_for_our_ops(request):
+    eager_neuron.reset_stats()
+    yield
+    if request.node.get_closest_marker("xfail") is None:
+        assert not _ours_fell_back(), eager_neuron.stats()["fallbacks"]
+
+
+def dev(x):
+    return x.to(D) if isinstance(x, torch.Tensor) else x
+
+
+def same(fn, *args, exact=True):
+    """fn on the CPU and on neuron give the same result (tuples compared element by element)."""
+    cpu = fn(*args)
+    got = fn(*[dev(a) for a in args])
+    cpu = cpu if isinstance(cpu, tuple) else (cpu,)
+    got = got if isinstance(got, tuple) else (got,)
+    for c, g in zip(cpu, got):
+        assert g.device.type == D
+        if exact:   # bit-exact, NaN equal to NaN
+            torch.testing.assert_close(g.cpu(), c, rtol=0, atol=0, equal_nan=True)
+        else:
+            torch.testing.assert_close(g.cpu(), c)
+
+
+def grads_match(fn, *args):
+    """Forward and the gradients of every float argument match the CPU."""
+    cx = [a.clone().requires_grad_(a.is_floating_point()) for a in args]
+    nx = [dev(a).detach().requires_grad_(a.is_floating_point()) for a in args]
+    out_c, out_n = fn(*cx), fn(*nx)
+    torch.testing.assert_close(out_n.cpu(), out_c)
+    w = torch.randn(out_c.shape)
+    (out_c * w).sum().backward()
+    (out_n * dev(w)).sum().backward()
+    for c, n in zip(cx, nx):
+        if c.grad is not None:
+            torch.testing.assert_close(n.grad.cpu(), c.grad)
+
+
+X = torch.randn(6, 7)
+XT = torch.randn(7, 6).t()                     # non-contiguous
+IDX = torch.tensor([0, 3, 3, -1, 5])             # negative index: valid for advanced indexing
+G = torch.randint(0, 7, (6, 4))
+
+
+# -- reads ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
+def test_embedding_index_select_gather(dtype):
+    w = (torch.randn(10, 5) * 10).to(dtype)
+    ids = torch.randint(0, 10, (3, 4))
+    same(lambda w, i: F.embedding(i, w), w, ids)
+    same(lambda x, i: x.index_select(1, i), w, torch.tensor([4, 0, 4]))
+    same(lambda x, i: x.gather(1, i), w, torch.randint(0, 5, (10, 3)))
+    if dtype == torch.float32:   # non-contiguous operands (one more kernel layout each)
+        same(lambda w, i: F.embedding(i, w), w.t().contiguous().t(), ids.t())
+        same(lambda x, i: x.index_select(0, i), w[:, ::2], torch.tensor(7))
+        same(lambda x, i: x.gather(0, i), w.t(), torch.randint(0, 5, (2, 10)))
+
+
+def test_gather_take_along_dim_and_3d():
+    x = torch.randn(3, 4, 5).transpose(0, 2)
+    same(lambda x, i: x.gather(1, i), x, torch.randint(0, 4, (5, 2, 3)))
+    same(lambda x, i: torch.take_along_dim(x, i, 2), x, torch.randint(0, 3, (5, 4, 1)))
+
+
+def test_advanced_index():
+    x = torch.randn(4, 5, 6)
+    i, j = torch.tensor([[0, -1], [2, 3]]), torch.tensor([1, -2])
+    cases = [
+        [i], [None, j], [i, j], [None, None, j],       # adjacent: result keeps their place
+        [i, None, j],                                   # split: broadcast dims go first
+        [torch.tensor(2), None, j],
+    ]
+    for idx in cases:
+        for src in (x, x.transpose(0, 2).contiguous().transpose(0, 2)):
+            same(lambda s, *ix: aten.index.Tensor(s, list(ix)), src, *idx)
+    same(lambda x, i: x[i], X, IDX)
+    same(lambda x, i: x[:, i.int()], XT, IDX)
+    same(lambda x, i: x[1:, i], X > 0, IDX)
+
+
+def test_boolean_mask_index_nonzero_masked_select():
+    x = torch.randn(4, 5, 3)
+    m = x[..., 0] > 0
+    same(lambda x, m: x[m], x, m)
+    same(lambda x, m: x[:, m[0]], x, m)
+    same(lambda x, m: x[m[:, 0], :, -1], x, m)
+    same(lambda x: x[x > 0], x.transpose(0, 1))
+    for t in (x, x > 0, x > 9, torch.tensor(1.5), x.to(torch.bfloat16)):
+        cpu, got = torch.nonzero(t), torch.nonzero(dev(t))
+        assert got.stride() == cpu.stride()   # column-major, as the CPU
+        assert torch.equal(got.cpu(), cpu)
+    same(lambda x: torch.where(x > 0.5), x)
+    same(lambda x: torch.masked_select(x, x > 0.5), x)
+    same(lambda x, m: torch.masked_select(x, m), x.int(), x[0, :, :1] > 0)
+    same(lambda x, m: torch.masked_select(x, m), x.to(torch.bfloat16), x > 0)
+    for size in (0, 3, 200):
+        same(lambda x, n=size: torch.nonzero_static(x, size=n, fill_value=-7), x > 0)
+
+
+# -- writes ---------------------------------------------------------------------------------------
+
+def test_index_put():
+    x, v = torch.randn(5, 6), torch.randn(5, 3)
+    v6 = torch.randn(3, 6).t()
+    dup = torch.tensor([0, 2, 2])
+    for acc in (False, True):
+        same(lambda x, i, v, acc=acc: aten.index_put(x, [None, i], v, acc), x, dup, v)
+        same(lambda x, i, v, acc=acc: aten.index_put(x, [i, i], v[0], acc), x, dup, v)
+        same(lambda x, i, acc=acc: aten.index_put(x, [i], x[0, 0], acc), x, torch.tensor([-1]))
+        same(lambda x, i, v, acc=acc: aten.index_put(x.t(), [None, i], v, acc), x, dup, v6)
+    xi = (x * 10).long()
+
+    def setitem(x, i, v):
+        x = x.clone()
+        x[:, i] = v
+        x[x > 1] = v[0, 0]
+        x[x < -1] = torch.arange(int((x < -1).sum()), dtype=x.dtype, device=x.device)
+        return x
+    same(setitem, x, dup, v)
+    same(setitem, xi, dup, (v * 10).long())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
+def test_scatter_variants(dtype):
+    x = (torch.randn(4, 6) * 5).to(dtype)
+    src = (torch.randn(4, 6) * 5).to(dtype)
+    i = torch.randint(0, 6, (4, 3))
+    same(lambda x, i, s: x.scatter(1, i, s), x, i, src)
+    same(lambda x, i: x.scatter(1, i, 1), x, i)
+    if dtype == torch.float32:
+        same(lambda x, i, s: x.t().scatter(0, i.t(), s.t()), x, i, src)
+    if dtype != torch.bool:
+        same(lambda x, i, s: x.scatter_add(1, i, s), x, i, src, exact=False)
+        same(lambda x, i, s: x.scatter(1, i, s, reduce="multiply"), x, i, src, exact=False)
+        same(lambda x, i: x.scatter(1, i, 2, reduce="add"), x, i)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_scatter_reduce(dtype):
+    x = (torch.randn(3, 8) * 5).to(dtype)
+    src = (torch.randn(3, 10) * 5).to(dtype)
+    i = torch.randint(0, 8, (3, 10))
+    for include_self in (True, False):
+        for red in ("sum", "prod", "mean", "amax", "amin"):
+            same(lambda x, i, s, r=red, inc=include_self: x.scatter_reduce(1, i, s, r,
+                                                                           include_self=inc),
+                 x, i, src, exact=dtype != torch.float32)
+    nan = torch.tensor([[1., float("nan"), 3.]])
+    same(lambda x, i, s: x.scatter_reduce(1, i, s, "amax"), nan, torch.tensor([[0, 0, 2]]), nan)
+
+
+def test_index_add_masked_scatter_and_inplace():
+    x, s = torch.randn(5, 4), torch.randn(5, 3)
+    same(lambda x, i, s: x.index_add(1, i, s, alpha=2.0), x, torch.tensor([3, 0, 3]), s,
+         exact=False)
+    same(lambda x, i, s: x.index_add(0, i, s.t()), x.t(), torch.tensor([1, 1, 0]), s,
+         exact=False)
+    same(lambda x, m, s: x.masked_scatter(m, s), x, x > 0, torch.randn(30))
+    same(lambda x, m, s: x.masked_scatter(m, s), x, x[0] > 0, torch.randn(6, 5).t())
+
+    def inplace(x, i, s):
+        y = x.clone()
+        y.index_add_(0, i, s)
+        y.scatter_(1, (i[1:] + 3).view(1, 2).expand(5, 2), 9.0)
+        y.masked_scatter_(y > 1, s.flatten())
+        return y
+    same(inplace, x, torch.tensor([4, 0, 0]), torch.randn(3, 4), exact=False)
+    for acc in (False, True):
+        same(lambda x, i, s, acc=acc: x.put(i, s, accumulate=acc), x, torch.tensor([0, -1, 7, 7]),
+             torch.randn(4), exact=False)
+    for red in ("prod", "mean", "amax", "amin"):
+        same(lambda x, i, s, r=red: x.index_reduce(0, i, s, r, include_self=False), x,
+             torch.tensor([4, 0, 0]), torch.randn(3, 4), exact=False)
+
+
+# -- shape ops ------------------------------------------------------------------------------------
+
+SHAPE_OPS = [
+    lambda t: t.flip(0, -1),
+    lambda t: t.roll((2, -1), (0, 2)),
+    lambda t: t.roll(7),
+    lambda t: t.repeat(2, 1, 1, 3),
+    lambda t: F.pad(t, (1, 2, 0, -1), value=1),
+    lambda t: t.tril(1),
+    lambda t: t.triu(-1),
+    lambda t: torch.cat([t, t[:1]], 0),
+    lambda t: torch.cat([t[:, :2], t], -2),
+    lambda t: torch.stack([t, t], 1),
+    lambda t: torch.slice_scatter(t, t[:, :2], 1, 1, 4, 2),
+    lambda t: torch.select_scatter(t, t[:, 0], 1, 2),
+    lambda t: torch.diagonal_scatter(t, t.flip(0).diagonal(1, 0, 1), 1, 0, 1),
+]
+
+
+def test_shape_ops():
+    x = torch.randn(4, 5, 3) * 5
+    for t in (x, x.transpose(0, 2), x.long(), x > 0):
+        for fn in SHAPE_OPS:
+            same(fn, t)
+
+
+def test_cat_mixed_dtypes_and_legacy_empty():
+    a, b = torch.randn(2, 3), torch.arange(6).view(2, 3)
+    same(lambda a, b: torch.cat([a, b, b > 2], 1), a, b)
+    same(lambda a, b: torch.cat([torch.empty(0), a, b], 0), a, b)
+    same(lambda a: torch.cat([a[:, :0], a], 1), a)
+
+
+def test_sort_topk_stable_with_ties_and_nan():
+    x = torch.tensor([[3., 1., float("nan"), 1., -2., 3.], [0., 0., 5., -1., float("nan"), 0.]])
+    for desc in (False, True):
+        same(lambda x, d=desc: torch.sort(x, stable=True, descending=d), x)
+        same(lambda x, d=desc: torch.sort(x.t(), dim=0, stable=True, descending=d), x)
+        same(lambda x, d=desc: torch.argsort(x, stable=True, descending=d), x)
+    same(lambda x: torch.sort(x, stable=True), torch.randint(0, 3, (4, 9)))
+    y = torch.randn(5, 40)
+    same(lambda y: torch.topk(y, 4), y)
+    same(lambda y: torch.topk(y, 3, dim=0, largest=False), y)
+
+
+# -- backward -------------------------------------------------------------------------------------
+
+def test_backward():
+    w, ids = torch.randn(10, 4), torch.tensor([[1, 2, 0], [3, 1, 9]])
+    grads_match(lambda w, i: F.embedding(i, w, padding_idx=0), w, ids)
+    grads_match(lambda w, i: F.embedding(i, w, scale_grad_by_freq=True), w, ids)
+    grads_match(lambda x, i: x.gather(1, i), X, G)
+    grads_match(lambda x, i: x.index_select(1, i), XT, torch.tensor([0, 2, 2]))
+    grads_match(lambda x: torch.cat([x, x * 2, x[:1]], 0), X)
+    grads_match(lambda x: torch.topk(x, 2)[0], X)
+    grads_match(lambda x: F.pad(x.flip(1), (1, 2)), X)
+    grads_match(lambda x, t: F.cross_entropy(x, t), X, torch.tensor([1, 2, 3, 4, 5, 6]))
+
+
+def test_index_backward():
+    grads_match(lambda x, i: x[:, i], X, IDX)
+    grads_match(lambda x: x[x > 0], X)
+    grads_match(lambda x, s: x.masked_scatter(x > 0, s), X, torch.randn(50))
+    grads_match(lambda x, i: torch.take(x, i), X, torch.tensor([[0, 5], [41, 5]]))
+
+
+def test_half_goes_through():
+    x = torch.randn(4, 6).to(torch.bfloat16)
+    same(lambda x, i: x.gather(1, i), x, G[:4] % 6)
+    same(lambda x: torch.cat([x, x], 0), x)
+    same(lambda x, i: x.index_put((i,), x[0, 0]), x, torch.tensor([1, 3]))
+    same(lambda x: torch.sort(x, stable=True), x)
+
+
+# -- errors, fallbacks, recompiles ----------------------------------------------------------------
+
+BAD = [
+    ("aten::embedding", lambda x: F.embedding(dev(torch.tensor([[1, 10]])), x)),
+    ("aten::embedding", lambda x: F.embedding(dev(torch.tensor([-1])), x)),
+    ("aten::index_select", lambda x: x.index_select(1, dev(torch.tensor([0, 7])))),
+    ("aten::gather", lambda x: x.gather(1, dev(torch.tensor([[7]])))),
+    ("aten::scatter", lambda x: x.scatter(1, dev(torch.tensor([[-1]])), 1.0)),
+    ("aten::index_add", lambda x: x.index_add(0, dev(torch.tensor([6])), x[:1])),
+    ("aten::index_put", lambda x: x.index_put((dev(torch.tensor([-7])),), x[0, 0])),
+]
+
+
+@pytest.mark.parametrize("op,fn", BAD, ids=[f"{op}{i}" for i, (op, _) in enumerate(BAD)])
+def test_out_of_range_raises_naming_the_op(op, fn):
+    x = dev(X)
+    with pytest.raises((IndexError, eager_neuron.KernelError), match=f"{op}.*out of bounds"):
+        fn(x)
+
+
+def test_failed_inplace_put_leaves_self_untouched():
+    x = dev(X)
+    with pytest.raises((IndexError, eager_neuron.KernelError), match="out of bounds"):
+        x.index_put_((dev(torch.tensor([0, 9])),), dev(torch.tensor(5.0)))
+    assert torch.equal(x.cpu(), X)
+    with pytest.raises(IndexError, match="aten::index.*out of bounds"):
+        x[dev(torch.tensor([6]))]
+    with pytest.raises(IndexError, match="shape of the mask"):
+        x[dev(torch.tensor([True, False]))]
+
+
+def test_new_batch_size_does_not_recompile():
+    def step(b):
+        w = torch.randn(50, 8, device=D, requires_grad=True)
+        ids = dev(torch.randint(0, 50, (b, 5)))
+        h = F.embedding(ids, w)
+        h = torch.cat([h, h.flip(1)], 1)
+        h = F.pad(h, (0, 1)).gather(2, dev(torch.randint(0, 9, (b, 10, 3))))
+        h = h.scatter_add(1, dev(torch.randint(0, 10, (b, 2, 3))), h[:, :2])
+        h = h.index_select(0, dev(torch.arange(b - 1, -1, -1)))
+        v, _ = torch.topk(h, 2, dim=1)
+        v.sum().backward()
+    step(4)
+    before = eager_neuron.stats()["compiles"]
+    step(7)
+    step(13)
+    assert eager_neuron.stats()["compiles"] == before
