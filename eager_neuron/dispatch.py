@@ -400,8 +400,9 @@ def _run_kernel(func, plan, args, kwargs, mode):
             flush(f"non-fusible op {plan.name}")
         _adaptive.ARMED[0] = plan.lower in _fusible()
     try:
-        if any(isinstance(o, torch.Tensor) and o.dtype in HALF for o in outs) or any(
-                isinstance(v, torch.Tensor) and v.dtype in HALF for v in a.values()):
+        if not getattr(plan.lower, "handles_half", False) and (
+                any(isinstance(o, torch.Tensor) and o.dtype in HALF for o in outs) or
+                any(isinstance(v, torch.Tensor) and v.dtype in HALF for v in a.values())):
             from .lower.half import run_upcast
 
             run_upcast(func, plan, a, outs)
