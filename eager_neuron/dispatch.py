@@ -97,11 +97,19 @@ def alloc(index: int | None, shape, stride, dtype) -> tuple[torch.Tensor, object
         extent = 0
     else:
         extent = 1 + sum((sz - 1) * st for sz, st in zip(shape, stride))
-    itemsize = torch._utils._element_size(dtype)
-    block = SIM.alloc(index, extent * itemsize)
-    data = torch.empty(0, dtype=dtype).set_(block.storage, 0, shape, stride) if extent else \
-        torch.empty_strided(shape, stride, dtype=dtype)
+    itemsize = _ITEMSIZE.get(dtype) or _ITEMSIZE.setdefault(dtype, dtype.itemsize)
+    nbytes = extent * itemsize
+    if nbytes < _POOLED_BYTES:
+        # small: the host allocator is cheap; the block only accounts the bytes
+        block = SIM.core(index).alloc(nbytes, want_storage=False)
+        return torch.empty_strided(shape, stride, dtype=dtype), block
+    block = SIM.core(index).alloc(nbytes)
+    data = torch.empty(0, dtype=dtype).set_(block.storage, 0, shape, stride)
     return data, block
+
+
+_ITEMSIZE: dict = {}
+_POOLED_BYTES = 1 << 16   # from here up, buffers come from the core's caching pool
 
 
 def wrap(data: torch.Tensor, block, index: int | None):

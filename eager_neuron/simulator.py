@@ -148,7 +148,7 @@ class Core:
             else:
                 self.reserved -= nbytes
 
-    def alloc(self, nbytes: int) -> Block:
+    def alloc(self, nbytes: int, want_storage: bool = True) -> Block:
         """A block of at least nbytes, from the pool or fresh; OutOfMemoryError if it cannot fit.
 
         On OOM nothing changes except the OOM counter: existing tensors stay intact.
@@ -179,7 +179,7 @@ class Core:
             self.peak = max(self.peak, self._allocated)
             self.alloc_count += 1
             self.alloc_bytes_total += size
-        if storage is None:
+        if storage is None and (want_storage or size >= _POOL_MIN_BYTES):
             storage = torch.UntypedStorage(size)
         return Block(self, size, storage)
 
