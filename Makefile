@@ -29,7 +29,7 @@ bench: $(STAMP)
 	$(VPY) tools/bench.py
 
 coverage: $(TSTAMP)
-	$(VPY) tools/coverage.py
+	$(VPY) tools/op_coverage.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
