@@ -444,3 +444,368 @@ def _zeta(x, q):
     return s
 '''
     return zeta + "\n" + _special_for("np.float32") + "\n" + _special_for("np.float64")
+
+
+# Orthogonal polynomials (x, n): ATen's *_polynomial_*_forward, n truncated to int64. `T(` is
+# replaced by the float type; `_SUF` by its name.
+_POLYNOMIALS = '''
+@njit(inline="always", error_model="numpy")
+def _cheb_t_SUF(x, nf):
+    n = np.int64(nf)
+    if n < 0:
+        return T(0.0)
+    if abs(x) == T(1.0):
+        if x > T(0.0) or n % 2 == 0:
+            return T(1.0)
+        return T(-1.0)
+    if n > 6 and abs(x) < T(1.0):
+        return math.cos(T(n) * math.acos(x))
+    if n == 0:
+        return T(1.0)
+    if n == 1:
+        return x
+    p = T(1.0)
+    q = x
+    r = x
+    k = 2
+    while k <= n and not q != q:
+        r = (x + x) * q - p
+        p = q
+        q = r
+        k += 1
+    return r
+
+@njit(inline="always", error_model="numpy")
+def _cheb_u_SUF(x, nf):
+    n = np.int64(nf)
+    if n < 0:
+        return T(0.0)
+    if abs(x) == T(1.0):
+        if x > T(0.0) or n % 2 == 0:
+            return T(n + 1)
+        return T(-(n + 1))
+    if n > 8 and abs(x) < T(1.0):
+        if math.sin(math.acos(x)) != T(0.0):
+            return math.sin(T(n + 1) * math.acos(x)) / math.sin(math.acos(x))
+        return T(n + 1) * math.cos(T(n + 1) * math.acos(x)) / x
+    if n == 0:
+        return T(1.0)
+    if n == 1:
+        return x + x
+    p = T(1.0)
+    q = x + x
+    r = T(0.0)
+    k = 2
+    while k <= n and not q != q:
+        r = (x + x) * q - p
+        p = q
+        q = r
+        k += 1
+    return r
+
+@njit(inline="always", error_model="numpy")
+def _cheb_v_SUF(x, nf):
+    n = np.int64(nf)
+    if n < 0:
+        return T(0.0)
+    if abs(x) == T(1.0):
+        if x > T(0.0):
+            return T(1.0)
+        if n % 2 == 0:
+            return T(n + n + 1)
+        return T(-(n + n + 1))
+    if n > 8 and abs(x) < T(1.0):
+        if math.sin(math.acos(x) / T(2.0)) != T(1.0):
+            return math.cos((T(n) + T(0.5)) * math.acos(x)) / math.cos(math.acos(x) / T(2.0))
+        if n % 2 == 0:
+            return T(n + n + 1)
+        return T(-(n + n + 1))
+    if n == 0:
+        return T(1.0)
+    if n == 1:
+        return x + x - T(1.0)
+    p = T(1.0)
+    q = x + x - T(1.0)
+    r = T(0.0)
+    k = 2
+    while k <= n and not q != q:
+        r = (x + x) * q - p
+        p = q
+        q = r
+        k += 1
+    return r
+
+@njit(inline="always", error_model="numpy")
+def _cheb_w_SUF(x, nf):
+    n = np.int64(nf)
+    if n < 0:
+        return T(0.0)
+    if abs(x) == T(1.0):
+        if x > T(0.0):
+            return T(n + n + 1)
+        if n % 2 == 0:
+            return T(1.0)
+        return T(-1.0)
+    if n > 8 and abs(x) < T(1.0):
+        if math.cos(math.acos(x) / T(2.0)) != T(1.0):
+            return math.sin((T(n) + T(0.5)) * math.acos(x)) / math.sin(math.acos(x) / T(2.0))
+        if x > T(0.0):
+            return T(n + n + 1)
+        if n % 2 == 0:
+            return T(1.0)
+        return T(-1.0)
+    if n == 0:
+        return T(1.0)
+    if n == 1:
+        return x + x + T(1.0)
+    p = T(1.0)
+    q = x + x + T(1.0)
+    r = T(0.0)
+    k = 2
+    while k <= n and not q != q:
+        r = (x + x) * q - p
+        p = q
+        q = r
+        k += 1
+    return r
+
+@njit(inline="always", error_model="numpy")
+def _hermite_h_SUF(x, nf):
+    if math.isinf(nf) or nf != nf:
+        n = np.int64(-1)
+    else:
+        n = np.int64(nf)
+    if n < 0:
+        return T(0.0)
+    if n == 0:
+        return T(1.0)
+    if n == 1:
+        return x + x
+    if n > HLIMIT:
+        return T(math.nan)
+    p = T(1.0)
+    q = x + x
+    r = T(0.0)
+    k = 2
+    while k < n + n:
+        r = (x + x) * q - T(k) * p
+        p = q
+        q = r
+        k += 2
+    return r
+
+@njit(inline="always", error_model="numpy")
+def _hermite_he_SUF(x, nf):
+    n = np.int64(nf)
+    if n < 0:
+        return T(0.0)
+    if n == 0:
+        return T(1.0)
+    if n == 1:
+        return x
+    if n > HLIMIT:
+        return T(math.nan)
+    p = T(1.0)
+    q = x
+    r = T(0.0)
+    k = 1
+    while k < n:
+        r = x * q - T(k) * p
+        p = q
+        q = r
+        k += 1
+    return r
+
+@njit(inline="always", error_model="numpy")
+def _laguerre_l_SUF(x, nf):
+    n = np.int64(nf)
+    if n < 0:
+        return T(0.0)
+    if abs(x) == T(0.0):
+        return T(1.0)
+    if n == 0:
+        return T(1.0)
+    if n == 1:
+        return T(1.0) - x
+    p = T(1.0)
+    q = T(1.0) - x
+    r = T(0.0)
+    k = 1
+    while k < n and not q != q:
+        r = ((T(k + k) + (T(1.0) - x)) * q - T(k) * p) / T(k + 1)
+        p = q
+        q = r
+        k += 1
+    return r
+
+@njit(inline="always", error_model="numpy")
+def _legendre_p_SUF(x, nf):
+    n = np.int64(nf)
+    if n < 0:
+        return T(0.0)
+    if abs(x) == T(1.0):
+        if x > T(0.0) or n % 2 == 0:
+            return T(1.0)
+        return T(-1.0)
+    if n == 0:
+        return T(1.0)
+    if n == 1:
+        return x
+    p = T(1.0)
+    q = x
+    r = T(0.0)
+    k = 1
+    while k < n and not q != q:
+        r = (T(k + k + 1) * x * q - T(k) * p) / T(k + 1)
+        p = q
+        q = r
+        k += 1
+    return r
+
+@njit(inline="always", error_model="numpy")
+def _scheb_t_SUF(x, nf):
+    n = np.int64(nf)
+    if n < 0:
+        return T(0.0)
+    if x == T(1.0):
+        return T(1.0)
+    if x == T(0.0):
+        if n % 2 == 0:
+            return T(1.0)
+        return T(-1.0)
+    y = x + x - T(1.0)
+    if n > 6 and abs(y) < T(1.0):
+        return math.cos(T(n) * math.acos(y))
+    if n == 0:
+        return T(1.0)
+    if n == 1:
+        return y
+    p = T(1.0)
+    q = y
+    r = T(0.0)
+    k = 2
+    while k <= n and not q != q:
+        r = (y + y) * q - p
+        p = q
+        q = r
+        k += 1
+    return r
+
+@njit(inline="always", error_model="numpy")
+def _scheb_u_SUF(x, nf):
+    n = np.int64(nf)
+    if n < 0:
+        return T(0.0)
+    if x == T(1.0):
+        return T(n + 1)
+    if x == T(0.0):
+        if n % 2 == 0:
+            return T(n + 1)
+        return T(-(n + 1))
+    y = x + x - T(1.0)
+    if n > 6 and abs(y) < T(1.0):
+        if math.sin(math.acos(y)) != T(0.0):
+            return math.sin(T(n + 1) * math.acos(y)) / math.sin(math.acos(y))
+        return T(n + 1) * math.cos(T(n + 1) * math.acos(y)) / y
+    if n == 0:
+        return T(1.0)
+    if n == 1:
+        return y + y
+    p = T(1.0)
+    q = y + y
+    r = T(0.0)
+    k = 2
+    while k <= n and not q != q:
+        r = (y + y) * q - p
+        p = q
+        q = r
+        k += 1
+    return r
+
+@njit(inline="always", error_model="numpy")
+def _scheb_v_SUF(x, nf):
+    n = np.int64(nf)
+    if n < 0:
+        return T(0.0)
+    if x == T(1.0):
+        return T(1.0)
+    if x == T(0.0):
+        if n % 2 == 0:
+            return T(n + n + 1)
+        return T(-(n + n + 1))
+    y = x + x - T(1.0)
+    if n > 6 and abs(y) < T(1.0):
+        if math.sin(math.acos(y) / T(2.0)) != T(1.0):
+            return math.cos((T(n) + T(0.5)) * math.acos(y)) / math.cos(math.acos(y) / T(2.0))
+        if n % 2 == 0:
+            return T(n + n + 1)
+        return T(-(n + n + 1))
+    if n == 0:
+        return T(1.0)
+    if n == 1:
+        return y + y - T(1.0)
+    p = T(1.0)
+    q = y + y - T(1.0)
+    r = T(0.0)
+    k = 2
+    while k <= n and not q != q:
+        r = (y + y) * q - p
+        p = q
+        q = r
+        k += 1
+    return r
+
+@njit(inline="always", error_model="numpy")
+def _scheb_w_SUF(x, nf):
+    n = np.int64(nf)
+    if n < 0:
+        return T(0.0)
+    if x == T(1.0):
+        return T(n + n + 1)
+    if x == T(0.0):
+        if n % 2 == 0:
+            return T(1.0)
+        return T(-1.0)
+    y = x + x - T(1.0)
+    if n > 4 and abs(y) < T(1.0):
+        if math.cos(math.acos(y) / T(2.0)) != T(1.0):
+            return math.sin((T(n) + T(0.5)) * math.acos(y)) / math.sin(math.acos(y) / T(2.0))
+        if n % 2 == 0:
+            return T(1.0)
+        return T(-1.0)
+    if n == 0:
+        return T(1.0)
+    if n == 1:
+        return y + y + T(1.0)
+    p = T(1.0)
+    q = y + y + T(1.0)
+    r = T(0.0)
+    k = 2
+    while k <= n and not q != q:
+        r = (y + y) * q - p
+        p = q
+        q = r
+        k += 1
+    return r
+
+@njit(inline="always", error_model="numpy")
+def _sph_bessel_j0_SUF(x):
+    if math.isinf(x):
+        return T(0.0)
+    if abs(x) < T(0.5):
+        xx = x * x
+        return T(1.0) + xx * (T(-1.0) / T(6.0) + xx * (T(1.0) / T(120.0) + xx * (T(-1.0)
+            / T(5040.0) + xx * (T(1.0) / T(362880.0) + xx * (T(-1.0) / T(39916800.0) + xx
+            * (T(1.0) / T(6227020800.0)))))))
+    return math.sin(x) / x
+'''
+
+
+def polynomial_prelude() -> str:
+    import re
+
+    out = []
+    for T, limit in (("np.float32", 128), ("np.float64", 512)):
+        src = re.sub(r"(?<![\w.])T\(", f"{T}(", _POLYNOMIALS)
+        out.append(src.replace("_SUF", "_" + T.split(".")[1]).replace("HLIMIT", str(limit)))
+    return "\n".join(out)

@@ -78,6 +78,20 @@ OPS: dict = {
     "aten::special_i1e": ("_i1e(self)", "out"),
     "aten::erfinv": ("_erfinv(self)", "out"),
     "aten::special_ndtri": ("_ndtri(self)", "out"),
+    # orthogonal polynomials P_n(x), n truncated to an integer (kernels/elementwise.py)
+    "aten::special_chebyshev_polynomial_t": ("_cheb_t(x, n)", "out"),
+    "aten::special_chebyshev_polynomial_u": ("_cheb_u(x, n)", "out"),
+    "aten::special_chebyshev_polynomial_v": ("_cheb_v(x, n)", "out"),
+    "aten::special_chebyshev_polynomial_w": ("_cheb_w(x, n)", "out"),
+    "aten::special_shifted_chebyshev_polynomial_t": ("_scheb_t(x, n)", "out"),
+    "aten::special_shifted_chebyshev_polynomial_u": ("_scheb_u(x, n)", "out"),
+    "aten::special_shifted_chebyshev_polynomial_v": ("_scheb_v(x, n)", "out"),
+    "aten::special_shifted_chebyshev_polynomial_w": ("_scheb_w(x, n)", "out"),
+    "aten::special_hermite_polynomial_h": ("_hermite_h(x, n)", "out"),
+    "aten::special_hermite_polynomial_he": ("_hermite_he(x, n)", "out"),
+    "aten::special_laguerre_polynomial_l": ("_laguerre_l(x, n)", "out"),
+    "aten::special_legendre_polynomial_p": ("_legendre_p(x, n)", "out"),
+    "aten::special_spherical_bessel_j0": ("_sph_bessel_j0(x)", "out"),
     "aten::angle": ("self if self != self else (T(math.pi) if self < 0 else T(0))", "out"),
     "aten::floor": ("np.floor(self)", "out"),
     "aten::ceil": ("np.ceil(self)", "out"),
@@ -421,9 +435,11 @@ _HELPERS = ("_div_trunc", "_div_floor", "_rem", "_fmod", "_pow", "_shl", "_shr",
 _HELPER_RE = re.compile(r"\b(" + "|".join(_HELPERS) + r")\(")
 # special functions (kernels/elementwise.py special_prelude): one copy per float type, their
 # source is added to a kernel only when its expression calls one
-SPECIAL_PRELUDE = kew.special_prelude()
+SPECIAL_PRELUDE = kew.special_prelude() + "\n" + kew.polynomial_prelude()
 _SPECIALS = ("_digamma", "_trigamma", "_polygamma", "_zeta", "_i0", "_i0e", "_i1", "_i1e",
-             "_erfinv", "_ndtri")
+             "_erfinv", "_ndtri", "_cheb_t", "_cheb_u", "_cheb_v", "_cheb_w", "_scheb_t",
+             "_scheb_u", "_scheb_v", "_scheb_w", "_hermite_h", "_hermite_he", "_laguerre_l",
+             "_legendre_p", "_sph_bessel_j0")
 _SPECIAL_RE = re.compile(r"\b(" + "|".join(_SPECIALS) + r")\(")
 # the preludes are part of the kernels' source: their hash is part of every kernel's key
 PRELUDE_ID = hashlib.sha1((PRELUDE + SPECIAL_PRELUDE).encode()).hexdigest()[:10]
