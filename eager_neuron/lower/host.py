@@ -176,13 +176,23 @@ def host_compute(func, args, kwargs, mode):
     out = func(*uargs, **ukw)
     if index is None:
         return out
-    if written:  # out= factories (arange.start_out, ...) wrote into the device buffer
-        _charge(index, uargs[0] if isinstance(uargs[0], torch.Tensor) else out)
-        return d._original(func, args, kwargs, written[0]) if plan.ret_alias and \
-            plan.ret_alias[0] else out
+    # 1. written arguments (out= factories, rrelu_with_noise's noise) already hold the result in
+    #    device memory: charge the transfer, hand back the caller's own tensor
+    for name in written:
+        _charge(index, d._original(func, args, kwargs, name))
+    # 2. fresh results travel to the device
     leaves, spec = tree_flatten(out)
-    return tree_unflatten([to_device(v, index) if isinstance(v, torch.Tensor) else v
-                           for v in leaves], spec)
+    aliases = plan.ret_alias if plan is not None else ()
+    moved = []
+    for i, v in enumerate(leaves):
+        target = aliases[i] if i < len(aliases) else None
+        if target is not None:
+            moved.append(d._original(func, args, kwargs, target))
+        elif isinstance(v, torch.Tensor):
+            moved.append(to_device(v, index))
+        else:
+            moved.append(v)
+    return tree_unflatten(moved, spec)
 
 
 def native_dropout(func, args, kwargs, mode):
@@ -263,6 +273,7 @@ HOST_COMPUTE = [
     "aten::eye", "aten::scalar_tensor", "aten::poisson", "aten::_standard_gamma",
     "aten::randint_like", "aten::rand_like", "aten::randn_like", "aten::normal_functional",
     "aten::tensor", "aten::full", "aten::zeros", "aten::ones",
+    "aten::rrelu_with_noise",   # draws into `noise` (a device buffer) and returns the output
 ]
 
 HOST = {
