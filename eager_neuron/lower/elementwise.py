@@ -649,7 +649,8 @@ def lower_elementwise(func, a: dict, outs: list, op_name: str) -> None:
                                 (arrays[0], out), operands, tuple(scalar_vals), n):
                 return
         else:
-            _adaptive.flush("strided or broadcast operand")
+            _adaptive.flush("special function" if spec.special else
+                            "strided or broadcast operand")
 
     special = spec.special
 
