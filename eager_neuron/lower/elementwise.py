@@ -772,6 +772,36 @@ def lower_gru_cell_backward(func, a, outs) -> None:
                               ghb if has_bias else None, ghy, ws), ghy.numel())
 
 
+def _gru_cell_meta(input_gates, hidden_gates, hx, input_bias=None, hidden_bias=None):
+    # shapes as ATen's cuda/RNN.cu: hy like hx, workspace [B, 5H]
+    return (torch.empty_like(hx, memory_format=torch.contiguous_format),
+            input_gates.new_empty((hx.shape[0], 5 * hx.shape[1])))
+
+
+def _gru_cell_backward_meta(grad_hy, workspace, has_bias):
+    b, h = grad_hy.shape
+    gates = grad_hy.new_empty((b, 3 * h))
+    bias = grad_hy.new_empty((3 * h,)) if has_bias else None
+    return (gates, grad_hy.new_empty((b, 3 * h)), torch.empty_like(grad_hy), bias,
+            None if bias is None else grad_hy.new_empty((3 * h,)))
+
+
+def _register_missing_metas() -> None:
+    """PyTorch has no Meta kernel for the fused GRU cell (dispatch needs output shapes)."""
+    global _META_LIB
+    for name, fn in (("_thnn_fused_gru_cell", _gru_cell_meta),
+                     ("_thnn_fused_gru_cell_backward", _gru_cell_backward_meta)):
+        op = getattr(torch.ops.aten, name).default
+        if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "Meta"):
+            continue
+        if _META_LIB is None:
+            _META_LIB = torch.library.Library("aten", "IMPL")
+        _META_LIB.impl(name, fn, "Meta")
+
+
+_META_LIB = None
+_register_missing_metas()
+
 LOWERINGS.update({
     "aten::_thnn_fused_lstm_cell": lower_lstm_cell,
     "aten::_thnn_fused_lstm_cell_backward_impl": lower_lstm_cell_backward,
