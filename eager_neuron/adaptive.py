@@ -251,6 +251,7 @@ def _launch_group(g: _Group, reason: str) -> None:
     from .kernels import compile as kc
     from .kernels import fused as kf
     from .launch import launch
+    from .kernels.vmath import VMATH_PRELUDE, needs_vmath
     from .lower.elementwise import PARALLEL_MIN, PRELUDE
 
     spec = _spec(g)
@@ -262,7 +263,8 @@ def _launch_group(g: _Group, reason: str) -> None:
 
     def render():
         src, name = kf.render(spec, parallel)
-        return PRELUDE + src, name
+        vm = VMATH_PRELUDE if needs_vmath(src) else ""
+        return vm + PRELUDE + _special_prelude(src) + src, name
 
     try:
         launch(("fused", spec, parallel), render, args, flops=float(numel * g.n_nodes),
@@ -309,6 +311,13 @@ def _run_one_by_one(g: _Group) -> None:
         args = tuple(b.arr for b in g.bufs) + tuple(g.scalars)
         launch(("fused", spec, False), lambda: (lambda s: (PRELUDE + s[0], s[1]))(
             kf.render(spec, False)), args)
+
+
+def _special_prelude(src: str) -> str:
+    from .lower import elementwise as ew
+
+    special = getattr(ew, "SPECIAL_PRELUDE", "")
+    return special if special and getattr(ew, "_SPECIAL_RE").search(src) else ""
 
 
 def recording() -> bool:

@@ -26,6 +26,7 @@ import torch
 
 from ..kernels import compile as kc
 from ..kernels import elementwise as kew
+from ..kernels import vmath as _vmath
 from ..adaptive import MODULE as _adaptive
 from ..launch import launch
 from .common import NP_TYPE, coalesce
@@ -442,7 +443,8 @@ _SPECIALS = ("_digamma", "_trigamma", "_polygamma", "_zeta", "_i0", "_i0e", "_i1
              "_legendre_p", "_sph_bessel_j0")
 _SPECIAL_RE = re.compile(r"\b(" + "|".join(_SPECIALS) + r")\(")
 # the preludes are part of the kernels' source: their hash is part of every kernel's key
-PRELUDE_ID = hashlib.sha1((PRELUDE + SPECIAL_PRELUDE).encode()).hexdigest()[:10]
+PRELUDE_ID = hashlib.sha1((PRELUDE + SPECIAL_PRELUDE + _vmath.VMATH_PRELUDE).encode()
+                          ).hexdigest()[:10]
 _FLOATS = frozenset({torch.float32, torch.float64})
 
 
@@ -550,8 +552,11 @@ def _build_spec(op_name: str, template: str, rule: str, arg_casts: dict, a: dict
             raise NotImplementedError(f"{op_name}: special functions compute in float32/64")
         expr = _SPECIAL_RE.sub(lambda m: f"{m.group(1)}_{T.split('.')[1]}(", expr)
     expr = re.sub(r"(?<![\w.])T\(", f"{T or 'np.float64'}(", expr)
-    store = "({}) != 0" if out_dtype == torch.bool else f"{NP_TYPE[out_dtype]}({{}})"
     engine = "scalar" if "math." in expr else "vector"
+    if T == "np.float32":
+        # no SVML in PyPI llvmlite: libm calls never vectorize; these polynomials do (1-2 ulp)
+        expr = _vmath.vectorize_math(expr)
+    store = "({}) != 0" if out_dtype == torch.bool else f"{NP_TYPE[out_dtype]}({{}})"
     return _Spec(tensors, scalars, expr, loads, tuple(scalar_casts), store, T,
                  max(1, expr.count("(")), engine, special)
 
@@ -656,7 +661,8 @@ def lower_elementwise(func, a: dict, outs: list, op_name: str) -> None:
 
     def render():
         src, name = kew.render(expr, kinds, rank, loads, scalar_casts, store, parallel)
-        return PRELUDE + (SPECIAL_PRELUDE if special else "") + src, name
+        vm = _vmath.VMATH_PRELUDE if _vmath.needs_vmath(expr) else ""
+        return vm + PRELUDE + (SPECIAL_PRELUDE if special else "") + src, name
 
     launch(("elementwise", op_name, expr, kinds, rank, loads, scalar_casts, store, parallel,
             PRELUDE_ID), render, (*arrays, *scalar_vals), flops=n * spec.flops,
