@@ -64,6 +64,21 @@ def _v_i2f(i):
 
 
 @njit(inline="always", error_model="numpy")
+def _v_exp_finish(r, k):
+    # exp(r) 2^k for |r| <= ln2/2: 1 + r + r^2 P(r) (Cephes expf), then the scale in two exact
+    # halves, so a denormal result rounds once and k = 128 overflows to inf
+    r2 = r * r
+    p = ((np.float32(1.9875691500e-4) * r + np.float32(1.3981999507e-3)) * r2
+         + (np.float32(8.3334519073e-3) * r + np.float32(4.1665795894e-2))) * r2 \\
+        + (np.float32(1.6666665459e-1) * r + np.float32(5.0000001201e-1))
+    y = (p * r2 + r) + np.float32(1.0)
+    k1 = k >> 1
+    s1 = _v_float((k1 + 127) << 23)
+    s2 = _v_float((k - k1 + 127) << 23)
+    return (y * s1) * s2
+
+
+@njit(inline="always", error_model="numpy")
 def _v_exp_core(x):
     # exp(x), no nan fix-up. Clamp to [-104, 89]; k = rint(x/ln2) by adding 1.5*2^23 (the low
     # mantissa bits of t are k); r = x - k ln2 with ln2 = C1 + C2, C1 of 12 bits so k*C1 is exact
@@ -76,15 +91,7 @@ def _v_exp_core(x):
     k = _v_bits(t) - np.int32(0x4B400000)
     r = xc - kf * np.float32(0.693115234375)
     r = r - kf * np.float32(3.19461832987e-05)
-    r2 = r * r
-    p = ((np.float32(1.9875691500e-4) * r + np.float32(1.3981999507e-3)) * r2
-         + (np.float32(8.3334519073e-3) * r + np.float32(4.1665795894e-2))) * r2 \\
-        + (np.float32(1.6666665459e-1) * r + np.float32(5.0000001201e-1))
-    y = (p * r2 + r) + np.float32(1.0)
-    k1 = k >> 1
-    s1 = _v_float((k1 + 127) << 23)
-    s2 = _v_float((k - k1 + 127) << 23)
-    return (y * s1) * s2
+    return _v_exp_finish(r, k)
 
 
 @njit(inline="always", error_model="numpy")
@@ -271,8 +278,7 @@ def _vgelu_tanh(x):
     # 0.5 x (1 + tanh(u)) = x / (1 + exp(-2u)), u = sqrt(2/pi) (x + 0.044715 x^3)
     u2 = (x + np.float32(0.044715) * (x * x * x)) * np.float32(1.5957691216057308)
     y = x / (np.float32(1.0) + _v_exp_core(-u2))
-    return y if x == x else x
-'''
+    return y if x == x else x'''
 
 VMATH_ID = hashlib.sha1(VMATH_PRELUDE.encode()).hexdigest()[:10]
 
