@@ -809,3 +809,16 @@ def polynomial_prelude() -> str:
         src = re.sub(r"(?<![\w.])T\(", f"{T}(", _POLYNOMIALS)
         out.append(src.replace("_SUF", "_" + T.split(".")[1]).replace("HLIMIT", str(limit)))
     return "\n".join(out)
+
+
+def render_frexp(T: str) -> tuple[str, str]:
+    """k(mantissa, exponent, x) over flat arrays: x = mantissa * 2**exponent, |mantissa| in
+    [0.5, 1) (0, inf and nan keep exponent 0, as glibc's frexp)."""
+    name = kernel_name("frexp", T)
+    src = f'''{_CELL_HEADER}def {name}(m, e, x):
+    for i in range(x.shape[0]):
+        mi, ei = math.frexp(x[i])
+        m[i] = {T}(mi)
+        e[i] = ei
+'''
+    return src, name

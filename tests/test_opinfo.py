@@ -183,18 +183,15 @@ def _numel(sample) -> int:
     return sum(t.numel() for t in leaves if isinstance(t, torch.Tensor))
 
 
-def _to_neuron(x, moved: list):
+def _to_neuron(x):
     if isinstance(x, torch.Tensor) and x.device.type == "cpu":
         t = x.detach().to("neuron")
         if x.requires_grad:
             t.requires_grad_(True)
-        moved.append(x)
         return t
     if isinstance(x, torch.device) and x.type == "cpu":
-        moved.append(x)
         return torch.device("neuron")
     if isinstance(x, str) and x == "cpu":
-        moved.append(x)
         return "neuron"
     return x
 
@@ -205,16 +202,13 @@ CPU_ARGS = {"tensor_split": (0,)}
 
 
 def _move_sample(sample, name: str = ""):
-    """(input, args, kwargs, moved) on neuron; device='cpu' arguments become 'neuron'. `moved`
-    is False for a sample with nothing to move (a factory without a device: a CPU call)."""
-    moved: list = []
-    to_neuron = lambda x: _to_neuron(x, moved)  # noqa: E731
-    inp = tree_map(to_neuron, sample.input)
+    """(input, args, kwargs) on neuron; device='cpu' arguments become 'neuron'."""
+    inp = tree_map(_to_neuron, sample.input)
     keep = CPU_ARGS.get(name, ())
-    args = tuple(v if i in keep and isinstance(v, torch.Tensor) else tree_map(to_neuron, v)
+    args = tuple(v if i in keep and isinstance(v, torch.Tensor) else tree_map(_to_neuron, v)
                  for i, v in enumerate(sample.args))
-    kwargs = {k: tree_map(to_neuron, v) for k, v in sample.kwargs.items()}
-    return inp, args, kwargs, bool(moved)
+    kwargs = {k: tree_map(_to_neuron, v) for k, v in sample.kwargs.items()}
+    return inp, args, kwargs
 
 
 def _to_cpu(x):
@@ -293,10 +287,8 @@ def run_sample(op, sample, dtype, do_bwd: bool, atol: float, rtol: float,
         return result
     exp_cpu = tree_map(_to_cpu, expected)
     # 2. the same on neuron
-    inp, args, kwargs, moved = _move_sample(sample, op.name)
-    if not moved:   # nothing on neuron: the sample is a CPU call, not ours to judge
-        return result
     progress("fwd")
+    inp, args, kwargs = _move_sample(sample, op.name)
     before = _fallback_snapshot()
     torch.manual_seed(SEED)
     try:

@@ -808,7 +808,21 @@ def _register_missing_metas() -> None:
 _META_LIB = None
 _register_missing_metas()
 
+def lower_frexp(func, a, outs) -> None:
+    x = a["self"]
+    m, e = outs
+    if x.dtype not in _FLOATS or not (x.is_contiguous() and m.is_contiguous() and
+                                      e.is_contiguous()):
+        raise NotImplementedError("frexp: contiguous float32/float64 tensors only")
+    if x.numel() == 0:
+        return
+    T = NP_TYPE[x.dtype]
+    arrays = [_np(m).reshape(-1), _np(e).reshape(-1), _np(x).reshape(-1)]
+    _cell_launch("aten::frexp", (T,), lambda: kew.render_frexp(T), arrays, x.numel())
+
+
 LOWERINGS.update({
+    "aten::frexp": lower_frexp,
     "aten::_thnn_fused_lstm_cell": lower_lstm_cell,
     "aten::_thnn_fused_lstm_cell_backward_impl": lower_lstm_cell_backward,
     "aten::_thnn_fused_gru_cell": lower_gru_cell,
