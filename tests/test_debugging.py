@@ -132,3 +132,13 @@ def test_values_current_after_inplace(mode):
         y = x * 2
         x.fill_(0)
         assert y.tolist() == [6.0, 6.0, 6.0] and x.tolist() == [0.0, 0.0, 0.0]
+
+
+def test_bfloat16_chain_values_current(mode):
+    # bf16 -> f32 -> op -> bf16: the float32 temporary is read back through an int32 view
+    x = torch.randn(16).bfloat16()
+    with mode():
+        y = x.to("neuron")
+        out = (y.float() * 2 + 1).bfloat16()
+        assert torch.equal(out.cpu(), (x.float() * 2 + 1).bfloat16())
+        assert torch.equal(torch.deg2rad(y).cpu(), torch.deg2rad(x))
