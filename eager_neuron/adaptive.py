@@ -24,6 +24,7 @@ import threading
 import weakref
 
 import numpy as np
+import torch
 
 from .config import config
 from .stats import STATS
@@ -249,10 +250,8 @@ def _spec(g: _Group):
 
 def _launch_group(g: _Group, reason: str) -> None:
     from .kernels import compile as kc
-    from .kernels import fused as kf
     from .launch import launch
-    from .kernels.vmath import VMATH_PRELUDE, needs_vmath
-    from .lower.elementwise import PARALLEL_MIN, PRELUDE
+    from .lower.elementwise import PARALLEL_MIN
 
     spec = _spec(g)
     numel = max(lp.numel for lp in g.loops)
@@ -261,13 +260,8 @@ def _launch_group(g: _Group, reason: str) -> None:
     stored = sum(g.bufs[n[5]].arr.nbytes for lp in spec[0] for n in lp[1] if n[5] is not None)
     loaded = sum(b.arr.nbytes for b in g.bufs if b.read_in)
 
-    def render():
-        src, name = kf.render(spec, parallel)
-        vm = VMATH_PRELUDE if needs_vmath(src) else ""
-        return vm + PRELUDE + _special_prelude(src) + src, name
-
     try:
-        launch(("fused", spec, parallel), render, args, flops=float(numel * g.n_nodes),
+        launch(("fused", spec, parallel), _renderer(spec, parallel), args, flops=float(numel * g.n_nodes),
                bytes_moved=float(stored + loaded), engine="vector",
                extra={"group_ops": g.n_nodes, "flush_reason": reason})
     except Exception as exc:  # a fused kernel that fails falls back to op-by-op, counted
@@ -282,35 +276,38 @@ def _launch_group(g: _Group, reason: str) -> None:
 
 
 def _run_one_by_one(g: _Group) -> None:
-    """Replay the group as single-node groups, in program order."""
+    """Replay the group node by node, in program order (after a fused kernel failed)."""
+    from .launch import launch
+
+    args = tuple(b.arr for b in g.bufs) + tuple(g.scalars)
     order = sorted((n[7], li, n) for li, lp in enumerate(g.loops) for n in lp.nodes)
     for _id, li, node in order:
-        single = _Group()
-        single.bufs = g.bufs
         expr, loads, store, ops, scal, out_idx, reduce, _ = node
-        ops = [("buf", j) if k == "val" else (k, j) for k, j in ops]
         # a "val" operand refers to a node of the same loop: its buffer holds the value now
         fixed = []
-        for (kind, ref), orig in zip(ops, node[3]):
-            if orig[0] == "val":
-                writer = [n for n in g.loops[li].nodes if n[7] == orig[1]][0]
+        for kind, ref in ops:
+            if kind == "val":
+                writer = [n for n in g.loops[li].nodes if n[7] == ref][0]
                 fixed.append(("buf", writer[5]))
             else:
                 fixed.append((kind, ref))
-        size = g.loops[li].size_buf
-        single.loops = [_Loop(g.loops[li].numel, size)]
-        single.loops[0].nodes = [[expr, loads, store, fixed, scal, out_idx, reduce, 0]]
-        single.scalars, single.scalar_casts = g.scalars, g.scalar_casts
-        single.n_nodes = 1
-        spec = (((size, ((expr, loads, store, tuple(fixed), scal, out_idx, reduce, 0),)),),
+        spec = (((g.loops[li].size_buf,
+                  ((expr, loads, store, tuple(fixed), scal, out_idx, reduce, 0),)),),
                 len(g.bufs), tuple(g.scalar_casts))
-        from .kernels import fused as kf
-        from .launch import launch
-        from .lower.elementwise import PRELUDE
+        launch(("fused", spec, False), _renderer(spec, False), args)
 
-        args = tuple(b.arr for b in g.bufs) + tuple(g.scalars)
-        launch(("fused", spec, False), lambda: (lambda s: (PRELUDE + s[0], s[1]))(
-            kf.render(spec, False)), args)
+
+def _renderer(spec: tuple, parallel: bool):
+    """render() for launch: the fused source behind the preludes its expressions call."""
+    from .kernels import fused as kf
+    from .kernels.vmath import VMATH_PRELUDE, needs_vmath
+    from .lower.elementwise import PRELUDE
+
+    def render():
+        src, name = kf.render(spec, parallel)
+        vm = VMATH_PRELUDE if needs_vmath(src) else ""
+        return vm + PRELUDE + _special_prelude(src) + src, name
+    return render
 
 
 def _special_prelude(src: str) -> str:
@@ -320,16 +317,8 @@ def _special_prelude(src: str) -> str:
     return special if special and getattr(ew, "_SPECIAL_RE").search(src) else ""
 
 
-def recording() -> bool:
-    return STATE.enabled
 
-
-def pending_ops() -> int:
-    g = STATE.group
-    return g.n_nodes if g is not None else 0
-
-
-_FLOAT = {np.dtype(np.float32): "np.float32", np.dtype(np.float64): "np.float64"}
+_TORCH_FLOAT = {torch.float32: "np.float32", torch.float64: "np.float64"}
 
 
 def try_record_reduction(name: str, a: dict, outs: list, blocks: dict) -> bool:
@@ -340,9 +329,9 @@ def try_record_reduction(name: str, a: dict, outs: list, blocks: dict) -> bool:
         return False
     if not x.is_contiguous() or not out.is_contiguous() or x.dtype != out.dtype:
         return False
-    arr = x.reshape(-1).numpy()
-    t = _FLOAT.get(arr.dtype)
+    t = _TORCH_FLOAT.get(x.dtype)   # bfloat16 has no numpy view: not fusible here
     if t is None:
         return False
+    arr = x.reshape(-1).numpy()
     return record(name, "x0", ("flat",), (t,), (), t + "({})", (out.reshape(-1).numpy(), out),
                   [(arr, x)], (), arr.shape[0], reduce=kind, blocks=blocks)

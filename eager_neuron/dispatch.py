@@ -23,7 +23,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from . import backward as _backward, errors, launch as _launch
 from .adaptive import MODULE as _adaptive
 from .config import config
-from .lower.common import HALF, KERNEL_DTYPES, bind
+from .lower.common import HALF, KERNEL_DTYPES, bind, schema_args
 from .simulator import SIM
 from .stats import STATS
 from .tensor import NeuronTensor
@@ -374,9 +374,7 @@ def _device_index(device) -> int:
 
 
 def _run_kernel(func, plan, args, kwargs, mode):
-    uargs, ukw, index = unwrap_args(args, kwargs)
-    if mode is not None and index is None:
-        index = None  # plain CPU in, CPU out
+    uargs, ukw, index = unwrap_args(args, kwargs)   # index None: CPU in, CPU out (the mode)
     # 1. output metadata (validates shapes and dtypes exactly as PyTorch would)
     leaves, spec = meta_outputs(func, uargs, ukw)
     a = bind(func, uargs, ukw)
@@ -511,7 +509,7 @@ def _run_dynamic(func, plan, args, kwargs, mode):
 
 def _lowering_declined(func, plan, args, kwargs, mode, exc):
     """A lowering raises NotImplementedError for argument patterns it does not cover."""
-    decomp = plan.decomp if plan.decomp is not None else None
+    decomp = plan.decomp
     if decomp is None:
         from . import ops
 
@@ -548,8 +546,7 @@ def _run_decomp(func, plan, decomp, args, kwargs, mode):
 
 
 def _original(func, args, kwargs, name):
-    for i, (arg_name, _d, _k) in enumerate(
-            __import__("eager_neuron.lower.common", fromlist=["x"]).schema_args(func)):
+    for i, (arg_name, _d, _k) in enumerate(schema_args(func)):
         if arg_name == name:
             return args[i] if i < len(args) else kwargs[name]
     raise KeyError(name)
