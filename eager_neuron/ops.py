@@ -6,6 +6,9 @@ ALLOC -> _foreach_ -> KERNELS -> decomposition -> CPU fallback (warned once, cou
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+
 import torch
 
 from .lower import cast, elementwise, host
@@ -15,20 +18,19 @@ FAMILIES = {
     "elementwise": elementwise.LOWERINGS,   # unary/binary/ternary, activations and their backward
     "cast": cast.LOWERINGS,                 # _to_copy, copy_, clone (incl. bfloat16 bits)
 }
-for _mod in ("reduce", "matmul", "index", "norm", "conv", "loss"):
-    try:
-        _m = __import__(f"eager_neuron.lower.{_mod}", fromlist=["LOWERINGS"])
-        FAMILIES[_mod] = _m.LOWERINGS
-    except ImportError:  # family not built yet
-        pass
-
-# ops whose output size depends on the data: fn(func, a, core) -> [(data, block), ...]
+# families built so far; a family module exports LOWERINGS {op name: lowering} and may export
+# DYNAMIC {op name: fn(func, a, core) -> [(data, block), ...]} for data-dependent output sizes.
+# A module that is listed but missing is skipped; one that fails to import raises (not hidden).
+_FAMILY_MODULES = ("reduce", "matmul", "index", "norm", "conv", "loss", "mask",
+                   "linalg", "fft", "complex", "sort", "special", "pool", "attention")
 DYNAMIC: dict = {}
-for _mod in ("index", "mask"):
-    try:
-        DYNAMIC.update(__import__(f"eager_neuron.lower.{_mod}", fromlist=["DYNAMIC"]).DYNAMIC)
-    except (ImportError, AttributeError):
-        pass
+for _mod in _FAMILY_MODULES:
+    if importlib.util.find_spec(f"eager_neuron.lower.{_mod}") is None:
+        continue
+    _m = importlib.import_module(f"eager_neuron.lower.{_mod}")
+    if hasattr(_m, "LOWERINGS"):
+        FAMILIES[_mod] = _m.LOWERINGS
+    DYNAMIC.update(getattr(_m, "DYNAMIC", {}))
 
 KERNELS: dict = {}
 for _family, _table in FAMILIES.items():
