@@ -12,6 +12,9 @@ NP_TYPE = {
 }
 KERNEL_DTYPES = frozenset(NP_TYPE)
 HALF = frozenset({torch.bfloat16, torch.float16})
+# complex64/complex128 live on the device; their ops run in lower/complex.py and lower/fft.py
+COMPLEX = frozenset({torch.complex64, torch.complex128})
+DEVICE_DTYPES = KERNEL_DTYPES | HALF | COMPLEX
 
 _SCHEMA_CACHE: dict = {}
 
