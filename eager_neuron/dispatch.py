@@ -23,7 +23,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from . import backward as _backward, errors, launch as _launch
 from .adaptive import MODULE as _adaptive
 from .config import config
-from .lower.common import HALF, KERNEL_DTYPES, bind, schema_args
+from .lower.common import COMPLEX, DEVICE_DTYPES, HALF, bind, schema_args
 from .simulator import SIM
 from .stats import STATS
 from .tensor import NeuronTensor
@@ -53,7 +53,7 @@ def _unwrap(x, state):
         return x._data
     if isinstance(x, (list, tuple)) and x and not isinstance(x[0], (int, float, bool)):
         return type(x)(_unwrap(v, state) for v in x)
-    if isinstance(x, torch.Tensor) and x.dtype not in KERNEL_DTYPES and x.dtype not in HALF:
+    if isinstance(x, torch.Tensor) and x.dtype not in DEVICE_DTYPES:
         _check_tensor(x)
     return x
 
@@ -61,8 +61,8 @@ def _unwrap(x, state):
 def _check_tensor(x: torch.Tensor) -> None:
     if x.is_complex():
         raise errors.UnsupportedTensorError(
-            f"complex tensors ({x.dtype}) are not supported on neuron\n{errors.where()}\n"
-            "  fix: keep complex math on the CPU (x.cpu()) or split real and imaginary parts")
+            f"{x.dtype} tensors are not supported on neuron (complex64 and complex128 are)\n"
+            f"{errors.where()}\n  fix: convert with x.to(torch.complex64)")
     if x.layout != torch.strided:
         raise errors.UnsupportedTensorError(
             f"{x.layout} tensors are not supported on neuron\n{errors.where()}\n"
@@ -84,12 +84,13 @@ def alloc(index: int | None, shape, stride, dtype) -> tuple[torch.Tensor, object
     """A fresh device buffer: (host-backed view, block). index None means plain CPU (the mode)."""
     if index is None:
         return torch.empty_strided(shape, stride, dtype=dtype), None
-    if dtype not in KERNEL_DTYPES and dtype not in HALF:
+    if dtype not in DEVICE_DTYPES:
         raise errors.UnsupportedTensorError(
             f"{dtype} tensors are not supported on neuron (supported: float32, float64, "
-            f"bfloat16, float16, int64, int32, int16, int8, uint8, bool)\n{errors.where()}\n"
-            "  fix: keep this tensor on the CPU, or convert it (e.g. complex -> "
-            "torch.view_as_real) before moving it to neuron")
+            f"bfloat16, float16, int64, int32, int16, int8, uint8, bool, complex64, "
+            f"complex128)\n{errors.where()}\n"
+            "  fix: keep this tensor on the CPU, or convert it (e.g. complex32 -> "
+            "x.to(torch.complex64)) before moving it to neuron")
     numel = 1
     for s in shape:
         numel *= s
@@ -335,9 +336,19 @@ def _run_view(func, args, kwargs, mode):
                 break
     block = base._block if base is not None else None
     if isinstance(out, torch.Tensor):
-        return NeuronTensor(out, block, index)
-    return type(out)(NeuronTensor(o, block, index) if isinstance(o, torch.Tensor) else o
+        return _view_wrap(out, block, index)
+    return type(out)(_view_wrap(o, block, index) if isinstance(o, torch.Tensor) else o
                      for o in out)
+
+
+def _view_wrap(data: torch.Tensor, block, index) -> NeuronTensor:
+    t = NeuronTensor(data, block, index)
+    # the conj/neg bits live on the wrapper too, so PyTorch's math-bits fallback resolves them
+    if data.is_conj():
+        torch._C._set_conj(t, True)
+    if data.is_neg():
+        torch._C._set_neg(t, True)
+    return t
 
 
 def _run_inplace_view(func, plan, args, kwargs, mode):
@@ -406,9 +417,13 @@ def _run_kernel(func, plan, args, kwargs, mode):
             flush(f"non-fusible op {plan.name}")
         _adaptive.ARMED[0] = plan.lower in _fusible()
     try:
-        if not getattr(plan.lower, "handles_half", False) and (
-                any(isinstance(o, torch.Tensor) and o.dtype in HALF for o in outs) or
-                any(isinstance(v, torch.Tensor) and v.dtype in HALF for v in a.values())):
+        dtypes = {v.dtype for v in a.values() if isinstance(v, torch.Tensor)}
+        dtypes.update(o.dtype for o in outs if isinstance(o, torch.Tensor))
+        if not dtypes.isdisjoint(COMPLEX) and not getattr(plan.lower, "handles_complex", False):
+            from .lower.complex import run_complex   # complex operands: their own family
+
+            run_complex(func, plan, a, outs)
+        elif not dtypes.isdisjoint(HALF) and not getattr(plan.lower, "handles_half", False):
             from .lower.half import run_upcast
 
             run_upcast(func, plan, a, outs)
