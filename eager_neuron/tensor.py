@@ -70,6 +70,38 @@ class NeuronTensor(torch.Tensor):
     def __array__(self, dtype=None, copy=None):
         return self.numpy()  # raises, as a CUDA tensor does: copy with .cpu() first
 
+    # NOTE: a traceable wrapper subclass, so nn.Module.to("neuron") swaps each parameter in place
+    # (torch.utils.swap_tensors) instead of making a new Parameter per module that holds it:
+    # tied weights (GPT-2's wte and lm_head) stay one parameter, as `.data =` keeps them on CUDA.
+    def __tensor_flatten__(self):
+        return ["_data"], (self._block, self.device.index)
+
+    @staticmethod
+    def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
+        block, index = ctx
+        return NeuronTensor(inner["_data"], block, index)
+
+    def __deepcopy__(self, memo):
+        # NOTE: Tensor.__deepcopy__ ends by deep-copying __dict__, i.e. the device buffer and its
+        # HBM block (which holds a lock): clone on the device, copy only the other attributes.
+        if id(self) in memo:
+            return memo[id(self)]
+        if not self.is_leaf:
+            raise RuntimeError("deepcopy of a neuron tensor that is not a graph leaf: only leaves "
+                               "(parameters, buffers, detached tensors) support deepcopy")
+        import copy
+
+        with torch.no_grad():
+            new = self.clone()
+        if self.requires_grad:
+            new.requires_grad_()
+        if self.grad is not None:
+            new.grad = copy.deepcopy(self.grad, memo)
+        rest = {k: v for k, v in self.__dict__.items() if k not in ("_data", "_block")}
+        new.__dict__.update(copy.deepcopy(rest, memo))
+        memo[id(self)] = new
+        return new
+
     def __reduce_ex__(self, protocol):
         from .dispatch import to_host
 
