@@ -455,7 +455,7 @@ def _run_kernel(func, plan, args, kwargs, mode):
     return tree_unflatten(results, spec)
 
 
-_KEEP_TYPE = (IndexError, ValueError, TypeError, ZeroDivisionError)
+_KEEP_TYPE = (IndexError, ValueError, TypeError, ZeroDivisionError, torch.linalg.LinAlgError)
 
 
 def _kernel_error(plan, exc, args, kwargs) -> Exception:
