@@ -41,7 +41,12 @@ ARMED = [False]         # True while dispatch runs an elementwise op that may be
 
 
 class _Buf:
-    __slots__ = ("arr", "lo", "hi", "dtype", "block_ref", "pin", "written_in", "read_in")
+    """One kernel argument: a flat numpy view. Its identity for ordering and observability is
+    its byte range [lo, hi): two views whose ranges overlap (a float32 store and the int32 view a
+    bit cast reads it through) are the same memory, whatever their dtype or size."""
+
+    __slots__ = ("arr", "lo", "hi", "dtype", "block_ref", "pin", "mem_read", "written_in",
+                 "read_in")
 
     def __init__(self, arr: np.ndarray, block) -> None:
         self.arr = arr
@@ -50,6 +55,7 @@ class _Buf:
         self.dtype = arr.dtype
         self.block_ref = weakref.ref(block) if block is not None else None
         self.pin = None            # a strong ref once a later loop reads this buffer
+        self.mem_read = False      # some node reads it from memory (not from a register)
         self.written_in = set()    # loop indices that write it
         self.read_in = set()       # loop indices that read it
 
@@ -187,10 +193,12 @@ def record(op: str, expr: str, kinds: tuple, loads: tuple, scalar_casts: tuple, 
                 ops.append(("buf", j))
             b = g.bufs[j]
             b.read_in.add(target)
-            if ops[-1][0] != "val" and b.pin is None and b.block_ref is not None:
+            if ops[-1][0] != "val":
                 # read from memory: keep the block (and its storage) out of the pool until the
-                # flush, and keep the producer's store
-                b.pin = b.block_ref()
+                # flush, and keep the stores of every buffer overlapping it (see _observable)
+                b.mem_read = True
+                if b.pin is None and b.block_ref is not None:
+                    b.pin = b.block_ref()
         base = len(g.scalars)
         g.scalars.extend(scalars)
         g.scalar_casts.extend(scalar_casts)
@@ -232,15 +240,32 @@ def _flush_locked(reason: str) -> None:
     _launch_group(g, reason)
 
 
+def _observable(g: _Group) -> list:
+    """Per buffer: can anything outside the group's registers see its memory after a store?
+
+    Yes when any buffer overlapping its byte range (itself included) is read from memory in
+    the group, has an owner we cannot track (no block: host scratch, a reinterpreting view), or
+    has a block that is still alive (the user holds a tensor on that storage)."""
+    seen = [b.mem_read or b.block_ref is None or b.block_ref() is not None for b in g.bufs]
+    out = list(seen)
+    for j, a in enumerate(g.bufs):
+        if out[j]:
+            continue
+        for k, b in enumerate(g.bufs):
+            if seen[k] and a.lo < b.hi and b.lo < a.hi:
+                out[j] = True
+                break
+    return out
+
+
 def _spec(g: _Group):
     """Plain-data kernel spec + args; a store is dropped when nothing can observe the buffer."""
     loops = []
+    keep = _observable(g)
     for loop in g.loops:
         nodes = []
         for expr, loads, store, ops, scal, out_idx, reduce, node_id in loop.nodes:
-            b = g.bufs[out_idx]
-            observable = (reduce is not None or b.block_ref is None or b.pin is not None
-                          or b.block_ref() is not None
+            observable = (reduce is not None or keep[out_idx]
                           or loop.last_writer.get(out_idx) != node_id)
             nodes.append((expr, loads, store, tuple(ops), scal,
                           out_idx if observable else None, reduce, node_id))

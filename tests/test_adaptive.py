@@ -117,3 +117,57 @@ def test_env_toggle_in_subprocess(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True).stdout.split()
     assert out == ["32.0", "1", "1"]
+
+
+class _Block:
+    """Stands in for a device block: adaptive eager only holds weak references to blocks."""
+
+
+def test_store_read_only_through_a_reinterpreting_view_is_kept():
+    # A float32 temporary whose tensor dies at once, read back only through an int32 view (a bit
+    # cast): different dtype, same bytes. Buffers are identified by byte range, so the view's
+    # read keeps the float32 store (by (address, size, dtype) the store looked unobservable).
+    import numpy as np
+
+    from eager_neuron.adaptive import MODULE as ad
+
+    x = np.arange(1, 17, dtype=np.float32)
+    tmp = np.zeros(16, np.float32)
+    out = np.zeros(16, np.int32)
+    tmp_block, x_block, out_block = _Block(), _Block(), _Block()
+    srcs = [object(), object(), object(), object()]   # stand-ins for the torch tensors
+    blocks = {id(srcs[0]): x_block, id(srcs[1]): tmp_block, id(srcs[3]): out_block}
+    eager_neuron.reset_stats()
+    with eager_neuron.adaptive():
+        assert ad.record("t::mul", "x0 * c0", ("flat",), ("np.float32",), ("np.float32",),
+                         "np.float32({})", (tmp, srcs[1]), [(x, srcs[0])], (2.0,), 16,
+                         blocks=blocks)
+        del tmp_block, blocks[id(srcs[1])]   # the float32 temporary's tensor is gone ...
+        view = tmp.view(np.int32)   # ... but a bit cast reads its bytes (no block of its own)
+        assert ad.record("t::bits", "x0", ("flat",), ("np.int32",), (), "np.int32({})",
+                         (out, srcs[3]), [(view, srcs[2])], (), 16, blocks=blocks)
+    assert eager_neuron.stats()["fused_launches"] == 1
+    np.testing.assert_array_equal(out, (x * 2).view(np.int32))
+
+
+def test_overlapping_views_of_dead_storage_keep_stores():
+    # two float32 views into one dead buffer: the second half is read through a shifted view
+    import numpy as np
+
+    from eager_neuron.adaptive import MODULE as ad
+
+    x = np.arange(32, dtype=np.float32)
+    tmp = np.zeros(32, np.float32)
+    out = np.zeros(16, np.float32)
+    tmp_block, half_block, x_block, out_block = _Block(), _Block(), _Block(), _Block()
+    srcs = [object() for _ in range(4)]
+    blocks = {id(srcs[0]): x_block, id(srcs[1]): tmp_block, id(srcs[2]): half_block,
+              id(srcs[3]): out_block}
+    with eager_neuron.adaptive():
+        ad.record("t::add", "x0 + c0", ("flat",), ("np.float32",), ("np.float32",),
+                  "np.float32({})", (tmp, srcs[1]), [(x, srcs[0])], (1.0,), 32, blocks=blocks)
+        del tmp_block, blocks[id(srcs[1])]
+        ad.record("t::neg", "-x0", ("flat",), ("np.float32",), (), "np.float32({})",
+                  (out, srcs[3]), [(tmp[16:], srcs[2])], (), 16, blocks=blocks)
+        del half_block, blocks[id(srcs[2])]
+    np.testing.assert_array_equal(out, -(x[16:] + 1))
