@@ -647,18 +647,15 @@ def lower_elementwise(func, a: dict, outs: list, op_name: str) -> None:
     expr, loads, scalar_casts, store = spec.expr, spec.loads, spec.scalar_casts, spec.store
     parallel = n >= PARALLEL_MIN and kc.parallel_allowed()
     if _adaptive.ARMED[0]:
-        # NOTE: cast::f32_to_bf16 reads a float32 buffer through an int32 view; adaptive.py
-        # tells buffers apart by (address, size, dtype), so a pending float32 store that only
-        # this view reads could be dropped as unobservable: flush first, launch directly.
-        if rank == 1 and not spec.special and op_name != "cast::f32_to_bf16":
+        if rank == 1 and not spec.special:
             # adaptive eager: append to the pending fused group instead of launching
             operands = [(arrays[1 + i], a[nm]) for i, nm in enumerate(tensors)]
             if _adaptive.record(op_name, expr, kinds, loads, scalar_casts, store,
                                 (arrays[0], out), operands, tuple(scalar_vals), n):
                 return
         else:
-            _adaptive.flush("special function" if spec.special else "float32 to bfloat16 cast"
-                            if op_name == "cast::f32_to_bf16" else "strided or broadcast operand")
+            _adaptive.flush("special function" if spec.special else
+                            "strided or broadcast operand")
 
     special = spec.special
 
