@@ -243,26 +243,6 @@ def record_stream(func, args, kwargs, mode):
     return None
 
 
-def set_unsupported(func, args, kwargs, mode):
-    from .. import errors
-
-    name = func._schema.name
-    raise RuntimeError(
-        f"{name} changes a tensor's storage or size in place, which neuron tensors do not "
-        f"support\n{errors.where()}\n  args: {errors.describe_args(args, kwargs)}\n"
-        "  fix: allocate a new tensor of the right size instead (torch.empty(..., "
-        "device='neuron')) or do this step on the CPU")
-
-
-def resize_(func, args, kwargs, mode):
-    x, size = args[0], list(args[1])
-    if isinstance(x, NeuronTensor):
-        if list(x.shape) == size:
-            return x
-        return set_unsupported(func, args, kwargs, mode)
-    return func(*args, **kwargs)
-
-
 RNG_INPLACE = [
     "aten::normal_", "aten::uniform_", "aten::bernoulli_", "aten::random_",
     "aten::exponential_", "aten::geometric_", "aten::log_normal_", "aten::cauchy_",
@@ -285,8 +265,6 @@ HOST = {
     "aten::allclose": allclose,
     "aten::is_pinned": tensor_info,
     "aten::record_stream": record_stream,
-    "aten::set_": set_unsupported,
-    "aten::resize_": resize_,
     **{name: rng_inplace for name in RNG_INPLACE},
     **{name: host_compute for name in HOST_COMPUTE},
 }

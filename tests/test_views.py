@@ -1,0 +1,158 @@
+"""In-place view ops (schema tag inplace_view: unsqueeze_, t_, as_strided_, resize_, set_ ...)
+on neuron tensors: the wrapper's own sizes/strides/offset follow, aliasing stays real."""
+
+import copy
+
+import pytest
+import torch
+
+import eager_neuron
+from eager_neuron.simulator import SIM
+
+CASES = [
+    ("unsqueeze_", lambda t: t.unsqueeze_(1)),
+    ("squeeze_", lambda t: t.unsqueeze_(0).squeeze_()),
+    ("squeeze_dim", lambda t: t.unsqueeze_(2).squeeze_(2)),
+    ("transpose_", lambda t: t.transpose_(0, 1)),
+    ("t_", lambda t: t.t_()),
+    ("swapdims_", lambda t: t.swapdims_(1, 0)),
+    ("as_strided_", lambda t: t.as_strided_((2, 2), (1, 3), 1)),
+]
+
+
+@pytest.mark.parametrize("name,fn", CASES, ids=[c[0] for c in CASES])
+def test_inplace_view_matches_cpu(name, fn, stats_delta):
+    base_c = torch.arange(12.).reshape(3, 4)
+    base_n = base_c.to("neuron")
+    out_c, out_n = fn(base_c[1:]), fn(base_n[1:])
+    assert out_n.shape == out_c.shape
+    assert out_n.stride() == out_c.stride()
+    assert out_n.storage_offset() == out_c.storage_offset()
+    torch.testing.assert_close(out_n.cpu(), out_c)
+    # later in-place writes land in the base and show in other views of it
+    other_c, other_n = base_c[2], base_n[2]
+    out_c.mul_(-1)
+    out_n.mul_(-1)
+    torch.testing.assert_close(base_n.cpu(), base_c)
+    torch.testing.assert_close(other_n.cpu(), other_c)
+    assert stats_delta()["fallbacks"] == {}
+
+
+def test_inplace_view_returns_self_and_other_views_keep_shape():
+    x = torch.arange(6., device="neuron").reshape(2, 3)
+    v = x.view(6)
+    assert x.t_() is x
+    assert x.shape == (3, 2) and v.shape == (6,)
+    torch.testing.assert_close(x.cpu(), torch.arange(6.).reshape(2, 3).t())
+
+
+def test_autograd_through_inplace_views():
+    xc = torch.randn(2, 3, requires_grad=True)
+    xn = xc.detach().to("neuron").requires_grad_()
+    outs = []
+    for x in (xc, xn):
+        y = x.clone()
+        y.unsqueeze_(0)
+        y.transpose_(0, 2)
+        y = y * torch.arange(2., device=x.device).view(1, 2, 1)
+        y.sum().backward()
+        outs.append(y)
+    torch.testing.assert_close(outs[1].cpu(), outs[0])
+    torch.testing.assert_close(xn.grad.cpu(), xc.grad)
+
+
+def test_matmul_vector_matrix_and_quantile(stats_delta):
+    # torch.matmul(vector, matrix) and quantile call squeeze_ from C++
+    vc, mc = torch.randn(3), torch.randn(3, 4)
+    torch.testing.assert_close(torch.matmul(vc.to("neuron"), mc.to("neuron")).cpu(),
+                               torch.matmul(vc, mc))
+    q = torch.tensor([0.25, 0.5])
+    xc = torch.randn(11)
+    torch.testing.assert_close(torch.quantile(xc.to("neuron"), q.to("neuron")).cpu(),
+                               torch.quantile(xc, q))
+    assert stats_delta()["fallbacks"] == {}
+
+
+def test_group_norm_backward_and_gru_batch_first():
+    torch.manual_seed(0)
+    xc = torch.randn(2, 4, 5, requires_grad=True)
+    xn = xc.detach().to("neuron").requires_grad_()
+    torch.nn.functional.group_norm(xc, 2).pow(2).sum().backward()
+    torch.nn.functional.group_norm(xn, 2).pow(2).sum().backward()
+    torch.testing.assert_close(xn.grad.cpu(), xc.grad, atol=1e-4, rtol=1e-4)
+    gru = torch.nn.GRU(4, 5, batch_first=True)
+    gru_n = copy.deepcopy(gru).to("neuron")
+    s = torch.randn(2, 3, 4)
+    out_c, _ = gru(s)
+    out_n, _ = gru_n(s.to("neuron"))
+    torch.testing.assert_close(out_n.cpu(), out_c, atol=1e-5, rtol=1e-5)
+
+
+def test_resize_grows_keeps_data_and_accounts():
+    core = SIM.core(0)
+    x = torch.arange(4., device="neuron")
+    before = core.allocated
+    assert x.resize_(100_000) is x
+    assert x.shape == (100_000,) and x.is_contiguous()
+    assert core.allocated - before >= 100_000 * 4 - 4096
+    torch.testing.assert_close(x[:4].cpu(), torch.arange(4.))
+    x.fill_(2.0)
+    assert x.sum().item() == 200_000.0
+    x.resize_(2, 3)
+    assert x.shape == (2, 3) and x.stride() == (3, 1)
+    torch.testing.assert_close(x.cpu(), torch.full((2, 3), 2.0))
+    y = torch.empty(0, device="neuron").resize_as_(x)
+    assert y.shape == x.shape
+
+
+def test_resize_growing_a_shared_block_is_a_clear_error():
+    x = torch.zeros(4, device="neuron")
+    v = x[:2]
+    # the CPU grows the storage in place and v still aliases x; a new block could not: refuse
+    with pytest.raises(RuntimeError, match="other tensors .views. share"):
+        x.resize_(70_000)
+    del v
+    x.resize_(70_000)
+    assert x.shape == (70_000,)
+    x.resize_(2)          # shrinking or staying within the block never needs a new one
+    assert x.shape == (2,)
+
+
+def test_detach_():
+    x = torch.ones(3, device="neuron", requires_grad=True) * 2
+    assert x.detach_() is x and not x.requires_grad and x.grad_fn is None
+
+
+def test_set_source_tensor_aliases():
+    a = torch.arange(6., device="neuron")
+    b = torch.zeros(2, device="neuron")
+    b.set_(a)
+    assert b.shape == a.shape and b._block is a._block
+    b.fill_(3.0)
+    torch.testing.assert_close(a.cpu(), torch.full((6,), 3.0))
+
+
+def test_out_of_another_shape_is_resized(stats_delta):
+    a = torch.ones(3, device="neuron")
+    out = torch.empty(0, device="neuron")
+    assert torch.add(a, a, out=out) is out
+    assert out.shape == (3,)
+    torch.testing.assert_close(out.cpu(), torch.full((3,), 2.0))
+    assert torch.arange(6, device="neuron").shape == (6,)   # arange fills an empty out=
+    out = torch.empty(0, device="neuron")
+    torch.randn(4, out=out)
+    assert out.shape == (4,)
+    assert stats_delta()["fallbacks"] == {}
+
+
+def test_set_storage_is_a_clear_error():
+    a = torch.zeros(2, device="neuron")
+    with pytest.raises(RuntimeError, match="storage argument is not supported on neuron"):
+        a.set_(torch.zeros(3).untyped_storage())
+
+
+def test_inplace_view_under_mode_runs_on_cpu():
+    with eager_neuron.NeuronMode():
+        x = torch.zeros(2, 3)
+        x.t_()
+    assert x.shape == (3, 2) and x.device.type == "cpu"
