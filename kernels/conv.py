@@ -1,15 +1,19 @@
-"""Convolution and pooling family: 2-D kernels (1-D arrives as height 1), sizes all runtime.
+"""Convolution family: one set of kernels for 1-, 2- and 3-d convolutions, sizes all runtime.
 
-Convolution is im2col + one BLAS gemm per (sample, group), in one kernel: `cols` is the
-(Cg*KH*KW, OH*OW) patch matrix, the weight a (O, Cg*KH*KW) C-contiguous matrix, the output an
-(N, O, OH*OW) C-contiguous array that np.dot writes in place. The backward pass is two kernels
-(so a first layer, whose input needs no grad, runs only the second): grad_input via
-cols = weight.T @ grad_out then col2im; grad_weight += grad_out @ cols.T, with grad_bias.
-A 1x1, stride-1, unpadded convolution on contiguous arrays skips im2col: the input itself is
-the patch matrix. Pooling kernels loop over (sample, channel) planes, prange above a size.
+Every array has three spatial dims (D, H, W): a 2-d convolution arrives with D = 1, a 1-d one
+with D = H = 1 (the unit loops cost nothing next to the gemm). Convolution is im2col + one gemm
+per (sample, group), in one kernel: `cols` is the (Cg*KD*KH*KW, OD*OH*OW) patch matrix, the
+weight an (O, Cg*KD*KH*KW) C-contiguous matrix, the output an (N, O, OD*OH*OW) C-contiguous
+array that the gemm writes in place. The backward pass is two kernels (so a first layer, whose
+input needs no grad, runs only the second): grad_input via cols = weight.T @ grad_out then
+col2im; grad_weight += grad_out @ cols.T, with grad_bias. A transposed convolution is the
+grad_input kernel forward (plus bias) and the forward/grad_weight kernels backward, with the
+roles of input and output swapped. A 1x1, stride-1, unpadded convolution on contiguous arrays
+skips im2col: the input itself is the patch matrix. Float types use BLAS (np.dot); integer
+types a loop gemm (Numba's np.dot is BLAS only).
 
->>> src, name = render_conv_forward(True, False, False)
->>> "np.dot(w[g * og:(g + 1) * og], cols, out[n, g * og:(g + 1) * og])" in src
+>>> src, name = render_conv_forward(True, False, False, False)
+>>> "_gemm(w[g * og:(g + 1) * og], cols, out[n, g * og:(g + 1) * og])" in src
 True
 """
 
@@ -22,114 +26,157 @@ HEADER = '@njit(error_model="numpy", nogil=True{extra})\n'
 _SIZES = """\
     n_ = x.shape[0]
     c_ = x.shape[1]
-    h = x.shape[2]
-    wd = x.shape[3]
+    dp = x.shape[2]
+    h = x.shape[3]
+    wd = x.shape[4]
     o_ = w.shape[0]
     ckk = w.shape[1]
     cg = c_ // groups
     og = o_ // groups
-    ohw = oh_ * ow_
+    ohw = od_ * oh_ * ow_
 """
 
-# cols[r, oi * ow_ + oj] = x[n, c0 + c, ih, iw] (0 outside the input), r = (c, ki, kj)
-_IM2COL = """\
+# The one patch walk shared by im2col and col2im: row r = (c, kz, ki, kj) of the patch matrix,
+# column (oz, oi, oj); (iz, ih, iw) is the input position it reads, `{inside}` runs when that
+# is inside the input, `{row_out}` when a whole output row (oz, oi) falls in the padding,
+# `{out}` when one column does.
+_PATCH_WALK = """\
 for c in {rng}(cg):
-    for ki in range(kh_):
-        for kj in range(kw_):
-            r = (c * kh_ + ki) * kw_ + kj
-            for oi in range(oh_):
-                ih = oi * sh - ph + ki * dh
-                base = oi * ow_
-                if ih < 0 or ih >= h:
-                    for oj in range(ow_):
-                        cols[r, base + oj] = 0
-                else:
-                    for oj in range(ow_):
-                        iw = oj * sw - pw + kj * dw
-                        if iw >= 0 and iw < wd:
-                            cols[r, base + oj] = x[n, c0 + c, ih, iw]
+    for kz in range(kd_):
+        for ki in range(kh_):
+            for kj in range(kw_):
+                r = ((c * kd_ + kz) * kh_ + ki) * kw_ + kj
+                for oz in range(od_):
+                    iz = oz * sd - pd + kz * dd
+                    for oi in range(oh_):
+                        ih = oi * sh - ph + ki * dh
+                        base = (oz * oh_ + oi) * ow_
+                        if iz < 0 or iz >= dp or ih < 0 or ih >= h:
+                            {row_out}
                         else:
-                            cols[r, base + oj] = 0
+                            for oj in range(ow_):
+                                iw = oj * sw - pw + kj * dw
+                                if iw >= 0 and iw < wd:
+                                    {inside}
+                                else:
+                                    {out}
 """
 
-# gi[n, c0 + c, ih, iw] += cols[r, oi * ow_ + oj]; channels are disjoint, so prange over c
-_COL2IM = """\
-for c in {rng}(cg):
-    for ki in range(kh_):
-        for kj in range(kw_):
-            r = (c * kh_ + ki) * kw_ + kj
-            for oi in range(oh_):
-                ih = oi * sh - ph + ki * dh
-                if ih >= 0 and ih < h:
-                    base = oi * ow_
-                    for oj in range(ow_):
-                        iw = oj * sw - pw + kj * dw
-                        if iw >= 0 and iw < wd:
-                            gi[n, c0 + c, ih, iw] += cols[r, base + oj]
+_IM2COL = {
+    "row_out": "for oj in range(ow_):\n" + " " * 32 + "cols[r, base + oj] = 0",
+    "inside": "cols[r, base + oj] = x[n, c0 + c, iz, ih, iw]",
+    "out": "cols[r, base + oj] = 0",
+}
+# channels are disjoint, so col2im may prange over c too
+_COL2IM = {"row_out": "pass", "inside": "gi[n, c0 + c, iz, ih, iw] += cols[r, base + oj]",
+           "out": "pass"}
+
+_GEOMETRY = "sd, sh, sw, pd, ph, pw, dd, dh, dw, groups, kd_, kh_, kw_, od_, oh_, ow_"
+
+# out = a @ b for integer types: i-k-j order keeps the inner loop on contiguous rows
+_INT_GEMM = """\
+@njit(inline="always")
+def _gemm(a, b, out):
+    for i in range(a.shape[0]):
+        for j in range(b.shape[1]):
+            out[i, j] = 0
+        for k in range(a.shape[1]):
+            aik = a[i, k]
+            for j in range(b.shape[1]):
+                out[i, j] += aik * b[k, j]
+
+
+"""
+_BLAS_GEMM = """\
+@njit(inline="always")
+def _gemm(a, b, out):
+    np.dot(a, b, out)
+
+
 """
 
-_GEOMETRY = "sh, sw, ph, pw, dh, dw, groups, kh_, kw_, oh_, ow_"
 
-
-def _indent(block: str, spaces: int) -> list[str]:
+def _walk(rng: str, parts: dict, spaces: int) -> list[str]:
+    block = _PATCH_WALK.format(rng=rng, **parts)
     pad = " " * spaces
     return [pad + line for line in block.splitlines()]
 
 
-def render_conv_forward(has_bias: bool, pointwise: bool, parallel: bool) -> tuple[str, str]:
-    """`k(out, x, w[, bias], geometry...)`: out (N, O, OH*OW) C, x (N, C, H, W), w (O, CKK) C."""
-    name = kernel_name("conv_fwd", has_bias, pointwise, parallel)
+def _head(name: str, params: str, parallel: bool, integer: bool) -> list[str]:
+    prelude = _INT_GEMM if integer else _BLAS_GEMM
+    return [prelude + HEADER.format(extra=", parallel=True" if parallel else ""),
+            f"def {name}({params}):"] + _SIZES.rstrip().splitlines()
+
+
+def _bias_epilogue(arr: str, channels: str, size: str) -> list[str]:
+    # NOTE: fused epilogue: the output is still in cache from the gemm
+    return [f"        for o in range({channels}):",
+            "            bo = bias[o]",
+            f"            for j in range({size}):",
+            f"                {arr}[n, o, j] += bo"]
+
+
+def render_conv_forward(has_bias: bool, pointwise: bool, parallel: bool,
+                        integer: bool) -> tuple[str, str]:
+    """`k(out, x, w[, bias], geometry...)`: out (N, O, OD*OH*OW) C, x (N, C, D, H, W),
+    w (O, CKK) C."""
+    name = kernel_name("conv_fwd", has_bias, pointwise, parallel, integer)
     rng = "prange" if parallel else "range"
     params = "out, x, w, " + ("bias, " if has_bias else "") + _GEOMETRY
-    lines = [HEADER.format(extra=", parallel=True" if parallel else ""),
-             f"def {name}({params}):"]
-    lines += _SIZES.rstrip().splitlines()
+    lines = _head(name, params, parallel, integer)
     if not pointwise:
         lines.append("    cols = np.empty((ckk, ohw), out.dtype)")
     lines += ["    for n in range(n_):",
               "        for g in range(groups):",
               "            c0 = g * cg"]
     if pointwise:
-        lines.append("            cols = x[n, c0:c0 + cg].reshape((cg, h * wd))")
+        lines.append("            cols = x[n, c0:c0 + cg].reshape((cg, dp * h * wd))")
     else:
-        lines += _indent(_IM2COL.format(rng=rng), 12)
-    lines.append("            np.dot(w[g * og:(g + 1) * og], cols, out[n, g * og:(g + 1) * og])")
+        lines += _walk(rng, _IM2COL, 12)
+    lines.append("            _gemm(w[g * og:(g + 1) * og], cols, out[n, g * og:(g + 1) * og])")
     if has_bias:
-        # NOTE: fused epilogue: the output is still in cache from the gemm
-        lines += ["        for o in range(o_):",
-                  "            bo = bias[o]",
-                  "            for j in range(ohw):",
-                  "                out[n, o, j] += bo"]
+        lines += _bias_epilogue("out", "o_", "ohw")
     return "\n".join(lines) + "\n", name
 
 
-def render_conv_grad_input(pointwise: bool, parallel: bool) -> tuple[str, str]:
-    """`k(gi, go, x, w, geometry...)`: cols = w_g.T @ go[n, g], then col2im into gi.
+def render_conv_grad_input(pointwise: bool, parallel: bool, integer: bool,
+                           has_bias: bool = False) -> tuple[str, str]:
+    """`k(gi, go, x, w[, bias], geometry...)`: cols = w_g.T @ go[n, g], then col2im into gi.
 
-    go (N, O, OH*OW) C; x (N, C, H, W) only for its sizes; w (O, CKK) C; gi like x (C when
-    pointwise: the gemm writes it directly).
+    go (N, O, OD*OH*OW) C; x (N, C, D, H, W) only for its sizes; w (O, CKK) C; gi like x (C
+    when pointwise: the gemm writes it directly). With a bias (transposed convolution forward)
+    gi is (N, C, D*H*W) C and bias[c] is added to every element of channel c.
     """
-    name = kernel_name("conv_dgrad", pointwise, parallel)
+    name = kernel_name("conv_dgrad", pointwise, parallel, integer, has_bias)
     rng = "prange" if parallel else "range"
-    lines = [HEADER.format(extra=", parallel=True" if parallel else ""),
-             f"def {name}(gi, go, x, w, {_GEOMETRY}):"]
-    lines += _SIZES.rstrip().splitlines()
+    params = "gi, go, x, w, " + ("bias, " if has_bias else "") + _GEOMETRY
+    lines = _head(name, params, parallel, integer)
+    if has_bias:
+        lines.append("    gi5 = gi.reshape((n_, c_, dp, h, wd))")
+        target, flat = "gi5", "gi"
+    else:
+        target, flat = "gi", None
     if not pointwise:
         lines.append("    cols = np.empty((ckk, ohw), go.dtype)")
-        lines += _indent(f"for p in {rng}(n_ * c_):\n"
-                         "    for i in range(h):\n"
-                         "        for j in range(wd):\n"
-                         "            gi[p // c_, p % c_, i, j] = 0", 4)
+        lines += [f"    for p in {rng}(n_ * c_):",
+                  "        for z in range(dp):",
+                  "            for i in range(h):",
+                  "                for j in range(wd):",
+                  f"                    {target}[p // c_, p % c_, z, i, j] = 0"]
     lines += ["    for n in range(n_):",
               "        for g in range(groups):",
               "            c0 = g * cg",
               "            gon = go[n, g * og:(g + 1) * og]"]
     if pointwise:
-        lines.append("            np.dot(w[g * og:(g + 1) * og].T, gon, "
-                     "gi[n, c0:c0 + cg].reshape((cg, h * wd)))")
+        dst = f"{flat}[n, c0:c0 + cg]" if flat else \
+            "gi[n, c0:c0 + cg].reshape((cg, dp * h * wd))"
+        lines.append(f"            _gemm(w[g * og:(g + 1) * og].T, gon, {dst})")
     else:
-        lines.append("            np.dot(w[g * og:(g + 1) * og].T, gon, cols)")
-        lines += _indent(_COL2IM.format(rng=rng), 12)
+        lines.append("            _gemm(w[g * og:(g + 1) * og].T, gon, cols)")
+        col2im = {**_COL2IM, "inside": _COL2IM["inside"].replace("gi[", target + "[")}
+        lines += _walk(rng, col2im, 12)
+    if has_bias:
+        lines += _bias_epilogue("gi", "c_", "dp * h * wd")
     return "\n".join(lines) + "\n", name
 
 
@@ -137,16 +184,14 @@ def render_conv_grad_weight(need_w: bool, need_b: bool, pointwise: bool,
                             parallel: bool) -> tuple[str, str]:
     """`k([gw, ][gb, ]go, x, w, geometry...)`: gw_g = sum_n go[n, g] @ cols.T; gb = sum go.
 
-    gw (O, CKK) C; gb (O,); go (N, O, OH*OW) C; x (N, C, H, W) (C when pointwise).
+    gw (O, CKK) C; gb (O,); go (N, O, OD*OH*OW) C; x (N, C, D, H, W) (C when pointwise).
     """
     name = kernel_name("conv_wgrad", need_w, need_b, pointwise, parallel)
     rng = "prange" if parallel else "range"
     outs = [nm for nm, need in (("gw", need_w), ("gb", need_b)) if need]
-    lines = [HEADER.format(extra=", parallel=True" if parallel else ""),
-             f"def {name}({', '.join(outs)}, go, x, w, {_GEOMETRY}):"]
-    lines += _SIZES.rstrip().splitlines()
+    lines = _head(name, f"{', '.join(outs)}, go, x, w, {_GEOMETRY}", parallel, False)
     if need_w:
-        # NOTE: one np.dot call site and explicit loops: each np.dot site and every array
+        # NOTE: one gemm call site and explicit loops: each np.dot site and every array
         # expression (gw[...] += tmp) adds seconds of Numba compile time.
         lines += ["    tmp = np.empty((og, ckk), go.dtype)",
                   "    for i in range(o_):",
@@ -158,206 +203,19 @@ def render_conv_grad_weight(need_w: bool, need_b: bool, pointwise: bool,
                   "        for g in range(groups):",
                   "            c0 = g * cg"]
         if pointwise:
-            lines.append("            cols = x[n, c0:c0 + cg].reshape((cg, h * wd))")
+            lines.append("            cols = x[n, c0:c0 + cg].reshape((cg, dp * h * wd))")
         else:
-            lines += _indent(_IM2COL.format(rng=rng), 12)
-        lines += ["            np.dot(go[n, g * og:(g + 1) * og], cols.T, tmp)",
+            lines += _walk(rng, _IM2COL, 12)
+        lines += ["            _gemm(go[n, g * og:(g + 1) * og], cols.T, tmp)",
                   "            for i in range(og):",
                   "                for j in range(ckk):",
                   "                    gw[g * og + i, j] += tmp[i, j]"]
     if need_b:
-        # NOTE: accumulate in float64: N*OH*OW terms would lose digits in float32
-        lines += [f"    for o in {rng}(o_):",
+        # NOTE: accumulate in float64: N*OD*OH*OW terms would lose digits in float32
+        lines += [f"    for o in {rng}(gb.shape[0]):",
                   "        s = 0.0",
                   "        for n in range(n_):",
-                  "            for j in range(ohw):",
+                  "            for j in range(go.shape[2]):",
                   "                s += go[n, o, j]",
                   "        gb[o] = s"]
     return "\n".join(lines) + "\n", name
-
-
-# ---------------------------------------------------------------------------------------------
-# pooling: x, out, indices are (N, C, H, W) arrays of any strides; one plane per prange step
-# ---------------------------------------------------------------------------------------------
-
-_PLANE = """\
-    c_ = {arr}.shape[1]
-    for p in {rng}({arr}.shape[0] * c_):
-        n = p // c_
-        c = p % c_
-"""
-
-# PyTorch's CPU rules: a window clipped to the input, the first max wins, a NaN always wins
-_MAX_WINDOW = """\
-                best = {T}({lowest})
-                bi = h0 * wd + w0
-                for ih in range(h0, h1, {dh}):
-                    for iw in range(w0, w1, {dw}):
-                        v = x[n, c, ih, iw]
-                        if v > best or v != v:
-                            best = v
-                            bi = ih * wd + iw
-                out[n, c, oi, oj] = best
-                ind[n, c, oi, oj] = bi
-"""
-
-_MAX_POOL = """\
-def {name}(out, ind, x, kh_, kw_, sh, sw, ph, pw, dh, dw):
-    h = x.shape[2]
-    wd = x.shape[3]
-{plane}        for oi in range(out.shape[2]):
-            h0 = oi * sh - ph
-            h1 = min(h0 + (kh_ - 1) * dh + 1, h)
-            while h0 < 0:
-                h0 += dh
-            for oj in range(out.shape[3]):
-                w0 = oj * sw - pw
-                w1 = min(w0 + (kw_ - 1) * dw + 1, wd)
-                while w0 < 0:
-                    w0 += dw
-{window}"""
-
-_ADAPTIVE_MAX_POOL = """\
-def {name}(out, ind, x):
-    h = x.shape[2]
-    wd = x.shape[3]
-    oh_ = out.shape[2]
-    ow_ = out.shape[3]
-{plane}        for oi in range(oh_):
-            h0 = (oi * h) // oh_
-            h1 = ((oi + 1) * h + oh_ - 1) // oh_
-            for oj in range(ow_):
-                w0 = (oj * wd) // ow_
-                w1 = ((oj + 1) * wd + ow_ - 1) // ow_
-{window}"""
-
-# grad_input[n, c].flat[indices] += grad_output: scatter within a plane, planes in parallel
-_MAX_POOL_BACKWARD = """\
-def {name}(gi, go, ind):
-    wd = gi.shape[3]
-{plane}        for i in range(gi.shape[2]):
-            for j in range(wd):
-                gi[n, c, i, j] = 0
-        for oi in range(go.shape[2]):
-            for oj in range(go.shape[3]):
-                k = ind[n, c, oi, oj]
-                if k >= 0:
-                    gi[n, c, k // wd, k % wd] += go[n, c, oi, oj]
-"""
-
-# divisor: divisor_override, else the window clipped to the padded input, else to the input
-_AVG_WINDOW = """\
-def _window(oi, oj, h, wd, kh_, kw_, sh, sw, ph, pw, count_include_pad, divisor):
-    h0 = oi * sh - ph
-    w0 = oj * sw - pw
-    h1 = min(h0 + kh_, h + ph)
-    w1 = min(w0 + kw_, wd + pw)
-    size = (h1 - h0) * (w1 - w0)
-    h0 = max(h0, 0)
-    w0 = max(w0, 0)
-    h1 = min(h1, h)
-    w1 = min(w1, wd)
-    if divisor == 0:
-        divisor = size if count_include_pad else (h1 - h0) * (w1 - w0)
-    return h0, h1, w0, w1, divisor
-"""
-
-_AVG_POOL = """\
-def {name}(out, x, kh_, kw_, sh, sw, ph, pw, count_include_pad, divisor):
-    h = x.shape[2]
-    wd = x.shape[3]
-{plane}        for oi in range(out.shape[2]):
-            for oj in range(out.shape[3]):
-                h0, h1, w0, w1, d = _window(oi, oj, h, wd, kh_, kw_, sh, sw, ph, pw,
-                                            count_include_pad, divisor)
-                s = {T}(0)
-                for ih in range(h0, h1):
-                    for iw in range(w0, w1):
-                        s += x[n, c, ih, iw]
-                out[n, c, oi, oj] = s / {T}(d) if h0 < h1 and w0 < w1 else {T}(0)
-"""
-
-_AVG_POOL_BACKWARD = """\
-def {name}(gi, go, kh_, kw_, sh, sw, ph, pw, count_include_pad, divisor):
-    h = gi.shape[2]
-    wd = gi.shape[3]
-{plane}        for i in range(h):
-            for j in range(wd):
-                gi[n, c, i, j] = 0
-        for oi in range(go.shape[2]):
-            for oj in range(go.shape[3]):
-                h0, h1, w0, w1, d = _window(oi, oj, h, wd, kh_, kw_, sh, sw, ph, pw,
-                                            count_include_pad, divisor)
-                delta = go[n, c, oi, oj] / {T}(d)
-                for ih in range(h0, h1):
-                    for iw in range(w0, w1):
-                        gi[n, c, ih, iw] += delta
-"""
-
-# PyTorch divides by kh, then by kw (not by kh * kw): same rounding as the CPU
-_ADAPTIVE_AVG_POOL = """\
-def {name}(out, x):
-    h = x.shape[2]
-    wd = x.shape[3]
-    oh_ = out.shape[2]
-    ow_ = out.shape[3]
-{plane}        for oi in range(oh_):
-            h0 = (oi * h) // oh_
-            h1 = ((oi + 1) * h + oh_ - 1) // oh_
-            for oj in range(ow_):
-                w0 = (oj * wd) // ow_
-                w1 = ((oj + 1) * wd + ow_ - 1) // ow_
-                s = {T}(0)
-                for ih in range(h0, h1):
-                    for iw in range(w0, w1):
-                        s += x[n, c, ih, iw]
-                out[n, c, oi, oj] = s / {T}(h1 - h0) / {T}(w1 - w0)
-"""
-
-_ADAPTIVE_AVG_POOL_BACKWARD = """\
-def {name}(gi, go):
-    h = gi.shape[2]
-    wd = gi.shape[3]
-    oh_ = go.shape[2]
-    ow_ = go.shape[3]
-{plane}        for i in range(h):
-            for j in range(wd):
-                gi[n, c, i, j] = 0
-        for oi in range(oh_):
-            h0 = (oi * h) // oh_
-            h1 = ((oi + 1) * h + oh_ - 1) // oh_
-            for oj in range(ow_):
-                w0 = (oj * wd) // ow_
-                w1 = ((oj + 1) * wd + ow_ - 1) // ow_
-                delta = go[n, c, oi, oj] / {T}(h1 - h0) / {T}(w1 - w0)
-                for ih in range(h0, h1):
-                    for iw in range(w0, w1):
-                        gi[n, c, ih, iw] += delta
-"""
-
-POOLS = {
-    "max_pool2d": (_MAX_POOL, "out"),
-    "adaptive_max_pool2d": (_ADAPTIVE_MAX_POOL, "out"),
-    "max_pool2d_backward": (_MAX_POOL_BACKWARD, "gi"),
-    "avg_pool2d": (_AVG_POOL, "out"),
-    "avg_pool2d_backward": (_AVG_POOL_BACKWARD, "gi"),
-    "adaptive_avg_pool2d": (_ADAPTIVE_AVG_POOL, "out"),
-    "adaptive_avg_pool2d_backward": (_ADAPTIVE_AVG_POOL_BACKWARD, "gi"),
-}
-
-
-def render_pool(kind: str, T: str, lowest: str, parallel: bool) -> tuple[str, str]:
-    """One pooling kernel; `T` is the array's numpy type name, `lowest` the max-pool start."""
-    template, arr = POOLS[kind]
-    name = kernel_name("pool", kind, T, lowest, parallel)
-    rng = "prange" if parallel else "range"
-    plane = _PLANE.format(arr=arr, rng=rng)
-    # adaptive windows are contiguous (step 1); max_pool2d steps by the dilation
-    step = ("1", "1") if kind.startswith("adaptive") else ("dh", "dw")
-    window = _MAX_WINDOW.format(T=T, lowest=lowest, dh=step[0], dw=step[1])
-    body = template.format(name=name, plane=plane, window=window, T=T)
-    head = HEADER.format(extra=", parallel=True" if parallel else "")
-    helper = ""
-    if kind.startswith("avg"):
-        helper = '@njit(inline="always")\n' + _AVG_WINDOW + "\n\n"
-    return helper + head + body, name

@@ -1,7 +1,8 @@
-"""Convolution and pooling on `neuron` against the CPU, forward and backward: conv1d/conv2d with
-stride, padding, dilation, groups, bias, 1x1 and channels_last inputs; max/avg/adaptive pooling
-with their options; a small CNN; counters (no CPU fallback or decomposition of these ops, no
-recompile for a new batch size, the documented fallback for transposed convolution).
+"""Convolution and pooling on `neuron` against the CPU, forward and backward: conv1d/2d/3d and
+transposed convolutions with stride, padding, dilation, groups, bias, output_padding, 1x1 and
+channels_last inputs, integer forward; max/avg/adaptive/fractional pooling, 1/2/3-d, with their
+options; a small CNN; counters (no CPU fallback or decomposition of these ops, no recompile for
+a new batch size).
 
 Sizes are small and cases share kernels (keyed on flags and layouts, never on sizes).
 """
@@ -16,6 +17,7 @@ import torch.nn.functional as F
 
 import eager_neuron
 from eager_neuron.lower import conv as lconv
+from eager_neuron.lower import pool as lpool
 
 DEV = "neuron"
 TOL = {torch.float32: {"rtol": 1e-5, "atol": 1e-5, "equal_nan": True},
@@ -29,7 +31,7 @@ def _seed():
 
 def _ours_clean():
     st = eager_neuron.stats()
-    ours = set(lconv.LOWERINGS)
+    ours = set(lconv.LOWERINGS) | set(lpool.LOWERINGS)
     assert not ours & set(st["fallbacks"]), st["fallbacks"]
     assert not ours & set(st["decompositions"]), st["decompositions"]
 
@@ -98,12 +100,52 @@ def test_conv_forward_is_one_launch():
     assert eager_neuron.stats()["launches"] == 1
 
 
-def test_transposed_conv_falls_back_counted():
-    x, w = torch.randn(1, 4, 5, 5), torch.randn(4, 2, 3, 3)
+CONV_ND = {
+    "conv3d": (lambda x, w, b: F.conv3d(x, w, b, stride=(1, 2, 1), padding=(1, 0, 2),
+                                        dilation=(2, 1, 1)), (2, 4, 5, 6, 7), (6, 4, 3, 2, 3)),
+    "conv3d_groups_pointwise": (lambda x, w, b: F.conv3d(x, w, b, groups=2), (2, 4, 3, 4, 5),
+                                (6, 2, 1, 1, 1)),
+    "transpose1d": (lambda x, w, b: F.conv_transpose1d(x, w, b, stride=2, padding=1,
+                                                       output_padding=1, dilation=2),
+                    (2, 4, 9), (4, 6, 3)),
+    "transpose2d_groups": (lambda x, w, b: F.conv_transpose2d(x, w, b, stride=(2, 3),
+                                                              padding=(1, 0), groups=2),
+                           (2, 4, 5, 6), (4, 3, 3, 2)),
+    "transpose2d_pointwise": (lambda x, w, b: F.conv_transpose2d(x, w, b), (2, 4, 5, 6),
+                              (4, 6, 1, 1)),
+    "transpose3d": (lambda x, w, b: F.conv_transpose3d(x, w, None, stride=2, padding=1,
+                                                       output_padding=(1, 0, 1)),
+                    (1, 4, 3, 4, 5), (4, 6, 3, 3, 2)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONV_ND))
+def test_conv_nd_and_transposed(case):
+    fn, xs, ws = CONV_ND[case]
+    bias = torch.randn(ws[1] * (2 if "groups" in case and "transpose" in case else 1)
+                       if "transpose" in case else ws[0])
+    run(fn, torch.randn(xs), torch.randn(ws), bias)
+
+
+def test_conv_transposed_strided_grad_and_input_without_grad():
+    """An expand()ed grad_output and output_mask (False, True, True)."""
+    run(lambda x, w, b: F.conv_transpose2d(x, w, b, stride=2).sum(dim=(2, 3)),
+        torch.randn(2, 4, 5, 6), torch.randn(4, 3, 3, 3), torch.randn(3),
+        grad=(False, True, True))
+
+
+@pytest.mark.parametrize("op", ["conv1d", "conv2d", "conv3d", "conv_transpose2d"])
+def test_conv_integer_forward(op):
+    """int64 convolutions run a loop gemm: exact, like the CPU."""
+    rank = 2 if op == "conv_transpose2d" else int(op[4])
+    x = torch.randint(-5, 5, (2, 4) + (5,) * rank)
+    w = torch.randint(-3, 3, (4, 2 if op == "conv_transpose2d" else 4) + (3,) * rank)
+    b = torch.randint(-3, 3, (2 if op == "conv_transpose2d" else 4,))
+    fn = getattr(F, op)
     eager_neuron.reset_stats()
-    got = F.conv_transpose2d(x.to(DEV), w.to(DEV))
-    torch.testing.assert_close(got.cpu(), F.conv_transpose2d(x, w), **TOL[torch.float32])
-    assert eager_neuron.stats()["fallbacks"].get("aten::convolution") == 1
+    got = fn(x.to(DEV), w.to(DEV), b.to(DEV), stride=2, padding=1)
+    torch.testing.assert_close(got.cpu(), fn(x, w, b, stride=2, padding=1))
+    _ours_clean()
 
 
 # -- pooling ---------------------------------------------------------------------------------------
@@ -122,12 +164,46 @@ POOLS = {
     "adaptive_avg_unbatched": lambda x: F.adaptive_avg_pool2d(x[0], (4, 2)),
     "adaptive_max": lambda x: F.adaptive_max_pool2d(x, (3, 4), return_indices=True),
     "channels_last": lambda x: F.max_pool2d(x.contiguous(memory_format=torch.channels_last), 2),
+    "max3d": lambda x: F.max_pool3d(x, (2, 3, 2), (1, 2, 2), (1, 1, 0), dilation=(1, 1, 2),
+                                    ceil_mode=True, return_indices=True),
+    "avg3d": lambda x: F.avg_pool3d(x, (2, 3, 2), (1, 2, 2), (1, 1, 0), ceil_mode=True,
+                                    count_include_pad=False),
+    "avg3d_divisor": lambda x: F.avg_pool3d(x, 2, divisor_override=3),
+    "adaptive_avg3d": lambda x: F.adaptive_avg_pool3d(x, (2, 4, 3)),
+    "adaptive_max3d": lambda x: F.adaptive_max_pool3d(x, (2, 4, 3), return_indices=True),
+    "adaptive_max3d_unbatched": lambda x: F.adaptive_max_pool3d(x[0], (3, 2, 5)),
+    "fractional2d": lambda x: F.fractional_max_pool2d(
+        x, 3, output_size=(5, 4), return_indices=True,
+        _random_samples=torch.rand(2, 3, 2, dtype=x.dtype).to(x.device)),
+    "fractional3d": lambda x: F.fractional_max_pool3d(
+        x.unflatten(2, (2, 5)), (1, 2, 2), output_size=(1, 3, 4), return_indices=True,
+        _random_samples=torch.rand(2, 3, 3, dtype=x.dtype).to(x.device)),
 }
 
 
 @pytest.mark.parametrize("case", sorted(POOLS))
 def test_pool(case):
-    run(POOLS[case], torch.randn(2, 3, 10, 9))
+    x = torch.randn(2, 3, 10, 9)
+    if "3d" in case and "fractional" not in case:
+        x = x.unflatten(2, (2, 5))
+    torch.manual_seed(1)             # the same random samples on both sides
+    rs = torch.get_rng_state()
+
+    def fn(t):
+        torch.set_rng_state(rs)
+        return POOLS[case](t)
+    run(fn, x)
+
+
+def test_avg_pool_integers_truncate():
+    """Integer average pooling divides like C (toward zero), not like Python's //."""
+    x = torch.randint(-9, 9, (2, 3, 6, 7, 5))
+    for fn in (lambda t: F.avg_pool1d(t[:, :, 0, 0], 3, 2, 1),
+               lambda t: F.avg_pool2d(t[:, :, 0], 2, 1, 1, count_include_pad=False),
+               lambda t: F.avg_pool3d(t, 2, 2, ceil_mode=True)):
+        eager_neuron.reset_stats()
+        torch.testing.assert_close(fn(x.to(DEV)).cpu(), fn(x))
+        _ours_clean()
 
 
 def test_pool_float64():
