@@ -1,17 +1,301 @@
-"""Complex64/complex128 lowerings (skeleton: every op refuses with a clear error for now)."""
+"""Complex64/complex128 lowerings: every kernel call with a complex operand or output.
+
+dispatch routes such calls here (`run_complex`) whatever family the op name maps to, unless that
+lowering sets `handles_complex` (the FFT family does). An op is an expression over its schema
+argument names (kernels/complex.py evaluates it in complex128/float64 and rounds once at the
+store, so complex64 results are within one rounding of PyTorch's). Sums reduce the
+`view_as_real` pairs with the reduce family. Any other complex op raises UnsupportedOpError.
+
+    1. operands: tensors -> strided views broadcast to the output (conj/neg bits become load
+       kinds), numbers -> kernel scalars; bfloat16/float16 operands go through float32
+    2. one loop nest over the coalesced shape -> launch
+
+>>> import torch, eager_neuron
+>>> z = torch.tensor([1 + 2j, 3 - 1j], device="neuron")
+>>> (z * z.conj()).real.tolist()
+[5.0, 10.0]
+"""
 
 from __future__ import annotations
 
+import re
+
+import torch
+
 from .. import errors
 from ..adaptive import MODULE as _adaptive
+from ..kernels import compile as kc
+from ..kernels import complex as kcx
+from ..launch import launch
+from .common import COMPLEX, HALF, NP_TYPE, coalesce, strided_np
+
+PARALLEL_MIN = 1 << 18   # below this a prange launch costs more than it saves
+
+# base op name -> expression over schema argument names (tensors and Scalars alike).
+# The value is complex128 for complex operands, float64 for real ones, bool for bool ones.
+OPS: dict = {
+    "aten::add": "self + alpha * other",
+    "aten::sub": "self - alpha * other",
+    "aten::rsub": "other - alpha * self",
+    "aten::mul": "self * other",
+    "aten::div": "self / other",
+    "aten::neg": "-self",
+    "aten::conj_physical": "np.conj(self)",
+    "aten::_conj_physical": "np.conj(self)",
+    "aten::resolve_conj": "self",
+    "aten::resolve_neg": "self",
+    "aten::exp": "cmath.exp(self)",
+    "aten::log": "cmath.log(self)",
+    "aten::sqrt": "cmath.sqrt(self)",
+    "aten::sin": "cmath.sin(self)",
+    "aten::cos": "cmath.cos(self)",
+    "aten::tanh": "cmath.tanh(self)",
+    "aten::reciprocal": "1 / self",
+    "aten::square": "self * self",
+    "aten::sgn": "(0j if self == 0 else self / abs(self))",
+    "aten::abs": "abs(self)",
+    "aten::angle": "math.atan2(self.imag, self.real)",
+    "aten::isnan": "self != self",
+    "aten::eq": "self == other",
+    "aten::ne": "self != other",
+    "aten::where": "self if condition else other",
+    "aten::complex": "complex(real, imag)",
+    "aten::polar": "complex(abs * math.cos(angle), abs * math.sin(angle))",
+    "aten::fill": "value",
+    "aten::zero": "0j",
+    "aten::zeros_like": "0j",
+    "aten::ones_like": "1 + 0j",
+    "aten::full_like": "fill_value",
+    # copies and casts: the store decides (complex -> real keeps the real part, as torch does)
+    "aten::_to_copy": "self",
+    "aten::clone": "self",
+    "aten::copy": "src",
+    "aten::copy_": "src",
+    "aten::lift_fresh_copy": "self",
+    "aten::alias_copy": "self",
+}
+# the expression's value is real (or bool) even for complex operands
+_REAL_OUT = {"aten::abs", "aten::angle", "aten::isnan", "aten::eq", "aten::ne"}
+# ... and complex even for real operands
+_COMPLEX_OUT = {"aten::complex", "aten::polar", "aten::zero", "aten::zeros_like",
+                "aten::ones_like"}
+_NOT_OPERANDS = {"dim", "keepdim", "dtype", "layout", "device", "pin_memory", "memory_format",
+                 "non_blocking", "rounding_mode", "out", "generator"}
+_NAMES: dict = {}
+
+
+def _base(plan_name: str) -> str:
+    """'aten::add_.Tensor' -> 'aten::add'; '.out' and in-place forms share the functional op."""
+    base = _NAMES.get(plan_name)
+    if base is None:
+        base = plan_name.split(".")[0]
+        if base.endswith("_") and base not in OPS:
+            base = base[:-1]
+        _NAMES[plan_name] = base
+    return base
 
 
 def run_complex(func, plan, a: dict, outs: list) -> None:
     """An op with a complex operand or output (dispatch routes every such kernel call here)."""
+    # NOTE: these launches are not recorded by adaptive eager: flush what is pending first
     _adaptive.ARMED[0] = False
-    raise errors.UnsupportedOpError(
-        f"{plan.name} has no neuron kernel for complex tensors\n{errors.where()}\n"
-        "  fix: compute on the CPU (x.cpu()) or on torch.view_as_real(x)")
+    _adaptive.flush(f"complex op {plan.name}")
+    base = _base(plan.name)
+    if base in ("aten::sum", "aten::mean"):
+        return _sum(base, a, outs)
+    if base not in OPS and base in SPLIT and _split(func, plan, a, outs):
+        return
+    if base not in OPS or (base == "aten::div" and a.get("rounding_mode") is not None):
+        raise errors.UnsupportedOpError(
+            f"{plan.name} has no neuron kernel for complex tensors "
+            f"({', '.join(_dtypes(a, outs))})\n{errors.where()}\n"
+            "  fix: compute it on the CPU (x.cpu()), or on torch.view_as_real(x) pairs; "
+            "complex kernels live in eager_neuron/lower/complex.py")
+    out = outs[0]
+    if out.dtype in HALF:
+        from .cast import cast
+
+        tmp = torch.empty(out.shape, dtype=torch.float32)
+        elementwise(base, a, tmp)
+        cast(tmp, out)
+        return
+    elementwise(base, a, out)
 
 
-LOWERINGS: dict = {}
+# ops that act on the real and imaginary parts independently (data movement, sums): they run as
+# the op's own real kernel twice, over the (strided) real parts and then the imaginary parts
+SPLIT = frozenset({
+    "aten::constant_pad_nd", "aten::cat", "aten::stack", "aten::index_select", "aten::flip",
+    "aten::roll", "aten::repeat", "aten::slice_scatter", "aten::select_scatter",
+    "aten::diagonal_scatter", "aten::as_strided_scatter", "aten::gather", "aten::scatter",
+    "aten::scatter_add", "aten::index", "aten::index_put", "aten::index_add", "aten::masked_fill",
+    "aten::tril", "aten::triu", "aten::cumsum", "aten::narrow_copy", "aten::unfold_backward",
+    "aten::reflection_pad1d", "aten::reflection_pad2d", "aten::replication_pad1d",
+    "aten::col2im", "aten::im2col", "aten::embedding_dense_backward", "aten::_unsafe_index",
+    "aten::_unsafe_index_put", "aten::expand_copy", "aten::permute_copy", "aten::view_copy",
+    "aten::unfold_copy", "aten::new_zeros", "aten::zeros_like", "aten::trace",
+    "aten::diag_embed", "aten::diagonal_copy", "aten::squeeze_copy", "aten::unsqueeze_copy",
+    "aten::transpose_copy", "aten::t_copy", "aten::select_copy", "aten::slice_copy",
+    "aten::index_copy", "aten::masked_scatter", "aten::take", "aten::put",
+})
+_SPLIT_SCALARS = ("value", "fill_value")   # Scalars that split into real and imaginary parts
+
+
+def _part(v, i: int):
+    """Part i (0 real, 1 imaginary) of a complex tensor as a strided real view; others kept."""
+    if isinstance(v, torch.Tensor) and v.dtype in COMPLEX:
+        return torch.view_as_real(v)[..., i]
+    if isinstance(v, (list, tuple)) and v and isinstance(v[0], torch.Tensor):
+        return type(v)(_part(t, i) for t in v)
+    return v
+
+
+def _split(func, plan, a: dict, outs: list) -> bool:
+    """Run the op's real lowering on the real parts, then on the imaginary parts; False if
+    the operands do not allow it (a real float operand, a complex alpha, a conj view)."""
+    flat = [v for v in a.values() if isinstance(v, torch.Tensor)]
+    flat += [t for v in a.values() if isinstance(v, (list, tuple)) for t in v
+             if isinstance(t, torch.Tensor)]
+    flat += [o for o in outs if isinstance(o, torch.Tensor)]
+    if any((t.is_floating_point() and t.dtype not in COMPLEX) or t.is_conj() or t.is_neg()
+           for t in flat) or not any(t.dtype in COMPLEX for t in flat):
+        return False
+    if isinstance(a.get("alpha"), complex):
+        return False
+    for i in (0, 1):
+        part = {k: _part(v, i) for k, v in a.items()}
+        for k in _SPLIT_SCALARS:
+            if k in part and isinstance(part[k], (int, float, complex)) \
+                    and not isinstance(part[k], bool):
+                part[k] = complex(part[k]).real if i == 0 else complex(part[k]).imag
+        part_outs = [_part(o, i) for o in outs]
+        # written arguments (in-place, out=) must be the same objects in `a` and `outs`
+        for j, target in enumerate(plan.ret_alias):
+            if target is not None and j < len(part_outs):
+                part_outs[j] = part[target]
+        plan.lower(func, part, part_outs)
+    return True
+
+
+def _dtypes(a: dict, outs: list) -> list:
+    seen = []
+    for v in list(a.values()) + list(outs):
+        if isinstance(v, torch.Tensor) and str(v.dtype) not in seen:
+            seen.append(str(v.dtype))
+    return seen
+
+
+def _load_kind(t: torch.Tensor) -> tuple[str, torch.Tensor]:
+    """(load kind, tensor whose memory holds the raw values) for an operand."""
+    if t.dtype in COMPLEX:
+        kind = "c"
+        if t.is_conj():
+            t, kind = t.conj(), "cc"     # .conj() of a conj-bit tensor is its raw memory
+        if t.is_neg():
+            t, kind = t._neg_view(), kind + "n" if kind == "cc" else "cn"
+        return kind, t
+    if t.dtype in HALF:
+        from .cast import _f32
+
+        t = _f32(t)
+    return ("b" if t.dtype == torch.bool else "r"), t
+
+
+def _store(out: torch.Tensor) -> str:
+    if out.dtype in COMPLEX:
+        return "np.complex64" if out.dtype == torch.complex64 else "np.complex128"
+    return NP_TYPE[out.dtype]
+
+
+def elementwise(base: str, a: dict, out: torch.Tensor) -> None:
+    """out[...] = OPS[base] over a's operands broadcast to out's shape."""
+    expr = OPS[base]
+    names = [n for n in a if n not in _NOT_OPERANDS and re.search(rf"\b{n}\b", expr)]
+    loads, views, scalars = [], [], []
+    for n in names:
+        v = a[n]
+        if isinstance(v, torch.Tensor) and (v.dim() > 0 or out.dim() == 0 or v.numel() != 1):
+            kind, raw = _load_kind(v)
+            loads.append(kind)
+            views.append(raw.expand(out.shape))
+            expr = re.sub(rf"\b{n}\b", f"v{len(loads) - 1}", expr)
+        else:
+            if isinstance(v, torch.Tensor):   # a 0-dim operand of a larger output
+                v = v.item() if not v.is_conj() else v.resolve_conj().item()
+            if v is None:
+                v = 1   # alpha default
+            scalars.append(v if isinstance(v, (bool, complex)) else float(v))
+            expr = re.sub(rf"\b{n}\b", f"c{len(scalars) - 1}", expr)
+    value_complex = base not in _REAL_OUT and (
+        any(k.startswith("c") for k in loads) or any(isinstance(c, complex) for c in scalars)
+        or base in _COMPLEX_OUT)
+    store = _store(out)
+    if value_complex and out.dtype not in COMPLEX:
+        # torch's complex -> real cast keeps the real part; -> bool tests for nonzero
+        expr = f"({expr}) != 0" if out.dtype == torch.bool else f"({expr}).real"
+    if out.numel() == 0:
+        return
+    shape, strides = coalesce(tuple(out.shape), [out.stride()] + [t.stride() for t in views])
+    rank = len(shape)
+    o = strided_np(out, shape, strides[0])
+    xs = tuple(strided_np(t, shape, s) for t, s in zip(views, strides[1:]))
+    parallel = out.numel() >= PARALLEL_MIN and kc.parallel_allowed()
+    key = ("complex", expr, tuple(loads), len(scalars), rank, store, parallel)
+
+    def render():
+        return kcx.render_map(expr, tuple(loads), len(scalars), rank, store, parallel)
+
+    launch(key, render, (o,) + xs + tuple(scalars), flops=float(out.numel() * 6),
+           bytes_moved=float(out.numel() * out.element_size()
+                             + sum(t.numel() * t.element_size() for t in views)))
+
+
+def _sum(base: str, a: dict, outs: list) -> None:
+    """sum/mean of a complex tensor: the reduce family over its (real, imag) pairs."""
+    from .. import ops
+    from .reduce import red_dims
+
+    x, out = a["self"], outs[0]
+    if x.dtype not in COMPLEX or out.dtype not in COMPLEX:
+        raise errors.UnsupportedOpError(
+            f"{base} of {x.dtype} into {out.dtype} has no neuron kernel\n{errors.where()}\n"
+            "  fix: sum the complex tensor into a complex dtype")
+    conj = x.is_conj()
+    raw = x.conj() if conj else x
+    if raw.is_neg():
+        raise NotImplementedError("complex sum of a negative-bit view")
+    if raw.dtype != out.dtype:
+        tmp = torch.empty(raw.shape, dtype=out.dtype)
+        elementwise("aten::_to_copy", {"self": raw}, tmp)
+        raw = tmp
+    dims = red_dims(x, a.get("dim"))
+    func = torch.ops.aten.sum.dim_IntList if base == "aten::sum" else torch.ops.aten.mean.dim
+    lower = ops.KERNELS.get(f"{base}.dim_IntList" if base == "aten::sum" else "aten::mean.dim")
+    if lower is None:
+        raise errors.UnsupportedOpError(f"{base}: no real reduction kernel to pair with")
+    lower(func, {"self": torch.view_as_real(raw), "dim": dims, "keepdim": bool(a.get("keepdim")),
+                 "dtype": None}, [torch.view_as_real(out)])
+    if conj:
+        elementwise("aten::conj_physical", {"self": out}, out)
+
+
+class _Named:
+    """What run_complex reads off a dispatch Plan, for the ops registered below."""
+    __slots__ = ("name", "ret_alias", "lower")
+
+    def __init__(self, func):
+        schema = func._schema
+        self.name = f"{schema.name}.{schema.overload_name}" if schema.overload_name \
+            else schema.name
+        self.ret_alias = (None,) * len(schema.returns)
+        self.lower = None
+
+
+def lower_complex_only(func, a, outs) -> None:
+    """Ops that only make sense with complex numbers (complex, polar, conj_physical)."""
+    run_complex(func, _Named(func), a, outs)
+
+
+# ops no other family has; the rest reach run_complex through dispatch's dtype check
+LOWERINGS: dict = {name: lower_complex_only for name in (
+    "aten::complex", "aten::polar", "aten::conj_physical", "aten::_conj_physical")}
