@@ -25,12 +25,32 @@ LOADS = {
 }
 
 
+# c10::complex division (Smith's scaling; a zero divisor gives componentwise inf/nan, as on the
+# CPU) in place of Numba's, which raises ZeroDivisionError
+CDIV = '''
+@njit(error_model="numpy", nogil=True)
+def _cdiv(x, y):
+    x = np.complex128(x)
+    y = np.complex128(y)
+    a, b, c, d = x.real, x.imag, y.real, y.imag
+    if abs(c) >= abs(d):
+        if c == 0 and d == 0:
+            return complex(a / abs(c), b / abs(d))
+        rat = d / c
+        scl = 1.0 / (c + d * rat)
+        return complex((a + b * rat) * scl, (b - a * rat) * scl)
+    rat = c / d
+    scl = 1.0 / (d + c * rat)
+    return complex((a * rat + b) * scl, (b * rat - a) * scl)
+'''
+
+
 def render_map(expr: str, loads: tuple, n_scalars: int, rank: int, store: str,
                parallel: bool) -> tuple[str, str]:
     """Source of `k(o, x0.., s0..)`: o[i] = store(expr(v0.., c0..)) over a rank-`rank` nest."""
     name = kernel_name("cmap", expr, loads, n_scalars, rank, store, parallel)
     params = ["o"] + [f"x{j}" for j in range(len(loads))] + [f"s{j}" for j in range(n_scalars)]
-    lines = ["import cmath", "",
+    lines = ["import cmath", CDIV if "_cdiv(" in expr else "",
              '@njit(error_model="numpy", nogil=True' + (", parallel=True" if parallel else "")
              + ")", f"def {name}({', '.join(params)}):"]
     for j in range(n_scalars):

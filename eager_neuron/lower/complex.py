@@ -19,6 +19,7 @@ store, so complex64 results are within one rounding of PyTorch's). Sums reduce t
 from __future__ import annotations
 
 import re
+import warnings
 
 import torch
 
@@ -38,7 +39,7 @@ OPS: dict = {
     "aten::sub": "self - alpha * other",
     "aten::rsub": "other - alpha * self",
     "aten::mul": "self * other",
-    "aten::div": "self / other",
+    "aten::div": "_cdiv(self, other)",
     "aten::neg": "-self",
     "aten::conj_physical": "np.conj(self)",
     "aten::_conj_physical": "np.conj(self)",
@@ -50,7 +51,7 @@ OPS: dict = {
     "aten::sin": "cmath.sin(self)",
     "aten::cos": "cmath.cos(self)",
     "aten::tanh": "cmath.tanh(self)",
-    "aten::reciprocal": "1 / self",
+    "aten::reciprocal": "_cdiv(1.0, self)",
     "aten::square": "self * self",
     "aten::sgn": "(0j if self == 0 else self / abs(self))",
     "aten::abs": "abs(self)",
@@ -79,6 +80,8 @@ _REAL_OUT = {"aten::abs", "aten::angle", "aten::isnan", "aten::eq", "aten::ne"}
 # ... and complex even for real operands
 _COMPLEX_OUT = {"aten::complex", "aten::polar", "aten::zero", "aten::zeros_like",
                 "aten::ones_like"}
+_COPIES = {"aten::_to_copy", "aten::clone", "aten::copy", "aten::copy_", "aten::lift_fresh_copy",
+           "aten::alias_copy"}
 _NOT_OPERANDS = {"dim", "keepdim", "dtype", "layout", "device", "pin_memory", "memory_format",
                  "non_blocking", "rounding_mode", "out", "generator"}
 _NAMES: dict = {}
@@ -231,6 +234,9 @@ def elementwise(base: str, a: dict, out: torch.Tensor) -> None:
         or base in _COMPLEX_OUT)
     store = _store(out)
     if value_complex and out.dtype not in COMPLEX:
+        if base in _COPIES:
+            warnings.warn("Casting complex values to real discards the imaginary part",
+                          UserWarning, stacklevel=2)
         # torch's complex -> real cast keeps the real part; -> bool tests for nonzero
         expr = f"({expr}) != 0" if out.dtype == torch.bool else f"({expr}).real"
     if out.numel() == 0:
