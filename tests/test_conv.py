@@ -1,7 +1,7 @@
 """Convolution and pooling on `neuron` against the CPU, forward and backward: conv1d/2d/3d and
 transposed convolutions with stride, padding, dilation, groups, bias, output_padding, 1x1 and
 channels_last inputs, integer forward; max/avg/adaptive/fractional pooling, 1/2/3-d, with their
-options; a small CNN; counters (no CPU fallback or decomposition of these ops, no recompile for
+options; upsample and replication-pad backward; a small CNN; counters (no CPU fallback or decomposition of these ops, no recompile for
 a new batch size).
 
 Sizes are small and cases share kernels (keyed on flags and layouts, never on sizes).
@@ -263,3 +263,38 @@ def test_new_batch_size_does_not_recompile():
     st = eager_neuron.stats()
     assert st["compiles"] == 0, st
     _ours_clean()
+
+
+# -- resampling backward: upsample and replication padding ---------------------------------------
+
+def _d3(x):
+    return x.unsqueeze(2).expand(2, 3, 3, 10, 9)
+
+
+RESAMPLE = {
+    "nearest1d": lambda x: F.interpolate(x[:, :, 0], size=7, mode="nearest"),
+    "nearest2d_scale": lambda x: F.interpolate(x, scale_factor=1.7, mode="nearest"),
+    "nearest3d": lambda x: F.interpolate(_d3(x), size=(5, 3, 10), mode="nearest"),
+    "nearest_exact2d": lambda x: F.interpolate(x, size=(9, 3), mode="nearest-exact"),
+    "nearest_exact1d_scale": lambda x: F.interpolate(x[:, :, 0], scale_factor=2.3,
+                                                     mode="nearest-exact"),
+    "linear1d_align": lambda x: F.interpolate(x[:, :, 0], size=3, mode="linear",
+                                              align_corners=True),
+    "bilinear": lambda x: F.interpolate(x, size=(7, 3), mode="bilinear"),
+    "bilinear_scale": lambda x: F.interpolate(x, scale_factor=(1.5, 0.7), mode="bilinear",
+                                              recompute_scale_factor=False),
+    "trilinear_align": lambda x: F.interpolate(_d3(x), size=(5, 3, 10), mode="trilinear",
+                                               align_corners=True),
+    "bicubic": lambda x: F.interpolate(x, size=(19, 4), mode="bicubic"),
+    "bicubic_align": lambda x: F.interpolate(x, size=(9, 11), mode="bicubic",
+                                             align_corners=True),
+    "replicate1d": lambda x: F.pad(x[:, :, 0], (2, 3), mode="replicate"),
+    "replicate2d_negative": lambda x: F.pad(x, (-1, 3, 2, -2), mode="replicate"),
+    "replicate3d": lambda x: F.pad(_d3(x), (1, 2, 0, 3, 2, 1), mode="replicate"),
+    "replicate2d_unbatched": lambda x: F.pad(x[0], (1, 2, 3, 0), mode="replicate"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RESAMPLE))
+def test_resample_backward(case):
+    run(RESAMPLE[case], torch.randn(2, 3, 10, 9))

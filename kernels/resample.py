@@ -1,0 +1,194 @@
+"""Resampling backward kernels: upsample (nearest, nearest-exact, linear, cubic) and
+replication padding, 1/2/3-d as (N, C, D, H, W) arrays with unit leading spatial dims.
+
+Upsampling is separable: per axis, each output coordinate reads `taps` input coordinates with
+weights (1 for nearest, 2 for linear, 4 for cubic). The kernel first builds a small
+(out size, taps) index and weight table per axis with PyTorch's own index arithmetic
+(UpSample.h: float32 scales for nearest, the op's float type for linear and cubic), then
+scatters grad_output through the tables plane by plane, in the CPU's accumulation order.
+
+>>> src, name = render_upsample_backward("linear", "np.float32", False)
+>>> "def _taps(" in src
+True
+"""
+
+from __future__ import annotations
+
+from .elementwise import kernel_name
+
+HEADER = '@njit(error_model="numpy", nogil=True{extra})\n'
+
+TAPS = {"nearest": 1, "nearest_exact": 1, "linear": 2, "cubic": 4}
+
+# area_pixel_compute_scale: align_corners maps corner to corner; otherwise 1 / scale_factor
+# when one was given (inv > 0), else in / out
+_SCALE = """\
+@njit(inline="always")
+def _scale(isize, osize, inv, align):
+    if align:
+        return {T}(isize - 1) / {T}(osize - 1) if osize > 1 else {T}(0)
+    return {T}(inv) if inv > 0 else {T}(isize) / {T}(osize)
+
+
+"""
+
+_TAPS = {
+    # nearest_idx: identity and x2 special cases, else floorf(o * scale) in float32
+    "nearest": """\
+    if osize == isize:
+        i = o
+    elif osize == 2 * isize:
+        i = o >> 1
+    else:
+        s = np.float32(inv) if inv > 0 else np.float32(isize) / np.float32(osize)
+        i = min(int(math.floor(np.float32(o) * s)), isize - 1)
+    idx[0] = i
+    wt[0] = 1
+""",
+    # nearest_exact_idx: floorf((o + 0.5) * scale), the product in double
+    "nearest_exact": """\
+    s = np.float32(inv) if inv > 0 else np.float32(isize) / np.float32(osize)
+    idx[0] = min(int(math.floor(np.float32((o + 0.5) * np.float64(s)))), isize - 1)
+    wt[0] = 1
+""",
+    # compute_source_index_and_lambda
+    "linear": """\
+    if osize == isize:
+        idx[0] = o
+        idx[1] = o
+        wt[0] = 1
+        wt[1] = 0
+        return
+    s = _scale(isize, osize, inv, align)
+    r = s * {T}(o) if align else s * ({T}(o) + {T}(0.5)) - {T}(0.5)
+    if r < 0:
+        r = {T}(0)
+    i0 = min(int(math.floor(r)), isize - 1)
+    l1 = min(max(r - {T}(i0), {T}(0)), {T}(1))
+    idx[0] = i0
+    idx[1] = i0 + 1 if i0 < isize - 1 else i0
+    wt[0] = {T}(1) - l1
+    wt[1] = l1
+""",
+    # get_cubic_upsample_coefficients (A = -0.75), taps at floor(r) - 1 .. + 2, clamped
+    "cubic": """\
+    s = _scale(isize, osize, inv, align)
+    r = s * {T}(o) if align else s * ({T}(o) + {T}(0.5)) - {T}(0.5)
+    f = math.floor(r)
+    t = r - {T}(f)
+    a = {T}(-0.75)
+    x1 = t + {T}(1)
+    wt[0] = ((a * x1 - {T}(5) * a) * x1 + {T}(8) * a) * x1 - {T}(4) * a
+    wt[1] = ((a + {T}(2)) * t - (a + {T}(3))) * t * t + {T}(1)
+    x2 = {T}(1) - t
+    wt[2] = ((a + {T}(2)) * x2 - (a + {T}(3))) * x2 * x2 + {T}(1)
+    x3 = x2 + {T}(1)
+    wt[3] = ((a * x3 - {T}(5) * a) * x3 + {T}(8) * a) * x3 - {T}(4) * a
+    for k in range(4):
+        idx[k] = min(max(int(f) - 1 + k, 0), isize - 1)
+""",
+}
+
+# the scatter: linear modes accumulate z, h, w (w fastest) with weight wz * wh * ww * g as the
+# CPU does; cubic walks x outer, y inner with g * wy * wx
+_SCATTER = {
+    "zhw": """\
+                    for a in range(nz):
+                        for b in range(nh):
+                            for e in range(nw):
+                                gi[n, c, zi[oz, a], hi[oi, b], wi[oj, e]] += \\
+                                    zw[oz, a] * hw[oi, b] * ww[oj, e] * g
+""",
+    "whz": """\
+                    for e in range(nw):
+                        for b in range(nh):
+                            for a in range(nz):
+                                gi[n, c, zi[oz, a], hi[oi, b], wi[oj, e]] += \\
+                                    g * zw[oz, a] * hw[oi, b] * ww[oj, e]
+""",
+}
+
+_UPSAMPLE_BACKWARD = """\
+def {name}(gi, go, inv_z, inv_h, inv_w, align):
+    # 1. per-axis tap tables (an axis of equal unit sizes has one tap)
+    zi, zw = _table(gi.shape[2], go.shape[2], inv_z, align)
+    hi, hw = _table(gi.shape[3], go.shape[3], inv_h, align)
+    wi, ww = _table(gi.shape[4], go.shape[4], inv_w, align)
+    nz = 1 if gi.shape[2] == 1 and go.shape[2] == 1 else {taps}
+    nh = 1 if gi.shape[3] == 1 and go.shape[3] == 1 else {taps}
+    nw = {taps}
+    # 2. scatter grad_output through the tables, one (n, c) plane per step
+    c_ = gi.shape[1]
+    for p in {rng}(gi.shape[0] * c_):
+        n = p // c_
+        c = p % c_
+        for z in range(gi.shape[2]):
+            for i in range(gi.shape[3]):
+                for j in range(gi.shape[4]):
+                    gi[n, c, z, i, j] = 0
+        for oz in range(go.shape[2]):
+            for oi in range(go.shape[3]):
+                for oj in range(go.shape[4]):
+                    g = go[n, c, oz, oi, oj]
+{scatter}"""
+
+_TABLE = """\
+@njit
+def _table(isize, osize, inv, align):
+    idx = np.zeros((osize, {taps}), np.int64)
+    wt = np.zeros((osize, {taps}), {T})
+    if isize == 1 and osize == 1:      # a unit axis added for a lower rank: tap 0, weight 1
+        wt[0, 0] = 1
+        return idx, wt
+    for o in range(osize):
+        _taps(o, isize, osize, inv, align, idx[o], wt[o])
+    return idx, wt
+
+
+"""
+
+
+def render_upsample_backward(mode: str, T: str, parallel: bool) -> tuple[str, str]:
+    """`k(gi, go, inv_z, inv_h, inv_w, align)`: gi (N, C, D, H, W) = the upsample's input
+    gradient; inv_* is 1 / scale_factor per axis, or 0 when the sizes define the scale."""
+    name = kernel_name("upsample_bw", mode, T, parallel)
+    taps = TAPS[mode]
+    head = HEADER.format(extra=", parallel=True" if parallel else "")
+    helpers = _SCALE.format(T=T) + '@njit(inline="always")\n' + \
+        "def _taps(o, isize, osize, inv, align, idx, wt):\n" + \
+        _TAPS[mode].format(T=T) + "\n\n" + _TABLE.format(taps=taps, T=T)
+    body = _UPSAMPLE_BACKWARD.format(name=name, taps=taps, rng="prange" if parallel else "range",
+                                     scatter=_SCATTER["whz" if mode == "cubic" else "zhw"])
+    return helpers + head + body, name
+
+
+_REPLICATION_PAD_BACKWARD = """\
+def {name}(gi, go, pz, ph, pw):
+    dp = gi.shape[2]
+    h = gi.shape[3]
+    wd = gi.shape[4]
+    c_ = gi.shape[1]
+    for p in {rng}(gi.shape[0] * c_):
+        n = p // c_
+        c = p % c_
+        for z in range(dp):
+            for i in range(h):
+                for j in range(wd):
+                    gi[n, c, z, i, j] = 0
+        for oz in range(go.shape[2]):
+            iz = min(max(oz - pz, 0), dp - 1)
+            for oi in range(go.shape[3]):
+                ih = min(max(oi - ph, 0), h - 1)
+                for oj in range(go.shape[4]):
+                    iw = min(max(oj - pw, 0), wd - 1)
+                    gi[n, c, iz, ih, iw] += go[n, c, oz, oi, oj]
+"""
+
+
+def render_replication_pad_backward(parallel: bool) -> tuple[str, str]:
+    """`k(gi, go, pz, ph, pw)`: gi[clamp(o - pad)] += go; p* are the leading pads (may be
+    negative: a crop)."""
+    name = kernel_name("replpad_bw", parallel)
+    head = HEADER.format(extra=", parallel=True" if parallel else "")
+    return head + _REPLICATION_PAD_BACKWARD.format(
+        name=name, rng="prange" if parallel else "range"), name
