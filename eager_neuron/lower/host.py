@@ -195,6 +195,12 @@ def host_compute(func, args, kwargs, mode):
     return tree_unflatten(moved, spec)
 
 
+def efficient_zeros(func, args, kwargs, mode):
+    """aten::_efficientzerotensor (autograd's zero grads, e.g. sgn's backward): the device has no
+    ZeroTensor, so plain zeros, made as aten::zeros makes them (same schema)."""
+    return host_compute(torch.ops.aten.zeros.default, args, kwargs, mode)
+
+
 def native_dropout(func, args, kwargs, mode):
     """Same random stream and arithmetic as the CPU's dropout: bernoulli_(1-p), /(1-p), mul."""
     x = args[0]
@@ -265,6 +271,7 @@ HOST = {
     "aten::allclose": allclose,
     "aten::is_pinned": tensor_info,
     "aten::record_stream": record_stream,
+    "aten::_efficientzerotensor": efficient_zeros,
     **{name: rng_inplace for name in RNG_INPLACE},
     **{name: host_compute for name in HOST_COMPUTE},
 }
