@@ -281,6 +281,9 @@ def _launch_group(g: _Group, reason: str) -> None:
     spec = _spec(g)
     numel = max(lp.numel for lp in g.loops)
     parallel = numel >= PARALLEL_MIN and kc.parallel_allowed()
+    if len(g.loops) == 1 and len(g.loops[0].nodes) == 1 and g.loops[0].nodes[0][6] is None:
+        _launch_single(g, parallel, reason)
+        return
     args = tuple(b.arr for b in g.bufs) + tuple(g.scalars)
     stored = sum(g.bufs[n[5]].arr.nbytes for lp in spec[0] for n in lp[1] if n[5] is not None)
     loaded = sum(b.arr.nbytes for b in g.bufs if b.read_in)
@@ -298,6 +301,36 @@ def _launch_group(g: _Group, reason: str) -> None:
         return
     STATS.fused_launches += 1
     STATS.fused_ops += g.n_nodes
+
+
+def _launch_single(g: _Group, parallel: bool, reason: str) -> None:
+    """A group of one elementwise node is plain eager's kernel, under plain eager's key: a
+    flush after a single op (the common case before a non-fusible op) compiles nothing new.
+
+    NOTE: the key and render mirror lower/elementwise.py lower_elementwise's flat launch;
+    tests/test_adaptive.py checks that such a flush compiles nothing after plain eager ran."""
+    from .kernels import elementwise as kew
+    from .kernels import vmath
+    from .launch import launch
+    from .lower import elementwise as ew
+
+    expr, loads, store, ops, scal, out_idx, _reduce, _ = g.loops[0].nodes[0]
+    kinds = tuple("one" if kind == "one" else "flat" for kind, _ in ops)
+    casts = tuple(g.scalar_casts[i] for i in scal)
+    arrays = [g.bufs[out_idx].arr] + [g.bufs[j].arr for _, j in ops]
+
+    def render():
+        src, name = kew.render(expr, kinds, 1, loads, casts, store, parallel)
+        vm = vmath.VMATH_PRELUDE if vmath.needs_vmath(expr) else ""
+        return vm + ew.PRELUDE + src, name
+
+    launch(("elementwise", g.ops[0], expr, kinds, 1, loads, casts, store, parallel,
+            ew.PRELUDE_ID), render, (*arrays, *(g.scalars[i] for i in scal)),
+           flops=float(arrays[0].size * max(1, expr.count("("))),
+           bytes_moved=float(sum(x.nbytes for x in arrays)), engine="vector",
+           extra={"group_ops": 1, "flush_reason": reason})
+    STATS.fused_launches += 1
+    STATS.fused_ops += 1
 
 
 def _run_one_by_one(g: _Group) -> None:

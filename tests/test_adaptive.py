@@ -171,3 +171,21 @@ def test_overlapping_views_of_dead_storage_keep_stores():
                   (out, srcs[3]), [(tmp[16:], srcs[2])], (), 16, blocks=blocks)
         del half_block, blocks[id(srcs[2])]
     np.testing.assert_array_equal(out, -(x[16:] + 1))
+
+
+def test_single_op_flush_reuses_the_plain_kernel():
+    # a flush of one recorded op launches plain eager's kernel (same key): no new compile
+    x = torch.randn(96, device="neuron")
+    y = torch.randn(96, device="neuron")
+    expect = torch.atan2(x.cpu(), y.cpu()) * 3
+    torch.atan2(x, y).mul_(3).cpu()   # plain eager: both kernels cached
+    eager_neuron.reset_stats()
+    with eager_neuron.adaptive():
+        a = torch.atan2(x, y)
+        b = a.cpu()                   # flush of one node
+        a.mul_(3)
+        c = a.cpu()
+    s = eager_neuron.stats()
+    assert s["compiles"] == 0 and s["fused_launches"] == 2 and s["launches"] == 2
+    torch.testing.assert_close(c, expect)
+    torch.testing.assert_close(b * 3, expect)
