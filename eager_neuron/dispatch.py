@@ -132,7 +132,8 @@ def to_host(t: NeuronTensor, reason: str = "host read") -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------
 
 class Plan:
-    __slots__ = ("kind", "lower", "mutates", "ret_alias", "name", "decomp", "out_args")
+    __slots__ = ("kind", "lower", "mutates", "ret_alias", "name", "decomp", "out_args",
+                 "cpu_meta")
 
     def __init__(self, kind, lower=None, mutates=(), ret_alias=(), name="", decomp=None,
                  out_args=()):
@@ -143,6 +144,10 @@ class Plan:
         self.name = name
         self.decomp = decomp
         self.out_args = out_args      # names of out= args (resized to the result's shape first)
+        # where PyTorch's meta function and its CPU kernel disagree on an output's shape/dtype
+        # (bfloat16 batch-norm statistics, eval-mode saved stats), the lowering's
+        # `cpu_meta(a, leaves) -> leaves` says what the CPU returns
+        self.cpu_meta = getattr(lower, "cpu_meta", None)
 
 
 _PLANS: dict = {}
@@ -485,6 +490,8 @@ def _run_kernel(func, plan, args, kwargs, mode):
     # 1. output metadata (validates shapes and dtypes exactly as PyTorch would)
     leaves, spec = meta_outputs(func, uargs, ukw)
     a = bind(func, uargs, ukw)
+    if plan.cpu_meta is not None:
+        leaves = plan.cpu_meta(a, leaves)
     # 2. outputs: written args for in-place / out= ops, fresh buffers otherwise
     outs = []
     blocks = []

@@ -163,9 +163,11 @@ def render_layer_norm_backward(kr: int, acc_t: str, stores: tuple,
 def render_batch_norm(kr: int, acc_t: str, store: str, stat_store: str, run_store: str,
                       parallel: bool = False) -> tuple[str, str]:
     """`k(out, smean, sinv, rm_out, rv_out, a, w, b, rm, rv, ws, bs, train, run, save, mom, eps)`
-    over channels a[c, j..]. Training: batch moments, and with `run` the running stats updated
-    with the unbiased variance (torch's rule); eval: the running stats normalize. rm_out may be
-    rm itself (in place). Flags are runtime values: one kernel for every module option."""
+    over channels a[c, j..]. train=1: batch moments, and with `run` the running stats updated
+    with the unbiased variance (torch's rule); train=0 (eval): the running stats normalize;
+    train=2: smean/sinv as given normalize (the CPU's bfloat16 path rounds its statistics
+    before it normalizes). rm_out may be rm itself (in place). Flags are runtime values: one
+    kernel for every module option."""
     name = kernel_name("batch_norm", kr, acc_t, store, stat_store, run_store, parallel)
     s = _Src(name, ["out", "smean", "sinv", "rm_out", "rv_out", "a", "w", "b", "rm", "rv", "ws",
                     "bs", "train", "run", "save", "mom", "eps"], parallel)
@@ -173,7 +175,7 @@ def render_batch_norm(kr: int, acc_t: str, store: str, stat_store: str, run_stor
     dims, ix = _row(kr, "c")
     s("cnt = " + " * ".join(f"a.shape[{d + 1}]" for d in range(kr)))
     s.loops([("c", "a.shape[0]")], "prange" if parallel else "range")
-    s("if train:")
+    s("if train == 1:")
     s.depth += 1
     s(f"t = {A}(0)")
     s.loops(dims)
@@ -187,7 +189,8 @@ def render_batch_norm(kr: int, acc_t: str, store: str, stat_store: str, run_stor
       f"    rm_out[c] = {run_store}(({A}(1) - mom) * {A}(rm[c]) + mom * mu)",
       f"    rv_out[c] = {run_store}(({A}(1) - mom) * {A}(rv[c]) + mom * (ss / (cnt - 1)))")
     s.depth -= 1
-    s("else:", f"    mu = {A}(rm[c])", f"    inv = {A}(1) / math.sqrt({A}(rv[c]) + eps)",
+    s("elif train == 2:", f"    mu = {A}(smean[c])", f"    inv = {A}(sinv[c])",
+      "else:", f"    mu = {A}(rm[c])", f"    inv = {A}(1) / math.sqrt({A}(rv[c]) + eps)",
       "if save:", f"    smean[c] = {stat_store}(mu)", f"    sinv[c] = {stat_store}(inv)",
       f"wc = {A}(w[c * ws])", f"bc = {A}(b[c * bs])")
     s.loops(dims)

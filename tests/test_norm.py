@@ -178,3 +178,39 @@ def test_large_parallel():
     x = torch.randn(lnorm.PARALLEL_MIN // 64 + 3, 64)
     # NOTE: weight/bias grads sum 4099 rows; torch accumulates in float32, we in float64
     check_module(lambda: torch.nn.LayerNorm(64), x, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("train", [True, False])
+def test_batch_norm_outputs_as_the_cpu_returns_them(dtype, train):
+    # CPU: eval saves no statistics (shape [0]); bfloat16 statistics stay bfloat16 and the
+    # output is normalized with those rounded values; running stats updated in place
+    aten = torch.ops.aten
+    torch.manual_seed(0)
+    x = (torch.randn(5, 5, 5) * 3).to(dtype)
+    w, b = torch.randn(5).to(dtype), torch.randn(5).to(dtype)
+    rm, rv = torch.randn(5).to(dtype), (torch.rand(5) + 0.5).to(dtype)
+    rm_n, rv_n = rm.to(DEV), rv.to(DEV)
+    want = aten.native_batch_norm(x, w, b, rm, rv, train, 0.1, 1e-5)
+    got = aten.native_batch_norm(x.to(DEV), w.to(DEV), b.to(DEV), rm_n, rv_n, train, 0.1, 1e-5)
+    for g, e in zip(got, want):
+        assert g.shape == e.shape and g.dtype == e.dtype
+        _same(g, e, atol=0, rtol=0) if dtype == torch.bfloat16 and g.numel() == 125 else \
+            _same(g, e)
+    tol = dict(atol=1e-2, rtol=1e-2) if dtype == torch.bfloat16 else {}
+    _same(rm_n, rm, **tol)
+    _same(rv_n, rv, **tol)
+    if train:
+        assert not torch.equal(rm_n.cpu(), torch.zeros(5).to(dtype) + rm_n.cpu()[0])
+    _no_fallback()
+
+
+def test_layer_norm_bfloat16_statistics_dtype():
+    x = torch.randn(3, 4, 8).bfloat16()
+    w = torch.randn(8).bfloat16()
+    want = torch.ops.aten.native_layer_norm(x, [8], w, None, 1e-5)
+    got = torch.ops.aten.native_layer_norm(x.to(DEV), [8], w.to(DEV), None, 1e-5)
+    assert [t.dtype for t in got] == [t.dtype for t in want] == [torch.bfloat16] * 3
+    for g, e in zip(got, want):
+        _same(g, e, atol=1e-2, rtol=1e-2)
+    _no_fallback()

@@ -18,7 +18,7 @@ import torch
 from ..kernels import compile as kc
 from ..kernels import norm as kn
 from ..launch import launch
-from .common import NP_TYPE
+from .common import HALF, NP_TYPE
 from .reduce import F64, PARALLEL_MIN, red_dims, split
 
 
@@ -161,7 +161,9 @@ def _bn_red(x: torch.Tensor) -> list:
     return [0] + list(range(2, x.dim()))
 
 
-def _batch_norm(a, outs, train: bool, rm, rv, rm_out, rv_out):
+def _batch_norm(a, outs, train: bool, rm, rv, rm_out, rv_out, rnd: bool = False):
+    """rnd: the statistics are stored as bfloat16/float16, and the CPU normalizes with those
+    rounded values; a second launch (train=2) redoes `out` from them."""
     x, w, b = a["input"], a["weight"], a["bias"]
     out, smean, sinv = outs[0], outs[1], outs[2]
     if x.numel() == 0:
@@ -179,30 +181,48 @@ def _batch_norm(a, outs, train: bool, rm, rv, rm_out, rv_out):
     (wv, ws), (bv, bs) = _param(w, dt, 1), _param(b, dt, 0)
     stats = (_flat(smean), _flat(sinv)) if save else (_dummy(xv, 1),) * 2
     runs = (_flat(rm_out), _flat(rv_out)) if train and has_run else (_dummy(xv, 1),) * 2
-    launch(("norm", "batch_norm", kr, acc, store, stat, run, par),
-           lambda: kn.render_batch_norm(kr, acc, store, stat, run, par),
-           (ov,) + stats + runs + (xv, wv, bv, _flat(rm) if has_run else _dummy(xv, 1),
-                                   _flat(rv) if has_run else _dummy(xv, 1), ws, bs, int(train),
-                                   int(train and has_run), int(save), float(a["momentum"]),
-                                   float(a["eps"])),
-           flops=float(6 * x.numel()), bytes_moved=_bytes(x) * (3 if train else 1) + _bytes(out),
-           engine="vector")
+    key = ("norm", "batch_norm+given",   # +given: the train=2 mode (statistics as given)
+           kr, acc, store, stat, run, par)
+
+    def go(mode: int, run_flag: int, save_flag: int) -> None:
+        launch(key, lambda: kn.render_batch_norm(kr, acc, store, stat, run, par),
+               (ov,) + stats + runs + (xv, wv, bv, _flat(rm) if has_run else _dummy(xv, 1),
+                                       _flat(rv) if has_run else _dummy(xv, 1), ws, bs, mode,
+                                       run_flag, save_flag, float(a["momentum"]),
+                                       float(a["eps"])),
+               flops=float(6 * x.numel()),
+               bytes_moved=_bytes(x) * (3 if mode == 1 else 1) + _bytes(out), engine="vector")
+
+    go(int(train), int(train and has_run), int(save))
+    if train and rnd and save:
+        from .cast import cast
+
+        for t in (smean, sinv):
+            half = torch.empty_like(t, dtype=rnd)
+            cast(t, half)
+            cast(half, t)
+        go(2, 0, 0)
 
 
-def lower_native_batch_norm(func, a, outs):
+def lower_native_batch_norm(func, a, outs, rnd=False):
     rm, rv = a["running_mean"], a["running_var"]
-    _batch_norm(a, outs, a["training"], rm, rv, rm, rv)
+    _batch_norm(a, outs, a["training"], rm, rv, rm, rv, rnd)
 
 
-def lower_bn_no_stats(func, a, outs):
-    _batch_norm(a, outs, a["training"], None, None, None, None)
+def lower_bn_no_stats(func, a, outs, rnd=False):
+    _batch_norm(a, outs, a["training"], None, None, None, None, rnd)
 
 
-def lower_bn_no_training(func, a, outs):
-    _batch_norm(a, outs, False, a["running_mean"], a["running_var"], None, None)
+def lower_bn_no_training(func, a, outs, rnd=False):
+    _batch_norm(a, outs, False, a["running_mean"], a["running_var"], None, None, rnd)
 
 
-def lower_bn_functional(func, a, outs):
+def lower_bn_with_update(func, a, outs, rnd=False):
+    rm, rv = a["running_mean"], a["running_var"]
+    _batch_norm(a, outs, True, rm, rv, rm, rv, rnd)   # outs[3]: the empty reserve, no data
+
+
+def lower_bn_functional(func, a, outs, rnd=False):
     rm, rv = a["running_mean"], a["running_var"]
     train = a["training"]
     if not train:
@@ -211,7 +231,84 @@ def lower_bn_functional(func, a, outs):
 
         cast(rm, outs[3])
         cast(rv, outs[4])
-    _batch_norm(a, outs, train, rm, rv, outs[3], outs[4])
+    _batch_norm(a, outs, train, rm, rv, outs[3], outs[4], rnd)
+
+
+# ---------------------------------------------------------------------------------------------
+# what the CPU returns where the meta functions differ; half precision
+# ---------------------------------------------------------------------------------------------
+
+def _stat_dtype(x, *params):
+    """The CPU's rule: a half input with float32 parameters ("mixed type") keeps float32
+    statistics; otherwise they have the input's dtype (the meta functions say float32)."""
+    if x.dtype not in HALF:
+        return x.dtype
+    given = [p for p in params if p is not None]
+    if given and all(p.dtype == torch.float32 for p in given):
+        return torch.float32
+    return x.dtype
+
+
+def _cpu_meta_stats(train_of):
+    def cpu_meta(a, leaves):
+        x = a["input"]
+        dtype = _stat_dtype(x, a.get("weight"), a.get("bias"), a.get("running_mean"),
+                            a.get("running_var"))
+        train = train_of(a)
+        out = list(leaves)
+        for i in (1, 2):
+            shape, stride, _dt = out[i]
+            if not train and "running_mean" in a:
+                shape, stride = (0,), (1,)   # eval: the CPU saves no statistics
+            out[i] = (shape, stride, dtype)
+        return out
+    return cpu_meta
+
+
+def _half_aware(lower32, train_of=None):
+    """Half inputs computed in float32 (as run_upcast does) plus what it leaves out: running
+    statistics written back in place, and rounded statistics where the CPU normalizes with
+    them."""
+    def lower(func, a, outs):
+        tensors = [v for v in a.values() if isinstance(v, torch.Tensor)]
+        if not any(t.dtype in HALF for t in tensors + [o for o in outs if o is not None]):
+            return lower32(func, a, outs)
+        from .cast import cast
+        from .half import _up, alloc_like
+
+        up = {k: _up(v, v) if isinstance(v, torch.Tensor) and v.dtype in HALF else v
+              for k, v in a.items()}
+        tmp = [alloc_like(o, torch.float32) if isinstance(o, torch.Tensor) and o.dtype in HALF
+               else o for o in outs]
+        stat = outs[1].dtype if len(outs) > 1 and outs[1] is not None else None
+        if train_of is not None:
+            lower32(func, up, tmp, rnd=stat if stat in HALF else False)
+        else:
+            lower32(func, up, tmp)
+        for o, t in zip(outs, tmp):
+            if o is not t:
+                cast(t, o)
+        if train_of is not None and train_of(a):
+            # NOTE: native_batch_norm's schema does not mark its running stats as written
+            for name in ("running_mean", "running_var"):
+                if up.get(name) is not a.get(name):
+                    cast(up[name], a[name])
+    lower.handles_half = True
+    if train_of is not None:
+        lower.cpu_meta = _cpu_meta_stats(train_of)
+    return lower
+
+
+def _train(a):
+    return a["training"]
+
+
+def _ln_cpu_meta(a, leaves):
+    dtype = _stat_dtype(a["input"], a["weight"], a["bias"])
+    return [leaves[0]] + [(shape, stride, dtype) for shape, stride, _dt in leaves[1:3]]
+
+
+lower_layer_norm.cpu_meta = _ln_cpu_meta
 
 
 def lower_batch_norm_backward(func, a, outs):
@@ -247,10 +344,13 @@ LOWERINGS = {
     "aten::_log_softmax_backward_data": _softmax_backward(True),
     "aten::native_layer_norm": lower_layer_norm,
     "aten::native_layer_norm_backward": lower_layer_norm_backward,
-    "aten::native_batch_norm": lower_native_batch_norm,
-    "aten::_native_batch_norm_legit": lower_native_batch_norm,
-    "aten::_native_batch_norm_legit.no_stats": lower_bn_no_stats,
-    "aten::_native_batch_norm_legit_no_training": lower_bn_no_training,
-    "aten::_native_batch_norm_legit_functional": lower_bn_functional,
+    "aten::native_batch_norm": _half_aware(lower_native_batch_norm, _train),
+    "aten::_native_batch_norm_legit": _half_aware(lower_native_batch_norm, _train),
+    "aten::_native_batch_norm_legit.no_stats": _half_aware(lower_bn_no_stats, _train),
+    "aten::_native_batch_norm_legit_no_training": _half_aware(lower_bn_no_training,
+                                                              lambda a: False),
+    "aten::_native_batch_norm_legit_functional": _half_aware(lower_bn_functional, _train),
+    "aten::_batch_norm_with_update": _half_aware(lower_bn_with_update, lambda a: True),
+    "aten::_batch_norm_no_update": _half_aware(lower_bn_no_training, lambda a: False),
     "aten::native_batch_norm_backward": lower_batch_norm_backward,
 }
