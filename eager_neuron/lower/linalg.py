@@ -1,0 +1,503 @@
+"""Linear-algebra lowerings: LU, Cholesky and triangular solves (this module), QR, eigh, SVD,
+pinv, lstsq and matrix_exp (`linalg_spectral.py`), each a Numba kernel batched over leading dims.
+
+The pattern for every op: 1. copy each matrix operand into a float64 C-contiguous scratch of
+the broadcast batch shape, transposed where the op solves with A^T (the cast kernel does it);
+2. one kernel launch per step, batched (prange over matrices when the work is large); 3. cast
+the float64 results into the outputs, whose shape and (often column-major) strides come from
+meta. PyTorch's choices that later ops read back are kept: `_linalg_solve_ex`, `_linalg_det`
+and `_linalg_slogdet` factor A^T when A is contiguous (their backward formulas assume it), and
+`_linalg_check_errors` raises torch.linalg.LinAlgError with the CPU's messages.
+
+>>> import torch, eager_neuron
+>>> A = torch.tensor([[4.0, 1.0], [2.0, 3.0]], device="neuron")
+>>> [round(v, 4) for v in torch.linalg.solve(A, torch.tensor([1.0, 2.0], device="neuron")).tolist()]
+[0.1, 0.6]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..kernels import compile as kc
+from ..kernels import linalg as klin
+from ..launch import launch
+from .cast import cast
+
+VERSION = 1              # bump when this family's rendered source changes (disk cache key)
+PARALLEL_MIN = 1 << 16   # flops below which a prange over the batch costs more than it saves
+F64 = torch.float64
+I32 = torch.int32
+
+
+# ---------------------------------------------------------------------------------------------
+# scratch in, kernel, results out
+# ---------------------------------------------------------------------------------------------
+
+def f64(t: torch.Tensor, shape=None) -> torch.Tensor:
+    """A float64 C-contiguous scratch copy of t, broadcast to `shape` (t's own by default)."""
+    shape = tuple(t.shape) if shape is None else tuple(shape)
+    buf = torch.empty(shape, dtype=F64)
+    if buf.numel():
+        cast(t.detach().expand(shape), buf)
+    return buf
+
+
+def nbatch(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def b3(t: torch.Tensor) -> np.ndarray:
+    """(B, rows, cols) numpy view of a C-contiguous scratch."""
+    return t.numpy().reshape((nbatch(t.shape[:-2]),) + tuple(t.shape[-2:]))
+
+
+def b2(t: torch.Tensor) -> np.ndarray:
+    """(B, n) numpy view of a C-contiguous scratch."""
+    return t.numpy().reshape((nbatch(t.shape[:-1]), t.shape[-1]))
+
+
+def b1(t: torch.Tensor) -> np.ndarray:
+    return t.numpy().reshape(-1)
+
+
+def put(buf: torch.Tensor, out: torch.Tensor) -> None:
+    """out[...] = buf (same shape), converting dtype and layout."""
+    if out.numel():
+        cast(buf.reshape(out.shape), out)
+
+
+def int_scratch(out: torch.Tensor | None, shape: tuple, dtype=I32) -> torch.Tensor:
+    """out itself when it is a C-contiguous `dtype` tensor of `shape`, else a fresh scratch."""
+    if out is not None and out.dtype == dtype and out.is_contiguous() and \
+            tuple(out.shape) == tuple(shape):
+        return out
+    return torch.empty(shape, dtype=dtype)
+
+
+def put_int(buf: torch.Tensor, out: torch.Tensor) -> None:
+    if buf is not out and out.numel():
+        cast(buf.reshape(out.shape), out)
+
+
+def zero(t: torch.Tensor) -> None:
+    if t.numel():
+        cast(torch.zeros((), dtype=t.dtype).expand(t.shape), t)
+
+
+def run(kind: str, arrays: tuple, scalars: tuple = (), flops: float = 0.0) -> None:
+    """Launch kernel `kind` of kernels/linalg.py over numpy `arrays` (+ runtime flags)."""
+    batch = arrays[0].shape[0]
+    parallel = batch > 1 and flops >= PARALLEL_MIN and kc.parallel_allowed()
+    key = ("linalg", kind, VERSION, parallel)
+    nbytes = sum(a.nbytes for a in arrays)
+    launch(key, lambda: klin.render(kind, parallel), tuple(arrays) + tuple(scalars),
+           flops=flops, bytes_moved=nbytes, engine="vector")
+
+
+def batch_of(*shapes) -> tuple:
+    return tuple(torch.broadcast_shapes(*(tuple(s) for s in shapes)))
+
+
+# ---------------------------------------------------------------------------------------------
+# errors: PyTorch's _linalg_check_errors, on the info the kernels wrote
+# ---------------------------------------------------------------------------------------------
+
+def check_info(info: torch.Tensor, api: str, is_matrix: bool) -> None:
+    """Raise what the CPU raises for a non-zero LAPACK info (first failing batch element)."""
+    flat = info.detach().numpy().reshape(-1)
+    bad = np.flatnonzero(flat)
+    if bad.size == 0:
+        return
+    i = int(bad[0])
+    code = int(flat[i])
+    where = "" if is_matrix else f": (Batch element {i})"
+    if code < 0:
+        raise RuntimeError(f"{api}{where}: Argument {-code} has illegal value.")
+    if "inv" in api:
+        msg = (f": The diagonal element {code} is zero, the inversion could not be completed "
+               "because the input matrix is singular.")
+    elif "solve" in api:
+        msg = ": The solver failed because the input matrix is singular."
+    elif "cholesky" in api:
+        msg = (": The factorization could not be completed because the input is not "
+               f"positive-definite (the leading minor of order {code} is not "
+               "positive-definite).")
+    elif "svd" in api:
+        msg = (": The algorithm failed to converge because the input matrix is ill-conditioned "
+               f"or has too many repeated singular values (error code: {code}).")
+    elif "eig" in api or "syevd" in api:
+        msg = (": The algorithm failed to converge because the input matrix is ill-conditioned "
+               f"or has too many repeated eigenvalues (error code: {code}).")
+    elif "lstsq" in api:
+        msg = (": The least squares solution could not be computed because the input matrix "
+               f"does not have full rank (error code: {code}).")
+    elif "lu_factor" in api:
+        raise RuntimeError(
+            f"{api}{where}: U[{code},{code}] is zero and using it on lu_solve would result in a "
+            "division by zero. If you still want to perform the factorization, consider "
+            "calling linalg.lu(A, pivot) or linalg.lu_factor_ex(A, pivot)")
+    else:
+        msg = f": Unknown error code: {code}."
+    raise torch.linalg.LinAlgError(api + where + msg)
+
+
+def lower_check_errors(func, a, outs):
+    info = a["info"]
+    if info.numel():
+        check_info(info, a["api_name"], bool(a["is_matrix"]))
+
+
+def check_status(status: torch.Tensor, op: str, what: str) -> None:
+    """A kernel's per-matrix status flag (1 = bad input it skipped) as a clear error."""
+    flat = status.numpy().reshape(-1)
+    bad = np.flatnonzero(flat)
+    if bad.size:
+        raise torch.linalg.LinAlgError(
+            f"{op}: (Batch element {int(bad[0])}): {what}")
+
+
+def _no_pivot(op: str):
+    raise RuntimeError(f"{op}: LU without pivoting is not implemented on the CPU or on neuron; "
+                       "fix: call it with pivot=True")
+
+
+# ---------------------------------------------------------------------------------------------
+# LU
+# ---------------------------------------------------------------------------------------------
+
+def factor(A: torch.Tensor, piv_out=None, info_out=None):
+    """(lu float64 scratch, pivots int32, info int32) of getrf on A (..., m, n)."""
+    m, n = A.shape[-2:]
+    batch = tuple(A.shape[:-2])
+    lu = f64(A)
+    piv = int_scratch(piv_out, batch + (min(m, n),))
+    info = int_scratch(info_out, batch)
+    if lu.numel():
+        run("lu_factor", (b3(lu), b2(piv), b1(info)),
+            flops=2.0 * lu.numel() * min(m, n))
+    else:
+        zero(info)
+    return lu, piv, info
+
+
+def lower_lu_factor_ex(func, a, outs):
+    A, (LU, pivots, info) = a["A"], outs
+    if not a["pivot"]:
+        _no_pivot("linalg.lu_factor")
+    if A.numel() == 0:
+        zero(info)
+        return
+    lu, piv, inf = factor(A, pivots, info)
+    put(lu, LU)
+    put_int(piv, pivots)
+    put_int(inf, info)
+    if a["check_errors"]:
+        check_info(inf, "torch.linalg.lu_factor_ex", A.dim() == 2)
+
+
+def lu_solve_into(lu: torch.Tensor, piv: torch.Tensor, B: torch.Tensor, out: torch.Tensor,
+                  left: bool, adjoint: bool) -> None:
+    """out = A^-1 B (left) or B A^-1, A = P L U given by (lu, piv); `adjoint` solves with A^T.
+    lu: any (..., n, n) tensor (float64 scratch reused as is when its batch matches)."""
+    if out.numel() == 0:
+        return
+    if not left:               # X A = B  <=>  A^T X^T = B^T
+        adjoint = not adjoint
+        B, out = B.mT, out.mT
+    n, k = out.shape[-2:]
+    batch = tuple(out.shape[:-2])
+    if not (lu.dtype == F64 and lu.is_contiguous() and tuple(lu.shape[:-2]) == batch):
+        lu = f64(lu, batch + (n, n))
+    if not (piv.is_contiguous() and piv.dtype == I32 and tuple(piv.shape[:-1]) == batch):
+        p = torch.empty(batch + (n,), dtype=I32)
+        cast(piv.expand(batch + (n,)), p)
+        piv = p
+    x = f64(B, batch + (n, k))
+    status = torch.empty(batch, dtype=I32)
+    run("lu_solve", (b3(lu), b2(piv), b3(x), b1(status)), (bool(adjoint), False),
+        flops=2.0 * x.numel() * n)
+    check_status(status, "linalg.lu_solve", "pivots out of range [1, n]")
+    put(x, out)
+
+
+def lower_lu_solve(func, a, outs):
+    lu_solve_into(a["LU"], a["pivots"], a["B"], outs[0], bool(a["left"]), bool(a["adjoint"]))
+
+
+def is_vector_rhs(A: torch.Tensor, B: torch.Tensor) -> bool:
+    return B.dim() == 1 or (B.dim() == A.dim() - 1 and tuple(B.shape) == tuple(A.shape[:-1]))
+
+
+def lower_solve_ex(func, a, outs):
+    A, B, left = a["A"], a["B"], bool(a["left"])
+    result, LU, pivots, info = outs
+    # NOTE: torch 2.13 factors A itself here (unlike _linalg_det), and its backward reads LU so
+    lu, piv, inf = factor(A, pivots, info)
+    put(lu, LU)
+    put_int(piv, pivots)
+    put_int(inf, info)
+    if A.numel() == 0:
+        zero(info)
+        return
+    if a["check_errors"]:
+        check_info(inf, "torch.linalg.solve_ex", A.dim() == 2)
+    if is_vector_rhs(A, B):
+        B, result = B.unsqueeze(-1), result.unsqueeze(-1)
+    lu_solve_into(lu, piv, B, result, left, False)
+
+
+def lower_inv_ex(func, a, outs):
+    A, (inv, info) = a["A"], outs
+    if A.numel() == 0:
+        zero(info)
+        return
+    n = A.shape[-1]
+    lu, piv, inf = factor(A, None, info)
+    x = torch.empty(lu.shape, dtype=F64)
+    status = torch.empty(A.shape[:-2], dtype=I32)
+    run("lu_solve", (b3(lu), b2(piv), b3(x), b1(status)), (False, True),
+        flops=2.0 * lu.numel() * n)
+    put(x, inv)
+    put_int(inf, info)
+    if a["check_errors"]:
+        check_info(inf, "linalg.inv_ex", A.dim() == 2)
+
+
+def _det_parts(A: torch.Tensor, LU, pivots):
+    use_t = A.is_contiguous()      # PyTorch: det(A^T) = det(A), and backward expects that LU
+    lu, piv, _info = factor(A.mT if use_t else A, pivots)
+    batch = tuple(A.shape[:-2])
+    det, sign, logabs = (torch.empty(batch, dtype=F64) for _ in range(3))
+    if det.numel():
+        run("lu_det", (b3(lu), b2(piv), b1(det), b1(sign), b1(logabs)),
+            flops=lu.numel())
+    put(lu, LU)
+    put_int(piv, pivots)
+    return det, sign, logabs
+
+
+def lower_det(func, a, outs):
+    result, LU, pivots = outs
+    det, _sign, _logabs = _det_parts(a["A"], LU, pivots)
+    put(det, result)
+
+
+def lower_slogdet(func, a, outs):
+    sign, logabsdet, LU, pivots = outs
+    _det, s, la = _det_parts(a["A"], LU, pivots)
+    put(s, sign)
+    put(la, logabsdet)
+
+
+def _unpack(lu: torch.Tensor, piv: torch.Tensor, P, L, U, unpack_data: bool,
+            unpack_pivots: bool) -> None:
+    m, n = lu.shape[-2:]
+    k = min(m, n)
+    batch = tuple(lu.shape[:-2])
+    if lu.dtype != F64 or not lu.is_contiguous():
+        lu = f64(lu)
+    if not (piv.is_contiguous() and piv.dtype == I32):
+        p = torch.empty(piv.shape, dtype=I32)
+        cast(piv, p)
+        piv = p
+    nb = 1
+    for s in batch:
+        nb *= s
+    if nb == 0:
+        return
+    unpack_data = unpack_data and L.numel() + U.numel() > 0
+    unpack_pivots = unpack_pivots and P.numel() > 0
+    dummy = torch.empty((nb, 1, 1), dtype=F64)
+    p64 = torch.empty(batch + (m, m), dtype=F64) if unpack_pivots else dummy
+    l64 = torch.empty(batch + (m, k), dtype=F64) if unpack_data else dummy
+    u64 = torch.empty(batch + (k, n), dtype=F64) if unpack_data else dummy
+    status = torch.empty((nb,), dtype=I32)
+    run("lu_unpack", (b3(lu), b2(piv), b3(p64), b3(l64), b3(u64)),
+        (unpack_data, unpack_pivots, b1(status)), flops=lu.numel())
+    check_status(status, "lu_unpack", "pivots out of range [1, m]")
+    if unpack_pivots:
+        put(p64, P)
+    if unpack_data:
+        put(l64, L)
+        put(u64, U)
+
+
+def lower_lu_unpack(func, a, outs):
+    P, L, U = outs
+    _unpack(a["LU_data"], a["LU_pivots"], P, L, U, bool(a["unpack_data"]),
+            bool(a["unpack_pivots"]))
+
+
+def lower_linalg_lu(func, a, outs):
+    A, (P, L, U) = a["A"], outs
+    if not a["pivot"]:
+        _no_pivot("linalg.lu")
+    if A.numel() == 0:
+        return
+    lu, piv, _info = factor(A)
+    _unpack(lu, piv, P, L, U, True, True)
+
+
+# ---------------------------------------------------------------------------------------------
+# triangular solves
+# ---------------------------------------------------------------------------------------------
+
+def _trsm_into(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor, upper: bool, trans: bool,
+               unit: bool) -> None:
+    n, k = out.shape[-2:]
+    batch = tuple(out.shape[:-2])
+    a64 = f64(A, batch + (n, n))
+    x = f64(B, batch + (n, k))
+    run("trsm", (b3(a64), b3(x)), (upper, trans, unit), flops=1.0 * x.numel() * n)
+    put(x, out)
+
+
+def lower_solve_triangular(func, a, outs):
+    A, B, out = a["self"], a["B"], outs[0]
+    if out.numel() == 0:
+        return
+    upper, unit = bool(a["upper"]), bool(a["unitriangular"])
+    if a["left"]:
+        _trsm_into(A, B, out, upper, False, unit)
+    else:                      # X A = B  <=>  A^T X^T = B^T
+        _trsm_into(A, B.mT, out.mT, upper, True, unit)
+
+
+def lower_triangular_solve(func, a, outs):
+    b, A = a["self"], a["A"]
+    solution, clone = outs
+    if clone.numel():
+        cast(A.detach().expand(clone.shape), clone)
+    if solution.numel():
+        _trsm_into(A, b, solution, bool(a["upper"]), bool(a["transpose"]),
+                   bool(a["unitriangular"]))
+
+
+# ---------------------------------------------------------------------------------------------
+# Cholesky
+# ---------------------------------------------------------------------------------------------
+
+def _cholesky(A: torch.Tensor, L: torch.Tensor, info_out, upper: bool) -> torch.Tensor:
+    """Factor into L (or U = L^T written as the upper factor); returns the info tensor."""
+    batch = tuple(A.shape[:-2])
+    info = int_scratch(info_out, batch)
+    if A.numel() == 0:
+        zero(info)
+        return info
+    lower = f64(A.mT if upper else A)     # potrf('U') on A = potrf('L') on A^T, transposed
+    n = A.shape[-1]
+    run("cholesky", (b3(lower), b1(info)), flops=lower.numel() * n / 3.0)
+    put(lower, L.mT if upper else L)
+    return info
+
+
+def lower_cholesky_ex(func, a, outs):
+    A, (L, info) = a["self"], outs
+    inf = _cholesky(A, L, info, bool(a["upper"]))
+    put_int(inf, info)
+    if a["check_errors"]:
+        check_info(inf, "linalg.cholesky_ex", A.dim() == 2)
+
+
+def lower_cholesky(func, a, outs):
+    A = a["self"]
+    inf = _cholesky(A, outs[0], None, bool(a["upper"]))
+    check_info(inf, "cholesky", A.dim() == 2)
+
+
+def lower_cholesky_inverse(func, a, outs):
+    L, out = a["self"], outs[0]
+    if out.numel() == 0:
+        return
+    lower = f64(L.mT if a["upper"] else L)
+    info = torch.empty(L.shape[:-2], dtype=I32)
+    n = L.shape[-1]
+    run("cholesky_inverse", (b3(lower), b1(info)), flops=lower.numel() * n)
+    check_info(info, "cholesky_inverse", L.dim() == 2)
+    put(lower, out)
+
+
+def lower_cholesky_solve(func, a, outs):
+    B, L, out = a["self"], a["input2"], outs[0]
+    if out.numel() == 0:
+        return
+    n, k = out.shape[-2:]
+    batch = tuple(out.shape[:-2])
+    l64 = f64(L.mT if a["upper"] else L, batch + (n, n))
+    x = f64(B, batch + (n, k))
+    run("cholesky_solve", (b3(l64), b3(x)), flops=2.0 * x.numel() * n)
+    put(x, out)
+
+
+# ---------------------------------------------------------------------------------------------
+# cross product: bfloat16 only (other dtypes take PyTorch's decomposition, which is exact)
+# ---------------------------------------------------------------------------------------------
+
+def lower_cross(func, a, outs):
+    """The CPU's bfloat16 kernel rounds each product and the difference to bfloat16; the
+    decomposition computes in float32 and rounds once, which differs in the last bit."""
+    out = outs[0]
+    if out.dtype != torch.bfloat16:
+        raise NotImplementedError("linalg_cross: exact via the decomposition for this dtype")
+    if out.numel() == 0:
+        return
+    shape = tuple(out.shape)
+    dim = a["dim"] % len(shape)
+    pre, post = nbatch(shape[:dim]), nbatch(shape[dim + 1:])
+    xs, ys = (torch.empty(shape, dtype=torch.float32) for _ in range(2))
+    cast(a["self"].detach().expand(shape), xs)
+    cast(a["other"].detach().expand(shape), ys)
+    o = torch.empty(shape, dtype=torch.float32)
+    run("cross_bf16", tuple(t.numpy().reshape(pre, 3, post) for t in (xs, ys, o)),
+        flops=9.0 * out.numel())
+    cast(o, out)
+
+
+lower_cross.handles_half = True
+
+
+def _functional_only(fn):
+    """out= overloads (linalg_inv_ex.inverse, ...) may need their outputs resized, which a
+    lowering cannot do: they decline (NotImplementedError) and take the counted fallback."""
+    def lower(func, a, outs):
+        if any(r.alias_info is not None and r.alias_info.is_write
+               for r in func._schema.returns):
+            raise NotImplementedError(f"{func._schema.name}: out= variant")
+        return fn(func, a, outs)
+
+    lower.__name__ = fn.__name__
+    lower.__doc__ = fn.__doc__
+    lower.handles_half = getattr(fn, "handles_half", False)
+    return lower
+
+
+LOWERINGS = {
+    "aten::_linalg_check_errors": lower_check_errors,
+    "aten::linalg_lu_factor_ex": lower_lu_factor_ex,
+    "aten::linalg_lu_solve": lower_lu_solve,
+    "aten::_linalg_solve_ex": lower_solve_ex,
+    "aten::linalg_inv_ex": lower_inv_ex,
+    "aten::_linalg_det": lower_det,
+    "aten::_linalg_slogdet": lower_slogdet,
+    "aten::lu_unpack": lower_lu_unpack,
+    "aten::linalg_lu": lower_linalg_lu,
+    "aten::linalg_solve_triangular": lower_solve_triangular,
+    "aten::triangular_solve": lower_triangular_solve,
+    "aten::linalg_cholesky_ex": lower_cholesky_ex,
+    "aten::cholesky": lower_cholesky,
+    "aten::cholesky_inverse": lower_cholesky_inverse,
+    "aten::cholesky_solve": lower_cholesky_solve,
+    "aten::linalg_cross": lower_cross,
+}
+
+# part two (QR, eigh, SVD, pinv, lstsq, matrix_exp) lives next door; it imports helpers above
+from . import linalg_spectral as _spectral
+
+LOWERINGS.update(_spectral.LOWERINGS)
+LOWERINGS = {name: _functional_only(fn) for name, fn in LOWERINGS.items()}
+DYNAMIC = dict(_spectral.DYNAMIC)

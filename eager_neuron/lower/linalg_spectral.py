@@ -1,0 +1,321 @@
+"""Linear-algebra lowerings, part two: QR (geqrf, orgqr, ormqr), eigh, SVD, pinv, lstsq and
+matrix_exp. Same pattern as `linalg.py` (float64 scratch in, one batched kernel, cast out);
+`linalg.py` merges these into its LOWERINGS / DYNAMIC tables.
+
+geqrf and linalg_lstsq have no meta kernel in PyTorch, so they are DYNAMIC lowerings: they size
+and allocate their outputs themselves, with the CPU's shapes and (column-major) strides.
+
+>>> import torch, eager_neuron
+>>> Q, R = torch.linalg.qr(torch.eye(2, device="neuron") * 2)
+>>> R.diagonal().abs().tolist()
+[2.0, 2.0]
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..kernels import compile as kc
+from ..kernels import linalg as klin
+from ..launch import launch
+from .cast import cast
+from .linalg import F64, I32, VERSION, b1, b2, b3, batch_of, check_status, f64, put, run
+
+_NONFINITE = "the input matrix contains non-finite values (inf or NaN); fix: check the input"
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _fcontig_strides(shape: tuple) -> tuple:
+    """Batched column-major strides: what LAPACK-backed CPU kernels return."""
+    if len(shape) < 2:
+        return tuple(torch.empty(shape).stride())
+    m, n = shape[-2:]
+    batch, size = [], max(m * n, 1)
+    for s in reversed(shape[:-2]):
+        batch.insert(0, size)
+        size *= max(s, 1)
+    return tuple(batch) + (1, max(m, 1))
+
+
+# ---------------------------------------------------------------------------------------------
+# QR
+# ---------------------------------------------------------------------------------------------
+
+def dynamic_geqrf(func, a, index):
+    from ..dispatch import alloc
+
+    A = a["self"]
+    if A.dim() < 2:
+        raise RuntimeError("torch.geqrf: input must have at least 2 dimensions.")
+    m, n = A.shape[-2:]
+    k = min(m, n)
+    shape = tuple(A.shape)
+    qr, qr_block = alloc(index, shape, _fcontig_strides(shape), A.dtype)
+    tshape = shape[:-2] + (k,)
+    tau, tau_block = alloc(index, tshape, tuple(torch.empty(tshape).stride()), A.dtype)
+    if A.numel():
+        x = f64(A)
+        t64 = torch.empty(tshape, dtype=F64)
+        run("geqrf", (b3(x), b2(t64)), flops=2.0 * x.numel() * k)
+        put(x, qr)
+        put(t64, tau)
+    return [(qr, qr_block), (tau, tau_block)]
+
+
+def lower_householder_product(func, a, outs):
+    A, tau, out = a["input"], a["tau"], outs[0]
+    if out.numel() == 0:
+        return
+    k = tau.shape[-1]
+    q = f64(A)
+    t64 = f64(tau)
+    run("orgqr", (b3(q), t64.numpy().reshape(-1, k)), flops=4.0 * q.numel() * k)
+    put(q, out)
+
+
+def lower_ormqr(func, a, outs):
+    A, tau, C, out = a["self"], a["input2"], a["input3"], outs[0]
+    if out.numel() == 0:
+        return
+    k = tau.shape[-1]
+    batch = tuple(out.shape[:-2])
+    a64 = f64(A, batch + tuple(A.shape[-2:]))
+    t64 = f64(tau, batch + (k,))
+    x = f64(C, tuple(out.shape))
+    run("ormqr", (b3(a64), t64.numpy().reshape(-1, k), b3(x)),
+        (bool(a["left"]), bool(a["transpose"])), flops=4.0 * x.numel() * k)
+    put(x, out)
+
+
+def lower_qr(func, a, outs):
+    A, mode, (Q, R) = a["A"], a["mode"], outs
+    m, n = A.shape[-2:]
+    k = min(m, n)
+    batch = tuple(A.shape[:-2])
+    if _numel(batch) == 0 or R.numel() + Q.numel() == 0:
+        return
+    qc = 0 if mode == "r" else (m if mode == "complete" else k)
+    rq = m if mode == "complete" else k
+    x = f64(A)
+    tau = torch.empty(batch + (k,), dtype=F64)
+    q = torch.empty(batch + (m, qc), dtype=F64)
+    r = torch.empty(batch + (rq, n), dtype=F64)
+    nb = _numel(batch)
+    run("qr", (b3(x), tau.numpy().reshape(nb, k), q.numpy().reshape(nb, m, qc),
+               r.numpy().reshape(nb, rq, n)), flops=4.0 * x.numel() * k)
+    put(r, R)
+    if qc:
+        put(q, Q)
+
+
+# ---------------------------------------------------------------------------------------------
+# eigh, SVD, pinv
+# ---------------------------------------------------------------------------------------------
+
+def lower_eigh(func, a, outs):
+    A, (w, v) = a["A"], outs
+    n = A.shape[-1]
+    batch = tuple(A.shape[:-2])
+    nb = _numel(batch)
+    if nb == 0 or n == 0:
+        return
+    want_v = bool(a["compute_v"]) and v.numel() > 0
+    x = f64(A)
+    w64 = torch.empty(batch + (n,), dtype=F64)
+    v64 = torch.empty(batch + (n, n), dtype=F64) if want_v else torch.empty((nb, 1, 1),
+                                                                            dtype=F64)
+    status = torch.empty((nb,), dtype=I32)
+    run("eigh", (b3(x), w64.numpy().reshape(nb, n), b3(v64)),
+        (a["UPLO"].upper() == "L", want_v, b1(status)), flops=9.0 * x.numel() * n)
+    check_status(status, "linalg.eigh", _NONFINITE)
+    put(w64, w)
+    if want_v:
+        put(v64, v)
+
+
+def lower_svd(func, a, outs):
+    A, (U, S, Vh) = a["A"], outs
+    if a["driver"] is not None:
+        raise RuntimeError("torch.linalg.svd: keyword argument `driver=` is only supported on "
+                           "CUDA inputs with cuSOLVER backend.")
+    m, n = A.shape[-2:]
+    k = min(m, n)
+    batch = tuple(A.shape[:-2])
+    nb = _numel(batch)
+    if nb == 0:
+        return
+    full, want_uv = bool(a["full_matrices"]), bool(a["compute_uv"])
+    if k == 0:
+        # no singular values; full U and Vh of an empty matrix are identities
+        for t in (U, Vh):
+            if t.numel():
+                _identity_into(t)
+        return
+    x = f64(A)
+    ur, vc = (m, n) if full else (k, k)
+    s64 = torch.empty(batch + (k,), dtype=F64)
+    u64 = torch.empty(batch + (m, ur), dtype=F64)
+    vt64 = torch.empty(batch + (vc, n), dtype=F64)
+    status = torch.empty((nb,), dtype=I32)
+    run("svd", (b3(x), u64.numpy().reshape(nb, m, ur), s64.numpy().reshape(nb, k),
+                vt64.numpy().reshape(nb, vc, n)), (full, want_uv, b1(status)),
+        flops=12.0 * x.numel() * k)
+    check_status(status, "linalg.svd", _NONFINITE)
+    put(s64, S)
+    if want_uv and U.numel():
+        put(u64, U)
+        put(vt64, Vh)
+
+
+def _identity_into(t: torch.Tensor) -> None:
+    """t = identity matrices (batched), via a zero fill and a diagonal view fill."""
+    cast(torch.zeros((), dtype=t.dtype).expand(t.shape), t)
+    d = t.diagonal(0, -2, -1)
+    if d.numel():
+        cast(torch.ones((), dtype=t.dtype).expand(d.shape), d)
+
+
+def lower_pinv(func, a, outs):
+    A, out = a["self"], outs[0]
+    m, n = A.shape[-2:]
+    batch = tuple(A.shape[:-2])
+    nb = _numel(batch)
+    if out.numel() == 0:
+        return
+    if m == 0 or n == 0:
+        cast(torch.zeros((), dtype=out.dtype).expand(out.shape), out)
+        return
+    atol, rtol = a["atol"], a["rtol"]
+    eps = torch.finfo(A.dtype if A.dtype.is_floating_point else torch.float32).eps
+    atol64 = torch.zeros(batch or (1,), dtype=F64)
+    if atol is not None:
+        cast(atol.detach().expand(batch), atol64.view(batch))
+    rtol64 = torch.empty(batch or (1,), dtype=F64)
+    if rtol is not None:
+        cast(rtol.detach().expand(batch), rtol64.view(batch))
+    else:
+        cast(torch.full((), eps * max(m, n), dtype=F64).expand(rtol64.shape), rtol64)
+    zero_rtol = rtol is None and atol is not None
+    x = f64(A)
+    o64 = torch.empty(batch + (n, m), dtype=F64)
+    status = torch.empty((nb,), dtype=I32)
+    run("pinv", (b3(x), b1(atol64), b1(rtol64), b3(o64)),
+        (bool(a["hermitian"]), zero_rtol, b1(status)), flops=14.0 * x.numel() * min(m, n))
+    check_status(status, "linalg.pinv", _NONFINITE)
+    put(o64, out)
+
+
+# ---------------------------------------------------------------------------------------------
+# matrix_exp
+# ---------------------------------------------------------------------------------------------
+
+def lower_matrix_exp(func, a, outs):
+    A, out = a["self"], outs[0]
+    if out.numel() == 0:
+        return
+    n = A.shape[-1]
+    # NOTE: in the input's precision, as PyTorch computes it: float32 results then carry the
+    # CPU's own truncation and squaring errors (float64 math would differ from them by ~1e-6)
+    dtype = F64 if A.dtype == F64 else torch.float32
+    np_type = "np.float64" if dtype == F64 else "np.float32"
+    x = torch.empty(A.shape, dtype=dtype)
+    cast(A.detach(), x)
+    o = torch.empty(A.shape, dtype=dtype)
+    parallel = x.numel() > n * n and x.numel() * n >= 1 << 16 and kc.parallel_allowed()
+    key = ("linalg", "matrix_exp", VERSION, np_type, parallel)
+    launch(key, lambda: klin.render_matrix_exp(np_type, parallel), (b3(x), b3(o)),
+           flops=20.0 * x.numel() * n, bytes_moved=2 * x.numel() * x.element_size(),
+           engine="tensor")
+    put(o, out)
+
+
+# ---------------------------------------------------------------------------------------------
+# lstsq: min-norm least squares through the SVD (every driver's answer for full-rank A)
+# ---------------------------------------------------------------------------------------------
+
+_DRIVERS = ("gels", "gelsy", "gelsd", "gelss")
+
+
+def dynamic_lstsq(func, a, index):
+    from ..dispatch import alloc
+
+    A, B = a["self"], a["b"]
+    driver = a["driver"] or "gelsy"
+    if A.dim() < 2:
+        raise RuntimeError("torch.linalg.lstsq: input must have at least 2 dimensions.")
+    if driver not in _DRIVERS:
+        raise RuntimeError("torch.linalg.lstsq: parameter `driver` should be one of "
+                           "(gels, gelsy, gelsd, gelss)")
+    if not A.dtype.is_floating_point or A.dtype != B.dtype:
+        raise RuntimeError(f"torch.linalg.lstsq: expected floating A and b of one dtype, got "
+                           f"{A.dtype} and {B.dtype}")
+    vector = B.dim() == A.dim() - 1
+    Bm = B.unsqueeze(-1) if vector else B
+    if Bm.dim() < 2 or Bm.shape[-2] != A.shape[-2]:
+        raise RuntimeError(f"torch.linalg.lstsq: input.size(-2) should match other.size(-2) "
+                           f"(got {tuple(A.shape)} and {tuple(B.shape)})")
+    m, n = A.shape[-2:]
+    k = Bm.shape[-1]
+    kk = min(m, n)
+    batch = batch_of(A.shape[:-2], Bm.shape[:-2])
+    nb = _numel(batch)
+    dt = A.dtype
+    rcond = a["rcond"]
+    if rcond is None:
+        rcond = torch.finfo(dt).eps * max(m, n)
+    x = f64(A, batch + (m, n))
+    rhs = f64(Bm, batch + (m, k))
+    sol = torch.empty(batch + (n, k), dtype=F64)
+    rank = torch.empty(batch, dtype=torch.int64)
+    sv = torch.empty(batch + (kk,), dtype=F64)
+    res = torch.empty(batch + (k,), dtype=F64)
+    status = torch.empty((max(nb, 1),), dtype=I32)
+    if nb and m and n:
+        run("lstsq", (b3(x), b3(rhs), b3(sol), b1(rank), sv.numpy().reshape(nb, kk),
+                      res.numpy().reshape(nb, k)), (float(rcond), b1(status)),
+            flops=12.0 * x.numel() * kk + 2.0 * x.numel() * k)
+        check_status(status[:nb], "linalg.lstsq", _NONFINITE)
+    elif sol.numel():
+        cast(torch.zeros((), dtype=F64).expand(sol.shape), sol)
+    # 2. outputs with the CPU's shapes: what each driver computes, empty otherwise
+    sshape = batch + (n,) if vector else batch + (n, k)
+    solution, sb = alloc(index, sshape, _fcontig_strides(sshape) if not vector else
+                         tuple(torch.empty(sshape).stride()), dt)
+    put(sol.reshape(sshape), solution)
+    full_rank = nb > 0 and m > n and driver != "gelsy" and (
+        driver == "gels" or bool((rank.numpy() == n).all()))
+    rshape = (batch + ((k,) if not vector else ())) if full_rank else (0,)
+    residuals, rb = alloc(index, rshape, tuple(torch.empty(rshape).stride()), dt)
+    if full_rank:
+        put(res.reshape(rshape), residuals)
+    kshape = batch if driver != "gels" else (0,)
+    rank_out, kb = alloc(index, kshape, tuple(torch.empty(kshape).stride()), torch.int64)
+    if driver != "gels" and rank_out.numel():
+        cast(rank.reshape(kshape), rank_out)
+    vshape = batch + (kk,) if driver in ("gelsd", "gelss") else (0,)
+    svals, vb = alloc(index, vshape, tuple(torch.empty(vshape).stride()), dt)
+    if driver in ("gelsd", "gelss") and svals.numel():
+        put(sv, svals)
+    return [(solution, sb), (residuals, rb), (rank_out, kb), (svals, vb)]
+
+
+LOWERINGS = {
+    "aten::linalg_householder_product": lower_householder_product,
+    "aten::ormqr": lower_ormqr,
+    "aten::linalg_qr": lower_qr,
+    "aten::_linalg_eigh": lower_eigh,
+    "aten::_linalg_svd": lower_svd,
+    "aten::linalg_pinv.atol_rtol_tensor": lower_pinv,
+    "aten::linalg_matrix_exp": lower_matrix_exp,
+}
+
+DYNAMIC = {
+    "aten::geqrf": dynamic_geqrf,
+    "aten::linalg_lstsq": dynamic_lstsq,
+}

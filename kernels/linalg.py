@@ -1,0 +1,665 @@
+"""Linear-algebra family: batched factorizations and solves, written out as loops.
+
+Every kernel works on float64 C-contiguous batches `(B, rows, cols)` that the lowering copied
+in (so one compiled kernel serves float32 and float64 inputs of any layout, and float32 inputs
+are factored with float64 accumulation), and writes float64 results that the lowering casts
+into PyTorch's output layout. Flags (upper, transpose, left, ...) are runtime arguments: one
+compile per kernel, not one per flag combination. The algorithms follow LAPACK's reference
+routines step by step where PyTorch exposes their raw output (getrf pivots, geqrf reflectors
+and tau, potrf's info), so the conventions match the CPU: 1-based int32 pivots, the first zero
+pivot or non-positive leading minor in `info`, dlarfg's sign choice for Householder vectors.
+Spectral kernels (eigh, svd, pinv) call Numba's np.linalg (LAPACK syevd / gesdd).
+
+>>> src, name = render("lu_factor", False)
+>>> "_getrf(a[b], piv[b])" in src
+True
+"""
+
+from __future__ import annotations
+
+from .elementwise import kernel_name
+
+HEADER = '@njit(error_model="numpy", nogil=True{extra})\n'
+_HELPER = '@njit(error_model="numpy", nogil=True)\n'
+
+# -- one-matrix helpers, shared by the batch kernels below ----------------------------------------
+_GETRF = _HELPER + '''\
+def _getrf(x, piv):
+    # LAPACK getf2 in place: partial pivoting on the first largest |x[i, j]|; returns info
+    m, n = x.shape
+    info = 0
+    for j in range(min(m, n)):
+        p = j
+        best = abs(x[j, j])
+        for i in range(j + 1, m):
+            v = abs(x[i, j])
+            if v > best:
+                best = v
+                p = i
+        piv[j] = p + 1
+        if x[p, j] != 0.0:
+            if p != j:
+                for c in range(n):
+                    t = x[j, c]
+                    x[j, c] = x[p, c]
+                    x[p, c] = t
+            d = x[j, j]
+            for i in range(j + 1, m):
+                x[i, j] /= d
+        elif info == 0:
+            info = j + 1
+        for i in range(j + 1, m):
+            f = x[i, j]
+            for c in range(j + 1, n):
+                x[i, c] -= f * x[j, c]
+    return info
+'''
+
+_TRSM = _HELPER + '''\
+def _trsm(a, x, upper, trans, unit):
+    # x <- op(T)^-1 x, T the upper or lower triangle of a, op(T) = T.T when trans
+    n = a.shape[0]
+    k = x.shape[1]
+    if upper != trans:
+        for i in range(n - 1, -1, -1):
+            for j in range(i + 1, n):
+                f = a[j, i] if trans else a[i, j]
+                for c in range(k):
+                    x[i, c] -= f * x[j, c]
+            if not unit:
+                d = a[i, i]
+                for c in range(k):
+                    x[i, c] /= d
+    else:
+        for i in range(n):
+            for j in range(i):
+                f = a[j, i] if trans else a[i, j]
+                for c in range(k):
+                    x[i, c] -= f * x[j, c]
+            if not unit:
+                d = a[i, i]
+                for c in range(k):
+                    x[i, c] /= d
+'''
+
+_SWAPS = _HELPER + '''\
+def _swaps(x, piv, reverse):
+    # apply getrf's row interchanges to x (forward: P.T x; reverse: P x); False if out of range
+    n = x.shape[0]
+    k = piv.shape[0]
+    for t in range(k):
+        i = k - 1 - t if reverse else t
+        p = piv[i] - 1
+        if p < 0 or p >= n:
+            return False
+        if p != i:
+            for c in range(x.shape[1]):
+                v = x[i, c]
+                x[i, c] = x[p, c]
+                x[p, c] = v
+    return True
+'''
+
+_GEQRF = _HELPER + '''\
+def _geqrf(x, tau):
+    # LAPACK geqr2: Householder vectors below the diagonal, R on and above it (dlarfg's signs)
+    m, n = x.shape
+    for j in range(min(m, n)):
+        alpha = x[j, j]
+        ss = 0.0
+        for i in range(j + 1, m):
+            ss += x[i, j] * x[i, j]
+        if ss == 0.0:
+            tau[j] = 0.0
+        else:
+            beta = -math.copysign(math.sqrt(alpha * alpha + ss), alpha)
+            tau[j] = (beta - alpha) / beta
+            s = 1.0 / (alpha - beta)
+            for i in range(j + 1, m):
+                x[i, j] *= s
+            x[j, j] = beta
+        t = tau[j]
+        if t != 0.0:
+            for c in range(j + 1, n):
+                w = x[j, c]
+                for i in range(j + 1, m):
+                    w += x[i, j] * x[i, c]
+                w *= t
+                x[j, c] -= w
+                for i in range(j + 1, m):
+                    x[i, c] -= w * x[i, j]
+'''
+
+_ORGQR = _HELPER + '''\
+def _orgqr(a, tau, k):
+    # LAPACK org2r: the first n columns of H(0) ... H(k-1) from the reflectors in a[:, :k]
+    m, n = a.shape
+    for j in range(k, n):
+        for i in range(m):
+            a[i, j] = 0.0
+        a[j, j] = 1.0
+    for i in range(k - 1, -1, -1):
+        t = tau[i]
+        if i < n - 1:
+            a[i, i] = 1.0
+            for c in range(i + 1, n):
+                w = 0.0
+                for r in range(i, m):
+                    w += a[r, i] * a[r, c]
+                w *= t
+                for r in range(i, m):
+                    a[r, c] -= w * a[r, i]
+        for r in range(i + 1, m):
+            a[r, i] *= -t
+        a[i, i] = 1.0 - t
+        for r in range(i):
+            a[r, i] = 0.0
+'''
+
+_ORMQR = _HELPER + '''\
+def _ormqr(a, tau, c, left, trans):
+    # LAPACK orm2r: c <- op(Q) c (left) or c op(Q) (right), Q = H(0) ... H(k-1) from a[:, :k]
+    k = tau.shape[0]
+    m, n = c.shape
+    forward = left == trans
+    for t in range(k):
+        i = t if forward else k - 1 - t
+        ti = tau[i]
+        if ti == 0.0:
+            continue
+        if left:
+            for col in range(n):
+                w = c[i, col]
+                for r in range(i + 1, m):
+                    w += a[r, i] * c[r, col]
+                w *= ti
+                c[i, col] -= w
+                for r in range(i + 1, m):
+                    c[r, col] -= w * a[r, i]
+        else:
+            for row in range(m):
+                w = c[row, i]
+                for r in range(i + 1, n):
+                    w += c[row, r] * a[r, i]
+                w *= ti
+                c[row, i] -= w
+                for r in range(i + 1, n):
+                    c[row, r] -= w * a[r, i]
+'''
+
+_POTRF = _HELPER + '''\
+def _potrf(x):
+    # LAPACK potf2 (lower): reads the lower triangle, zeroes the strict upper one; returns info
+    n = x.shape[0]
+    for i in range(n):
+        for j in range(i + 1, n):
+            x[i, j] = 0.0
+    for j in range(n):
+        s = x[j, j]
+        for p in range(j):
+            s -= x[j, p] * x[j, p]
+        if not s > 0.0:
+            x[j, j] = s
+            return j + 1
+        d = math.sqrt(s)
+        x[j, j] = d
+        for i in range(j + 1, n):
+            s = x[i, j]
+            for p in range(j):
+                s -= x[i, p] * x[j, p]
+            x[i, j] = s / d
+    return 0
+'''
+
+_SYM = _HELPER + '''\
+def _symmetrize(x, lower):
+    # the full symmetric matrix from one triangle (LAPACK reads only that one)
+    n = x.shape[0]
+    for i in range(n):
+        for j in range(i + 1, n):
+            if lower:
+                x[i, j] = x[j, i]
+            else:
+                x[j, i] = x[i, j]
+'''
+
+_FINITE = _HELPER + '''\
+def _finite(x):
+    for i in range(x.shape[0]):
+        for j in range(x.shape[1]):
+            if not math.isfinite(x[i, j]):
+                return False
+    return True
+'''
+
+_BF16 = _HELPER + '''\
+def _bf16(x):
+    # the nearest-even bfloat16 value of x (8 significant bits); 0, inf and nan pass through
+    if x == 0.0 or not math.isfinite(x):
+        return x
+    m, e = math.frexp(x)
+    return math.ldexp(np.rint(m * 256.0), e - 8)
+'''
+
+# -- batch kernels: name -> (parameters, helpers, body over one batch index b) --------------------
+_KERNELS = {
+    # a (B, m, n) -> LU in place; piv (B, min(m, n)) int32; info (B,) int32
+    "lu_factor": ("a, piv, info", (_GETRF,), """\
+        info[b] = _getrf(a[b], piv[b])
+"""),
+    # lu (B, n, n), piv (B, n), x (B, n, k) in place: A x = b, or A.T x = b when trans;
+    # identity: x starts as the identity (the inverse); status[b] = 1 for a pivot outside [1, n]
+    "lu_solve": ("lu, piv, x, status, trans, identity", (_TRSM, _SWAPS), """\
+        status[b] = 0
+        if identity:
+            for i in range(x.shape[1]):
+                for j in range(x.shape[2]):
+                    x[b, i, j] = 1.0 if i == j else 0.0
+        if not trans:
+            if not _swaps(x[b], piv[b], False):
+                status[b] = 1
+                continue
+            _trsm(lu[b], x[b], False, False, True)
+            _trsm(lu[b], x[b], True, False, False)
+        else:
+            _trsm(lu[b], x[b], True, True, False)
+            _trsm(lu[b], x[b], False, True, True)
+            if not _swaps(x[b], piv[b], True):
+                status[b] = 1
+"""),
+    # a (B, n, n) triangular, x (B, n, k) in place
+    "trsm": ("a, x, upper, trans, unit", (_TRSM,), """\
+        _trsm(a[b], x[b], upper, trans, unit)
+"""),
+    # lu (B, n, n), piv (B, n) -> det, sign, logabsdet (B,), as PyTorch forms them from LU
+    "lu_det": ("lu, piv, det, sign, logabs", (), """\
+        s = 1.0
+        for i in range(piv.shape[1]):
+            if piv[b, i] != i + 1:
+                s = -s
+        d = s
+        g = s
+        la = 0.0
+        for i in range(lu.shape[1]):
+            u = lu[b, i, i]
+            d *= u
+            g *= (u > 0.0) - (u < 0.0) if u == u else u
+            la += math.log(abs(u))
+        det[b] = d
+        sign[b] = g
+        logabs[b] = la
+"""),
+    # lu (B, m, n), piv (B, k) -> p (B, m, m), l (B, m, k), u (B, k, n) (A = P L U)
+    "lu_unpack": ("lu, piv, p, l, u, unpack_data, unpack_pivots, status", (), """\
+        m = lu.shape[1]
+        n = lu.shape[2]
+        k = min(m, n)
+        status[b] = 0
+        if unpack_data:
+            for i in range(m):
+                for j in range(k):
+                    l[b, i, j] = lu[b, i, j] if i > j else (1.0 if i == j else 0.0)
+            for i in range(k):
+                for j in range(n):
+                    u[b, i, j] = lu[b, i, j] if j >= i else 0.0
+        if unpack_pivots:
+            perm = np.arange(m)
+            for i in range(piv.shape[1]):
+                q = piv[b, i] - 1
+                if q < 0 or q >= m:
+                    status[b] = 1
+                    break
+                t = perm[i]
+                perm[i] = perm[q]
+                perm[q] = t
+            for i in range(m):
+                for j in range(m):
+                    p[b, i, j] = 0.0
+            for j in range(m):
+                p[b, perm[j], j] = 1.0
+"""),
+    # a (B, n, n): lower Cholesky factor in place (upper triangle zeroed), info (B,)
+    "cholesky": ("a, info", (_POTRF,), """\
+        info[b] = _potrf(a[b])
+"""),
+    # l (B, n, n) lower factor -> (L L^T)^-1 in place; info = first zero diagonal (1-based)
+    "cholesky_inverse": ("l, info", (), """\
+        x = l[b]
+        n = x.shape[0]
+        info[b] = 0
+        for i in range(n):
+            if x[i, i] == 0.0:
+                info[b] = i + 1
+                break
+        if info[b] != 0:
+            continue
+        inv = np.zeros((n, n))
+        for j in range(n):
+            inv[j, j] = 1.0 / x[j, j]
+            for i in range(j + 1, n):
+                s = 0.0
+                for p in range(j, i):
+                    s -= x[i, p] * inv[p, j]
+                inv[i, j] = s / x[i, i]
+        for i in range(n):
+            for j in range(i + 1):
+                s = 0.0
+                for p in range(i, n):
+                    s += inv[p, i] * inv[p, j]
+                x[i, j] = s
+                x[j, i] = s
+"""),
+    # l (B, n, n) lower factor, x (B, n, k) in place: L L^T x = b
+    "cholesky_solve": ("l, x", (_TRSM,), """\
+        _trsm(l[b], x[b], False, False, False)
+        _trsm(l[b], x[b], False, True, False)
+"""),
+    # a (B, m, n) -> geqrf in place, tau (B, min(m, n))
+    "geqrf": ("a, tau", (_GEQRF,), """\
+        _geqrf(a[b], tau[b])
+"""),
+    # q (B, m, n) with reflectors in the first k columns -> Q in place
+    "orgqr": ("q, tau", (_ORGQR,), """\
+        _orgqr(q[b], tau[b], tau.shape[1])
+"""),
+    # a (B, nq, k) reflectors, tau (B, k), c (B, m, n) in place
+    "ormqr": ("a, tau, c, left, trans", (_ORMQR,), """\
+        _ormqr(a[b], tau[b], c[b], left, trans)
+"""),
+    # a (B, m, n) -> geqrf; r (B, rq, n) = triu(a[:rq]); q (B, m, qc) = Q's first qc columns
+    "qr": ("a, tau, q, r", (_GEQRF, _ORGQR), """\
+        x = a[b]
+        _geqrf(x, tau[b])
+        for i in range(r.shape[1]):
+            for j in range(r.shape[2]):
+                r[b, i, j] = x[i, j] if (j >= i and i < x.shape[0]) else 0.0
+        qc = q.shape[2]
+        if qc > 0:
+            for i in range(q.shape[1]):
+                for j in range(qc):
+                    q[b, i, j] = x[i, j] if j < x.shape[1] else 0.0
+            _orgqr(q[b], tau[b], tau.shape[1])
+"""),
+    # a (B, n, n) symmetric (one triangle read) -> w (B, n) ascending, v (B, n, n) if want_v;
+    # status[b] = 1 for non-finite input
+    "eigh": ("a, w, v, lower, want_v, status", (_SYM, _FINITE), """\
+        x = a[b]
+        _symmetrize(x, lower)
+        status[b] = 0
+        if not _finite(x):
+            status[b] = 1
+            continue
+        ev, vec = np.linalg.eigh(x)
+        w[b] = ev
+        if want_v:
+            v[b] = vec
+"""),
+    # a (B, m, n) -> u (B, m, m|k), s (B, k), vt (B, n|k, n) (want_uv), full_matrices
+    "svd": ("a, u, s, vt, full, want_uv, status", (_FINITE,), """\
+        status[b] = 0
+        if not _finite(a[b]):
+            status[b] = 1
+            continue
+        uu, ss, vv = np.linalg.svd(a[b], full_matrices=full)
+        s[b] = ss
+        if want_uv:
+            u[b] = uu
+            vt[b] = vv
+"""),
+    # a (B, m, n) -> out (B, n, m) pseudo-inverse; atol, rtol (B,): cutoff max(atol, rtol*smax);
+    # zero_rtol: rtol counts only where atol <= 0 (PyTorch's default when only atol is given)
+    "pinv": ("a, atol, rtol, out, hermitian, zero_rtol, status", (_SYM, _FINITE), """\
+        x = a[b]
+        status[b] = 0
+        if hermitian:
+            _symmetrize(x, True)
+        if not _finite(x):
+            status[b] = 1
+            continue
+        rt = 0.0 if (zero_rtol and atol[b] > 0.0) else rtol[b]
+        o = out[b]
+        for i in range(o.shape[0]):
+            for j in range(o.shape[1]):
+                o[i, j] = 0.0
+        if hermitian:
+            ev, vec = np.linalg.eigh(x)
+            smax = 0.0
+            for i in range(ev.shape[0]):
+                smax = max(smax, abs(ev[i]))
+            tol = max(atol[b], rt * smax)
+            for p in range(ev.shape[0]):
+                if abs(ev[p]) > tol:
+                    r = 1.0 / ev[p]
+                    for i in range(o.shape[0]):
+                        f = vec[i, p] * r
+                        for j in range(o.shape[1]):
+                            o[i, j] += f * vec[j, p]
+        else:
+            uu, ss, vv = np.linalg.svd(x, full_matrices=False)
+            smax = ss[0] if ss.shape[0] > 0 else 0.0
+            tol = max(atol[b], rt * smax)
+            for p in range(ss.shape[0]):
+                if ss[p] > tol:
+                    r = 1.0 / ss[p]
+                    for i in range(o.shape[0]):
+                        f = vv[p, i] * r
+                        for j in range(o.shape[1]):
+                            o[i, j] += f * uu[j, p]
+"""),
+    # a (B, m, n), rhs (B, m, k) -> x (B, n, k) min-norm least squares (SVD, cutoff
+    # rcond * smax), rank (B,) int64, sv (B, min(m, n)), resid (B, k) = |a x - rhs|^2 per column
+    "lstsq": ("a, rhs, x, rank, sv, resid, rcond, status", (_FINITE,), """\
+        status[b] = 0
+        if not (_finite(a[b]) and _finite(rhs[b])):
+            status[b] = 1
+            continue
+        m = a.shape[1]
+        n = a.shape[2]
+        k = rhs.shape[2]
+        uu, ss, vv = np.linalg.svd(a[b], full_matrices=False)
+        smax = ss[0] if ss.shape[0] > 0 else 0.0
+        r = 0
+        for p in range(ss.shape[0]):
+            sv[b, p] = ss[p]
+            if ss[p] > rcond * smax:
+                r += 1
+        rank[b] = r
+        xb = x[b]
+        for j in range(n):
+            for c in range(k):
+                xb[j, c] = 0.0
+        for p in range(r):
+            inv = 1.0 / ss[p]
+            for c in range(k):
+                t = 0.0
+                for i in range(m):
+                    t += uu[i, p] * rhs[b, i, c]
+                t *= inv
+                for j in range(n):
+                    xb[j, c] += vv[p, j] * t
+        for c in range(k):
+            t = 0.0
+            for i in range(m):
+                e = -rhs[b, i, c]
+                for j in range(n):
+                    e += a[b, i, j] * xb[j, c]
+                t += e * e
+            resid[b, c] = t
+"""),
+    # a, c, out (P, 3, Q) float32 holding bfloat16 values: the cross product along axis 1 with
+    # each product and the difference rounded to bfloat16, as the CPU's bfloat16 kernel does
+    "cross_bf16": ("a, c, out", (_BF16,), """\
+        for j in range(out.shape[2]):
+            a0 = a[b, 0, j]
+            a1 = a[b, 1, j]
+            a2 = a[b, 2, j]
+            c0 = c[b, 0, j]
+            c1 = c[b, 1, j]
+            c2 = c[b, 2, j]
+            out[b, 0, j] = _bf16(_bf16(a1 * c2) - _bf16(a2 * c1))
+            out[b, 1, j] = _bf16(_bf16(a2 * c0) - _bf16(a0 * c2))
+            out[b, 2, j] = _bf16(_bf16(a0 * c1) - _bf16(a1 * c0))
+"""),
+}
+
+
+def render(kind: str, parallel: bool) -> tuple[str, str]:
+    """`k(<params of kind>)`: the batch loop over `kind`'s body (prange when parallel)."""
+    params, helpers, body = _KERNELS[kind]
+    name = kernel_name(f"linalg_{kind}", params, body, helpers, parallel)
+    rng = "prange" if parallel else "range"
+    first = params.split(",")[0].strip()
+    lines = list(dict.fromkeys(helpers))   # a helper once, in order
+    lines.append(HEADER.format(extra=", parallel=True" if parallel else "")
+                 + f"def {name}({params}):\n"
+                 + f"    for b in {rng}({first}.shape[0]):\n"
+                 + "        if True:\n"
+                 + "".join("    " + ln + "\n" for ln in body.splitlines()))
+    return "\n".join(lines), name
+
+
+# -- matrix exponential: PyTorch's own algorithm (Bader, Blanes, Casas 2019: optimized Taylor
+# polynomials of degree 1..18 chosen by the 1-norm, scaling and squaring above degree 18), in the
+# input's precision: float32 truncation and squaring errors are the CPU's, so results match it.
+_THETAS = {
+    "np.float32": (1.192092800768788e-07, 5.978858893805233e-04, 5.116619363445086e-02,
+                   5.800524627688768e-01, 1.461661507209034e+00, 3.010066362817634e+00),
+    "np.float64": (2.220446049250313e-16, 2.580956802971767e-08, 3.397168839976962e-04,
+                   4.991228871115323e-02, 2.996158913811580e-01, 1.090863719290036e+00),
+}
+_SQRT177 = 0.1330413469565007072504e+2
+_T8 = (2.0 / 3.0,)
+_B12 = ((9.0198e-16, 0.46932117595418237389, -0.20099424927047284052, -0.04623946134063071740),
+        (5.31597895759871264183, 1.19926790417132231573, 0.01179296240992997031,
+         0.01108844528519167989),
+        (0.18188869982170434744, 0.05502798439925399070, 0.09351590770535414968,
+         0.00610700528898058230),
+        (-2.0861320e-13, -0.13181061013830184015, -0.02027855540589259079,
+         -0.00675951846863086359))
+_B18 = ((0.0, -1.00365581030144618291e-01, -8.02924648241156932449e-03,
+         -8.92138498045729985177e-04, 0.0),
+        (0.0, 3.97849749499645077844e-01, 1.36783778460411720168e+00,
+         4.98289622525382669416e-01, -6.37898194594723280150e-04),
+        (-1.09676396052962061844e+01, 1.68015813878906206114e+00, 5.71779846478865511061e-02,
+         -6.98210122488052056106e-03, 3.34975017086070470649e-05),
+        (-9.04316832390810593223e-02, -6.76404519071381882256e-02, 6.75961301770459654925e-02,
+         2.95552570429315521194e-02, -1.39180257516060693404e-05),
+        (0.0, 0.0, -9.23364619367118555360e-02, -1.69364939002081722752e-02,
+         -1.40086798182036094347e-05))
+
+
+def _t8_coeffs() -> tuple:
+    s, x3 = _SQRT177, 2.0 / 3.0
+    return (x3 * ((1.0 + s) / 88.0), x3 * ((1.0 + s) / 352.0), x3,
+            (-271.0 + 29.0 * s) / (315.0 * x3), (-11.0 + 11.0 * s) / (1260.0 * x3),
+            (-99.0 + 11.0 * s) / (5040.0 * x3), (89.0 - s) / (5040.0 * x3),
+            (857.0 - 58.0 * s) / 630.0)
+
+
+_MEXP = """\
+@njit(error_model="numpy", nogil=True)
+def _mm(a, b):
+    # sequential k-sums (no BLAS blocking): the CPU's small-matrix products round the same way
+    n = a.shape[0]
+    out = np.empty((n, b.shape[1]), dtype=T)
+    for i in range(n):
+        for j in range(b.shape[1]):
+            acc = T(0.0)
+            for k in range(a.shape[1]):
+                acc += a[i, k] * b[k, j]
+            out[i, j] = acc
+    return out
+
+
+@njit(error_model="numpy", nogil=True)
+def _lincomb(mats, coef):
+    # sum_j coef[j] * mats[j], accumulated in order (PyTorch's _compute_linear_combination)
+    out = np.zeros_like(mats[0])
+    for j in range(len(coef)):
+        c = T(coef[j])
+        if c != 0:
+            out += c * mats[j]
+    return out
+
+
+@njit(error_model="numpy", nogil=True)
+def _mexp_poly(x, deg):
+    n = x.shape[0]
+    eye = np.eye(n, dtype=T)
+    if deg == 1:
+        return eye + x
+    x2 = _mm(x, x)
+    if deg == 2:
+        return eye + x + x2 / T(2.0)
+    if deg == 4:
+        p = _mm(x2, _lincomb((eye, x, x2), (1 / 2.0, 1 / 6.0, 1 / 24.0)))
+        return _lincomb((eye, x, x2, p), (1.0, 1.0, 0.0, 1.0))
+    if deg == 8:
+        c = T8C
+        x4 = _mm(x2, _lincomb((x, x2), (c[0], c[1])))
+        x8 = _mm(_lincomb((x2, x4), (c[2], 1.0)),
+                 _lincomb((eye, x, x2, x4), (c[3], c[4], c[5], c[6])))
+        return _lincomb((eye, x, x2, x4, x8), (1.0, 1.0, c[7], 0.0, 1.0))
+    x3 = _mm(x, x2)
+    if deg == 12:
+        p = (eye, x, x2, x3)
+        b0 = _lincomb(p, B12[0])
+        b1 = _lincomb(p, B12[1])
+        b2 = _lincomb(p, B12[2])
+        b3 = _lincomb(p, B12[3])
+        b2 = b2 + _mm(b3, b3)
+        return b0 + _mm(b1 + b2, b2)
+    x6 = _mm(x3, x3)
+    p = (eye, x, x2, x3, x6)
+    b0 = _lincomb(p, B18[0])
+    b1 = _lincomb(p, B18[1])
+    b2 = _lincomb(p, B18[2])
+    b3 = _lincomb(p, B18[3])
+    b4 = _lincomb(p, B18[4])
+    b3 = b3 + _mm(b0, b4)
+    return b1 + _mm(b2 + b3, b3)
+"""
+
+
+def render_matrix_exp(np_type: str, parallel: bool) -> tuple[str, str]:
+    """`k(a, out)`: a, out (B, n, n) C arrays of `np_type` (float32 or float64)."""
+    thetas = _THETAS[np_type]
+    name = kernel_name("linalg_matrix_exp", np_type, thetas, _B12, _B18, _MEXP, parallel)
+    rng = "prange" if parallel else "range"
+    src = (f"T = {np_type}\nT8C = {_t8_coeffs()!r}\nB12 = {_B12!r}\nB18 = {_B18!r}\n\n"
+           + _MEXP + "\n" + HEADER.format(extra=", parallel=True" if parallel else "") + f'''\
+def {name}(a, out):
+    n = a.shape[1]
+    for b in {rng}(a.shape[0]):
+        x = a[b].copy()
+        if n == 1:
+            out[b, 0, 0] = np.exp(x[0, 0])   # PyTorch: self.exp() for 1x1 matrices
+            continue
+        norm = 0.0
+        for j in range(n):
+            s = T(0.0)
+            for i in range(n):
+                s += abs(x[i, j])
+            norm = max(norm, s)
+        deg = 18
+        th = {thetas!r}
+        if norm <= th[0]:
+            deg = 1
+        elif norm <= th[1]:
+            deg = 2
+        elif norm <= th[2]:
+            deg = 4
+        elif norm <= th[3]:
+            deg = 8
+        elif norm <= th[4]:
+            deg = 12
+        sq = 0
+        if deg == 18 and norm > th[5]:
+            sq = int(math.ceil(math.log2(T(norm) / T(th[5]))))
+            x = x / T(2.0 ** sq)
+        r = _mexp_poly(x, deg)
+        for _ in range(sq):
+            r = _mm(r, r)
+        out[b] = r
+''')
+    return src, name
