@@ -37,39 +37,40 @@ _SIZES = """\
 """
 
 # The one patch walk shared by im2col and col2im: row r = (c, kz, ki, kj) of the patch matrix,
-# column (oz, oi, oj); (iz, ih, iw) is the input position it reads, `{inside}` runs when that
-# is inside the input, `{row_out}` when a whole output row (oz, oi) falls in the padding,
-# `{out}` when one column does.
+# column (oz, oi, oj); (iz, ih, iw) is the input position it reads. Per row, the columns whose
+# iw falls inside the input are the range [lo, hi) (computed once, so the inner loop has no
+# branch and, at stride 1, is a contiguous copy); `{inside}` runs for those, `{out}` for
+# columns in the padding (im2col zero-fills them; col2im skips them).
 _PATCH_WALK = """\
 for c in {rng}(cg):
     for kz in range(kd_):
         for ki in range(kh_):
             for kj in range(kw_):
                 r = ((c * kd_ + kz) * kh_ + ki) * kw_ + kj
+                off = kj * dw - pw
+                lo = min(max(0, (sw - 1 - off) // sw), ow_)
+                hi = max(min(ow_, (wd - off + sw - 1) // sw), lo)
                 for oz in range(od_):
                     iz = oz * sd - pd + kz * dd
                     for oi in range(oh_):
                         ih = oi * sh - ph + ki * dh
                         base = (oz * oh_ + oi) * ow_
                         if iz < 0 or iz >= dp or ih < 0 or ih >= h:
-                            {row_out}
+{row_out}
                         else:
-                            for oj in range(ow_):
-                                iw = oj * sw - pw + kj * dw
-                                if iw >= 0 and iw < wd:
-                                    {inside}
-                                else:
-                                    {out}
+{edges}                            for oj in range(lo, hi):
+                                {inside}
 """
 
 _IM2COL = {
-    "row_out": "for oj in range(ow_):\n" + " " * 32 + "cols[r, base + oj] = 0",
-    "inside": "cols[r, base + oj] = x[n, c0 + c, iz, ih, iw]",
-    "out": "cols[r, base + oj] = 0",
+    "row_out": " " * 28 + "for oj in range(ow_):\n" + " " * 32 + "cols[r, base + oj] = 0",
+    "edges": " " * 28 + "for oj in range(lo):\n" + " " * 32 + "cols[r, base + oj] = 0\n"
+             + " " * 28 + "for oj in range(hi, ow_):\n" + " " * 32 + "cols[r, base + oj] = 0\n",
+    "inside": "cols[r, base + oj] = x[n, c0 + c, iz, ih, oj * sw + off]",
 }
 # channels are disjoint, so col2im may prange over c too
-_COL2IM = {"row_out": "pass", "inside": "gi[n, c0 + c, iz, ih, iw] += cols[r, base + oj]",
-           "out": "pass"}
+_COL2IM = {"row_out": " " * 28 + "pass", "edges": "",
+           "inside": "gi[n, c0 + c, iz, ih, oj * sw + off] += cols[r, base + oj]"}
 
 _GEOMETRY = "sd, sh, sw, pd, ph, pw, dd, dh, dw, groups, kd_, kh_, kw_, od_, oh_, ow_"
 
