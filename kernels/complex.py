@@ -66,3 +66,32 @@ def render_map(expr: str, loads: tuple, n_scalars: int, rank: int, store: str,
         lines.append(pad + f"v{j} = " + LOADS[kind].format(f"x{j}[{idx}]"))
     lines.append(pad + f"o[{idx}] = {store}({expr})")
     return "\n".join(lines) + "\n", name
+
+
+def render_bmm(load_a: str, load_b: str, with_self: bool, load_s: str, store: str,
+               parallel: bool) -> tuple[str, str]:
+    """Source of `k(o, a, b[, s], alpha, beta)`: o[i] = beta * s[i] + alpha * (a[i] @ b[i]) for
+    o (B, M, N), a (B, M, K), b (B, K, N), accumulated in complex128."""
+    name = kernel_name("cbmm", load_a, load_b, with_self, load_s, store, parallel)
+    params = "o, a, b, " + ("s, " if with_self else "") + "alpha, beta"
+    rng = "prange" if parallel else "range"
+    la = LOADS[load_a].format("a[bb, i, k]")
+    lb = LOADS[load_b].format("b[bb, k, j]")
+    lines = ['@njit(error_model="numpy", nogil=True' + (", parallel=True" if parallel else "")
+             + ")", f"def {name}({params}):",
+             "    nb, nm, nn = o.shape",
+             "    nk = a.shape[2]",
+             f"    for r in {rng}(nb * nm):",
+             "        bb = r // nm",
+             "        i = r % nm",
+             "        acc = np.zeros(nn, np.complex128)",
+             "        for k in range(nk):",
+             f"            x = {la}",
+             "            for j in range(nn):",
+             f"                acc[j] += x * {lb}",
+             "        for j in range(nn):",
+             "            v = alpha * acc[j]"]
+    if with_self:
+        lines.append("            v += beta * " + LOADS[load_s].format("s[bb, i, j]"))
+    lines.append(f"            o[bb, i, j] = {store}(v)")
+    return "\n".join(lines) + "\n", name

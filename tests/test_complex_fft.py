@@ -159,6 +159,23 @@ def test_data_movement_runs_on_real_and_imaginary_parts():
     _no_fallback()
 
 
+def test_matrix_products():
+    a, b = torch.randn(3, 4, dtype=C64), torch.randn(4, 5, dtype=C64)
+    c, v = torch.randn(3, 5, dtype=C64), torch.randn(4, dtype=C64)
+    x, y = torch.randn(2, 3, 4, dtype=C128), torch.randn(2, 4, 2, dtype=C128)
+    n = lambda t: t.to(DEV)   # noqa: E731
+    eager_neuron.reset_stats()
+    _same(n(a) @ n(b), a @ b)
+    _same(n(a).conj() @ n(b), a.conj() @ b)          # mm sees the conj bit: loaded conjugated
+    _same(n(b).mH @ n(a).mH, b.mH @ a.mH)
+    _same(n(a) @ n(v), a @ v)
+    _same(torch.vdot(n(v), n(v)), torch.vdot(v, v))
+    _same(torch.addmm(n(c), n(a), n(b), beta=0.5, alpha=2), torch.addmm(c, a, b, beta=0.5,
+                                                                        alpha=2))
+    _same(n(x) @ n(y), x @ y, atol=1e-12, rtol=1e-12)
+    _no_fallback()
+
+
 # ---------------------------------------------------------------------------------------------
 # FFT
 # ---------------------------------------------------------------------------------------------

@@ -106,6 +106,8 @@ def run_complex(func, plan, a: dict, outs: list) -> None:
     base = _base(plan.name)
     if base in ("aten::sum", "aten::mean"):
         return _sum(base, a, outs)
+    if base in _MATMUL:
+        return _matmul(base, a, outs[0])
     if base not in OPS and base in SPLIT and _split(func, plan, a, outs):
         return
     if base not in OPS or (base == "aten::div" and a.get("rounding_mode") is not None):
@@ -283,6 +285,68 @@ def _sum(base: str, a: dict, outs: list) -> None:
                  "dtype": None}, [torch.view_as_real(out)])
     if conj:
         elementwise("aten::conj_physical", {"self": out}, out)
+
+
+# products: base op -> (left, right, added tensor or None); all become (B, M, K) @ (B, K, N)
+_MATMUL = {
+    "aten::mm": ("self", "mat2", None), "aten::bmm": ("self", "mat2", None),
+    "aten::addmm": ("mat1", "mat2", "self"), "aten::baddbmm": ("batch1", "batch2", "self"),
+    "aten::mv": ("self", "vec", None), "aten::addmv": ("mat", "vec", "self"),
+    "aten::dot": ("self", "tensor", None), "aten::vdot": ("self", "other", None),
+}
+
+
+def _as3(t: torch.Tensor, role: str) -> torch.Tensor:
+    """A 1-/2-/3-d operand as a (B, rows, cols) view: vectors are rows on the left, columns on
+    the right."""
+    if t.dim() == 3:
+        return t
+    if t.dim() == 2:
+        return t.unsqueeze(0)
+    return t.view(1, 1, -1) if role == "left" else t.view(1, -1, 1)
+
+
+def _matmul(base: str, a: dict, out: torch.Tensor) -> None:
+    """Complex matrix products, one loop kernel (no complex GEMM engine on the device)."""
+    left, right, added = _MATMUL[base]
+    x, y = a[left], a[right]
+    if base == "aten::vdot":
+        x = x.conj()
+    if out.dtype not in COMPLEX or any(t.dtype != out.dtype for t in (x, y)):
+        raise errors.UnsupportedOpError(
+            f"{base} with operands {x.dtype}, {y.dtype} into {out.dtype} has no neuron kernel"
+            f"\n{errors.where()}\n  fix: cast both operands to {out.dtype} first")
+    if out.numel() == 0:
+        return
+    role = "right" if base in ("aten::mv", "aten::addmv") else "left"   # a vector output
+    o3 = out.view(1, 1, 1) if out.dim() == 0 else _as3(out, role)
+    kx, x3 = _load_kind(_as3(x, "left"))
+    ky, y3 = _load_kind(_as3(y, "right"))
+    alpha = complex(a.get("alpha", 1) if a.get("alpha") is not None else 1)
+    beta = complex(a.get("beta", 1) if a.get("beta") is not None else 1)
+    args = [strided_np(o3, tuple(o3.shape), o3.stride()),
+            strided_np(x3, tuple(x3.shape), x3.stride()),
+            strided_np(y3, tuple(y3.shape), y3.stride())]
+    ks = ""
+    if added is not None and beta != 0:
+        s = a[added]
+        ks, s = _load_kind(s)
+        s3 = s.expand(out.shape)
+        s3 = s3.view(1, 1, 1) if out.dim() == 0 else _as3(s3, role)
+        args.append(strided_np(s3, tuple(s3.shape), s3.stride()))
+    store = _store(out)
+    nb, nm, nn = o3.shape
+    parallel = nb * nm > 1 and out.numel() * x3.shape[2] >= PARALLEL_MIN and \
+        kc.parallel_allowed()
+    key = ("cbmm", kx, ky, bool(ks), ks, store, parallel)
+
+    def render():
+        return kcx.render_bmm(kx, ky, bool(ks), ks or "c", store, parallel)
+
+    launch(key, render, tuple(args) + (alpha, beta),
+           flops=float(8 * out.numel() * x3.shape[2]),
+           bytes_moved=float(x3.numel() * x3.element_size() + y3.numel() * y3.element_size()
+                             + out.numel() * out.element_size()), engine="tensor")
 
 
 class _Named:
