@@ -12,8 +12,9 @@ NP_TYPE = {
 }
 KERNEL_DTYPES = frozenset(NP_TYPE)
 HALF = frozenset({torch.bfloat16, torch.float16})
-# complex64/complex128 live on the device; their ops run in lower/complex.py and lower/fft.py
-COMPLEX = frozenset({torch.complex64, torch.complex128})
+# complex tensors live on the device; their ops run in lower/complex.py and lower/fft.py
+# (complex32 is storage only: casts to and from it, every other op refuses it)
+COMPLEX = frozenset({torch.complex64, torch.complex128, torch.complex32})
 DEVICE_DTYPES = KERNEL_DTYPES | HALF | COMPLEX
 
 _SCHEMA_CACHE: dict = {}

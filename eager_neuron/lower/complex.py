@@ -104,6 +104,8 @@ def run_complex(func, plan, a: dict, outs: list) -> None:
     _adaptive.ARMED[0] = False
     _adaptive.flush(f"complex op {plan.name}")
     base = _base(plan.name)
+    if _has_chalf(a, outs):
+        return _chalf(plan, base, a, outs)
     if base in ("aten::sum", "aten::mean"):
         return _sum(base, a, outs)
     if base in _MATMUL:
@@ -180,6 +182,37 @@ def _split(func, plan, a: dict, outs: list) -> bool:
                 part_outs[j] = part[target]
         plan.lower(func, part, part_outs)
     return True
+
+
+def _has_chalf(a: dict, outs: list) -> bool:
+    return any(isinstance(v, torch.Tensor) and v.dtype == torch.complex32
+               for v in list(a.values()) + list(outs))
+
+
+def _chalf(plan, base: str, a: dict, outs: list) -> None:
+    """complex32 is storage only: casts to and from it go through complex64 (its float16 pairs
+    convert with the cast family's float16 path); any other op refuses it."""
+    from .cast import cast
+
+    name = "src" if base in ("aten::copy", "aten::copy_") else "self"
+    src, out = a.get(name), outs[0]
+    if base not in _COPIES or not isinstance(src, torch.Tensor) or src.is_conj() or \
+            src.is_neg():
+        raise errors.UnsupportedOpError(
+            f"{plan.name} has no neuron kernel for complex32 tensors "
+            f"({', '.join(_dtypes(a, outs))})\n{errors.where()}\n"
+            "  fix: convert to complex64 first (x.to(torch.complex64)); complex32 is supported "
+            "on neuron as storage only")
+    if src.dtype == torch.complex32:
+        up = torch.empty(src.shape, dtype=torch.complex64)
+        cast(torch.view_as_real(src), torch.view_as_real(up))
+        src = up
+    if out.dtype != torch.complex32:
+        elementwise(base, {name: src}, out)
+        return
+    tmp = torch.empty(out.shape, dtype=torch.complex64)
+    elementwise(base, {name: src}, tmp)
+    cast(torch.view_as_real(tmp), torch.view_as_real(out))
 
 
 def _dtypes(a: dict, outs: list) -> list:

@@ -22,6 +22,7 @@ import math
 
 import torch
 
+from .. import errors
 from ..adaptive import MODULE as _adaptive
 from ..kernels import compile as kc
 from ..kernels import fft as kfft
@@ -71,8 +72,10 @@ def _prepare(x: torch.Tensor) -> torch.Tensor:
     _adaptive.flush("fft")
     if x.is_conj() or x.is_neg():
         raise NotImplementedError("fft of an unresolved conj/neg view")
-    if x.dtype in HALF:
-        raise NotImplementedError("fft of a half-precision tensor")
+    if x.dtype in HALF or x.dtype == torch.complex32:
+        raise errors.UnsupportedOpError(
+            f"fft of a {x.dtype} tensor has no neuron kernel (nor a CPU one)\n{errors.where()}\n"
+            "  fix: convert to float32 / complex64 first")
     return x
 
 
