@@ -61,7 +61,22 @@ OPS: dict = {
                    ("mm = A(0) if abs(m) == np.inf else m\ns = A(0)", "s += math.exp(x - mm)")],
                   ("math.log(s) + mm",), "", "multi"),
 }
-SCANS = {"cumsum": ("A(0)", "acc += x"), "cumprod": ("A(1)", "acc *= x")}
+SCANS = {
+    "cumsum": ("A(0)", "acc += x"),
+    "cumprod": ("A(1)", "acc *= x"),
+    # ATen's _log_add_exp_helper in the accumulator type (float64 on the CPU): std::min/max
+    # keep a NaN accumulator; two equal infinities stay as they are
+    "logcumsumexp": ("A(-np.inf)",
+                     "lo = acc if acc != acc else (acc if acc < x else x)\n"
+                     "hi = acc if acc != acc else (acc if x < acc else x)\n"
+                     "if lo != hi or math.isfinite(lo):\n"
+                     "    acc = math.log1p(math.exp(lo - hi)) + hi\n"
+                     "else:\n"
+                     "    acc = x"),
+}
+# cummax / cummin: (values, indices); ATen takes a NaN, or x when op(x, acc) holds (ties move
+# the index forward: >= and <=) while the running value is not NaN
+INDEX_SCANS = {"cummax": ">=", "cummin": "<="}
 
 HEADER = '@njit(error_model="numpy", nogil=True{extra})\n'
 COL_BLOCK = 256     # outputs per accumulator block in "col" mode (2 KiB of float64: stays in L1)
@@ -189,9 +204,31 @@ def render_scan(op: str, ko: int, acc_t: str, load_t: str, store: str,
     pad = "    " * depth
     lines += [pad + f"acc = {_subst(init, acc_t, load_t, '')}",
               pad + f"for j in range(a.shape[{ko}]):",
-              pad + f"    x = {load_t}(a[{idx}])",
-              pad + "    " + step,
-              pad + f"    out[{idx}] = {store}(acc)"]
+              pad + f"    x = {load_t}(a[{idx}])"]
+    lines += _indent(step, depth + 1)
+    lines.append(pad + f"    out[{idx}] = {store}(acc)")
+    return "\n".join(lines) + "\n", name
+
+
+def render_scan_index(op: str, ko: int, parallel: bool = False) -> tuple[str, str]:
+    """Source of `k(vals, inds, a)`: running max/min and its index along the last dim."""
+    cmp = INDEX_SCANS[op]
+    name = kernel_name("scanidx", op, ko, parallel)
+    lines = _header(name, ["vals", "inds", "a"], parallel, False)
+    rng = "prange" if parallel else "range"
+    depth = 1
+    for d in range(ko):
+        lines.append("    " * depth + f"for i{d} in {rng if d == 0 else 'range'}(a.shape[{d}]):")
+        depth += 1
+    idx = ", ".join([f"i{d}" for d in range(ko)] + ["j"])
+    first = ", ".join([f"i{d}" for d in range(ko)] + ["0"])
+    pad = "    " * depth
+    lines += [pad + f"acc = a[{first}]", pad + "best = 0",
+              pad + f"for j in range(a.shape[{ko}]):",
+              pad + f"    x = a[{idx}]",
+              pad + f"    if x != x or (acc == acc and x {cmp} acc):",
+              pad + "        acc = x", pad + "        best = j",
+              pad + f"    vals[{idx}] = acc", pad + f"    inds[{idx}] = best"]
     return "\n".join(lines) + "\n", name
 
 

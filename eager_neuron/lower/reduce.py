@@ -215,29 +215,53 @@ def lower_vector_norm(func, a, outs):
            scalars=(ord_,) if op == "normp" else (), what="linalg_vector_norm")
 
 
+def scan_views(x: torch.Tensor, dim: int, outs: list) -> tuple:
+    """(kept shape, views of outs + [x]) with the scanned dim last and the others coalesced."""
+    if x.dim() == 0:
+        return (1,), [strided_np(t, (1, 1), (0, 0)) for t in (*outs, x)]
+    d = dim % x.dim()
+    kept = [i for i in range(x.dim()) if i != d]
+    ts = (*outs, x)
+    kshape, kst = coalesce(tuple(x.shape[i] for i in kept),
+                           [[t.stride(i) for i in kept] for t in ts])
+    return kshape, [strided_np(t, kshape + (x.shape[d],), ks + (t.stride(d),))
+                    for t, ks in zip(ts, kst)]
+
+
 def _scan(op: str):
     def lower(func, a, outs):
         x, out = a["self"], outs[0]
         if out.numel() == 0:
             return
         acc_t = acc_type(out.dtype)
-        if x.dim() == 0:
-            kshape, views = (1,), [strided_np(t, (1, 1), (0, 0)) for t in (out, x)]
-        else:
-            d = a["dim"] % x.dim()
-            kept = [i for i in range(x.dim()) if i != d]
-            kshape, kst = coalesce(tuple(x.shape[i] for i in kept),
-                                   [[t.stride(i) for i in kept] for t in (out, x)])
-            views = [strided_np(t, kshape + (x.shape[d],), ks + (t.stride(d),))
-                     for t, ks in zip((out, x), kst)]
+        if op == "logcumsumexp" and not out.dtype.is_floating_point:
+            raise NotImplementedError("logcumsumexp of an integer tensor")
+        kshape, views = scan_views(x, a["dim"], [out])
         ko = len(kshape)
         parallel = x.numel() >= PARALLEL_MIN and kshape[0] > 1 and kc.parallel_allowed()
-        load_t, store = NP_TYPE[out.dtype], NP_TYPE[out.dtype]
+        # logcumsumexp loads in the accumulator type (ATen computes it in double)
+        load_t = acc_t if op == "logcumsumexp" else NP_TYPE[out.dtype]
+        store = NP_TYPE[out.dtype]
         key = ("reduce", op, ko, acc_t, load_t, store, parallel)
         launch(key, lambda: kr.render_scan(op, ko, acc_t, load_t, store, parallel),
-               tuple(views), flops=float(x.numel()),
+               tuple(views), flops=float(x.numel() * (20 if op == "logcumsumexp" else 1)),
                bytes_moved=float(x.numel() * x.element_size() + out.numel() * out.element_size()),
-               engine="vector")
+               engine="scalar" if op == "logcumsumexp" else "vector")
+    return lower
+
+
+def _scan_index(op: str):
+    """cummax / cummin: (values, indices)."""
+    def lower(func, a, outs):
+        x = a["self"]
+        if outs[0].numel() == 0:
+            return
+        kshape, views = scan_views(x, a["dim"], list(outs))
+        ko = len(kshape)
+        parallel = x.numel() >= PARALLEL_MIN and kshape[0] > 1 and kc.parallel_allowed()
+        launch(("reduce", op, ko, parallel), lambda: kr.render_scan_index(op, ko, parallel),
+               tuple(views), flops=float(x.numel()),
+               bytes_moved=float(x.numel() * (2 * x.element_size() + 8)), engine="vector")
     return lower
 
 
@@ -273,4 +297,7 @@ LOWERINGS = {
     "aten::linalg_vector_norm": lower_vector_norm,
     "aten::cumsum": _scan("cumsum"),
     "aten::cumprod": _scan("cumprod"),
+    "aten::logcumsumexp": _scan("logcumsumexp"),
+    "aten::cummax": _scan_index("cummax"),
+    "aten::cummin": _scan_index("cummin"),
 }

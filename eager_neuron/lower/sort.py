@@ -1,0 +1,263 @@
+"""Sort lowerings: sort / argsort / topk and the order statistics kthvalue, median, nanmedian,
+mode; one row kernel per op (kernels/sort.py) that runs the CPU's own algorithm, so values *and*
+the indices of tied elements match torch's CPU kernels.
+
+Which algorithm the CPU picks, and so which one runs here: `sort(stable=True)` is any stable
+sort; `stable=False` is libstdc++'s introsort, except where ATen takes a stable path itself (a
+stride-0 sort dim returns identity indices; a 1-D ascending integer tensor of >= 32768
+elements goes through fbgemm's radix sort).
+
+>>> import torch, eager_neuron
+>>> v, i = torch.tensor([3., 1., 2., 1.]).to("neuron").sort(stable=True)
+>>> v.cpu().tolist(), i.cpu().tolist()
+([1.0, 1.0, 2.0, 3.0], [1, 3, 2, 0])
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..kernels import sort as kso
+from ..launch import launch
+from .common import HALF
+from .shape import axis_views, nbytes
+
+GRAIN = 32768   # at::internal::GRAIN_SIZE: ATen's radix-sort threshold
+
+
+def _as_1d(*ts):
+    return [t.view(1) if t.dim() == 0 else t for t in ts]
+
+
+def rows(op: str, self: torch.Tensor, vals: torch.Tensor, inds: torch.Tensor, dim: int,
+         p0: int = 0, p1: int = 0, keepdim: bool = True) -> None:
+    """Run kernels/sort.py row op `op` along `dim` of self into vals/inds (the same rank as
+    self with dim of length m: the sorted prefix, or 1 for the one-element statistics)."""
+    self, vals, inds = _as_1d(self, vals, inds)
+    dim %= self.dim()
+    if not keepdim and vals.dim() < self.dim():
+        vals, inds = vals.unsqueeze(dim), inds.unsqueeze(dim)
+    if vals.numel() == 0 or self.numel() == 0:
+        return
+    m = vals.shape[dim]
+    v, i, s = axis_views(self.shape, dim, [(vals, m), (inds, m), (self, self.shape[dim])])
+    c = s.ndim - 1
+    n = self.shape[dim]
+    launch(("sort", op, c), lambda: kso.render_rows(op, c), (v, i, s, int(p0), int(p1)),
+           flops=float(self.numel() * max(1, int(np.log2(max(n, 2))))),
+           bytes_moved=float(nbytes(self, vals, inds)))
+
+
+def _check_dtype(op: str, x: torch.Tensor) -> None:
+    if x.is_complex():
+        raise NotImplementedError(f"{op} of a complex tensor")
+
+
+def lower_sort(func, a, outs):
+    """sort / sort.stable (argsort arrives here too: it decomposes to sort)."""
+    self = a["self"]
+    vals, inds = outs
+    _check_dtype("sort", self)
+    dim = a["dim"] % max(self.dim(), 1)
+    stable = bool(a.get("stable") or False)
+    desc = bool(a["descending"])
+    n = self.shape[dim] if self.dim() else 1
+    # the CPU's own stable paths: a stride-0 sort dim keeps identity indices (all ties), and
+    # fbgemm's radix sort for long 1-D ascending integer rows
+    if self.dim() and n > 1 and self.stride(dim) == 0:
+        stable = True
+    if (self.dim() == 1 and not desc and n >= GRAIN and not self.is_floating_point()
+            and self.dtype != torch.bool):
+        stable = True
+    rows("sort", self, vals, inds, dim, desc, stable)
+
+
+def lower_topk(func, a, outs):
+    self = a["self"]
+    vals, inds = outs
+    _check_dtype("topk", self)
+    if self.dtype == torch.bool:
+        raise NotImplementedError("topk of a bool tensor (the CPU has no kernel for it)")
+    rows("topk", self, vals, inds, a["dim"], bool(a["largest"]), bool(a["sorted"]))
+
+
+def lower_kthvalue(func, a, outs):
+    self, k = a["self"], a["k"]
+    vals, inds = outs
+    _check_dtype("kthvalue", self)
+    rows("kthvalue", self, vals, inds, a["dim"], k - 1, 0, a["keepdim"])
+
+
+def _median_dim(ignore_nan: bool):
+    def lower(func, a, outs):
+        self = a["self"]
+        vals, inds = outs
+        _check_dtype("median", self)
+        if self.dim() and self.shape[a["dim"]] == 0:
+            raise IndexError("median() cannot compute median for a dimension of size 0 "
+                             "because the operation does not have an identity")
+        rows("median", self, vals, inds, a["dim"], int(ignore_nan), 0, a["keepdim"])
+    return lower
+
+
+def _median_all(ignore_nan: bool):
+    def lower(func, a, outs):
+        self = a["self"]
+        _check_dtype("median", self)
+        if self.numel() == 0:
+            raise IndexError("median() operation does not have an identity for empty input "
+                             "tensor")
+        flat = self.reshape(-1) if self.is_contiguous() else self.flatten()
+        idx = torch.empty((1,), dtype=torch.int64)
+        rows("median", flat, outs[0].view(1), idx, 0, int(ignore_nan))
+    return lower
+
+
+def lower_mode(func, a, outs):
+    self = a["self"]
+    vals, inds = outs
+    _check_dtype("mode", self)
+    if self.dim() and self.shape[a["dim"]] == 0:
+        raise IndexError("mode(): Expected reduction dim to have non-zero size.")
+    rows("mode", self, vals, inds, a["dim"], 0, 0, a["keepdim"])
+
+
+# ---------------------------------------------------------------------------------------------
+# searchsorted / bucketize: binary search per element (ATen's cus_lower_bound / upper_bound)
+# ---------------------------------------------------------------------------------------------
+
+def search(out: torch.Tensor, x, bd: torch.Tensor, sorter, right: bool) -> None:
+    if not isinstance(x, torch.Tensor):
+        x = torch.full((), x, dtype=bd.dtype)   # the Scalar overloads: a one-element operand
+    if x.is_complex() or bd.is_complex():
+        raise NotImplementedError("searchsorted of complex tensors")
+    x, out = _as_1d(x, out)
+    if out.numel() == 0:
+        return
+    nb = bd.shape[-1]
+    lead = tuple(x.shape[:-1])
+    bde = bd.expand(lead + (nb,)) if bd.dim() == 1 else bd
+    use = sorter is not None
+    srt = sorter if use else torch.zeros((1,), dtype=torch.int64).expand(bde.shape)
+    srt = srt.expand(lead + (nb,)) if srt.dim() == 1 else srt
+    m = x.shape[-1]
+    last = x.dim() - 1
+    o, v, b, st = axis_views(x.shape, last, [(out, m), (x, m), (bde, nb), (srt, nb)])
+    c = v.ndim - 1
+    store = "np.int32" if out.dtype == torch.int32 else "np.int64"
+    launch(("sort", "search", c, store), lambda: kso.render_search(c, store),
+           (o, v, b, st, bool(right), use),
+           flops=float(x.numel() * max(1, int(np.log2(max(nb, 2))))),
+           bytes_moved=float(nbytes(x, out) + nbytes(bd)))
+
+
+def lower_searchsorted(func, a, outs):
+    right = bool(a["right"]) or a.get("side") == "right"
+    search(outs[0], a["self"], a["sorted_sequence"], a.get("sorter"), right)
+
+
+def lower_bucketize(func, a, outs):
+    search(outs[0], a["self"], a["boundaries"], None, bool(a["right"]))
+
+
+# ---------------------------------------------------------------------------------------------
+# DYNAMIC: unique / unique_consecutive (the output length is the number of distinct values)
+# ---------------------------------------------------------------------------------------------
+
+def _flat_f(x: torch.Tensor) -> torch.Tensor:
+    """x as a 1-D kernel operand: a view when contiguous, else a device copy (scratch); half
+    floats upcast to float32 (exact, and order and equality are unchanged)."""
+    from .half import _up
+    from .shape import copy
+
+    if x.dtype in HALF:
+        x = _up(x, x)
+    if x.is_contiguous():
+        return x.reshape(-1)
+    tmp = torch.empty(x.shape, dtype=x.dtype)
+    copy(x, tmp)
+    return tmp.view(-1)
+
+
+def _store(tmp: torch.Tensor, out: torch.Tensor) -> None:
+    """out = tmp, rounding float32 down to a half type (the cast kernel)."""
+    from .. import ops
+
+    if tmp is not out and out.numel():
+        ops.KERNELS["aten::_to_copy"](torch.ops.aten._to_copy.default, {"self": tmp}, [out])
+
+
+def unique_flat(func, x, index, *, consecutive: bool, want_inv: bool, want_counts: bool,
+                n_out: int = 3) -> list:
+    """[(values, block), (inverse, block), (counts, block)][:n_out] of the flattened x."""
+    from .mask import core_index
+    from ..dispatch import alloc
+
+    core = core_index(index)
+    flat = _flat_f(x)
+    n = flat.numel()
+    sk, perm = torch.empty(n, dtype=flat.dtype), torch.empty(n, dtype=torch.int64)
+    tk, ti = torch.empty(n, dtype=flat.dtype), torch.empty(n, dtype=torch.int64)
+    cnt = np.zeros(1, np.int64)
+    args = (flat.numpy(), sk.numpy(), perm.numpy(), tk.numpy(), ti.numpy(), cnt)
+    if n:
+        launch(("sort", "unique_count", consecutive), lambda: kso.render_unique(consecutive),
+               args, flops=float(n * max(1, int(np.log2(max(n, 2))))),
+               bytes_moved=float(nbytes(flat) * 3))
+    m = int(cnt[0])
+    values, vblock = alloc(core, (m,), (1,), x.dtype)
+    inv_shape = tuple(x.shape) if want_inv else (0,)
+    inv_stride = torch.empty(inv_shape, device="meta").stride()
+    inverse, iblock = alloc(core, inv_shape, inv_stride, torch.int64)
+    counts, cblock = alloc(core, (m,) if want_counts else (0,), (1,), torch.int64)
+    vtmp = values if values.dtype == flat.dtype else torch.empty(m, dtype=flat.dtype)
+    if n:
+        launch(("sort", "unique_fill"), kso.render_unique_fill,
+               (sk.numpy(), perm.numpy(), vtmp.numpy(),
+                inverse.view(-1).numpy() if want_inv else perm.numpy(),
+                counts.numpy() if want_counts else perm.numpy(), want_inv, want_counts),
+               flops=float(n), bytes_moved=float(nbytes(flat) * 3))
+        _store(vtmp, values)
+    return [(values, vblock), (inverse, iblock), (counts, cblock)][:n_out]
+
+
+def dynamic_unique2(func, a, index=-1):
+    return unique_flat(func, a["self"], index, consecutive=False,
+                       want_inv=bool(a["return_inverse"]), want_counts=bool(a["return_counts"]))
+
+
+def dynamic_unique(func, a, index=-1):
+    return unique_flat(func, a["self"], index, consecutive=False,
+                       want_inv=bool(a["return_inverse"]), want_counts=False, n_out=2)
+
+
+def dynamic_unique_consecutive(func, a, index=-1):
+    if a["dim"] is not None:
+        raise NotImplementedError("unique_consecutive along a dim")
+    return unique_flat(func, a["self"], index, consecutive=True,
+                       want_inv=bool(a["return_inverse"]), want_counts=bool(a["return_counts"]))
+
+
+DYNAMIC = {
+    "aten::_unique2": dynamic_unique2,
+    "aten::_unique": dynamic_unique,
+    "aten::unique_consecutive": dynamic_unique_consecutive,
+}
+
+# the half types go through dispatch's float32 upcast: exact for values, order and ties
+LOWERINGS = {
+    "aten::sort": lower_sort,
+    "aten::sort.stable": lower_sort,
+    "aten::topk": lower_topk,
+    "aten::kthvalue": lower_kthvalue,
+    "aten::median": _median_all(False),
+    "aten::nanmedian": _median_all(True),
+    "aten::median.dim": _median_dim(False),
+    "aten::nanmedian.dim": _median_dim(True),
+    "aten::mode": lower_mode,
+    "aten::searchsorted.Tensor": lower_searchsorted,
+    "aten::searchsorted.Scalar": lower_searchsorted,
+    "aten::bucketize.Tensor": lower_bucketize,
+    "aten::bucketize.Scalar": lower_bucketize,
+}

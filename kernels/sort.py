@@ -1,0 +1,415 @@
+"""Sort family: sort / top-k / order statistics per row, the CPU's own algorithms, and binning.
+
+Indices of tied elements are part of the result (OpInfo compares them), so each op runs the
+algorithm PyTorch's CPU kernel runs, step for step: `torch.sort(stable=False)` is libstdc++'s
+introsort (`std::sort` on (value, index) pairs), `topk` is `std::partial_sort` or
+`std::nth_element` + `std::sort`, `kthvalue` is ATen's Sedgewick quickselect, `mode` is
+`std::sort` then a run scan. Stable sorts (any stable algorithm gives the same answer) are a
+bottom-up merge sort of (key, index) pairs. The helpers below move a key array `k` and an index
+array `ix` together and compare through `_lt` with a runtime comparator code:
+
+    0: ascending, NaN largest       1: descending, NaN first       2: plain `a < b` (mode)
+    3: (value, index) lexicographic (median)     4: as 3 with NaN largest (nanmedian)
+
+Kernels see rows as the last axis of (outer..., n) numpy views; the lowering moves the dim last.
+
+>>> src, name = render_rows("sort", 1)
+>>> "_introsort" in src
+True
+"""
+
+from __future__ import annotations
+
+from .elementwise import kernel_name
+from .index import _ix, _Src
+
+RUN = 16   # insertion-sorted run length before merging (stable sort)
+
+PRELUDE = '''
+@njit(inline="always")
+def _lt(ka, ia, kb, ib, cmp):
+    if cmp == 0:
+        return ka < kb or (kb != kb and ka == ka)
+    if cmp == 1:
+        return ka > kb or (ka != ka and kb == kb)
+    if cmp == 2:
+        return ka < kb
+    if cmp == 3:
+        return ka < kb or (ka == kb and ia < ib)
+    return ka < kb or (ka == kb and ia < ib) or (kb != kb and ka == ka)
+
+@njit(inline="always")
+def _swap(k, ix, a, b):
+    t = k[a]
+    k[a] = k[b]
+    k[b] = t
+    u = ix[a]
+    ix[a] = ix[b]
+    ix[b] = u
+
+@njit(inline="always")
+def _lg(n):
+    r = 0
+    while n > 1:
+        n >>= 1
+        r += 1
+    return r
+
+@njit
+def _adjust_heap(k, ix, first, hole, ln, vk, vi, cmp):
+    top = hole
+    sc = hole
+    while sc < (ln - 1) // 2:
+        sc = 2 * (sc + 1)
+        if _lt(k[first + sc], ix[first + sc], k[first + sc - 1], ix[first + sc - 1], cmp):
+            sc -= 1
+        k[first + hole] = k[first + sc]
+        ix[first + hole] = ix[first + sc]
+        hole = sc
+    if (ln & 1) == 0 and sc == (ln - 2) // 2:
+        sc = 2 * (sc + 1)
+        k[first + hole] = k[first + sc - 1]
+        ix[first + hole] = ix[first + sc - 1]
+        hole = sc - 1
+    parent = (hole - 1) // 2
+    while hole > top and _lt(k[first + parent], ix[first + parent], vk, vi, cmp):
+        k[first + hole] = k[first + parent]
+        ix[first + hole] = ix[first + parent]
+        hole = parent
+        parent = (hole - 1) // 2
+    k[first + hole] = vk
+    ix[first + hole] = vi
+
+@njit
+def _heap_select(k, ix, first, middle, last, cmp):
+    ln = middle - first
+    if ln >= 2:
+        parent = (ln - 2) // 2
+        while True:
+            _adjust_heap(k, ix, first, parent, ln, k[first + parent], ix[first + parent], cmp)
+            if parent == 0:
+                break
+            parent -= 1
+    for i in range(middle, last):
+        if _lt(k[i], ix[i], k[first], ix[first], cmp):
+            vk = k[i]
+            vi = ix[i]
+            k[i] = k[first]
+            ix[i] = ix[first]
+            _adjust_heap(k, ix, first, 0, ln, vk, vi, cmp)
+
+@njit
+def _sort_heap(k, ix, first, last, cmp):
+    while last - first > 1:
+        last -= 1
+        vk = k[last]
+        vi = ix[last]
+        k[last] = k[first]
+        ix[last] = ix[first]
+        _adjust_heap(k, ix, first, 0, last - first, vk, vi, cmp)
+
+@njit
+def _partition_pivot(k, ix, first, last, cmp):
+    # median of (first + 1, mid, last - 1) moved to first, then Hoare's unguarded partition
+    a = first + 1
+    b = first + (last - first) // 2
+    c = last - 1
+    if _lt(k[a], ix[a], k[b], ix[b], cmp):
+        if _lt(k[b], ix[b], k[c], ix[c], cmp):
+            _swap(k, ix, first, b)
+        elif _lt(k[a], ix[a], k[c], ix[c], cmp):
+            _swap(k, ix, first, c)
+        else:
+            _swap(k, ix, first, a)
+    elif _lt(k[a], ix[a], k[c], ix[c], cmp):
+        _swap(k, ix, first, a)
+    elif _lt(k[b], ix[b], k[c], ix[c], cmp):
+        _swap(k, ix, first, c)
+    else:
+        _swap(k, ix, first, b)
+    lo = first + 1
+    hi = last
+    pk = k[first]
+    pi = ix[first]
+    while True:
+        # NOTE: the bounds tests never fire for a strict weak order (libstdc++ omits them);
+        # they keep a NaN under the plain comparator (mode) inside the row
+        while lo < last - 1 and _lt(k[lo], ix[lo], pk, pi, cmp):
+            lo += 1
+        hi -= 1
+        while hi > first and _lt(pk, pi, k[hi], ix[hi], cmp):
+            hi -= 1
+        if not lo < hi:
+            return lo
+        _swap(k, ix, lo, hi)
+        lo += 1
+
+@njit
+def _linear_insert(k, ix, first, i, cmp):
+    vk = k[i]
+    vi = ix[i]
+    if _lt(vk, vi, k[first], ix[first], cmp):
+        for j in range(i, first, -1):
+            k[j] = k[j - 1]
+            ix[j] = ix[j - 1]
+        k[first] = vk
+        ix[first] = vi
+        return
+    j = i
+    while j > first and _lt(vk, vi, k[j - 1], ix[j - 1], cmp):
+        k[j] = k[j - 1]
+        ix[j] = ix[j - 1]
+        j -= 1
+    k[j] = vk
+    ix[j] = vi
+
+@njit
+def _insertion(k, ix, first, last, cmp):
+    for i in range(first + 1, last):
+        _linear_insert(k, ix, first, i, cmp)
+
+@njit
+def _introsort(k, ix, first, last, cmp, stack):
+    # std::sort: introsort to runs of <= 16 (right parts on an explicit stack: disjoint ranges,
+    # so the order they are done in does not matter), then one insertion pass
+    n = last - first
+    if n < 2:
+        return
+    sp = 0
+    stack[0] = first
+    stack[1] = last
+    stack[2] = 2 * _lg(n)
+    sp = 1
+    while sp > 0:
+        sp -= 1
+        lo = stack[3 * sp]
+        hi = stack[3 * sp + 1]
+        depth = stack[3 * sp + 2]
+        while hi - lo > 16:
+            if depth == 0:
+                _heap_select(k, ix, lo, hi, hi, cmp)
+                _sort_heap(k, ix, lo, hi, cmp)
+                break
+            depth -= 1
+            cut = _partition_pivot(k, ix, lo, hi, cmp)
+            stack[3 * sp] = cut
+            stack[3 * sp + 1] = hi
+            stack[3 * sp + 2] = depth
+            sp += 1
+            hi = cut
+    # libstdc++'s final pass: guarded on the first 16, unguarded after (same result: the row
+    # minimum lies in the first 16 after the introsort loop)
+    _insertion(k, ix, first, last, cmp)
+
+@njit
+def _nth_element(k, ix, first, nth, last, cmp):
+    if first == last or nth == last:
+        return
+    depth = 2 * _lg(last - first)
+    while last - first > 3:
+        if depth == 0:
+            _heap_select(k, ix, first, nth + 1, last, cmp)
+            _swap(k, ix, first, nth)
+            return
+        depth -= 1
+        cut = _partition_pivot(k, ix, first, last, cmp)
+        if cut <= nth:
+            first = cut
+        else:
+            last = cut
+    _insertion(k, ix, first, last, cmp)
+
+@njit
+def _msort(k, ix, tk, ti, n, cmp):
+    # stable: insertion-sorted runs, then bottom-up merges ping-ponging with (tk, ti)
+    for lo in range(0, n, RUN):
+        hi = min(lo + RUN, n)
+        for i in range(lo + 1, hi):
+            vk = k[i]
+            vi = ix[i]
+            j = i
+            while j > lo and _lt(vk, vi, k[j - 1], ix[j - 1], cmp):
+                k[j] = k[j - 1]
+                ix[j] = ix[j - 1]
+                j -= 1
+            k[j] = vk
+            ix[j] = vi
+    width = RUN
+    src_k, src_i, dst_k, dst_i = k, ix, tk, ti
+    flipped = False
+    while width < n:
+        for lo in range(0, n, 2 * width):
+            mid = min(lo + width, n)
+            hi = min(lo + 2 * width, n)
+            i = lo
+            j = mid
+            t = lo
+            while i < mid and j < hi:
+                if _lt(src_k[j], src_i[j], src_k[i], src_i[i], cmp):
+                    dst_k[t] = src_k[j]
+                    dst_i[t] = src_i[j]
+                    j += 1
+                else:
+                    dst_k[t] = src_k[i]
+                    dst_i[t] = src_i[i]
+                    i += 1
+                t += 1
+            while i < mid:
+                dst_k[t] = src_k[i]
+                dst_i[t] = src_i[i]
+                i += 1
+                t += 1
+            while j < hi:
+                dst_k[t] = src_k[j]
+                dst_i[t] = src_i[j]
+                j += 1
+                t += 1
+        src_k, src_i, dst_k, dst_i = dst_k, dst_i, src_k, src_i
+        flipped = not flipped
+        width *= 2
+    if flipped:
+        for t in range(n):
+            k[t] = tk[t]
+            ix[t] = ti[t]
+
+@njit
+def _quickselect(k, ix, kk):
+    # ATen's quick_select_template (Sedgewick), gt_or_nan: NaN largest
+    L = 0
+    R = k.size - 1
+    while True:
+        if R <= L:
+            return
+        if R == L + 1:
+            if _lt(k[R], 0, k[L], 0, 0):
+                _swap(k, ix, L, R)
+            return
+        P = (L + R) >> 1
+        _swap(k, ix, P, L + 1)
+        if _lt(k[R], 0, k[L + 1], 0, 0):
+            _swap(k, ix, L + 1, R)
+        if _lt(k[R], 0, k[L], 0, 0):
+            _swap(k, ix, L, R)
+        if _lt(k[L], 0, k[L + 1], 0, 0):
+            _swap(k, ix, L + 1, L)
+        i = L + 1
+        j = R
+        piv = k[L]
+        while True:
+            i += 1
+            while i < R and _lt(k[i], 0, piv, 0, 0):
+                i += 1
+            j -= 1
+            while j > L and _lt(piv, 0, k[j], 0, 0):
+                j -= 1
+            if j < i:
+                break
+            _swap(k, ix, i, j)
+        _swap(k, ix, L, j)
+        if j <= kk:
+            L = i
+        if j >= kk:
+            R = j - 1
+
+'''.replace("RUN", str(RUN))
+
+# per op: the work done on one row held in (k, ix) of length n, then what is written.
+# Parameters p0, p1 are runtime ints; `vals`/`inds` are the outputs' (outer..., m) views.
+_ROW = {
+    # p0: descending, p1: stable
+    "sort": ("cmp = 1 if p0 else 0\n"
+             "if p1:\n    _msort(k, ix, tk, ti, n, cmp)\n"
+             "else:\n    _introsort(k, ix, 0, n, cmp, stack)",
+             "m"),
+    # p0: largest, p1: sorted (k = m, the output length)
+    "topk": ("cmp = 1 if p0 else 0\n"
+             "if m * 64 <= n:\n"
+             "    _heap_select(k, ix, 0, m, n, cmp)\n    _sort_heap(k, ix, 0, m, cmp)\n"
+             "elif m > 0:\n"
+             "    _nth_element(k, ix, 0, m - 1, n, cmp)\n"
+             "    if p1:\n        _introsort(k, ix, 0, m - 1, cmp, stack)",
+             "m"),
+    # p0: k - 1
+    "kthvalue": ("_quickselect(k, ix, p0)", "p0"),
+    # p0: 1 for nanmedian. NaN (median): the first NaN; else the ((count - 1) // 2)-th in
+    # (value, index) order, count = non-NaN elements (nanmedian) or n
+    "median": ("nan = 0\nfirst = -1\n"
+               "for j in range(n):\n    if k[j] != k[j]:\n        nan += 1\n"
+               "        if first < 0:\n            first = j\n"
+               "if p0 == 0 and nan > 0:\n    pos = first\n"
+               "else:\n    cnt = n - nan if p0 else n\n    pos = (cnt - 1) // 2 if cnt > 0 else 0\n"
+               "    _nth_element(k, ix, 0, pos, n, 4 if p0 else 3)",
+               "pos"),
+    # std::sort by `<`, then the last element of the first longest run
+    "mode": ("_introsort(k, ix, 0, n, 2, stack)\n"
+             "pos = 0\nrun = 0\nbest = 0\n"
+             "for j in range(n):\n    run += 1\n"
+             "    if j == n - 1 or k[j] != k[j + 1]:\n"
+             "        if run > best:\n            pos = j\n            best = run\n"
+             "        run = 0",
+             "pos"),
+}
+
+
+def render_rows(op: str, c: int) -> tuple[str, str]:
+    """`k(vals, inds, src, p0, p1)`: op of _ROW on each row (last axis) of src over c outer
+    dims; "sort"/"topk" write vals.shape[-1] sorted elements per row, the others one element
+    (vals/inds have a last axis of length 1)."""
+    work, pick = _ROW[op]
+    name = kernel_name("rows", op, c)
+    s = _Src(name, ["vals", "inds", "src", "p0", "p1"])
+    o = _ix("o", c)
+    s.add(f"n = src.shape[{c}]", f"m = vals.shape[{c}]",
+          "k = np.empty(n, src.dtype)", "ix = np.empty(n, np.int64)",
+          "tk = np.empty(n, src.dtype)", "ti = np.empty(n, np.int64)",
+          "stack = np.empty(3 * 2 * 66, np.int64)")
+    s.loops("o", "src", c)
+    s.add("for j in range(n):", f"    k[j] = src[{o}, j]", "    ix[j] = j")
+    s.add(*work.split("\n"))
+    if pick == "m":
+        s.add("for j in range(m):", f"    vals[{o}, j] = k[j]", f"    inds[{o}, j] = ix[j]")
+    else:
+        s.add(f"vals[{o}, 0] = k[{pick}]", f"inds[{o}, 0] = ix[{pick}]")
+    return PRELUDE + s.text(), name
+
+
+def render_unique(consecutive: bool) -> tuple[str, str]:
+    """`k(x, sk, perm, tk, ti, cnt)`: x (1-D) into (sk, perm), sorted as torch.sort does
+    (introsort: the order of the NaNs, each its own value, decides their inverse indices)
+    unless `consecutive`; cnt[0] = number of runs of equal values."""
+    name = kernel_name("unique_count", consecutive)
+    s = _Src(name, ["x", "sk", "perm", "tk", "ti", "cnt"])
+    s.add("n = x.shape[0]", "for j in range(n):", "    sk[j] = x[j]", "    perm[j] = j")
+    if not consecutive:
+        s.add("stack = np.empty(3 * 2 * 66, np.int64)", "_introsort(sk, perm, 0, n, 0, stack)")
+    s.add("m = 0", "for j in range(n):", "    if j == 0 or sk[j] != sk[j - 1]:",
+          "        m += 1", "cnt[0] = m")
+    return PRELUDE + s.text(), name
+
+
+def render_unique_fill() -> tuple[str, str]:
+    """`k(sk, perm, out, inv, counts, want_inv, want_counts)`: one output per run of sk; inv at
+    each element's original position (perm) is its run, counts the run lengths."""
+    name = kernel_name("unique_fill")
+    s = _Src(name, ["sk", "perm", "out", "inv", "counts", "want_inv", "want_counts"])
+    s.add("g = -1", "for j in range(sk.shape[0]):", "    if j == 0 or sk[j] != sk[j - 1]:",
+          "        g += 1", "        out[g] = sk[j]", "        if want_counts:",
+          "            counts[g] = 0", "    if want_inv:", "        inv[perm[j]] = g",
+          "    if want_counts:", "        counts[g] += 1")
+    return s.text(), name
+
+
+def render_search(c: int, store: str) -> tuple[str, str]:
+    """`k(out, vals, bd, srt, right, use_sorter)`: ATen's lower/upper bound of each element of
+    vals in its row of bd (through the row's sorter when use_sorter), over c outer dims."""
+    name = kernel_name("search", c, store)
+    s = _Src(name, ["out", "vals", "bd", "srt", "right", "use_sorter"])
+    o = _ix("o", c)
+    s.add(f"nb = bd.shape[{c}]")
+    s.loops("o", "vals", c)
+    s.add(f"for j in range(vals.shape[{c}]):", f"    v = vals[{o}, j]", "    lo = 0",
+          "    hi = nb", "    while lo < hi:", "        mid = lo + ((hi - lo) >> 1)",
+          f"        mv = bd[{o}, srt[{o}, mid]] if use_sorter else bd[{o}, mid]",
+          "        if (not mv > v) if right else (not mv >= v):", "            lo = mid + 1",
+          "        else:", "            hi = mid", f"    out[{o}, j] = {store}(lo)")
+    return s.text(), name
