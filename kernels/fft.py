@@ -215,8 +215,8 @@ def render_fft(mode: str, rank_b: int, parallel: bool) -> tuple[str, str]:
         f"    for c in {rng}(chunks):",
         "        a = np.empty(nn, np.complex128)",
         "        w = np.empty(m, np.complex128)",
-        f"        for line in range(c * {LINES_PER_CHUNK}, min(lines, (c + 1) * "
-        f"{LINES_PER_CHUNK})):",
+        (f"        for line in range(c * {LINES_PER_CHUNK}, min(lines, (c + 1) * "
+         f"{LINES_PER_CHUNK})):"),
         "            r = line",
     ]
     for d in reversed(range(rank_b)):

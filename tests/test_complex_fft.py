@@ -163,7 +163,10 @@ def test_matrix_products():
     a, b = torch.randn(3, 4, dtype=C64), torch.randn(4, 5, dtype=C64)
     c, v = torch.randn(3, 5, dtype=C64), torch.randn(4, dtype=C64)
     x, y = torch.randn(2, 3, 4, dtype=C128), torch.randn(2, 4, 2, dtype=C128)
-    n = lambda t: t.to(DEV)   # noqa: E731
+
+    def n(t):
+        return t.to(DEV)
+
     eager_neuron.reset_stats()
     _same(n(a) @ n(b), a @ b)
     _same(n(a).conj() @ n(b), a.conj() @ b)          # mm sees the conj bit: loaded conjugated
@@ -256,7 +259,7 @@ def test_rfft_irfft_autograd():
 def test_stft_istft():
     x = torch.randn(2, 400)
     win = torch.hann_window(64)
-    kw = dict(n_fft=64, hop_length=16, return_complex=True)
+    kw = {"n_fft": 64, "hop_length": 16, "return_complex": True}
     spec = torch.stft(x, window=win, **kw)
     dspec = torch.stft(x.to(DEV), window=win.to(DEV), **kw)
     _same(dspec, spec, atol=1e-4)

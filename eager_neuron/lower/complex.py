@@ -368,7 +368,7 @@ def _matmul(base: str, a: dict, out: torch.Tensor) -> None:
         s3 = s3.view(1, 1, 1) if out.dim() == 0 else _as3(s3, role)
         args.append(strided_np(s3, tuple(s3.shape), s3.stride()))
     store = _store(out)
-    nb, nm, nn = o3.shape
+    nb, nm, _nn = o3.shape
     parallel = nb * nm > 1 and out.numel() * x3.shape[2] >= PARALLEL_MIN and \
         kc.parallel_allowed()
     key = ("cbmm", kx, ky, bool(ks), ks, store, parallel)
@@ -384,7 +384,7 @@ def _matmul(base: str, a: dict, out: torch.Tensor) -> None:
 
 class _Named:
     """What run_complex reads off a dispatch Plan, for the ops registered below."""
-    __slots__ = ("name", "ret_alias", "lower")
+    __slots__ = ("lower", "name", "ret_alias")
 
     def __init__(self, func):
         schema = func._schema
