@@ -156,3 +156,12 @@ def test_inplace_view_under_mode_runs_on_cpu():
         x = torch.zeros(2, 3)
         x.t_()
     assert x.shape == (3, 2) and x.device.type == "cpu"
+
+
+def test_as_strided_scatter_on_device(stats_delta):
+    x = torch.arange(12.).reshape(3, 4)
+    src = -torch.arange(4.).reshape(2, 2)
+    want = torch.as_strided_scatter(x, src, (2, 2), (1, 4), 1)
+    got = torch.as_strided_scatter(x.to("neuron"), src.to("neuron"), (2, 2), (1, 4), 1)
+    torch.testing.assert_close(got.cpu(), want)
+    assert stats_delta()["fallbacks"] == {}

@@ -198,6 +198,11 @@ lower_slice_scatter = _copy_then(
 lower_select_scatter = _copy_then(lambda out, a: out.select(a["dim"], a["index"]))
 lower_diagonal_scatter = _copy_then(
     lambda out, a: out.diagonal(a["offset"], a["dim1"], a["dim2"]))
+# NOTE: ATen clones self and views the clone: the offset counts in the clone's storage, which
+# starts where out's does (a fresh buffer), so None means out's own offset
+lower_as_strided_scatter = _copy_then(
+    lambda out, a: out.as_strided(a["size"], a["stride"], out.storage_offset() if
+                                  a["storage_offset"] is None else a["storage_offset"]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -247,6 +252,7 @@ LOWERINGS = {
     "aten::slice_scatter": lower_slice_scatter,
     "aten::select_scatter": lower_select_scatter,
     "aten::diagonal_scatter": lower_diagonal_scatter,
+    "aten::as_strided_scatter": lower_as_strided_scatter,
     "aten::sort": lower_sort,
     "aten::sort.stable": lower_sort,
     "aten::topk": lower_topk,
