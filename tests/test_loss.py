@@ -1,6 +1,7 @@
 """Losses on `neuron` against the CPU: nll/cross entropy (1d, 2d, batchless, class weights,
 ignore_index, every reduction), mse and binary cross entropy, forward and backward, errors
-for bad targets, and counters (no fallback, no recompile for a new batch size)."""
+for bad targets, multi-margin and multilabel-margin backward, and counters (no fallback, no
+recompile for a new batch size)."""
 
 from __future__ import annotations
 
@@ -117,3 +118,26 @@ def test_no_recompile_for_new_batch():
     st = eager_neuron.stats()
     assert st["compiles"] == 0
     assert st["fallbacks"] == {}
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("p", [1, 2])
+def test_multi_margin(reduction, p):
+    w = torch.rand(5) + 0.5
+    t = torch.tensor([0, 4, 2, 2, 1, 3])
+    check(lambda x, t, w: F.multi_margin_loss(x, t, p=p, margin=0.7, weight=w,
+                                              reduction=reduction),
+          torch.randn(6, 5), t, w)
+    if reduction != "none":   # NOTE: PyTorch's Meta kernel gives a 1-d input's loss shape (1,)
+        check(lambda x, t: F.multi_margin_loss(x, t, reduction=reduction), torch.randn(5),
+              torch.tensor(3))
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_multilabel_margin(reduction):
+    t = torch.tensor([[1, 3, -1, 0, 2], [0, -1, 2, 2, 1], [3, 2, 1, 0, 4], [4, 4, 4, 4, 4]])
+    check(lambda x, t: F.multilabel_margin_loss(x, t, reduction=reduction),
+          torch.randn(4, 5), t)
+    if reduction != "none":   # NOTE: as for multi_margin_loss, the Meta shape is (1,), not ()
+        check(lambda x, t: F.multilabel_margin_loss(x, t, reduction=reduction),
+              torch.randn(5), t[0])

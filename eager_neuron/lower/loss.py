@@ -1,4 +1,5 @@
-"""Loss lowerings: nll_loss (1d and 2d, forward and backward), mse_loss, binary_cross_entropy.
+"""Loss lowerings: nll_loss (1d and 2d, forward and backward), mse_loss, binary_cross_entropy,
+and the backward of multi_margin_loss and multilabel_margin_loss (their forwards decompose).
 
 nll views the input as (N, C, S) and the target as (N, S), S the coalesced spatial dims, so the
 1d and 2d ops share one kernel. mse and bce are map-reduces over operands broadcast to one shape;
@@ -15,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..kernels import loss as kloss
 from ..kernels import reduce as kr
 from ..launch import launch
 from .common import NP_TYPE, coalesce, strided_np
@@ -186,7 +188,94 @@ def lower_bce_backward(func, a, outs):
                [x, a["target"], _weights(a, x), a["grad_output"]], outs[0], a["reduction"], True)
 
 
+# ---------------------------------------------------------------------------------------------
+# margin losses (backward; the forwards decompose into kernels we have)
+# ---------------------------------------------------------------------------------------------
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """A 0-d/1-d loss operand as one row (1, C), an (N, C) one as is."""
+    return t.reshape(1, -1) if t.dim() <= 1 else t
+
+
+def _per_row(go: torch.Tensor, n: int) -> np.ndarray:
+    """grad_output as an (N,) view: a reduced (one-element) gradient read with stride 0."""
+    return strided_np(go, (n,), (0,)) if go.numel() == 1 else go.reshape(n).numpy()
+
+
+def _scale(reduction: int, n: int, dim: int) -> float:
+    return 1.0 / (n * dim) if reduction == 1 else 1.0 / dim
+
+
+def lower_multi_margin_backward(func, a, outs):
+    x, gi, t, w = a["self"], outs[0], a["target"], a["weight"]
+    _float(x)
+    if gi.numel() == 0 or a["grad_output"].dtype != x.dtype or (w is not None and
+                                                                 w.dtype != x.dtype):
+        raise NotImplementedError("multi_margin_loss backward: empty or mixed dtypes")
+    p = a["p"]
+    if p not in (1, 2):
+        raise NotImplementedError(f"multi_margin_loss backward with p={p}")
+    xv, gv = _rows(x), _rows(gi)
+    n, dim = xv.shape
+    has_w = w is not None
+    wv = _weight(w, xv.numpy().dtype)[0]
+    T = NP_TYPE[x.dtype]
+    err = np.zeros(2, np.int64)
+    launch(("loss", "multi_margin_bw", T, p == 1, has_w),
+           lambda: kloss.render_multi_margin_backward(T, p == 1, has_w),
+           (gv.numpy(), _per_row(a["grad_output"], n), xv.numpy(), t.reshape(n).numpy(), wv,
+            float(a["margin"]), _scale(a["reduction"], n, dim), err),
+           flops=float(4 * x.numel()), bytes_moved=float(2 * x.numel() * x.element_size()),
+           engine="vector")
+    if err[1]:
+        raise IndexError(f"multi_margin_loss: target {int(err[0])} is out of bounds for "
+                         f"{dim} classes")
+
+
+def lower_multilabel_margin(func, a, outs):
+    """Its own kernel: PyTorch 2.13's decomposition reads targets past the first -1."""
+    x, t, (out, it) = a["self"], a["target"], outs
+    _float(x)
+    if x.numel() == 0 or a["reduction"] not in _REDUCTIONS:
+        raise NotImplementedError("multilabel_margin_loss on an empty input")
+    xv = _rows(x)
+    n, dim = xv.shape
+    ov = out.reshape(n) if a["reduction"] == 0 else out.reshape(1)
+    T = NP_TYPE[x.dtype]
+    launch(("loss", "multilabel_margin", T), lambda: kloss.render_multilabel_margin(T),
+           (ov.numpy(), _rows(it).numpy(), xv.numpy(), _rows(t).numpy(), int(a["reduction"])),
+           flops=float(3 * x.numel() * dim), bytes_moved=float(3 * x.numel() * x.element_size()),
+           engine="vector")
+
+
+def lower_multilabel_margin_backward(func, a, outs):
+    x, gi, t, it = a["self"], outs[0], a["target"], a["is_target"]
+    _float(x)
+    if gi.numel() == 0 or a["grad_output"].dtype != x.dtype or it.dtype != x.dtype:
+        raise NotImplementedError("multilabel_margin_loss backward: empty or mixed dtypes")
+    xv = _rows(x)
+    n, dim = xv.shape
+    T = NP_TYPE[x.dtype]
+    launch(("loss", "multilabel_margin_bw", T),
+           lambda: kloss.render_multilabel_margin_backward(T),
+           (_rows(gi).numpy(), _per_row(a["grad_output"], n), xv.numpy(), _rows(t).numpy(),
+            _rows(it).numpy(), _scale(a["reduction"], n, dim)),
+           flops=float(3 * x.numel() * dim), bytes_moved=float(3 * x.numel() * x.element_size()),
+           engine="vector")
+
+
+# NOTE: PyTorch 2.13 has no Meta kernels for these backward ops, and dispatch learns output
+# metadata by running the op on meta tensors: the gradient has the input's metadata.
+_META_LIB = torch.library.Library("aten", "IMPL")
+_META_LIB.impl("multi_margin_loss_backward",
+               lambda grad_output, self, *args, **kwargs: torch.empty_like(self), "Meta")
+_META_LIB.impl("multilabel_margin_loss_backward",
+               lambda grad_output, self, *args, **kwargs: torch.empty_like(self), "Meta")
+
 LOWERINGS = {
+    "aten::multi_margin_loss_backward": lower_multi_margin_backward,
+    "aten::multilabel_margin_loss_backward": lower_multilabel_margin_backward,
+    "aten::multilabel_margin_loss_forward": lower_multilabel_margin,
     "aten::nll_loss_forward": lower_nll_forward,
     "aten::nll_loss2d_forward": lower_nll_forward,
     "aten::nll_loss_backward": lower_nll_backward,
