@@ -1,0 +1,101 @@
+"""F.scaled_dot_product_attention on neuron: one fused kernel forward, one backward, vs the CPU.
+
+The fused path (lower/attention.py) covers masks (bool, additive, broadcast, with gradient),
+causal, grouped-query attention and strided views; dropout and float64 take the math path.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import eager_neuron
+
+RTOL, ATOL = 1e-5, 1e-5
+
+
+def _run(q, k, v, mask=None, **kw):
+    """Forward + backward on both devices; returns (neuron stats, max errors)."""
+    ins = [t.requires_grad_() for t in (q, k, v)] + ([mask] if mask is not None else [])
+    nins = [t.detach().to("neuron").requires_grad_(t.requires_grad) for t in ins]
+    ref = F.scaled_dot_product_attention(*ins[:3], attn_mask=mask, **kw)
+    grad = torch.randn(ref.shape, dtype=ref.dtype)
+    ref.backward(grad)
+    eager_neuron.reset_stats()
+    got = F.scaled_dot_product_attention(*nins[:3], attn_mask=nins[3] if mask is not None
+                                         else None, **kw)
+    got.backward(grad.to("neuron"))
+    stats = eager_neuron.stats()
+    torch.testing.assert_close(got.detach().cpu(), ref.detach(), rtol=RTOL, atol=ATOL)
+    for t, n in zip(ins, nins):
+        if t.requires_grad:
+            torch.testing.assert_close(n.grad.cpu(), t.grad, rtol=RTOL, atol=ATOL)
+    assert not stats["fallbacks"], stats["fallbacks"]
+    return stats
+
+
+def _qkv(B=2, H=4, Hk=4, L=5, S=7, E=8, Ev=6):
+    g = torch.Generator().manual_seed(0)
+    return (torch.randn(B, H, L, E, generator=g), torch.randn(B, Hk, S, E, generator=g),
+            torch.randn(B, Hk, S, Ev, generator=g))
+
+
+@pytest.mark.parametrize("case", ["plain", "causal", "gqa", "bool_mask", "masked_row",
+                                  "additive_grad", "additive_2d", "strided"])
+def test_fused_matches_cpu_in_two_launches(case):
+    q, k, v = _qkv(L=6, S=6) if case in ("causal", "gqa") else _qkv()
+    mask, kw = None, {}
+    if case == "causal":
+        kw["is_causal"] = True
+    elif case == "gqa":
+        q, k, v = _qkv(H=4, Hk=2, L=6, S=6)
+        kw.update(is_causal=True, enable_gqa=True)
+    elif case == "bool_mask":
+        mask = torch.rand(2, 1, 5, 7, generator=torch.Generator().manual_seed(1)) > 0.3
+        mask[..., 0] = True
+    elif case == "masked_row":
+        mask = torch.ones(2, 1, 5, 7, dtype=torch.bool)
+        mask[0, 0, 2] = False           # a row with nothing to attend to: zeros, as the CPU
+    elif case == "additive_grad":
+        mask = torch.randn(1, 4, 5, 7).requires_grad_()   # broadcast over the batch
+    elif case == "additive_2d":
+        mask = torch.randn(5, 7).requires_grad_()
+    elif case == "strided":
+        q = torch.randn(2, 5, 4, 8).transpose(1, 2)       # (B, L, H, E) -> (B, H, L, E) view
+    stats = _run(q, k, v, mask, **kw)
+    assert stats["launches"] == 2, stats["launches"]   # one forward, one backward kernel
+    assert not stats["decompositions"], stats["decompositions"]
+
+
+def test_float64_takes_the_math_path():
+    q, k, v = (t.double() for t in _qkv())
+    stats = _run(q, k, v)
+    assert stats["decompositions"].get("aten::_safe_softmax"), stats["decompositions"]
+
+
+def test_dropout_takes_the_math_path_on_device():
+    q, k, v = (t.to("neuron") for t in _qkv())
+    eager_neuron.reset_stats()
+    out = F.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
+    stats = eager_neuron.stats()
+    assert out.shape == (2, 4, 5, 6) and out.device.type == "neuron"
+    assert not stats["fallbacks"], stats["fallbacks"]
+    assert stats["decompositions"].get("aten::_safe_softmax"), stats["decompositions"]
+
+
+def test_bfloat16():
+    q, k, v = (t.bfloat16() for t in _qkv())
+    qn, kn, vn = (t.to("neuron") for t in (q, k, v))
+    eager_neuron.reset_stats()
+    got = F.scaled_dot_product_attention(qn, kn, vn)
+    assert not eager_neuron.stats()["fallbacks"]
+    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
+    torch.testing.assert_close(got.cpu().float(), ref, rtol=1e-2, atol=1e-2)
+
+
+def test_adaptive_mode_matches_plain():
+    q, k, v = _qkv()
+    with eager_neuron.adaptive():
+        stats = _run(q, k, v, is_causal=False)
+    assert not stats["fallbacks"]

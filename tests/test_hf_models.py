@@ -1,0 +1,223 @@
+"""Hugging Face models (GPT-2, BERT, Llama, T5, ViT) on `neuron` match the CPU, with no fallback.
+
+Each model is built from a tiny config on the CPU with a fixed seed (nothing is downloaded: no
+weights, no tokenizer; token ids are random), deep-copied, and moved to `neuron`. Per model and
+per mode (plain eager, adaptive eager): the forward matches the CPU, three AdamW steps give the
+same losses and parameters, and not one op reaches the CPU fallback. GPT-2's greedy `generate()`
+yields the same tokens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+
+import pytest
+import torch
+
+import eager_neuron
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tiny configs only: never reach the hub
+transformers = pytest.importorskip("transformers")
+transformers.logging.set_verbosity_error()  # tiny vocabularies make config warnings noise
+
+RTOL, ATOL = 1e-4, 1e-5
+STEPS = 3
+VOCAB, BATCH, SEQ = 97, 2, 8
+
+
+# ---------------------------------------------------------------------------------------------
+# tiny models: (build on the CPU from a seed, inputs from a generator)
+# ---------------------------------------------------------------------------------------------
+
+def _gpt2():
+    return transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB, n_positions=32,
+        # NOTE: attention dropout draws inside F.scaled_dot_product_attention, where the CPU
+        # (flash kernel) and neuron (math path) consume the generator differently: keep it 0;
+        # residual/embedding dropout are nn.Dropout (shared generator, same masks): kept on
+        attn_pdrop=0.0, resid_pdrop=0.1, embd_pdrop=0.1,
+        bos_token_id=0, eos_token_id=1, pad_token_id=1))
+
+
+def _bert():
+    return transformers.BertForSequenceClassification(transformers.BertConfig(
+        num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128,
+        vocab_size=VOCAB, max_position_embeddings=32, num_labels=3,
+        attention_probs_dropout_prob=0.0, hidden_dropout_prob=0.1, pad_token_id=0))
+
+
+def _llama():
+    # NOTE: 4 query heads over 2 key/value heads: grouped-query attention (repeat_kv)
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=128, vocab_size=VOCAB, max_position_embeddings=32,
+        bos_token_id=0, eos_token_id=1, pad_token_id=1))
+
+
+def _t5():
+    return transformers.T5ForConditionalGeneration(transformers.T5Config(
+        num_layers=2, num_decoder_layers=2, d_model=64, d_kv=16, num_heads=4, d_ff=128,
+        vocab_size=VOCAB, dropout_rate=0.1, decoder_start_token_id=0, pad_token_id=0,
+        eos_token_id=1))
+
+
+def _vit():
+    return transformers.ViTForImageClassification(transformers.ViTConfig(
+        num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128,
+        image_size=16, patch_size=4, num_labels=3,
+        attention_probs_dropout_prob=0.0, hidden_dropout_prob=0.1))
+
+
+def _ids(g, n=SEQ):
+    return torch.randint(2, VOCAB, (BATCH, n), generator=g)
+
+
+def _lm_inputs(g):
+    ids = _ids(g)
+    return {"input_ids": ids, "labels": ids}
+
+
+def _bert_inputs(g):
+    mask = torch.ones(BATCH, SEQ, dtype=torch.long)
+    mask[1, -3:] = 0  # a padded row: the attention mask reaches the kernels
+    return {"input_ids": _ids(g), "attention_mask": mask,
+            "labels": torch.randint(0, 3, (BATCH,), generator=g)}
+
+
+def _t5_inputs(g):
+    return {"input_ids": _ids(g), "labels": _ids(g, 5)}
+
+
+def _vit_inputs(g):
+    return {"pixel_values": torch.randn(BATCH, 3, 16, 16, generator=g),
+            "labels": torch.randint(0, 3, (BATCH,), generator=g)}
+
+
+MODELS = {
+    "gpt2": (_gpt2, _lm_inputs),
+    "bert": (_bert, _bert_inputs),
+    "llama": (_llama, _lm_inputs),
+    "t5": (_t5, _t5_inputs),
+    "vit": (_vit, _vit_inputs),
+}
+
+
+def build(name: str, seed: int = 0):
+    """The CPU model (same weights for a given seed) and STEPS batches of inputs.
+
+    >>> model, batches = build("gpt2"); sorted(batches[0])
+    ['input_ids', 'labels']
+    """
+    make_model, make_inputs = MODELS[name]
+    torch.manual_seed(seed)
+    model = make_model()
+    g = torch.Generator().manual_seed(seed + 1)
+    return model, [make_inputs(g) for _ in range(STEPS)]
+
+
+def to_device(inputs: dict, device: str) -> dict:
+    return {k: v.to(device) for k, v in inputs.items()}
+
+
+def train(model, batches, device: str, seed: int = 0, eps: float = 1e-4):
+    """STEPS AdamW steps on `device` (model moved there); returns (losses, model).
+
+    NOTE: eps=1e-4, not 1e-8: a weight whose gradient is almost zero (an embedding row seen only
+    through the tied LM head, a key bias) gets rounding noise of ~1e-9 on either device, and
+    AdamW divides by sqrt(v)+eps, turning noise into lr-sized steps of random sign.
+    """
+    model = model.to(device)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01, eps=eps)
+    torch.manual_seed(seed)  # dropout masks come from the shared CPU generator
+    losses = []
+    for inputs in batches:
+        opt.zero_grad()
+        loss = model(**to_device(inputs, device)).loss
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, model
+
+
+# ---------------------------------------------------------------------------------------------
+# tests
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture(params=["plain", "adaptive"])
+def eager_mode(request):
+    """Plain eager and adaptive eager (which must not change results)."""
+    return contextlib.nullcontext if request.param == "plain" else eager_neuron.adaptive
+
+
+def _assert_no_fallbacks(stats, what):
+    assert stats["launches"] > 0, what
+    assert not stats["fallbacks"], f"{what}: CPU fallbacks {stats['fallbacks']}"
+
+
+@pytest.mark.models
+@pytest.mark.parametrize("name", list(MODELS))
+def test_forward_matches_cpu(name, stats_delta, eager_mode):
+    model, batches = build(name)
+    model.eval()
+    neuron_model = copy.deepcopy(model).to("neuron")
+    with torch.no_grad():
+        ref = model(**batches[0]).logits
+        eager_neuron.reset_stats()
+        with eager_mode():
+            got = neuron_model(**to_device(batches[0], "neuron")).logits
+        stats = stats_delta()
+    assert got.device.type == "neuron"
+    torch.testing.assert_close(got.cpu(), ref, rtol=RTOL, atol=ATOL)
+    _assert_no_fallbacks(stats, f"{name} forward")
+
+
+@pytest.mark.models
+@pytest.mark.parametrize("name", list(MODELS))
+def test_adamw_steps_match_cpu(name, stats_delta, eager_mode):
+    model, batches = build(name)
+    cpu_losses, cpu_model = train(copy.deepcopy(model), batches, "cpu")
+    eager_neuron.reset_stats()
+    with eager_mode():
+        n_losses, n_model = train(model, batches, "neuron")
+    stats = stats_delta()
+    torch.testing.assert_close(torch.tensor(n_losses), torch.tensor(cpu_losses), rtol=RTOL,
+                               atol=ATOL)
+    n_state, c_state = n_model.state_dict(), cpu_model.state_dict()
+    assert n_state.keys() == c_state.keys()
+    for key, ref in c_state.items():
+        got = n_state[key]
+        assert got.device.type == "neuron", key
+        torch.testing.assert_close(got.cpu(), ref, rtol=RTOL, atol=ATOL,
+                                   msg=lambda m, key=key: f"{name} {key}: {m}")
+    _assert_no_fallbacks(stats, f"{name} training")
+
+
+@pytest.mark.models
+def test_tied_embeddings_stay_tied():
+    # GPT-2's lm_head shares wte's weight: after .to("neuron") it must still be one parameter,
+    # or the two copies train apart (the CPU updates one tensor with the summed gradient)
+    model, _ = build("gpt2")
+    n_model = copy.deepcopy(model).to("neuron")
+    assert n_model.lm_head.weight is n_model.transformer.wte.weight
+    assert len(list(n_model.parameters())) == len(list(model.parameters()))
+
+
+@pytest.mark.models
+def test_gpt2_greedy_generate_matches_cpu(stats_delta, eager_mode):
+    model, batches = build("gpt2")
+    model.eval()
+    n_model = copy.deepcopy(model).to("neuron")
+    prompt = batches[0]["input_ids"][:, :4]
+    mask = torch.ones_like(prompt)
+    kwargs = {"max_new_tokens": 6, "do_sample": False, "pad_token_id": 1}
+    ref = model.generate(prompt, attention_mask=mask, **kwargs)
+    eager_neuron.reset_stats()
+    with eager_mode():
+        got = n_model.generate(prompt.to("neuron"), attention_mask=mask.to("neuron"), **kwargs)
+    stats = stats_delta()
+    assert got.shape == ref.shape == (BATCH, 10)
+    assert got.cpu().tolist() == ref.tolist()
+    _assert_no_fallbacks(stats, "gpt2 generate")
