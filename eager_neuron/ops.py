@@ -24,7 +24,8 @@ FAMILIES = {
 # A module that is listed but missing is skipped; one that fails to import warns (never silent:
 # its ops then decompose or reach the counted fallback, which the OpInfo sweep reports).
 _FAMILY_MODULES = ("reduce", "matmul", "index", "norm", "conv", "loss", "mask",
-                   "linalg", "fft", "complex", "sort", "special", "pool", "attention")
+                   "linalg", "fft", "complex", "sort", "special", "pool", "attention",
+                   "resample", "distance")
 DYNAMIC: dict = {}
 for _mod in _FAMILY_MODULES:
     if importlib.util.find_spec(f"eager_neuron.lower.{_mod}") is None:
