@@ -211,6 +211,166 @@ def _potrf(x):
     return 0
 '''
 
+_SYTF2 = _HELPER + '''\
+def _sytf2(a, piv):
+    # LAPACK sytf2 (lower, Bunch-Kaufman): L D L^T in the lower triangle, 1-based pivots that
+    # are negative for 2x2 blocks; returns info (the first exactly-zero pivot column)
+    n = a.shape[0]
+    alpha = (1.0 + math.sqrt(17.0)) / 8.0
+    info = 0
+    k = 0
+    while k < n:
+        kstep = 1
+        absakk = abs(a[k, k])
+        imax = min(k + 1, n - 1)
+        colmax = 0.0
+        for i in range(k + 1, n):
+            if abs(a[i, k]) > colmax:
+                colmax = abs(a[i, k])
+                imax = i
+        kp = k
+        if max(absakk, colmax) == 0.0 or absakk != absakk:
+            if info == 0:
+                info = k + 1
+        else:
+            if absakk < alpha * colmax:
+                rowmax = -1.0
+                for j in range(k, imax):
+                    if abs(a[imax, j]) > rowmax:
+                        rowmax = abs(a[imax, j])
+                jm = -1.0
+                for i in range(imax + 1, n):
+                    if abs(a[i, imax]) > jm:
+                        jm = abs(a[i, imax])
+                rowmax = max(rowmax, jm)
+                if absakk >= alpha * colmax * (colmax / rowmax):
+                    kp = k
+                elif abs(a[imax, imax]) >= alpha * rowmax:
+                    kp = imax
+                else:
+                    kp = imax
+                    kstep = 2
+            kk = k + kstep - 1
+            if kp != kk:
+                for i in range(kp + 1, n):
+                    t = a[i, kk]
+                    a[i, kk] = a[i, kp]
+                    a[i, kp] = t
+                for j in range(kk + 1, kp):
+                    t = a[j, kk]
+                    a[j, kk] = a[kp, j]
+                    a[kp, j] = t
+                t = a[kk, kk]
+                a[kk, kk] = a[kp, kp]
+                a[kp, kp] = t
+                if kstep == 2:
+                    t = a[k + 1, k]
+                    a[k + 1, k] = a[kp, k]
+                    a[kp, k] = t
+            if kstep == 1:
+                if k < n - 1:
+                    d11 = 1.0 / a[k, k]
+                    for j in range(k + 1, n):
+                        f = d11 * a[j, k]
+                        for i in range(j, n):
+                            a[i, j] -= a[i, k] * f
+                    for i in range(k + 1, n):
+                        a[i, k] *= d11
+            elif k < n - 2:
+                d21 = a[k + 1, k]
+                d11 = a[k + 1, k + 1] / d21
+                d22 = a[k, k] / d21
+                t = 1.0 / (d11 * d22 - 1.0)
+                d21 = t / d21
+                for j in range(k + 2, n):
+                    wk = d21 * (d11 * a[j, k] - a[j, k + 1])
+                    wkp1 = d21 * (d22 * a[j, k + 1] - a[j, k])
+                    for i in range(j, n):
+                        a[i, j] = a[i, j] - a[i, k] * wk - a[i, k + 1] * wkp1
+                    a[j, k] = wk
+                    a[j, k + 1] = wkp1
+        if kstep == 1:
+            piv[k] = kp + 1
+        else:
+            piv[k] = -(kp + 1)
+            piv[k + 1] = -(kp + 1)
+        k += kstep
+    return info
+'''
+
+_SYTRS = _HELPER + '''\
+def _swap_rows(x, i, p):
+    for c in range(x.shape[1]):
+        t = x[i, c]
+        x[i, c] = x[p, c]
+        x[p, c] = t
+
+
+@njit(error_model="numpy", nogil=True)
+def _sytrs(a, piv, x):
+    # LAPACK sytrs (lower): x <- A^-1 x with A = L D L^T from _sytf2; False on a bad pivot
+    n = a.shape[0]
+    m = x.shape[1]
+    for k in range(n):
+        if piv[k] == 0 or abs(piv[k]) > n:
+            return False
+    k = 0
+    while k < n:
+        if piv[k] > 0:
+            _swap_rows(x, k, piv[k] - 1)
+            for i in range(k + 1, n):
+                for c in range(m):
+                    x[i, c] -= a[i, k] * x[k, c]
+            d = 1.0 / a[k, k]
+            for c in range(m):
+                x[k, c] *= d
+            k += 1
+        else:
+            if k + 1 >= n:
+                return False
+            _swap_rows(x, k + 1, -piv[k] - 1)
+            for i in range(k + 2, n):
+                for c in range(m):
+                    x[i, c] -= a[i, k] * x[k, c]
+            for i in range(k + 2, n):
+                for c in range(m):
+                    x[i, c] -= a[i, k + 1] * x[k + 1, c]
+            akm1k = a[k + 1, k]
+            akm1 = a[k, k] / akm1k
+            ak = a[k + 1, k + 1] / akm1k
+            denom = akm1 * ak - 1.0
+            for c in range(m):
+                bkm1 = x[k, c] / akm1k
+                bk = x[k + 1, c] / akm1k
+                x[k, c] = (ak * bkm1 - bk) / denom
+                x[k + 1, c] = (akm1 * bk - bkm1) / denom
+            k += 2
+    k = n - 1
+    while k >= 0:
+        if piv[k] > 0:
+            for c in range(m):
+                s = 0.0
+                for i in range(k + 1, n):
+                    s += x[i, c] * a[i, k]
+                x[k, c] -= s
+            _swap_rows(x, k, piv[k] - 1)
+            k -= 1
+        else:
+            if k < 1:
+                return False
+            for c in range(m):
+                s = 0.0
+                t = 0.0
+                for i in range(k + 1, n):
+                    s += x[i, c] * a[i, k]
+                    t += x[i, c] * a[i, k - 1]
+                x[k, c] -= s
+                x[k - 1, c] -= t
+            _swap_rows(x, k, -piv[k] - 1)
+            k -= 2
+    return True
+'''
+
 _SYM = _HELPER + '''\
 def _symmetrize(x, lower):
     # the full symmetric matrix from one triangle (LAPACK reads only that one)
@@ -499,6 +659,18 @@ _KERNELS = {
             out[b, 0, j] = _bf16(_bf16(a1 * c2) - _bf16(a2 * c1))
             out[b, 1, j] = _bf16(_bf16(a2 * c0) - _bf16(a0 * c2))
             out[b, 2, j] = _bf16(_bf16(a0 * c1) - _bf16(a1 * c0))
+"""),
+    # a (B, n, n) -> L D L^T in the lower triangle (upper zeroed), piv (B, n), info (B,)
+    "ldl_factor": ("a, piv, info", (_SYTF2,), """\
+        x = a[b]
+        for i in range(x.shape[0]):
+            for j in range(i + 1, x.shape[1]):
+                x[i, j] = 0.0
+        info[b] = _sytf2(x, piv[b])
+"""),
+    # ld (B, n, n), piv (B, n), x (B, n, k) in place; status[b] = 1 for an invalid pivot
+    "ldl_solve": ("ld, piv, x, status", (_SYTRS,), """\
+        status[b] = 0 if _sytrs(ld[b], piv[b], x[b]) else 1
 """),
 }
 

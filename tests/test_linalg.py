@@ -206,3 +206,16 @@ def test_batch_size_does_not_recompile():
     compiles = STATS.compiles
     torch.linalg.solve(*dev(torch.randn(7, 6, 6), torch.randn(7, 6, 2)))
     assert STATS.compiles == compiles
+
+
+def test_ldl_factor_and_solve_match_lapack_pivoting():
+    torch.manual_seed(11)
+    for n in (1, 3, 6):
+        A = torch.randn(4, n, n)
+        A = A + A.mT
+        A[1, 0, 0] = 0.0                   # forces a 2x2 Bunch-Kaufman block
+        LD, piv, info = torch.linalg.ldl_factor_ex(A)
+        close(torch.linalg.ldl_factor_ex(A.to(DEV)), (LD, piv, info))
+        B = torch.randn(4, n, 2)
+        close(torch.linalg.ldl_solve(*dev(LD, piv, B)), torch.linalg.ldl_solve(LD, piv, B),
+              atol=1e-3, rtol=1e-3)

@@ -435,6 +435,44 @@ def lower_cholesky_solve(func, a, outs):
 
 
 # ---------------------------------------------------------------------------------------------
+# LDL^T (Bunch-Kaufman, LAPACK sytrf/sytrs with uplo 'L'; real inputs, so hermitian is moot)
+# ---------------------------------------------------------------------------------------------
+
+def lower_ldl_factor_ex(func, a, outs):
+    A, (LD, pivots, info) = a["self"], outs
+    if A.numel() == 0:
+        zero(info)
+        return
+    n = A.shape[-1]
+    batch = tuple(A.shape[:-2])
+    x = f64(A)
+    piv = int_scratch(pivots, batch + (n,))
+    inf = int_scratch(info, batch)
+    run("ldl_factor", (b3(x), b2(piv), b1(inf)), flops=x.numel() * n / 3.0)
+    put(x, LD)
+    put_int(piv, pivots)
+    put_int(inf, info)
+    if a["check_errors"]:
+        check_info(inf, "torch.linalg.ldl_factor_ex", A.dim() == 2)
+
+
+def lower_ldl_solve(func, a, outs):
+    LD, pivots, B, out = a["LD"], a["pivots"], a["B"], outs[0]
+    if out.numel() == 0:
+        return
+    n, k = out.shape[-2:]
+    batch = tuple(out.shape[:-2])
+    ld = f64(LD, batch + (n, n))
+    piv = torch.empty(batch + (n,), dtype=I32)
+    cast(pivots.detach().expand(batch + (n,)), piv)
+    x = f64(B, batch + (n, k))
+    status = torch.empty(batch, dtype=I32)
+    run("ldl_solve", (b3(ld), b2(piv), b3(x), b1(status)), flops=2.0 * x.numel() * n)
+    check_status(status, "linalg.ldl_solve", "pivots are not a valid ldl_factor output")
+    put(x, out)
+
+
+# ---------------------------------------------------------------------------------------------
 # cross product: bfloat16 only (other dtypes take PyTorch's decomposition, which is exact)
 # ---------------------------------------------------------------------------------------------
 
@@ -493,6 +531,8 @@ LOWERINGS = {
     "aten::cholesky_inverse": lower_cholesky_inverse,
     "aten::cholesky_solve": lower_cholesky_solve,
     "aten::linalg_cross": lower_cross,
+    "aten::linalg_ldl_factor_ex": lower_ldl_factor_ex,
+    "aten::linalg_ldl_solve": lower_ldl_solve,
 }
 
 # part two (QR, eigh, SVD, pinv, lstsq, matrix_exp) lives next door; it imports helpers above
