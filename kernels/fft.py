@@ -201,7 +201,7 @@ def render_fft(mode: str, rank_b: int, parallel: bool) -> tuple[str, str]:
              + ")",
              f"def {name}(y, x, n, scale, inverse):",
              # r2c of even n: one complex FFT of n/2 points over (x[2k], x[2k+1]) pairs
-             "    packed = " + ("n % 2 == 0 and n >= 4" if mode == "r2c" else "False"),
+             "    packed = " + ("n % 2 == 0 and n >= 4" if mode != "c2c" else "False"),
              "    nn = n // 2 if packed else n",
              "    kind, m, tw, chirp, bf = _plan(nn)",
              "    twn = _twiddles(n) if packed else tw",
@@ -242,17 +242,30 @@ def render_fft(mode: str, rank_b: int, parallel: bool) -> tuple[str, str]:
     else:
         # Hermitian completion of bins 0..n//2; the imaginary parts of bin 0 (and of bin n/2
         # for even n) do not contribute, as in pocketfft's c2r
+        # packed (even n): z = IFFT_h(E + i O), E[k] = X[k] + conj(X[h-k]), O[k] = (X[k] -
+        # conj(X[h-k])) exp(2 pi i k / n), gives x[2j] = Re z[j] and x[2j+1] = Im z[j]
         lines += [pad + "nh = min(n // 2 + 1, n_in)",
-                  pad + "for k in range(n):",
-                  pad + "    if k < nh:",
-                  pad + f"        v = np.complex128(x[{bidx}k])",
-                  pad + "    elif n - k < nh:",
-                  pad + f"        v = np.conj(np.complex128(x[{bidx}n - k]))",
-                  pad + "    else:",
-                  pad + "        v = 0j",
-                  pad + "    if k == 0 or 2 * k == n:",
-                  pad + "        v = complex(v.real, 0.0)",
-                  pad + "    a[k] = np.conj(v)"]
+                  pad + "if packed:",
+                  pad + "    for k in range(nn):",
+                  pad + f"        xk = np.complex128(x[{bidx}k]) if k < nh else 0j",
+                  pad + f"        xc = np.complex128(x[{bidx}nn - k]) if nn - k < nh else 0j",
+                  pad + "        if k == 0:",
+                  pad + "            xk = complex(xk.real, 0.0)",
+                  pad + "            xc = complex(xc.real, 0.0)",
+                  pad + "        xc = np.conj(xc)",
+                  pad + "        o = (xk - xc) * np.conj(twn[k])",
+                  pad + "        a[k] = np.conj(xk + xc + complex(-o.imag, o.real))",
+                  pad + "else:",
+                  pad + "    for k in range(n):",
+                  pad + "        if k < nh:",
+                  pad + f"            v = np.complex128(x[{bidx}k])",
+                  pad + "        elif n - k < nh:",
+                  pad + f"            v = np.conj(np.complex128(x[{bidx}n - k]))",
+                  pad + "        else:",
+                  pad + "            v = 0j",
+                  pad + "        if k == 0 or 2 * k == n:",
+                  pad + "            v = complex(v.real, 0.0)",
+                  pad + "        a[k] = np.conj(v)"]
     # 2. transform, 3. store (scaled; conj back for the inverse; real part for c2r)
     lines.append(pad + "_fft_line(a, nn, kind, m, tw, chirp, bf, w)")
     if mode == "r2c":
@@ -264,8 +277,13 @@ def render_fft(mode: str, rank_b: int, parallel: bool) -> tuple[str, str]:
                   pad + "        v = a[k]",
                   pad + f"    y[{bidx}k] = v * scale"]
     elif mode == "c2r":
-        lines += [pad + "for k in range(n_out):",
-                  pad + f"    y[{bidx}k] = a[k].real * scale"]
+        lines += [pad + "if packed:",
+                  pad + "    for j in range(nn):",
+                  pad + f"        y[{bidx}2 * j] = a[j].real * scale",
+                  pad + f"        y[{bidx}2 * j + 1] = -a[j].imag * scale",
+                  pad + "else:",
+                  pad + "    for k in range(n_out):",
+                  pad + f"        y[{bidx}k] = a[k].real * scale"]
     else:
         lines += [pad + "for k in range(n_out):",
                   pad + "    v = a[k] * scale",

@@ -288,3 +288,24 @@ def test_complex32_is_storage_only():
     _same(got.to(C64), x.chalf().to(C64))
     with pytest.raises(eager_neuron.UnsupportedOpError, match="complex32.*\n.*\n.*complex64"):
         got + 1                                   # any other op names the fix
+
+
+def test_rotary_embedding_through_complex_views_and_autograd():
+    """LLaMA-style RoPE: polar, view_as_complex of a reshape, complex mul, view_as_real."""
+    def rope(xq, freqs):
+        freqs_cis = torch.polar(torch.ones_like(freqs), freqs)
+        xq_ = torch.view_as_complex(xq.float().reshape(*xq.shape[:-1], -1, 2))
+        return torch.view_as_real(xq_ * freqs_cis).flatten(2)
+
+    xq = torch.randn(2, 5, 8, requires_grad=True)
+    freqs = torch.outer(torch.arange(5.0), 1.0 / (10000 ** (torch.arange(0, 8, 2) / 8)))
+    w = torch.randn(2, 5, 8)
+    want = rope(xq, freqs)
+    (want * w).sum().backward()
+    xd = xq.detach().to(DEV).requires_grad_(True)
+    eager_neuron.reset_stats()
+    got = rope(xd, freqs.to(DEV))
+    (got * w.to(DEV)).sum().backward()
+    _no_fallback()
+    _same(got.detach(), want.detach())
+    _same(xd.grad, xq.grad)
