@@ -18,6 +18,7 @@ import torch.nn.functional as F
 import eager_neuron
 from eager_neuron.lower import conv as lconv
 from eager_neuron.lower import pool as lpool
+from eager_neuron.lower import resample as lresample
 
 DEV = "neuron"
 TOL = {torch.float32: {"rtol": 1e-5, "atol": 1e-5, "equal_nan": True},
@@ -31,7 +32,7 @@ def _seed():
 
 def _ours_clean():
     st = eager_neuron.stats()
-    ours = set(lconv.LOWERINGS) | set(lpool.LOWERINGS)
+    ours = set(lconv.LOWERINGS) | set(lpool.LOWERINGS) | set(lresample.LOWERINGS)
     assert not ours & set(st["fallbacks"]), st["fallbacks"]
     assert not ours & set(st["decompositions"]), st["decompositions"]
 
