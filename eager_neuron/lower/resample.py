@@ -17,6 +17,7 @@ from ..launch import launch
 from .common import NP_TYPE
 from .pool import _FLOAT, PARALLEL_MIN, VERSION, _as5, _np, _numel
 
+
 def _upsample_backward(mode: str, rank: int):
     scale_names = {1: ("scales",), 2: ("scales_h", "scales_w"),
                    3: ("scales_d", "scales_h", "scales_w")}[rank]
