@@ -11,6 +11,10 @@ float32, int64, bool and bfloat16 that the op supports on the CPU, the first few
 The result of each (op, dtype, phase) is checked against `opinfo_xfail.txt`, strictly: a listed
 triple that passes fails the test, so the list can only shrink.
 
+test_op_adaptive[...] runs the same sweep in adaptive eager (EAGER_NEURON_ADAPTIVE=1 in its
+workers) and requires the same verdict as plain eager for every (op, dtype, phase): adaptive
+eager must not change a result. ADAPTIVE_XFAIL (below) lists adaptive-only gaps, strictly.
+
     make test                                   # this file runs with the rest (bounded samples)
     .venv/bin/python tools/op_coverage.py          # the whole sweep, pass rates, failure reasons
     .venv/bin/python tools/op_coverage.py --update-xfail   # regenerate opinfo_xfail.txt
@@ -389,6 +393,33 @@ def run_op(op, dtypes=DTYPES, max_samples: int | None = MAX_SAMPLES,
     return results
 
 
+def adaptive_verdict(opname: str, plain: dict, adaptive: dict, listed: dict) -> list:
+    """Where adaptive eager's verdict differs from plain eager's, for one op (messages).
+
+    Each (dtype, phase) must pass in both modes or in neither; `listed` holds the adaptive-only
+    gaps allowed to differ (plain passes, adaptive does not), strictly: an entry whose
+    triple does not differ in that way fails too, so the list can only shrink."""
+    bad = []
+    for dt, phase in sorted(set(plain) | set(adaptive)):
+        p = plain.get((dt, phase), Outcome())
+        a = adaptive.get((dt, phase), Outcome())
+        if p.status == "skip" and a.status == "skip":
+            continue
+        key = (opname, dt, phase)
+        gap = p.status == "pass" and a.status != "pass"
+        if key in listed:
+            if not gap:
+                bad.append(f"{opname} {dt} {phase}: listed in ADAPTIVE_XFAIL but adaptive eager "
+                           f"now gives plain eager's verdict ({p.status}): remove the entry")
+        elif gap:
+            bad.append(f"{opname} {dt} {phase}: passes in plain eager, {a.status} in adaptive "
+                       f"eager (a bug in adaptive eager): {a.reason}")
+        elif a.status == "pass" and p.status != "pass":
+            bad.append(f"{opname} {dt} {phase}: passes in adaptive eager but {p.status} in plain "
+                       f"eager ({p.reason}): the modes must agree")
+    return bad
+
+
 def verdict(opname: str, results: dict, xfail: dict) -> tuple[list, list]:
     """(unexpected failures, unexpected passes) of one op against the xfail list."""
     bad, fixed = [], []
@@ -550,6 +581,12 @@ def outcomes_from_json(res: dict) -> dict:
 
 _OPS = all_ops()
 _XFAIL, _CRASH = load_xfail()
+# Adaptive-only gaps: (op, dtype, phase) -> why adaptive eager cannot give plain eager's verdict
+# yet. Strict (adaptive_verdict): an entry that no longer differs fails the test. Empty: every
+# triple gives the same verdict in both modes.
+ADAPTIVE_XFAIL: dict = {}
+# EAGER_NEURON_OPINFO_ADAPTIVE=0 skips test_op_adaptive (the second sweep)
+ADAPTIVE = os.environ.get("EAGER_NEURON_OPINFO_ADAPTIVE", "1") != "0"
 # worker processes for the sweep: 0 runs every op inside the pytest process (for pdb)
 JOBS = int(os.environ.get("EAGER_NEURON_OPINFO_JOBS", str(min(os.cpu_count() or 1, 4))))
 TIMEOUT = float(os.environ.get("EAGER_NEURON_OPINFO_TIMEOUT", "300"))
@@ -566,10 +603,51 @@ def opinfo_sweep(request):
     ops = [item.callspec.params["op"] for item in request.session.items
            if getattr(item, "originalname", None) == "test_op" and hasattr(item, "callspec")
            and item.module is sys.modules[__name__]]
+    yield from _session_sweep(request, "test_op", adaptive=False)
+
+
+@pytest.fixture(scope="session")
+def opinfo_sweep_adaptive(request):
+    """The same sweep in adaptive eager; started on first use, i.e. after the plain tests ran
+    (pytest runs test_op[...] first), so the two sweeps do not share the cores."""
+    if JOBS == 0:
+        yield None
+        return
+    yield from _session_sweep(request, "test_op_adaptive", adaptive=True)
+
+
+def _session_sweep(request, test_name: str, adaptive: bool):
+    ops = [item.callspec.params["op"] for item in request.session.items
+           if getattr(item, "originalname", None) == test_name and hasattr(item, "callspec")
+           and item.module is sys.modules[__name__]]
     ids = [op_id(op) for op in ops if comparable(op)]
-    sweep = Sweep(ids, JOBS, MAX_SAMPLES, MAX_NUMEL, skip=_CRASH, timeout=TIMEOUT).start()
+    sweep = Sweep(ids, JOBS, MAX_SAMPLES, MAX_NUMEL, skip=_CRASH, adaptive=adaptive,
+                  timeout=TIMEOUT).start()
     yield sweep
     sweep.stop()
+
+
+def _sweep_results(sweep, name: str) -> dict:
+    """{(dtype, phase): Outcome} of one op from a sweep, crashes as failures."""
+    results = outcomes_from_json(sweep.wait(name) or {})
+    for (o, dt, ph), how in sweep.crashes_of(name).items():
+        results[(dt, ph)] = Outcome(
+            status="fail", reason=f"{how}: the process aborted; if it cannot be fixed now, "
+            f"list it as '{o} {dt} {ph} crash'")
+    return results
+
+
+def _run_in_process(op, adaptive: bool) -> dict:
+    name = op_id(op)
+    skip = {(dt, ph) for (o, dt, ph) in _CRASH if o == name}
+    from eager_neuron.adaptive import MODULE as ad
+
+    prev = ad.STATE.enabled
+    ad.set_adaptive(adaptive)
+    try:
+        return run_op(op, skip=skip)
+    finally:
+        ad.set_adaptive(prev)
 
 
 @pytest.mark.opinfo
@@ -580,14 +658,9 @@ def test_op(op, opinfo_sweep):
         pytest.skip("output is not a function of the inputs (uninitialised memory or storage "
                     "outside the sample's view)")
     if opinfo_sweep is None:
-        skip = {(dt, ph) for (o, dt, ph) in _CRASH if o == name}
-        results = run_op(op, skip=skip)
+        results = _run_in_process(op, adaptive=False)
     else:
-        results = outcomes_from_json(opinfo_sweep.wait(name) or {})
-        for (o, dt, ph), how in opinfo_sweep.crashes_of(name).items():
-            results[(dt, ph)] = Outcome(
-                status="fail", reason=f"{how}: the process aborted; if it cannot be fixed now, "
-                f"list it as '{o} {dt} {ph} crash'")
+        results = _sweep_results(opinfo_sweep, name)
     for outcome in results.values():
         FALLBACKS_SEEN.update(outcome.fallbacks)
     bad, fixed = verdict(name, results, _XFAIL)
@@ -609,8 +682,29 @@ def test_op(op, opinfo_sweep):
             if results else "no dtype of float32/int64/bool/bfloat16 supported"))
 
 
+@pytest.mark.opinfo
+@pytest.mark.skipif(not ADAPTIVE, reason="EAGER_NEURON_OPINFO_ADAPTIVE=0")
+@pytest.mark.parametrize("op", _OPS, ids=[op_id(op) for op in _OPS])
+def test_op_adaptive(op, opinfo_sweep, opinfo_sweep_adaptive):
+    """Adaptive eager gives plain eager's verdict on every (dtype, phase) of the op."""
+    name = op_id(op)
+    if not comparable(op):
+        pytest.skip("output is not a function of the inputs")
+    if opinfo_sweep_adaptive is None:
+        plain, adaptive = _run_in_process(op, False), _run_in_process(op, True)
+    else:
+        plain = _sweep_results(opinfo_sweep, name)
+        adaptive = _sweep_results(opinfo_sweep_adaptive, name)
+    bad = adaptive_verdict(name, plain, adaptive, ADAPTIVE_XFAIL)
+    if bad:
+        pytest.fail("adaptive eager differs from plain eager:\n  " + "\n  ".join(bad),
+                    pytrace=False)
+    if not any(o.status == "pass" for o in adaptive.values()):
+        pytest.skip("no phase passes in either mode (see tests/opinfo_xfail.txt)")
+
+
 def test_xfail_list_names_real_ops():
     """Every listed op exists in op_db (a renamed OpInfo must not leave a dead entry)."""
     names = {op_id(op) for op in _OPS}
-    unknown = sorted({k[0] for k in list(_XFAIL) + list(_CRASH)} - names)
-    assert not unknown, f"tests/opinfo_xfail.txt names ops not in op_db: {unknown}"
+    unknown = sorted({k[0] for k in list(_XFAIL) + list(_CRASH) + list(ADAPTIVE_XFAIL)} - names)
+    assert not unknown, f"tests/opinfo_xfail.txt or ADAPTIVE_XFAIL name ops not in op_db: {unknown}"

@@ -5,9 +5,12 @@ common failure reasons, in plain eager and in adaptive eager (EAGER_NEURON_ADAPT
 the worker processes before they import eager_neuron). Ops run in worker processes (--jobs): a
 phase that aborts its worker is reported as a crash and the sweep goes on.
 
-    .venv/bin/python tools/coverage.py                 # plain and adaptive, all samples
-    .venv/bin/python tools/coverage.py --adaptive --ops 'add|mul'
-    .venv/bin/python tools/coverage.py --update-xfail  # regenerate tests/opinfo_xfail.txt
+    .venv/bin/python tools/op_coverage.py                 # plain and adaptive, all samples
+    .venv/bin/python tools/op_coverage.py --adaptive --ops 'add|mul'
+    .venv/bin/python tools/op_coverage.py --update-xfail  # regenerate tests/opinfo_xfail.txt
+
+With both modes, the triples whose verdict differs between them are listed at the end (what
+tests/test_opinfo.py test_op_adaptive fails on).
 
 --update-xfail runs what tests/test_opinfo.py runs (plain eager, its sample bound) and rewrites
 the list from the failures and crashes it sees.
@@ -168,6 +171,27 @@ def report(data: dict, title: str) -> str:
     return "\n".join(lines)
 
 
+def _verdicts(data: dict) -> dict:
+    """{(op, dtype, phase): (status, reason)}, crashes included."""
+    out = {(op, *key.split()): (r["status"], r["reason"])
+           for op, res in data["results"].items() for key, r in res.items()}
+    out.update({tuple(k.split()): ("crash", v) for k, v in data["crashed"].items()})
+    return out
+
+
+def mode_differences(plain: dict, adaptive: dict) -> str:
+    """The (op, dtype, phase) triples whose pass/not-pass verdict differs between the modes."""
+    p, a = _verdicts(plain), _verdicts(adaptive)
+    rows = []
+    for key in sorted(set(p) | set(a)):
+        ps, pr = p.get(key, ("skip", ""))
+        as_, ar = a.get(key, ("skip", ""))
+        if (ps == "pass") != (as_ == "pass") and not (ps == "skip" and as_ == "skip"):
+            rows.append(f"  {' '.join(key)}: plain {ps}, adaptive {as_}: {(ar or pr)[:100]}")
+    return f"plain vs adaptive: {len(rows)} triples differ" + ("\n" if rows else "") + \
+        "\n".join(rows)
+
+
 # ---------------------------------------------------------------------------------------------
 # main
 # ---------------------------------------------------------------------------------------------
@@ -227,6 +251,8 @@ def main(argv=None) -> int:
         data["seconds"] = time.time() - t0
         out[name] = data
         print(report(data, f"{name} ({bound}; {data['seconds']:.0f}s)"), flush=True)
+    if len(out) == 2:
+        print(mode_differences(out["plain eager"], out["adaptive eager"]), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
