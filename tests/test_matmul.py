@@ -253,3 +253,30 @@ def test_small_products_run_blas_on_one_thread():
     assert bt.current == 1
     bt(float(lmm.BLAS_THREADED_MIN))
     assert bt.current == bt.default
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_bilinear_trilinear_on_device(dtype):
+    x1, x2 = _rand(5, 3, dtype=dtype), _rand(5, 2, dtype=dtype)
+    w, b = _rand(4, 3, 2, dtype=dtype), _rand(4, dtype=dtype)
+    run(torch.nn.functional.bilinear, x1, x2, w, b, dtype=dtype)
+    run(lambda *t: torch.ops.aten._trilinear(*t, [1, 3], [0], [1, 2], []), x1, w, x2,
+        dtype=dtype)   # no sum dims: the broadcast product itself
+
+
+def test_bilinear_backward():
+    xs = [_rand(5, 3), _rand(5, 2), _rand(4, 3, 2)]
+    grads = []
+    for dev in ("cpu", DEV):
+        ts = [x.detach().to(dev).requires_grad_() for x in xs]
+        torch.nn.functional.bilinear(*ts).pow(2).sum().backward()
+        grads.append([t.grad.cpu() for t in ts])
+    for g, w in zip(*grads[::-1]):
+        torch.testing.assert_close(g, w, **TOL[torch.float32])
+    _ours_clean()
+
+
+def test_vector_matrix_matmul_squeezes_in_place():
+    # ATen's matmul(vector, matrix) calls squeeze_ on the device result
+    run(torch.matmul, _rand(3), _rand(3, 4))
+    run(torch.matmul, _rand(2, 3, 4), _rand(4))

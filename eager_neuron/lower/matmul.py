@@ -254,7 +254,34 @@ def lower_dot(func, a, outs):
     gemm("dot", outs[0].reshape(1, 1), a["self"].unsqueeze(0), a["tensor"].unsqueeze(1))
 
 
+def lower_trilinear(func, a, outs):
+    """_trilinear (nn.functional.bilinear and its backward): the three operands, unsqueezed at
+    their expand dims, multiplied on the device with broadcasting, then summed over sumdim.
+    The product is host-backed scratch (like run_upcast's temporaries)."""
+    from .. import ops
+
+    aten = torch.ops.aten
+    out = outs[0]
+    ts = []
+    for name, expand in (("i1", "expand1"), ("i2", "expand2"), ("i3", "expand3")):
+        t = a[name]
+        for d in sorted(a[expand]):   # ATen unsqueezes in increasing dim order
+            t = t.unsqueeze(d)
+        ts.append(t)
+    sumdim = list(a["sumdim"])
+    prod = torch.empty(torch.broadcast_shapes(*(t.shape for t in ts)), dtype=out.dtype) \
+        if sumdim else out
+    mul = ops.KERNELS["aten::mul"]
+    mul(aten.mul.Tensor, {"self": ts[0], "other": ts[1]}, [prod])
+    mul(aten.mul.Tensor, {"self": prod, "other": ts[2]}, [prod])
+    if sumdim:
+        ops.KERNELS["aten::sum.dim_IntList"](
+            aten.sum.dim_IntList, {"self": prod, "dim": sumdim, "keepdim": False, "dtype": None},
+            [out])
+
+
 LOWERINGS = {
+    "aten::_trilinear": lower_trilinear,
     "aten::mm": lower_mm,
     "aten::addmm": lower_addmm,
     "aten::addmm_": lower_addmm,
