@@ -148,6 +148,20 @@ def test_sum_and_mean(dim, keepdim):
         _same(d.mean(dim, keepdim=keepdim), x.mean(dim, keepdim=keepdim))
 
 
+def test_special_values_and_norms():
+    z = torch.randn(3, 4, dtype=C64)
+    z[0, 0] = complex(float("inf"), 0.0)
+    z[1, 1] = complex(0.0, float("nan"))
+    d = z.to(DEV)
+    assert torch.equal(d.isinf().cpu(), z.isinf())
+    assert torch.equal(d.isfinite().cpu(), z.isfinite())
+    assert torch.equal(d.isnan().cpu(), z.isnan())
+    w = torch.randn(3, 4, dtype=C64)
+    for ord in (2, 1, float("inf")):
+        _same(torch.linalg.vector_norm(w.to(DEV), ord, dim=1), torch.linalg.vector_norm(w, ord,
+                                                                                       dim=1))
+
+
 def test_data_movement_runs_on_real_and_imaginary_parts():
     x = torch.randn(3, 4, dtype=C64)
     d = x.to(DEV)

@@ -57,6 +57,8 @@ OPS: dict = {
     "aten::abs": "abs(self)",
     "aten::angle": "math.atan2(self.imag, self.real)",
     "aten::isnan": "self != self",
+    "aten::isinf": "cmath.isinf(self)",
+    "aten::isfinite": "cmath.isfinite(self)",
     "aten::eq": "self == other",
     "aten::ne": "self != other",
     "aten::where": "self if condition else other",
@@ -76,7 +78,8 @@ OPS: dict = {
     "aten::alias_copy": "self",
 }
 # the expression's value is real (or bool) even for complex operands
-_REAL_OUT = {"aten::abs", "aten::angle", "aten::isnan", "aten::eq", "aten::ne"}
+_REAL_OUT = {"aten::abs", "aten::angle", "aten::isnan", "aten::isinf", "aten::isfinite",
+             "aten::eq", "aten::ne"}
 # ... and complex even for real operands
 _COMPLEX_OUT = {"aten::complex", "aten::polar", "aten::zero", "aten::zeros_like",
                 "aten::ones_like"}
@@ -110,6 +113,12 @@ def run_complex(func, plan, a: dict, outs: list) -> None:
         return _sum(base, a, outs)
     if base in _MATMUL:
         return _matmul(base, a, outs[0])
+    if base == "aten::linalg_vector_norm" and not _has_chalf(a, outs):
+        # a norm depends on |z| only: the real lowering over abs(z)
+        x = a["self"]
+        mag = torch.empty(x.shape, dtype=outs[0].dtype)
+        elementwise("aten::abs", {"self": x}, mag)
+        return plan.lower(func, dict(a, self=mag), outs)
     if base not in OPS and base in SPLIT and _split(func, plan, a, outs):
         return
     if base not in OPS or (base == "aten::div" and a.get("rounding_mode") is not None):
