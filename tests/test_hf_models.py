@@ -146,6 +146,16 @@ def train(model, batches, device: str, seed: int = 0, eps: float = 1e-4):
 # tests
 # ---------------------------------------------------------------------------------------------
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_cpu_thread():
+    """The CPU reference on one thread: tiny ops on OpenMP's spinning threads are ~100x slower
+    on a shared 2-core machine (measured: an MLP step 650 ms on 2 threads, 2 ms on 1)."""
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(prev)
+
+
 @pytest.fixture(params=["plain", "adaptive"])
 def eager_mode(request):
     """Plain eager and adaptive eager (which must not change results)."""

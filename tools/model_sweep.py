@@ -1,0 +1,216 @@
+"""Real models on neuron: one table row per (model, mode) — correct? fallbacks? launches? speed?
+
+Models: the tiny Hugging Face models of tests/test_hf_models.py (GPT-2, BERT, Llama, T5, ViT)
+and the MLP, CNN and LSTM of tests/test_models.py, built the same way (same seeds and batches).
+Per model and mode (plain eager, adaptive eager):
+  fwd      eval-mode forward output matches the CPU (rtol 1e-4, atol 1e-5)
+  train    3 AdamW steps: losses and final parameters match the CPU
+  fallbk   CPU fallback calls during those steps (must be 0)
+  launch   kernel launches per training step (steady state: compiled, cached)
+  cpu ms / neuron ms   wall time per training step, median of --steps timed steps
+  dev us   simulated device time per training step
+
+    .venv/bin/python tools/model_sweep.py                 # everything
+    .venv/bin/python tools/model_sweep.py --models gpt2,mlp --modes plain --steps 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+_TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
+sys.path.insert(0, _TESTS)
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import eager_neuron
+
+RTOL, ATOL = 1e-4, 1e-5
+
+
+# ---------------------------------------------------------------------------------------------
+# models: (cpu model, batches, step(model, batch, device) -> loss, forward(model, batch, device))
+# ---------------------------------------------------------------------------------------------
+
+def _hf(name):
+    import test_hf_models as hf
+
+    model, batches = hf.build(name)
+
+    def loss(m, batch, device):
+        return m(**hf.to_device(batch, device)).loss
+
+    def forward(m, batch, device):
+        return m(**hf.to_device(batch, device)).logits
+
+    return model, batches, loss, forward, hf.train
+
+
+def _small(name):
+    import test_models as tm
+
+    torch.manual_seed(0)
+    if name == "mlp":
+        model = nn.Sequential(nn.Linear(12, 32), nn.GELU(), nn.Linear(32, 32), nn.ReLU(),
+                              nn.Linear(32, 5))
+        batches = tm._batches(lambda g: torch.randn(16, 12, generator=g),
+                              lambda g: torch.randint(0, 5, (16,), generator=g))
+        loss_fn = F.cross_entropy
+    elif name == "cnn":
+        model = tm.SmallCNN()
+        batches = tm._batches(lambda g: torch.randn(4, 3, 12, 12, generator=g),
+                              lambda g: torch.randint(0, 4, (4,), generator=g))
+        loss_fn = F.cross_entropy
+    else:
+        model = tm.LSTMRegressor()
+        batches = tm._batches(lambda g: torch.randn(3, 7, 6, generator=g),
+                              lambda g: torch.randn(3, 1, generator=g))
+        loss_fn = F.mse_loss
+
+    def loss(m, batch, device):
+        x, y = batch
+        return loss_fn(m(x.to(device)), y.to(device))
+
+    def forward(m, batch, device):
+        return m(batch[0].to(device))
+
+    def train(m, batches, device):
+        losses, m = tm._train(m, batches, loss_fn, device)
+        return losses, m
+
+    return model, batches, loss, forward, train
+
+
+MODELS = {"gpt2": _hf, "bert": _hf, "llama": _hf, "t5": _hf, "vit": _hf,
+          "mlp": _small, "cnn": _small, "lstm": _small}
+
+
+# ---------------------------------------------------------------------------------------------
+# measurements
+# ---------------------------------------------------------------------------------------------
+
+def _close(a, b) -> bool:
+    try:
+        torch.testing.assert_close(a, b, rtol=RTOL, atol=ATOL)
+        return True
+    except AssertionError:
+        return False
+
+
+def _check_forward(model, batches, forward, ctx) -> bool:
+    cpu = copy.deepcopy(model).eval()
+    dev = copy.deepcopy(model).to("neuron").eval()
+    with torch.no_grad():
+        ref = forward(cpu, batches[0], "cpu")
+        with ctx():
+            got = forward(dev, batches[0], "neuron").cpu()
+    return _close(got, ref)
+
+
+def _check_train(model, batches, train, ctx) -> tuple[bool, int]:
+    c_losses, c_model = train(copy.deepcopy(model), batches, "cpu")
+    eager_neuron.reset_stats()
+    with ctx():
+        n_losses, n_model = train(copy.deepcopy(model), batches, "neuron")
+    fallbacks = sum(eager_neuron.stats()["fallbacks"].values())
+    ok = _close(torch.tensor(n_losses), torch.tensor(c_losses))
+    c_state, n_state = c_model.state_dict(), n_model.state_dict()
+    ok = ok and all(_close(n_state[k].cpu(), v) for k, v in c_state.items())
+    return ok, fallbacks
+
+
+def _time_steps(model, batches, loss, device, ctx, steps) -> tuple[float, float, float]:
+    """(median wall ms, launches, simulated device us) per training step after a warm-up."""
+    m = copy.deepcopy(model).to(device).train()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2, eps=1e-4)
+    times, launches, dev_us = [], [], []
+    with ctx():
+        for i in range(steps + 1):
+            batch = batches[i % len(batches)]
+            eager_neuron.reset_stats()
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            out = loss(m, batch, device)
+            out.backward()
+            opt.step()
+            out.item()  # synchronize (adaptive eager flushes here)
+            dt = time.perf_counter() - t0
+            if i:  # step 0 compiles and allocates optimizer state
+                s = eager_neuron.stats()
+                times.append(dt * 1e3)
+                launches.append(s["launches"])
+                dev_us.append(s.get("device_time_us", float("nan")))
+    return statistics.median(times), statistics.median(launches), statistics.median(dev_us)
+
+
+def sweep(names, modes, steps):
+    rows = []
+    for name in names:
+        model, batches, loss, forward, train = MODELS[name](name)
+        cpu_ms, _, _ = _time_steps(model, batches, loss, "cpu", contextlib.nullcontext, steps)
+        for mode in modes:
+            ctx = contextlib.nullcontext if mode == "plain" else eager_neuron.adaptive
+            row = {"model": name, "mode": mode, "cpu_ms": cpu_ms}
+            try:
+                row["fwd"] = _check_forward(model, batches, forward, ctx)
+                row["train"], row["fallbacks"] = _check_train(model, batches, train, ctx)
+                row["neuron_ms"], row["launches"], row["dev_us"] = _time_steps(
+                    model, batches, loss, "neuron", ctx, steps)
+            except Exception as exc:  # noqa: BLE001 (a crash is a row, not the end of the sweep)
+                row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:60]}"
+            rows.append(row)
+            print(_format(row), flush=True)
+    return rows
+
+
+HEADER = (f"{'model':6} {'mode':8} {'fwd':4} {'train':5} {'fallbk':>6} {'launch':>6} "
+          f"{'cpu ms':>8} {'neuron ms':>9} {'dev us':>8}")
+
+
+def _format(row) -> str:
+    if "error" in row:
+        return f"{row['model']:6} {row['mode']:8} ERROR {row['error']}"
+
+    def yn(v):
+        return "ok" if v else "FAIL"
+
+    return (f"{row['model']:6} {row['mode']:8} {yn(row['fwd']):4} {yn(row['train']):5} "
+            f"{row['fallbacks']:6d} {row['launches']:6.0f} {row['cpu_ms']:8.1f} "
+            f"{row['neuron_ms']:9.1f} {row['dev_us']:8.0f}")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default=",".join(MODELS), help="comma-separated subset")
+    p.add_argument("--modes", default="plain,adaptive")
+    p.add_argument("--steps", type=int, default=5, help="timed training steps (median)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads (default 1: OpenMP's spinning threads on a shared "
+                        "machine make tiny CPU steps 100x slower and the timings noise)")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    names = [n for n in args.models.split(",") if n]
+    unknown = set(names) - set(MODELS)
+    if unknown:
+        p.error(f"unknown models {sorted(unknown)}; choose from {', '.join(MODELS)}")
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    print(HEADER, flush=True)
+    rows = sweep(names, args.modes.split(","), args.steps)
+    bad = [r for r in rows if "error" in r or not (r["fwd"] and r["train"]) or r["fallbacks"]]
+    print(f"{len(rows) - len(bad)} rows ok, {len(bad)} failing")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
