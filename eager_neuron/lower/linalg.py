@@ -26,7 +26,7 @@ from ..launch import launch
 from .cast import cast
 
 VERSION = 1              # bump when this family's rendered source changes (disk cache key)
-PARALLEL_MIN = 1 << 16   # flops below which a prange over the batch costs more than it saves
+PARALLEL_MIN = 1 << 24   # flops below which a prange over the batch costs more than it saves
 F64 = torch.float64
 I32 = torch.int32
 
