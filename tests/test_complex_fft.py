@@ -72,6 +72,20 @@ def test_conj_bit_and_resolve():
     _same(c.sum(), x.conj().sum())
 
 
+def test_in_place_through_a_conj_view():
+    x = torch.randn(5, dtype=C64)
+    d = x.to(DEV)
+    c, cx = d.conj(), x.conj()
+    c.mul_(2j)
+    cx.mul_(2j)
+    c.add_(1)
+    cx.add_(1)
+    _same(d, x)
+    c.copy_(torch.full((5,), 1j, device=DEV))
+    cx.copy_(torch.full((5,), 1j))
+    _same(d, x)
+
+
 @pytest.mark.parametrize("src,dst", [(torch.float32, C64), (torch.int64, C64),
                                      (torch.bool, C128), (C64, C128), (C128, C64),
                                      (torch.bfloat16, C64)])

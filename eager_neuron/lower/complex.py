@@ -285,6 +285,10 @@ def elementwise(base: str, a: dict, out: torch.Tensor) -> None:
         expr = f"({expr}) != 0" if out.dtype == torch.bool else f"({expr}).real"
     if out.numel() == 0:
         return
+    if out.is_conj():   # writing through a conj view (x.conj().mul_(2)): store the raw values
+        out, expr = out.conj(), f"np.conj({expr})"
+    if out.is_neg():
+        out, expr = out._neg_view(), f"-({expr})"
     shape, strides = coalesce(tuple(out.shape), [out.stride()] + [t.stride() for t in views])
     rank = len(shape)
     o = strided_np(out, shape, strides[0])
