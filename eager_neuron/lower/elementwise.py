@@ -24,11 +24,12 @@ import re
 import numpy as np
 import torch
 
+from ..adaptive import MODULE as _adaptive
 from ..kernels import compile as kc
 from ..kernels import elementwise as kew
 from ..kernels import vmath as _vmath
-from ..adaptive import MODULE as _adaptive
 from ..launch import launch
+from . import special as _special
 from .common import NP_TYPE, coalesce
 
 PARALLEL_MIN = 1 << 18   # below this a prange launch costs more than it saves
@@ -70,29 +71,6 @@ OPS: dict = {
     "aten::erf": ("math.erf(self)", "out"),
     "aten::erfc": ("math.erfc(self)", "out"),
     "aten::lgamma": ("math.lgamma(self)", "out"),
-    "aten::digamma": ("_digamma(self)", "out"),
-    "aten::polygamma": (lambda a: _polygamma(a["n"]), "out"),
-    "aten::special_zeta": ("_zeta(self, other)", "out"),
-    "aten::i0": ("_i0(self)", "out"),
-    "aten::special_i0e": ("_i0e(self)", "out"),
-    "aten::special_i1": ("_i1(self)", "out"),
-    "aten::special_i1e": ("_i1e(self)", "out"),
-    "aten::erfinv": ("_erfinv(self)", "out"),
-    "aten::special_ndtri": ("_ndtri(self)", "out"),
-    # orthogonal polynomials P_n(x), n truncated to an integer (kernels/elementwise.py)
-    "aten::special_chebyshev_polynomial_t": ("_cheb_t(x, n)", "out"),
-    "aten::special_chebyshev_polynomial_u": ("_cheb_u(x, n)", "out"),
-    "aten::special_chebyshev_polynomial_v": ("_cheb_v(x, n)", "out"),
-    "aten::special_chebyshev_polynomial_w": ("_cheb_w(x, n)", "out"),
-    "aten::special_shifted_chebyshev_polynomial_t": ("_scheb_t(x, n)", "out"),
-    "aten::special_shifted_chebyshev_polynomial_u": ("_scheb_u(x, n)", "out"),
-    "aten::special_shifted_chebyshev_polynomial_v": ("_scheb_v(x, n)", "out"),
-    "aten::special_shifted_chebyshev_polynomial_w": ("_scheb_w(x, n)", "out"),
-    "aten::special_hermite_polynomial_h": ("_hermite_h(x, n)", "out"),
-    "aten::special_hermite_polynomial_he": ("_hermite_he(x, n)", "out"),
-    "aten::special_laguerre_polynomial_l": ("_laguerre_l(x, n)", "out"),
-    "aten::special_legendre_polynomial_p": ("_legendre_p(x, n)", "out"),
-    "aten::special_spherical_bessel_j0": ("_sph_bessel_j0(x)", "out"),
     "aten::angle": ("self if self != self else (T(math.pi) if self < 0 else T(0))", "out"),
     "aten::floor": ("np.floor(self)", "out"),
     "aten::ceil": ("np.ceil(self)", "out"),
@@ -213,6 +191,7 @@ OPS: dict = {
     "aten::alias_copy": ("self", "out"),
     "aten::lift_fresh_copy": ("self", "out"),
 }
+OPS.update(_special.OPS)    # digamma, erfcx, Bessel, orthogonal polynomials, ...
 
 _SQRT_2_PI = "T(0.7978845608028654)"
 _GELU = {
@@ -234,15 +213,6 @@ _DIV = {
     "trunc": "_div_trunc(self, other, T(1))",
     "floor": "_div_floor(self, other, T(1))",
 }
-
-
-def _polygamma(n: int) -> str:
-    # torch's CPU kernel: digamma for n = 0, trigamma for n = 1, the zeta series above
-    if n == 0:
-        return "_digamma(self)"
-    if n == 1:
-        return "_trigamma(self)"
-    return f"_polygamma(self, {int(n)})"
 
 
 def _shift(a: dict, helper: str) -> str:
@@ -434,14 +404,10 @@ def _finfo_max(x):
 
 _HELPERS = ("_div_trunc", "_div_floor", "_rem", "_fmod", "_pow", "_shl", "_shr", "_gcd")
 _HELPER_RE = re.compile(r"\b(" + "|".join(_HELPERS) + r")\(")
-# special functions (kernels/elementwise.py special_prelude): one copy per float type, their
-# source is added to a kernel only when its expression calls one
-SPECIAL_PRELUDE = kew.special_prelude() + "\n" + kew.polynomial_prelude()
-_SPECIALS = ("_digamma", "_trigamma", "_polygamma", "_zeta", "_i0", "_i0e", "_i1", "_i1e",
-             "_erfinv", "_ndtri", "_cheb_t", "_cheb_u", "_cheb_v", "_cheb_w", "_scheb_t",
-             "_scheb_u", "_scheb_v", "_scheb_w", "_hermite_h", "_hermite_he", "_laguerre_l",
-             "_legendre_p", "_sph_bessel_j0")
-_SPECIAL_RE = re.compile(r"\b(" + "|".join(_SPECIALS) + r")\(")
+# special functions (lower/special.py, kernels/special.py): their source is added to a kernel
+# only when its expression calls one
+SPECIAL_PRELUDE = _special.PRELUDE
+_SPECIAL_RE = _special.HELPER_RE
 # the preludes are part of the kernels' source: their hash is part of every kernel's key
 PRELUDE_ID = hashlib.sha1((PRELUDE + SPECIAL_PRELUDE + _vmath.VMATH_PRELUDE).encode()
                           ).hexdigest()[:10]
