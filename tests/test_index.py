@@ -324,3 +324,14 @@ def test_new_batch_size_does_not_recompile():
     step(7)
     step(13)
     assert eager_neuron.stats()["compiles"] == before
+
+
+def test_index_put_accumulate_bfloat16_rounds_each_add():
+    # duplicate indices: the CPU adds in bfloat16 one value at a time (float32 sums differ)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 5, generator=g).bfloat16()
+    idx = torch.tensor([0, 0, 0, 1, 1, 0, 0])
+    v = torch.randn(7, 5, generator=g).bfloat16()
+    want = x.index_put((idx,), v, accumulate=True)
+    got = x.to("neuron").index_put((idx.to("neuron"),), v.to("neuron"), accumulate=True)
+    assert torch.equal(got.cpu(), want)

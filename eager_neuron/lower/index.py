@@ -22,7 +22,7 @@ import torch
 
 from ..kernels import index as kix
 from ..launch import launch
-from .common import NP_TYPE, coalesce
+from .common import HALF, NP_TYPE, coalesce
 from .mask import (
     core_index,
     dynamic_masked_select,
@@ -96,7 +96,7 @@ def take(op: str, out_p, src_p, idxs, dims, wrap: bool) -> None:
 
 
 def put(op: str, out, out_p, vals_p, idxs, dims, *, self=None, wrap=False, accumulate=False,
-        alpha=None, zero=False, pad=None, freq=False) -> None:
+        alpha=None, zero=False, pad=None, freq=False, store=None) -> None:
     """out_p[idxs[0][b..], .., r..] (+)= vals_p[b.., r..] * alpha; out_p is a permuted view of
     out. `self` given: out starts as a copy of it (the functional form, in the same launch)."""
     k = len(idxs)
@@ -106,13 +106,14 @@ def put(op: str, out, out_p, vals_p, idxs, dims, *, self=None, wrap=False, accum
     dst, full, rc = _pair(out, self if copy else out)
     one = np.dtype(o.dtype).type(1 if alpha is None else alpha)
     err = np.zeros(4, np.int64)
+    store = store or _store(out.dtype)
     key = ("index", "put", cb, k, cr,   # loop ranks, as for take
            rc,                            # coalesced rank of the copy (out = self) loop
            freq,                          # rows scaled by 1 / index frequency
-           _store(out.dtype))             # the output's store cast
+           store)                         # the output's store cast
     # NOTE: wrap, accumulate, copy, zero and padding are runtime flags: one compiled kernel
     # serves index_put, index_add and embedding backward of the same ranks and dtype.
-    launch(key, lambda: kix.render_put(cb, k, cr, rc, freq, _store(out.dtype)),
+    launch(key, lambda: kix.render_put(cb, k, cr, rc, freq, store),
            (o, v, *iv, wrap, accumulate, copy, zero, pad is not None,
             -1 if pad is None else int(pad), one, err, dst, full),
            flops=vals_p.numel() if accumulate else 0,
@@ -234,8 +235,10 @@ def _index(self, indices, out) -> None:
     take("aten::index", out.permute(perm), self.permute(P + R), idxs, P, wrap=True)
 
 
-def lower_index_put(func, a, outs):
+def lower_index_put(func, a, outs, store=None):
     self, out, values = a["self"], outs[0], a["values"]
+    if out.dtype in HALF:
+        return _index_put_half(func, a, outs)
     indices = expand_masks(self, a["indices"])
     P, R, idxs, shape, perm = _adv_plan(self, indices)
     vals = values
@@ -249,7 +252,27 @@ def lower_index_put(func, a, outs):
     if vals.dtype != out.dtype:
         raise NotImplementedError("index_put with values of another dtype")
     put(func._schema.name, out, out.permute(P + R), vals.permute(perm), idxs, P, self=self,
-        wrap=True, accumulate=bool(a["accumulate"]))
+        wrap=True, accumulate=bool(a["accumulate"]), store=store)
+
+
+def _index_put_half(func, a, outs):
+    """Half floats in float32 scratch; a bfloat16 accumulate rounds after every add, as the
+    CPU's bfloat16 `+=` does (duplicate indices give the CPU's sums, not float32's)."""
+    from .. import ops
+    from .half import _up
+
+    out = outs[0]
+    self32 = _up(a["self"], a["self"])
+    if self32 is a["self"]:
+        self32 = a["self"].clone()   # NOTE: never for a half self (_up copies); kept for safety
+    vals = a["values"]
+    vals32 = _up(vals, vals) if vals.dtype in HALF else vals
+    rnd = "_rbf16({})" if out.dtype == torch.bfloat16 and a["accumulate"] else None
+    lower_index_put(func, dict(a, self=self32, values=vals32), [self32], store=rnd)
+    ops.KERNELS["aten::_to_copy"](torch.ops.aten._to_copy.default, {"self": self32}, [out])
+
+
+lower_index_put.handles_half = True
 
 
 # ---------------------------------------------------------------------------------------------
