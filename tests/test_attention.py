@@ -99,3 +99,58 @@ def test_adaptive_mode_matches_plain():
     with eager_neuron.adaptive():
         stats = _run(q, k, v, is_causal=False)
     assert not stats["fallbacks"]
+
+
+# ---------------------------------------------------------------------------------------------
+# the inference fast path of nn.MultiheadAttention / nn.TransformerEncoderLayer (eval, no grad)
+# ---------------------------------------------------------------------------------------------
+
+def _pad():
+    pad = torch.zeros(3, 5, dtype=torch.bool)
+    pad[1, 3:] = True
+    return pad
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("masks", ["none", "padding", "causal"])
+def test_encoder_layer_fast_path(norm_first, masks):
+    import copy
+
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(d_model=16, nhead=2, dim_feedforward=32,
+                                             batch_first=True, norm_first=norm_first,
+                                             activation="gelu").eval()
+    n_layer = copy.deepcopy(layer).to("neuron")
+    x = torch.randn(3, 5, 16)
+    kw = {"none": {}, "padding": {"src_key_padding_mask": _pad()},
+          "causal": {"src_mask": torch.nn.Transformer.generate_square_subsequent_mask(5)}}[masks]
+    with torch.no_grad():
+        ref = layer(x, **kw)
+        eager_neuron.reset_stats()
+        got = n_layer(x.to("neuron"), **{k: v.to("neuron") for k, v in kw.items()})
+    stats = eager_neuron.stats()
+    assert not stats["fallbacks"], stats["fallbacks"]   # aten::_transformer_encoder_layer_fwd
+    torch.testing.assert_close(got.cpu(), ref, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kw", [{}, {"key_padding_mask": True}, {"need_weights": False},
+                                {"average_attn_weights": False}])
+def test_multihead_attention_fast_path(kw):
+    import copy
+
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(16, 2, batch_first=True).eval()
+    n_mha = copy.deepcopy(mha).to("neuron")
+    x = torch.randn(3, 5, 16)
+    kw = {k: (_pad() if k == "key_padding_mask" else v) for k, v in kw.items()}
+    with torch.no_grad():
+        ref = mha(x, x, x, **kw)
+        eager_neuron.reset_stats()
+        xn = x.to("neuron")
+        got = n_mha(xn, xn, xn, **{k: (v.to("neuron") if torch.is_tensor(v) else v)
+                                   for k, v in kw.items()})
+    stats = eager_neuron.stats()
+    assert not stats["fallbacks"], stats["fallbacks"]   # aten::_native_multi_head_attention
+    torch.testing.assert_close(got[0].cpu(), ref[0], rtol=1e-4, atol=1e-5)
+    if ref[1] is not None:
+        torch.testing.assert_close(got[1].cpu(), ref[1], rtol=1e-4, atol=1e-5)

@@ -9,6 +9,9 @@ AutogradPrivateUse1 kernel: supported calls become `aten::_scaled_dot_product_fu
 overrideable` (the op PyTorch reserves for out-of-tree backends; its autograd formula calls the
 `_backward` op), both lowered here to one kernel each (kernels/attention.py). The rest (dropout
 in training, rank != 4, mismatched batch dims) takes the math path exactly as before.
+The same door serves the eval-mode fast path of nn.MultiheadAttention and
+nn.TransformerEncoderLayer (`_native_multi_head_attention`, `_transformer_encoder_layer_fwd`:
+fused CPU/CUDA ops with no decomposition), composed from linear, layer norm and this kernel.
 
 >>> import torch, eager_neuron, torch.nn.functional as F
 >>> q = torch.ones(1, 1, 2, 4, device="neuron")
@@ -73,8 +76,77 @@ def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scal
         query, key, value, attn_mask, 0.0, is_causal, False, scale=scale)[0]
 
 
+# ---------------------------------------------------------------------------------------------
+# the inference fast path of nn.MultiheadAttention / nn.TransformerEncoderLayer (eval, no grad):
+# two fused ops with no decomposition in PyTorch, composed here from ops that have kernels
+# ---------------------------------------------------------------------------------------------
+
+def _keep_mask(mask, mask_type, B, L, S):
+    """The fast path's mask (nonzero = masked out, as ATen's masked_softmax reads it) as a
+    (B or 1, 1, L, S) bool `keep` mask for sdpa; mask_type 1 is a (B, S) key padding mask."""
+    if mask is None:
+        return None
+    drop = mask if mask.dtype == torch.bool else mask != 0
+    if mask_type == 1 or (mask_type is None and drop.dim() == 2 and drop.shape == (B, S)
+                          and L != B):
+        drop = drop.view(B, 1, 1, S)
+    elif drop.dim() == 2:
+        drop = drop.view(1, 1, L, S)
+    return torch.logical_not(drop)
+
+
+def native_mha(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight,
+               proj_bias, mask=None, need_weights=True, average_attn_weights=True,
+               mask_type=None):
+    """aten::_native_multi_head_attention (batch-first (B, T, D) inputs)."""
+    B, L, D = query.shape
+    S, dh = key.shape[1], embed_dim // num_head
+    wq, wk, wv = qkv_weight.chunk(3)
+    bq, bk, bv = qkv_bias.chunk(3)
+    q, k, v = (torch.nn.functional.linear(x, w, b).view(B, -1, num_head, dh).transpose(1, 2)
+               for x, w, b in ((query, wq, bq), (key, wk, bk), (value, wv, bv)))
+    keep = _keep_mask(mask, mask_type, B, L, S)
+    if need_weights:
+        scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(dh))
+        if keep is not None:
+            scores = scores.masked_fill(torch.logical_not(keep), float("-inf"))
+        weights = torch.softmax(scores, -1)
+        if keep is not None:   # a row with nothing to attend to is 0, as masked_softmax
+            weights = weights.masked_fill(torch.logical_not(keep.any(-1, keepdim=True)), 0.0)
+        ctx = torch.matmul(weights, v)
+        weights = weights.mean(1) if average_attn_weights else weights
+    else:
+        ctx = sdpa(q, k, v, keep)
+        weights = query.new_empty(0)
+    out = torch.nn.functional.linear(ctx.transpose(1, 2).reshape(B, L, D), proj_weight,
+                                     proj_bias)
+    return out, weights
+
+
+def encoder_layer(src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias,
+                  use_gelu, norm_first, eps, norm_weight_1, norm_bias_1, norm_weight_2,
+                  norm_bias_2, ffn_weight_1, ffn_bias_1, ffn_weight_2, ffn_bias_2, mask=None,
+                  mask_type=None):
+    """aten::_transformer_encoder_layer_fwd: ATen's order of norms, residuals and activation."""
+    F = torch.nn.functional
+    x = F.layer_norm(src, (embed_dim,), norm_weight_1, norm_bias_1, eps) if norm_first else src
+    x = native_mha(x, x, x, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias,
+                   mask, False, True, mask_type)[0] + src
+    if not norm_first:
+        x = F.layer_norm(x, (embed_dim,), norm_weight_1, norm_bias_1, eps)
+    y = F.layer_norm(x, (embed_dim,), norm_weight_2, norm_bias_2, eps) if norm_first else x
+    y = F.linear(y, ffn_weight_1, ffn_bias_1)
+    y = F.linear(F.gelu(y) if use_gelu else F.relu(y), ffn_weight_2, ffn_bias_2)
+    x = x + y
+    if not norm_first:
+        x = F.layer_norm(x, (embed_dim,), norm_weight_2, norm_bias_2, eps)
+    return x
+
+
 _LIB = torch.library.Library("aten", "IMPL")
 _LIB.impl("scaled_dot_product_attention", sdpa, "AutogradPrivateUse1")
+_LIB.impl("_native_multi_head_attention", native_mha, "AutogradPrivateUse1")
+_LIB.impl("_transformer_encoder_layer_fwd", encoder_layer, "AutogradPrivateUse1")
 
 
 # ---------------------------------------------------------------------------------------------
