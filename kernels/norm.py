@@ -162,15 +162,17 @@ def render_layer_norm_backward(kr: int, acc_t: str, stores: tuple,
 
 def render_batch_norm(kr: int, acc_t: str, store: str, stat_store: str, run_store: str,
                       parallel: bool = False) -> tuple[str, str]:
-    """`k(out, smean, sinv, rm_out, rv_out, a, w, b, rm, rv, ws, bs, train, run, save, mom, eps)`
+    """`k(out, smean, sinv, rm_out, rv_out, a, w, b, rm, rv, ws, bs, train, run, save, rnd, mom,
+    eps)`
     over channels a[c, j..]. train=1: batch moments, and with `run` the running stats updated
     with the unbiased variance (torch's rule); train=0 (eval): the running stats normalize;
     train=2: smean/sinv as given normalize (the CPU's bfloat16 path rounds its statistics
-    before it normalizes). rm_out may be rm itself (in place). Flags are runtime values: one
-    kernel for every module option."""
+    before it normalizes; rnd=1 also rounds the variance sum and the variance to bfloat16 on
+    the way to inv, as its bfloat16 kernel does). rm_out may be rm itself (in place). Flags are
+    runtime values: one kernel for every module option."""
     name = kernel_name("batch_norm", kr, acc_t, store, stat_store, run_store, parallel)
     s = _Src(name, ["out", "smean", "sinv", "rm_out", "rv_out", "a", "w", "b", "rm", "rv", "ws",
-                    "bs", "train", "run", "save", "mom", "eps"], parallel)
+                    "bs", "train", "run", "save", "rnd", "mom", "eps"], parallel)
     A = acc_t
     dims, ix = _row(kr, "c")
     s("cnt = " + " * ".join(f"a.shape[{d + 1}]" for d in range(kr)))
@@ -185,7 +187,13 @@ def render_batch_norm(kr: int, acc_t: str, store: str, stat_store: str, run_stor
     s.loops(dims)
     s(f"d = {A}(a[{ix}]) - mu", "ss += d * d")
     s.close(kr)
-    s(f"inv = {A}(1) / math.sqrt(ss / cnt + eps)", "if run:",
+    # round to nearest even bfloat16 through the float32 bits (tb/tu: one scratch per channel)
+    bf16 = ("    tu[0] = (tu[0] + np.uint32(32767) + ((tu[0] >> np.uint32(16)) & np.uint32(1)))"
+            " & np.uint32(4294901760)")
+    s("var = ss / cnt", "if rnd:", "    tb = np.empty(1, np.float32)",
+      "    tu = tb.view(np.uint32)", "    tb[0] = np.float32(ss)", bf16,
+      f"    tb[0] = np.float32({A}(tb[0]) / cnt)", bf16, f"    var = {A}(tb[0])")
+    s(f"inv = {A}(1) / math.sqrt(var + eps)", "if run:",
       f"    rm_out[c] = {run_store}(({A}(1) - mom) * {A}(rm[c]) + mom * mu)",
       f"    rv_out[c] = {run_store}(({A}(1) - mom) * {A}(rv[c]) + mom * (ss / (cnt - 1)))")
     s.depth -= 1

@@ -205,6 +205,16 @@ def test_batch_norm_outputs_as_the_cpu_returns_them(dtype, train):
     _no_fallback()
 
 
+@pytest.mark.parametrize("shape", [(1, 25, 5), (2, 6, 16)])
+def test_instance_norm_bfloat16_bitwise_as_cpu(shape):
+    # the CPU's bfloat16 batch norm rounds var_sum and var to bfloat16 on the way to invstd
+    torch.manual_seed(0)
+    x = (torch.randn(shape) * 3).bfloat16()
+    want = torch.nn.functional.instance_norm(x)
+    _same(torch.nn.functional.instance_norm(x.to(DEV)), want, atol=0, rtol=0)
+    _no_fallback()
+
+
 def test_layer_norm_bfloat16_statistics_dtype():
     x = torch.randn(3, 4, 8).bfloat16()
     w = torch.randn(8).bfloat16()

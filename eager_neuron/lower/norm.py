@@ -181,14 +181,15 @@ def _batch_norm(a, outs, train: bool, rm, rv, rm_out, rv_out, rnd: bool = False)
     (wv, ws), (bv, bs) = _param(w, dt, 1), _param(b, dt, 0)
     stats = (_flat(smean), _flat(sinv)) if save else (_dummy(xv, 1),) * 2
     runs = (_flat(rm_out), _flat(rv_out)) if train and has_run else (_dummy(xv, 1),) * 2
-    key = ("norm", "batch_norm+given",   # +given: the train=2 mode (statistics as given)
+    key = ("norm", "batch_norm.3",   # .3: with the train=2 mode and the rnd flag
            kr, acc, store, stat, run, par)
+    rnd_var = int(bool(rnd) and rnd == torch.bfloat16)
 
     def go(mode: int, run_flag: int, save_flag: int) -> None:
         launch(key, lambda: kn.render_batch_norm(kr, acc, store, stat, run, par),
                (ov,) + stats + runs + (xv, wv, bv, _flat(rm) if has_run else _dummy(xv, 1),
                                        _flat(rv) if has_run else _dummy(xv, 1), ws, bs, mode,
-                                       run_flag, save_flag, float(a["momentum"]),
+                                       run_flag, save_flag, rnd_var, float(a["momentum"]),
                                        float(a["eps"])),
                flops=float(6 * x.numel()),
                bytes_moved=_bytes(x) * (3 if mode == 1 else 1) + _bytes(out), engine="vector")
