@@ -4,7 +4,9 @@ dispatch routes such calls here (`run_complex`) whatever family the op name maps
 lowering sets `handles_complex` (the FFT family does). An op is an expression over its schema
 argument names (kernels/complex.py evaluates it in complex128/float64 and rounds once at the
 store, so complex64 results are within one rounding of PyTorch's). Sums reduce the
-`view_as_real` pairs with the reduce family. Any other complex op raises UnsupportedOpError.
+`view_as_real` pairs with the reduce family; data-movement ops (SPLIT) run their own real kernel
+on the real parts, then on the imaginary parts; matrix products are one complex loop kernel;
+complex32 is storage only (casts). Any other complex op raises UnsupportedOpError.
 
     1. operands: tensors -> strided views broadcast to the output (conj/neg bits become load
        kinds), numbers -> kernel scalars; bfloat16/float16 operands go through float32
@@ -113,7 +115,7 @@ def run_complex(func, plan, a: dict, outs: list) -> None:
         return _sum(base, a, outs)
     if base in _MATMUL:
         return _matmul(base, a, outs[0])
-    if base == "aten::linalg_vector_norm" and not _has_chalf(a, outs):
+    if base == "aten::linalg_vector_norm":
         # a norm depends on |z| only: the real lowering over abs(z)
         x = a["self"]
         mag = torch.empty(x.shape, dtype=outs[0].dtype)
