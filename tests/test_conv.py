@@ -1,8 +1,8 @@
 """Convolution and pooling on `neuron` against the CPU, forward and backward: conv1d/2d/3d and
 transposed convolutions with stride, padding, dilation, groups, bias, output_padding, 1x1 and
 channels_last inputs, integer forward; max/avg/adaptive/fractional pooling, 1/2/3-d, with their
-options; upsample and replication-pad backward; a small CNN; counters (no CPU fallback or decomposition of these ops, no recompile for
-a new batch size).
+options; upsample and replication-pad backward; grid_sample 2-d/3-d; a small CNN; counters
+(no CPU fallback or decomposition of these ops, no recompile for a new batch size).
 
 Sizes are small and cases share kernels (keyed on flags and layouts, never on sizes).
 """
@@ -299,3 +299,15 @@ RESAMPLE = {
 @pytest.mark.parametrize("case", sorted(RESAMPLE))
 def test_resample_backward(case):
     run(RESAMPLE[case], torch.randn(2, 3, 10, 9))
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+@pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align", [False, True])
+@pytest.mark.parametrize("rank", [2, 3])
+def test_grid_sample(rank, mode, padding, align):
+    """Coordinates reach past [-1, 1] so that every padding rule is exercised."""
+    x = torch.randn((2, 3, 4, 5, 6)[:rank + 2])
+    grid = torch.rand((2,) + (3, 4, 5)[:rank] + (rank,)) * 2.6 - 1.3
+    run(lambda x, g: F.grid_sample(x, g, mode=mode, padding_mode=padding, align_corners=align),
+        x, grid)

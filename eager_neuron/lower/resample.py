@@ -1,6 +1,7 @@
-"""Resampling backward lowerings: upsample (nearest, nearest-exact, linear, bilinear, trilinear,
-bicubic) and replication padding, 1/2/3-d. Their forwards decompose into gathers that have
-kernels; the backward passes are scatters, one launch each.
+"""Resampling lowerings: upsample (nearest, nearest-exact, linear, bilinear, trilinear, bicubic)
+and replication-padding backward, 1/2/3-d (their forwards decompose into gathers that have
+kernels; the backward passes are scatters), and grid_sampler 2-d/3-d forward and backward
+(bilinear and nearest; 2-d bicubic declines to PyTorch's decomposition). One launch each.
 
 >>> import torch, eager_neuron
 >>> x = torch.ones(1, 1, 2, device="neuron", requires_grad=True)
@@ -11,7 +12,11 @@ kernels; the backward passes are scatters, one launch each.
 
 from __future__ import annotations
 
+import numpy as np
+import torch
+
 from ..kernels import compile as kc
+from ..kernels import grid_sample as kgrid
 from ..kernels import resample as kresample
 from ..launch import launch
 from .common import NP_TYPE
@@ -61,7 +66,75 @@ def _replication_pad_backward(rank: int):
     return lower
 
 
-LOWERINGS = {}
+def _grid_views(inp, grid, *per_input):
+    """A 2-d grid_sampler's operands as depth-1 3-d ones: inp (N, C, 1, H, W), grid
+    (N, 1, H, W, 2), and each of `per_input` (output / grad_output / grad_input) likewise."""
+    if grid.dim() == 4:
+        return (inp.unsqueeze(2), grid.unsqueeze(1)) + tuple(
+            t.unsqueeze(2) if t is not None else None for t in per_input)
+    return (inp, grid) + tuple(per_input)
+
+
+def _grid_check(a, *ts) -> int:
+    mode = a["interpolation_mode"]
+    if mode not in (0, 1):
+        raise NotImplementedError(f"grid_sampler interpolation mode {mode} (bicubic)")
+    dtype = a["input"].dtype
+    if dtype not in _FLOAT or any(t is not None and t.dtype != dtype for t in ts):
+        raise NotImplementedError(f"grid_sampler on {dtype}")
+    return mode
+
+
+def lower_grid_sampler(func, a, outs):
+    inp, grid, out = a["input"], a["grid"], outs[0]
+    mode = _grid_check(a, grid)
+    if out.numel() == 0:
+        return
+    iv, gv, ov = _grid_views(inp, grid, out)
+    T = NP_TYPE[out.dtype]
+    parallel = inp.shape[0] > 1 and out.numel() >= PARALLEL_MIN and kc.parallel_allowed()
+    launch(("resample", "grid_sample", VERSION, T, parallel),
+           lambda: kgrid.render_grid_sample(False, T, parallel),
+           (_np(ov), _np(iv), _np(gv), int(mode), int(a["padding_mode"]),
+            bool(a["align_corners"])),
+           flops=16.0 * out.numel(), bytes_moved=_numel(inp, grid, out) * out.element_size(),
+           engine="vector")
+
+
+def lower_grid_sampler_backward(func, a, outs):
+    go, inp, grid = a["grad_output"], a["input"], a["grid"]
+    mask = tuple(bool(m) for m in a["output_mask"])
+    gi = outs[0] if mask[0] and isinstance(outs[0], torch.Tensor) else None
+    gg = outs[1] if mask[1] and isinstance(outs[1], torch.Tensor) else None
+    mode = _grid_check(a, go, grid, gi, gg)
+    if gi is None and gg is None:
+        return
+    if go.numel() == 0 or inp.numel() == 0:
+        from .cast import cast
+        for t in (gi, gg):
+            if t is not None and t.numel():
+                cast(torch.zeros((), dtype=t.dtype), t)
+        return
+    iv, gv, gov, giv = _grid_views(inp, grid, go, gi)
+    ggv = (gg.unsqueeze(1) if grid.dim() == 4 else gg) if gg is not None else None
+    T = NP_TYPE[inp.dtype]
+    dummy = np.zeros((1,) * 5, inp.numpy().dtype)
+    parallel = inp.shape[0] > 1 and go.numel() >= PARALLEL_MIN and kc.parallel_allowed()
+    launch(("resample", "grid_sample_bw", VERSION, T, parallel),
+           lambda: kgrid.render_grid_sample(True, T, parallel),
+           (_np(giv) if gi is not None else dummy, _np(ggv) if gg is not None else dummy,
+            _np(gov), _np(iv), _np(gv), int(mode), int(a["padding_mode"]),
+            bool(a["align_corners"]), gi is not None, gg is not None),
+           flops=48.0 * go.numel(), engine="vector",
+           bytes_moved=_numel(inp, grid, go, inp, grid) * go.element_size())
+
+
+LOWERINGS = {
+    "aten::grid_sampler_2d": lower_grid_sampler,
+    "aten::grid_sampler_3d": lower_grid_sampler,
+    "aten::grid_sampler_2d_backward": lower_grid_sampler_backward,
+    "aten::grid_sampler_3d_backward": lower_grid_sampler_backward,
+}
 for _r in (1, 2, 3):
     LOWERINGS.update({
         f"aten::upsample_nearest{_r}d_backward": _upsample_backward("nearest", _r),
