@@ -36,16 +36,32 @@ def test_error_type_is_kept_and_names_the_op_and_line():
     assert "nll_loss" in text and "test_errors.py" in text
 
 
+# an op with a CPU kernel only and no decomposition: the fallback path, whatever kernels land
+_LIB = torch.library.Library("eager_neuron_test", "DEF")
+_LIB.define("cpu_only_twice(Tensor x) -> Tensor")
+_LIB.impl("cpu_only_twice", lambda x: x * 2, "CPU")
+
+
 def test_strict_fallback_names_op_args_and_line(monkeypatch):
     monkeypatch.setattr(eager_neuron.config, "fallback", "error")
     x = torch.randn(8, 16, device="neuron")
     with pytest.raises(eager_neuron.UnsupportedOpError) as info:
-        torch.pdist(x)  # the line the error must point at
+        torch.ops.eager_neuron_test.cpu_only_twice(x)  # the line the error must point at
     text = str(info.value)
-    assert "aten::_pdist_forward" in text
+    assert "eager_neuron_test::cpu_only_twice" in text
     assert "f32[8, 16]@neuron:0" in text
-    assert "test_errors.py" in text and "torch.pdist(x)" in text
+    assert "test_errors.py" in text and "cpu_only_twice(x)" in text
     assert "EAGER_NEURON_FALLBACK=cpu" in text
+
+
+def test_default_fallback_runs_on_cpu_counted_and_warned():
+    x = torch.randn(8, 16, device="neuron")
+    before = eager_neuron.stats()["fallbacks"].get("eager_neuron_test::cpu_only_twice", 0)
+    with pytest.warns(UserWarning, match="cpu_only_twice"):
+        y = torch.ops.eager_neuron_test.cpu_only_twice(x)
+    assert y.device.type == "neuron"
+    torch.testing.assert_close(y.cpu(), x.cpu() * 2)
+    assert eager_neuron.stats()["fallbacks"]["eager_neuron_test::cpu_only_twice"] == before + 1
 
 
 def test_complex32_tensors_get_a_clear_error():
