@@ -271,6 +271,10 @@ _NO_KERNEL = [
     ("aten::kthvalue", lambda x: torch.kthvalue(x, 2)),
     ("aten::median", lambda x: torch.median(x)),
     ("aten::mode", lambda x: torch.mode(x)),
+    ("aten::histogram", lambda x: torch.histogram(x, bins=4)),
+    ("aten::unique_dim", lambda x: torch.unique(x, dim=0)),
+    ("aten::segment_reduce", lambda x: torch.segment_reduce(
+        x, "sum", lengths=torch.tensor([20, 4], device=x.device))),
 ]
 
 
