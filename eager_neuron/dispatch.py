@@ -88,7 +88,7 @@ def alloc(index: int | None, shape, stride, dtype) -> tuple[torch.Tensor, object
         raise errors.UnsupportedTensorError(
             f"{dtype} tensors are not supported on neuron (supported: float32, float64, "
             f"bfloat16, float16, int64, int32, int16, int8, uint8, bool, complex64, "
-            f"complex128)\n{errors.where()}\n"
+            f"complex128; uint16/uint32/uint64 as storage)\n{errors.where()}\n"
             "  fix: keep this tensor on the CPU, or convert it (e.g. complex32 -> "
             "x.to(torch.complex64)) before moving it to neuron")
     numel = 1

@@ -113,3 +113,15 @@ def render_sort(c: int) -> tuple[str, str]:
           f"for j in range(vals.shape[{c}]):", f"    vals[{o}, j] = keys[res[j]]",
           f"    inds[{o}, j] = res[j]")
     return SORT_PRELUDE + s.text(), name
+
+
+def render_xor_rows() -> tuple[str, str]:
+    """`k(out, a)`: out[i] = a[i, 0] ^ a[i, 1] ^ ... over int64 bits (hash_tensor's xor_sum)."""
+    name = kernel_name("xor_rows")
+    src = (f"@njit(nogil=True)\ndef {name}(out, a):\n"
+           "    for i in range(a.shape[0]):\n"
+           "        h = np.int64(0)\n"
+           "        for j in range(a.shape[1]):\n"
+           "            h ^= a[i, j]\n"
+           "        out[i] = h\n")
+    return src, name

@@ -165,3 +165,21 @@ def test_as_strided_scatter_on_device(stats_delta):
     got = torch.as_strided_scatter(x.to("neuron"), src.to("neuron"), (2, 2), (1, 4), 1)
     torch.testing.assert_close(got.cpu(), want)
     assert stats_delta()["fallbacks"] == {}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool, torch.bfloat16])
+def test_hash_tensor_uint64_on_device(dtype, stats_delta):
+    x = torch.randn(3, 4, 5).mul(4).to(dtype)[:, ::2]
+    for dim, keepdim in (([], False), ([1], True), ([0, 2], False)):
+        want = torch.ops.aten.hash_tensor(x, dim, keepdim=keepdim)
+        got = torch.ops.aten.hash_tensor(x.to("neuron"), dim, keepdim=keepdim)
+        assert got.dtype == torch.uint64 and got.shape == want.shape
+        assert torch.equal(got.cpu(), want)
+    assert stats_delta()["fallbacks"] == {}
+
+
+def test_unsigned_storage_dtypes_move_and_refuse_compute_in_strict_mode(strict_fallback):
+    u = torch.tensor([1, 2, 3], dtype=torch.uint32).to("neuron")
+    assert torch.equal(u.cpu(), torch.tensor([1, 2, 3], dtype=torch.uint32))
+    with pytest.raises(eager_neuron.UnsupportedOpError):
+        u * u

@@ -15,7 +15,11 @@ HALF = frozenset({torch.bfloat16, torch.float16})
 # complex tensors live on the device; their ops run in lower/complex.py and lower/fft.py
 # (complex32 is storage only: casts to and from it, every other op refuses it)
 COMPLEX = frozenset({torch.complex64, torch.complex128, torch.complex32})
-DEVICE_DTYPES = KERNEL_DTYPES | HALF | COMPLEX
+# unsigned wider than 8 bits: storage only (hash_tensor's uint64 result, copies to and from the
+# host); ops computing on them have no kernel: the counted CPU fallback, or an error under
+# EAGER_NEURON_FALLBACK=error
+UNSIGNED = frozenset({torch.uint16, torch.uint32, torch.uint64})
+DEVICE_DTYPES = KERNEL_DTYPES | HALF | COMPLEX | UNSIGNED
 
 _SCHEMA_CACHE: dict = {}
 

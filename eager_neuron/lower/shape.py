@@ -205,6 +205,32 @@ lower_as_strided_scatter = _copy_then(
                                   a["storage_offset"] is None else a["storage_offset"]))
 
 
+def lower_hash_tensor(func, a, outs):
+    """hash_tensor mode 0 (xor_sum): each element's 64 bits (floats as float64, integers and
+    bool as int64) xor-ed over `dim`; the uint64 result is written through its int64 view.
+    The bits go to a contiguous scratch with the reduced dims last, so rows are (kept, reduced)."""
+    from .reduce import red_dims
+
+    x, out = a["self"], outs[0]
+    if a["mode"] != 0:
+        raise NotImplementedError(f"hash_tensor mode {a['mode']}")
+    red = red_dims(x, a["dim"])
+    kept = [d for d in range(x.dim()) if d not in red]
+    order = kept + red
+    wide = torch.float64 if x.is_floating_point() else torch.int64
+    bits = torch.empty([x.shape[d] for d in order], dtype=wide)
+    copy_into(x.permute(order), bits)
+    k = 1
+    for d in kept:
+        k *= x.shape[d]
+    o = out.view(torch.int64).view(-1)
+    if o.numel() == 0:
+        return
+    rows = bits.view(torch.int64).view(k, -1)
+    launch(("shape", "xor_rows"), ksh.render_xor_rows, (o.numpy(), rows.numpy()),
+           bytes_moved=nbytes(x, out))
+
+
 # ---------------------------------------------------------------------------------------------
 # sort / topk: a stable merge sort per row, NaN largest (as torch orders it)
 # ---------------------------------------------------------------------------------------------
@@ -253,6 +279,7 @@ LOWERINGS = {
     "aten::select_scatter": lower_select_scatter,
     "aten::diagonal_scatter": lower_diagonal_scatter,
     "aten::as_strided_scatter": lower_as_strided_scatter,
+    "aten::hash_tensor": lower_hash_tensor,
     "aten::sort": lower_sort,
     "aten::sort.stable": lower_sort,
     "aten::topk": lower_topk,
