@@ -18,7 +18,7 @@ from .elementwise import kernel_name
 
 HEADER = '@njit(error_model="numpy", nogil=True{extra})\n'
 
-TAPS = {"nearest": 1, "nearest_exact": 1, "linear": 2, "cubic": 4}
+TAPS = {"nearest": 1, "nearest_exact": 1, "linear": 2, "cubic": 4, "aa_linear": 0}
 
 # area_pixel_compute_scale: align_corners maps corner to corner; otherwise 1 / scale_factor
 # when one was given (inv > 0), else in / out
@@ -87,7 +87,41 @@ _TAPS = {
     for k in range(4):
         idx[k] = min(max(int(f) - 1 + k, 0), isize - 1)
 """,
+    # antialiased linear (_compute_indices_min_size_weights_aa): a triangle filter stretched
+    # by the scale when downsampling, weights normalized to sum 1; unused taps weigh 0
+    "aa_linear": """\
+    s = _scale(isize, osize, inv, align)
+    support = s if s >= 1 else {T}(1)
+    center = {T}(np.float64(s) * (o + 0.5))
+    invscale = {T}(1.0 / np.float64(s)) if s >= 1 else {T}(1)
+    lo = max(int(np.float64(center - support) + 0.5), 0)
+    size = min(int(np.float64(center + support) + 0.5), isize) - lo
+    total = {T}(0)
+    for j in range(size):
+        v = abs({T}(np.float64({T}(j + lo) - center) + 0.5) * np.float64(invscale))
+        w = {T}(1.0 - np.float64(v)) if v < 1 else {T}(0)
+        idx[j] = lo + j
+        wt[j] = w
+        total += w
+    if total != 0:
+        for j in range(size):
+            wt[j] /= total
+    for j in range(size, idx.shape[0]):
+        idx[j] = lo
+""",
 }
+
+# table width: the fixed tap count, or for antialiasing 2 * ceil(support) + 1
+_WIDTH = """\
+@njit(inline="always")
+def _width(isize, osize, inv, align):
+    if {taps} > 0:
+        return {taps}
+    s = _scale(isize, osize, inv, align)
+    return int(math.ceil(s if s >= 1 else {T}(1))) * 2 + 1
+
+
+"""
 
 # the scatter: linear modes accumulate z, h, w (w fastest) with weight wz * wh * ww * g as the
 # CPU does; cubic walks x outer, y inner with g * wy * wx
@@ -114,9 +148,9 @@ def {name}(gi, go, inv_z, inv_h, inv_w, align):
     zi, zw = _table(gi.shape[2], go.shape[2], inv_z, align)
     hi, hw = _table(gi.shape[3], go.shape[3], inv_h, align)
     wi, ww = _table(gi.shape[4], go.shape[4], inv_w, align)
-    nz = 1 if gi.shape[2] == 1 and go.shape[2] == 1 else {taps}
-    nh = 1 if gi.shape[3] == 1 and go.shape[3] == 1 else {taps}
-    nw = {taps}
+    nz = 1 if gi.shape[2] == 1 and go.shape[2] == 1 else zi.shape[1]
+    nh = 1 if gi.shape[3] == 1 and go.shape[3] == 1 else hi.shape[1]
+    nw = wi.shape[1]
     # 2. scatter grad_output through the tables, one (n, c) plane per step
     c_ = gi.shape[1]
     for p in {rng}(gi.shape[0] * c_):
@@ -132,11 +166,36 @@ def {name}(gi, go, inv_z, inv_h, inv_w, align):
                     g = go[n, c, oz, oi, oj]
 {scatter}"""
 
+# separable: rows resampled along W into a scratch plane, then along H (2-d only)
+_AA_FORWARD = """\
+def {name}(out, x, inv_z, inv_h, inv_w, align):
+    hi, hw = _table(x.shape[3], out.shape[3], inv_h, align)
+    wi, ww = _table(x.shape[4], out.shape[4], inv_w, align)
+    c_ = x.shape[1]
+    for p in {rng}(x.shape[0] * c_):
+        n = p // c_
+        c = p % c_
+        tmp = np.empty((x.shape[3], out.shape[4]), {T})
+        for i in range(x.shape[3]):
+            for oj in range(out.shape[4]):
+                s = {T}(0)
+                for e in range(wi.shape[1]):
+                    s += x[n, c, 0, i, wi[oj, e]] * ww[oj, e]
+                tmp[i, oj] = s
+        for oi in range(out.shape[3]):
+            for oj in range(out.shape[4]):
+                s = {T}(0)
+                for b in range(hi.shape[1]):
+                    s += tmp[hi[oi, b], oj] * hw[oi, b]
+                out[n, c, 0, oi, oj] = s
+"""
+
 _TABLE = """\
 @njit
 def _table(isize, osize, inv, align):
-    idx = np.zeros((osize, {taps}), np.int64)
-    wt = np.zeros((osize, {taps}), {T})
+    width = _width(isize, osize, inv, align)
+    idx = np.zeros((osize, width), np.int64)
+    wt = np.zeros((osize, width), {T})
     if isize == 1 and osize == 1:      # a unit axis added for a lower rank: tap 0, weight 1
         wt[0, 0] = 1
         return idx, wt
@@ -148,17 +207,24 @@ def _table(isize, osize, inv, align):
 """
 
 
-def render_upsample_backward(mode: str, T: str, parallel: bool) -> tuple[str, str]:
+def render_upsample_backward(mode: str, T: str, parallel: bool,
+                             forward: bool = False) -> tuple[str, str]:
     """`k(gi, go, inv_z, inv_h, inv_w, align)`: gi (N, C, D, H, W) = the upsample's input
-    gradient; inv_* is 1 / scale_factor per axis, or 0 when the sizes define the scale."""
-    name = kernel_name("upsample_bw", mode, T, parallel)
+    gradient; inv_* is 1 / scale_factor per axis, or 0 when the sizes define the scale.
+    With `forward` (antialiased modes, whose forward has no decomposition): `k(out, x, ...)`
+    the same tables gathered, width pass then height pass as the CPU does."""
+    name = kernel_name("upsample_bw", mode, T, parallel, forward)
     taps = TAPS[mode]
     head = HEADER.format(extra=", parallel=True" if parallel else "")
     helpers = _SCALE.format(T=T) + '@njit(inline="always")\n' + \
         "def _taps(o, isize, osize, inv, align, idx, wt):\n" + \
-        _TAPS[mode].format(T=T) + "\n\n" + _TABLE.format(taps=taps, T=T)
-    body = _UPSAMPLE_BACKWARD.format(name=name, taps=taps, rng="prange" if parallel else "range",
-                                     scatter=_SCATTER["whz" if mode == "cubic" else "zhw"])
+        _TAPS[mode].format(T=T) + "\n\n" + _WIDTH.format(taps=taps, T=T) + \
+        _TABLE.format(T=T)
+    if forward:
+        body = _AA_FORWARD.format(name=name, T=T, rng="prange" if parallel else "range")
+    else:
+        body = _UPSAMPLE_BACKWARD.format(name=name, rng="prange" if parallel else "range",
+                                         scatter=_SCATTER["whz" if mode == "cubic" else "zhw"])
     return helpers + head + body, name
 
 

@@ -289,6 +289,10 @@ RESAMPLE = {
     "bicubic": lambda x: F.interpolate(x, size=(19, 4), mode="bicubic"),
     "bicubic_align": lambda x: F.interpolate(x, size=(9, 11), mode="bicubic",
                                              align_corners=True),
+    "bilinear_antialias_down": lambda x: F.interpolate(x, size=(3, 4), mode="bilinear",
+                                                       antialias=True),
+    "bilinear_antialias_mixed_align": lambda x: F.interpolate(
+        x, scale_factor=(0.4, 1.7), mode="bilinear", antialias=True, align_corners=True),
     "replicate1d": lambda x: F.pad(x[:, :, 0], (2, 3), mode="replicate"),
     "replicate2d_negative": lambda x: F.pad(x, (-1, 3, 2, -2), mode="replicate"),
     "replicate3d": lambda x: F.pad(_d3(x), (1, 2, 0, 3, 2, 1), mode="replicate"),

@@ -49,6 +49,24 @@ def _upsample_backward(mode: str, rank: int):
     return lower
 
 
+def lower_upsample_aa(func, a, outs):
+    """_upsample_bilinear2d_aa forward: the antialiased tables gathered (no decomposition)."""
+    x, out = a["self"], outs[0]
+    if x.dtype not in _FLOAT:
+        raise NotImplementedError(f"antialiased upsample on {x.dtype}")
+    if out.numel() == 0:
+        return
+    inv = [0.0] + [1.0 / s if s is not None and s > 0 else 0.0 for s in
+                   (a["scales_h"], a["scales_w"])]
+    T = NP_TYPE[x.dtype]
+    parallel = out.numel() >= PARALLEL_MIN and kc.parallel_allowed()
+    launch(("resample", "upsample_aa", VERSION, T, parallel),
+           lambda: kresample.render_upsample_backward("aa_linear", T, parallel, forward=True),
+           (_np(_as5(out, 2)), _np(_as5(x, 2))) + tuple(inv) + (bool(a["align_corners"]),),
+           flops=4.0 * (out.numel() + x.numel()), engine="vector",
+           bytes_moved=_numel(x, out) * x.element_size())
+
+
 def _replication_pad_backward(rank: int):
     def lower(func, a, outs):
         gi, go = outs[0], a["grad_output"]
@@ -146,4 +164,6 @@ LOWERINGS.update({
     "aten::upsample_bilinear2d_backward": _upsample_backward("linear", 2),
     "aten::upsample_trilinear3d_backward": _upsample_backward("linear", 3),
     "aten::upsample_bicubic2d_backward": _upsample_backward("cubic", 2),
+    "aten::_upsample_bilinear2d_aa": lower_upsample_aa,
+    "aten::_upsample_bilinear2d_aa_backward": _upsample_backward("aa_linear", 2),
 })
