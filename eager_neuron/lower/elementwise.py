@@ -102,7 +102,7 @@ OPS: dict = {
     "aten::hardtanh": ("self if self != self else (min_val if self < min_val else "
                        "(max_val if self > max_val else self))", "out"),
     "aten::threshold": ("value if self <= threshold else self", "out"),
-    "aten::gelu": (lambda a: _GELU[a["approximate"]], "out"),
+    "aten::gelu": (lambda a: _gelu(a, _GELU), "out"),
     "aten::logit": (lambda a: "math.log(self / (T(1) - self))" if a["eps"] is None else
                     "_logit_eps(self, eps, T(1))", "out"),
     # -- activation backward ---------------------------------------------------------------------
@@ -111,7 +111,7 @@ OPS: dict = {
     "aten::tanh_backward": ("grad_output * (T(1) - output * output)", "out"),
     "aten::silu_backward": ("grad_output * (T(1) / (T(1) + math.exp(-self))) * (T(1) + self * "
                             "(T(1) - T(1) / (T(1) + math.exp(-self))))", "out"),
-    "aten::gelu_backward": (lambda a: _GELU_BW[a["approximate"]], "out"),
+    "aten::gelu_backward": (lambda a: _gelu(a, _GELU_BW), "out"),
     "aten::leaky_relu_backward": ("grad_output if self > 0 else grad_output * negative_slope",
                                   "out"),
     "aten::hardtanh_backward": ("T(0) if (self <= min_val or self >= max_val) else grad_output",
@@ -207,6 +207,25 @@ _GELU_BW = {
             f"T(0.044715) * self * self * self)) ** 2) * {_SQRT_2_PI} * (T(1) + T(0.134145) * "
             "self * self))",
 }
+# float32: the erf torch's own CPU gelu uses (kernels/vmath.py _verf_as, half the cost of
+# _verf) and x / (1 + exp(-2u)) for tanh (no tanh call); measured in tools/bench.py "gelu 4M"
+_GELU_F32 = {
+    "none": "T(0.5) * self * (T(1) + _verf_as(self * T(0.7071067811865476)))",
+    "tanh": "_vgelu_tanh(self)",
+}
+_GELU_BW_F32 = {
+    "none": _GELU_BW["none"].replace("math.erf(", "_verf_as("),
+    "tanh": _GELU_BW["tanh"],
+}
+
+
+def _gelu(a: dict, table: dict) -> str:
+    x = a["self"]
+    if isinstance(x, torch.Tensor) and x.dtype == torch.float32:
+        table = _GELU_F32 if table is _GELU else _GELU_BW_F32
+    return table[a["approximate"]]
+
+
 _DIV = {
     None: "self / other",
     "true": "self / other",
