@@ -67,12 +67,12 @@ SCANS = {
     # ATen's _log_add_exp_helper in the accumulator type (float64 on the CPU): std::min/max
     # keep a NaN accumulator; two equal infinities stay as they are
     "logcumsumexp": ("A(-np.inf)",
-                     "lo = acc if acc != acc else (acc if acc < x else x)\n"
+                     ("lo = acc if acc != acc else (acc if acc < x else x)\n"
                      "hi = acc if acc != acc else (acc if x < acc else x)\n"
                      "if lo != hi or math.isfinite(lo):\n"
                      "    acc = math.log1p(math.exp(lo - hi)) + hi\n"
                      "else:\n"
-                     "    acc = x"),
+                     "    acc = x")),
 }
 # cummax / cummin: (values, indices); ATen takes a NaN, or x when op(x, acc) holds (ties move
 # the index forward: >= and <=) while the running value is not NaN

@@ -317,36 +317,36 @@ def _quickselect(k, ix, kk):
 # Parameters p0, p1 are runtime ints; `vals`/`inds` are the outputs' (outer..., m) views.
 _ROW = {
     # p0: descending, p1: stable
-    "sort": ("cmp = 1 if p0 else 0\n"
+    "sort": (("cmp = 1 if p0 else 0\n"
              "if p1:\n    _msort(k, ix, tk, ti, n, cmp)\n"
-             "else:\n    _introsort(k, ix, 0, n, cmp, stack)",
+             "else:\n    _introsort(k, ix, 0, n, cmp, stack)"),
              "m"),
     # p0: largest, p1: sorted (k = m, the output length)
-    "topk": ("cmp = 1 if p0 else 0\n"
+    "topk": (("cmp = 1 if p0 else 0\n"
              "if m * 64 <= n:\n"
              "    _heap_select(k, ix, 0, m, n, cmp)\n    _sort_heap(k, ix, 0, m, cmp)\n"
              "elif m > 0:\n"
              "    _nth_element(k, ix, 0, m - 1, n, cmp)\n"
-             "    if p1:\n        _introsort(k, ix, 0, m - 1, cmp, stack)",
+             "    if p1:\n        _introsort(k, ix, 0, m - 1, cmp, stack)"),
              "m"),
     # p0: k - 1
     "kthvalue": ("_quickselect(k, ix, p0)", "p0"),
     # p0: 1 for nanmedian. NaN (median): the first NaN; else the ((count - 1) // 2)-th in
     # (value, index) order, count = non-NaN elements (nanmedian) or n
-    "median": ("nan = 0\nfirst = -1\n"
+    "median": (("nan = 0\nfirst = -1\n"
                "for j in range(n):\n    if k[j] != k[j]:\n        nan += 1\n"
                "        if first < 0:\n            first = j\n"
                "if p0 == 0 and nan > 0:\n    pos = first\n"
                "else:\n    cnt = n - nan if p0 else n\n    pos = (cnt - 1) // 2 if cnt > 0 else 0\n"
-               "    _nth_element(k, ix, 0, pos, n, 4 if p0 else 3)",
+               "    _nth_element(k, ix, 0, pos, n, 4 if p0 else 3)"),
                "pos"),
     # std::sort by `<`, then the last element of the first longest run
-    "mode": ("_introsort(k, ix, 0, n, 2, stack)\n"
+    "mode": (("_introsort(k, ix, 0, n, 2, stack)\n"
              "pos = 0\nrun = 0\nbest = 0\n"
              "for j in range(n):\n    run += 1\n"
              "    if j == n - 1 or k[j] != k[j + 1]:\n"
              "        if run > best:\n            pos = j\n            best = run\n"
-             "        run = 0",
+             "        run = 0"),
              "pos"),
 }
 
@@ -412,4 +412,52 @@ def render_search(c: int, store: str) -> tuple[str, str]:
           f"        mv = bd[{o}, srt[{o}, mid]] if use_sorter else bd[{o}, mid]",
           "        if (not mv > v) if right else (not mv >= v):", "            lo = mid + 1",
           "        else:", "            hi = mid", f"    out[{o}, j] = {store}(lo)")
+    return s.text(), name
+
+
+def render_histc() -> tuple[str, str]:
+    """`k(hist, x, info, lo, hi, bins, auto, bf, chunk)`: ATen's histc (linear interpolation,
+    no local search) in the input's type: float32, or bfloat16 emulated (`bf`: every operation rounded,
+    as c10::BFloat16 arithmetic does). Counts accumulate per `chunk` of x (the CPU's per-thread
+    histograms, bfloat16 ones rounding every add), summed in float32, rounded once by the caller.
+    `auto` (min == max given): the range is x's min/max.
+    info = [lo, hi, bad]: bad = 1 when the range is not finite or empty (the lowering raises)."""
+    name = kernel_name("histc")
+    s = _Src(name, ["hist", "x", "info", "lo", "hi", "bins", "auto", "bf", "chunk"])
+    s.add("n = x.shape[0]",
+          "if auto and n > 0:", "    mn = x[0]", "    mx = x[0]", "    for j in range(n):",
+          "        v = x[j]", "        if v != v:", "            mn = v", "            mx = v",
+          "            break", "        mn = min(mn, v)", "        mx = max(mx, v)",
+          "    lo = np.float64(mn)", "    hi = np.float64(mx)",
+          "if lo == hi:", "    lo -= 1.0", "    hi += 1.0",
+          "info[0] = lo", "info[1] = hi",
+          "if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):", "    info[2] = 1",
+          "    return",
+          "left = np.float32(lo)", "right = np.float32(hi)", "nb = np.float32(bins)",
+          "if bf:", "    left = _rbf16(left)", "    right = _rbf16(right)",
+          "for b in range(bins):", "    hist[b] = 0",
+          "part = np.zeros(bins, np.float32)",
+          "for start in range(0, n, chunk):",
+          "    for b in range(bins):", "        part[b] = 0",
+          "    for j in range(start, min(n, start + chunk)):", "        v = x[j]",
+          "        if not (v >= left and v <= right):", "            continue",
+          "        if bf:",
+          "            t = _rbf16(_rbf16(_rbf16(v - left) * nb) / _rbf16(right - left))",
+          "        else:", "            t = (v - left) * nb / (right - left)",
+          "        pos = int(t)", "        if pos == bins:", "            pos -= 1",
+          "        part[pos] = _rbf16(part[pos] + np.float32(1)) if bf else part[pos] + 1",
+          "    for b in range(bins):", "        hist[b] += part[b]")
+    return s.text(), name
+
+
+def render_bincount(weighted: bool) -> tuple[str, str]:
+    """`k(out, x, w, info, phase)`: phase 0: info = [min, max] of x; phase 1: out[x[j]] +=
+    w[j] (or 1), sequentially as the CPU adds."""
+    name = kernel_name("bincount", weighted)
+    s = _Src(name, ["out", "x", "w", "info", "phase"])
+    s.add("n = x.shape[0]", "if phase == 0:", "    mn = x[0]", "    mx = x[0]",
+          "    for j in range(n):", "        mn = min(mn, x[j])", "        mx = max(mx, x[j])",
+          "    info[0] = mn", "    info[1] = mx", "    return",
+          "for b in range(out.shape[0]):", "    out[b] = 0", "for j in range(n):")
+    s.add("    out[x[j]] += out.dtype.type(w[j])" if weighted else "    out[x[j]] += 1")
     return s.text(), name

@@ -131,3 +131,25 @@ def test_logcumsumexp():
     got = torch.logcumsumexp(x.to(DEV), 1)
     torch.testing.assert_close(got.cpu(), torch.logcumsumexp(x, 1), equal_nan=True)
     assert eager_neuron.stats()["fallbacks"] == {}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_histc(dtype):
+    # 1200 elements: the CPU splits them over its threads, bfloat16 counts saturate per thread
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(30, 40, generator=g) * 5).to(dtype)
+    for bins, lo, hi in [(100, 0, 0), (1, 0, 10), (3, 0, 10), (7, -3, 2), (10, 1, 1)]:
+        run(lambda t: torch.histc(t, bins, lo, hi), x)
+    with pytest.raises(RuntimeError, match="max must be larger than min"):
+        torch.histc(x.to(DEV), 4, 3, 1)
+
+
+def test_bincount():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 10, (20,), generator=g)
+    w = torch.randn(20, generator=g)
+    for minlength in (0, 30):
+        run(lambda t: torch.bincount(t, minlength=minlength), x)
+        for wt in (w, w.double(), torch.randint(0, 3, (20,), generator=g)):
+            run(lambda t, u: torch.bincount(t, u, minlength), x, wt)
+    run(lambda t: torch.bincount(t, minlength=3), torch.tensor([], dtype=torch.int64))

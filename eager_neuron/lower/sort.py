@@ -24,6 +24,7 @@ from .common import HALF
 from .shape import axis_views, nbytes
 
 GRAIN = 32768   # at::internal::GRAIN_SIZE: ATen's radix-sort threshold
+HIST_GRAIN = 200   # ATen's histogram parallel_for grain (elements per thread, at least)
 
 
 def _as_1d(*ts):
@@ -191,8 +192,8 @@ def _store(tmp: torch.Tensor, out: torch.Tensor) -> None:
 def unique_flat(func, x, index, *, consecutive: bool, want_inv: bool, want_counts: bool,
                 n_out: int = 3) -> list:
     """[(values, block), (inverse, block), (counts, block)][:n_out] of the flattened x."""
-    from .mask import core_index
     from ..dispatch import alloc
+    from .mask import core_index
 
     core = core_index(index)
     flat = _flat_f(x)
@@ -239,7 +240,72 @@ def dynamic_unique_consecutive(func, a, index=-1):
                        want_inv=bool(a["return_inverse"]), want_counts=bool(a["return_counts"]))
 
 
+# ---------------------------------------------------------------------------------------------
+# histc (output size from meta) and bincount (DYNAMIC: max(x) + 1 bins)
+# ---------------------------------------------------------------------------------------------
+
+def lower_histc(func, a, outs):
+    x, out = a["self"], outs[0]
+    if not x.is_floating_point() or x.dtype == torch.float64 or x.dtype == torch.float16:
+        raise NotImplementedError(f"histc of {x.dtype}")
+    bins = int(a["bins"])
+    lo, hi = float(a["min"]), float(a["max"])
+    flat = _flat_f(x)
+    bf = x.dtype == torch.bfloat16
+    hist = torch.empty(out.shape, dtype=torch.float32) if bf else out
+    info = np.zeros(3, np.float64)
+    # the CPU's at::parallel_for split over its threads: bfloat16 counts saturate per chunk
+    n = x.numel()
+    parts = min(torch.get_num_threads(), -(-n // HIST_GRAIN)) if n > HIST_GRAIN else 1
+    chunk = max(1, -(-n // parts))
+    launch(("sort", "histc"), kso.render_histc,
+           (hist.numpy(), flat.numpy(), info, lo, hi, bins, lo == hi and n > 0, bf, chunk),
+           flops=float(4 * x.numel()), bytes_moved=float(nbytes(x, out)))
+    if info[2]:
+        if not all(np.isfinite(info[:2])):
+            raise RuntimeError(f"torch.histc: range of [{info[0]}, {info[1]}] is not finite")
+        raise RuntimeError("torch.histc: max must be larger than min")
+    _store(hist, out)
+
+
+lower_histc.handles_half = True
+
+
+def dynamic_bincount(func, a, index=-1):
+    from ..dispatch import alloc
+    from .mask import core_index
+
+    x, w, minlength = a["self"], a["weights"], int(a["minlength"])
+    if x.dim() != 1 or x.is_floating_point() or x.dtype == torch.bool:
+        raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
+    if minlength < 0:
+        raise RuntimeError("minlength should be >= 0")
+    if w is not None and (w.dim() != 1 or w.shape[0] != x.shape[0]):
+        raise RuntimeError("weights should be 1-d and have the same length as input")
+    dtype = torch.int64 if w is None else (
+        torch.float32 if w.dtype == torch.float32 else torch.float64)
+    if w is not None and w.is_complex():
+        raise NotImplementedError("bincount with complex weights")
+    info = np.zeros(2, np.int64)
+    xv = x.numpy()
+    wv = (_flat_f(w).numpy() if w is not None else xv)
+    key = ("sort", "bincount", w is not None)
+    render = lambda: kso.render_bincount(w is not None)
+    nbins = minlength
+    if x.numel():
+        launch(key, render, (np.zeros(1, np.dtype(str(dtype).split(".")[1])), xv, wv, info, 0),
+               flops=float(x.numel()), bytes_moved=float(nbytes(x)))
+        if info[0] < 0:
+            raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
+        nbins = max(int(info[1]) + 1, minlength)
+    out, block = alloc(core_index(index), (nbins,), (1,), dtype)
+    launch(key, render, (out.numpy(), xv, wv, info, 1),
+           flops=float(x.numel()), bytes_moved=float(nbytes(x, out)))
+    return [(out, block)]
+
+
 DYNAMIC = {
+    "aten::bincount": dynamic_bincount,
     "aten::_unique2": dynamic_unique2,
     "aten::_unique": dynamic_unique,
     "aten::unique_consecutive": dynamic_unique_consecutive,
@@ -260,4 +326,5 @@ LOWERINGS = {
     "aten::searchsorted.Scalar": lower_searchsorted,
     "aten::bucketize.Tensor": lower_bucketize,
     "aten::bucketize.Scalar": lower_bucketize,
+    "aten::histc": lower_histc,
 }
