@@ -199,7 +199,21 @@ def _plan(func) -> Plan:
             return Plan("decomp", decomp=decomp, **kw)
     if lower is not None:
         return Plan("kernel", lower=lower, **kw)
+    impl = _custom_op_impl(name)
+    if impl is not None:
+        return Plan("decomp", decomp=impl, **kw)
     return Plan("fallback", **kw)
+
+
+def _custom_op_impl(name: str):
+    """A torch.library.custom_op's device-agnostic Python implementation (e.g. torch.nn's
+    chunked linear_cross_entropy): written in torch ops, so it runs as a decomposition."""
+    from torch._library import custom_ops
+
+    opdef = custom_ops.OPDEFS.get(name)
+    if opdef is None:
+        return None
+    return opdef._backend_fns.get("neuron") or opdef._backend_fns.get(None)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -183,3 +183,19 @@ def test_unsigned_storage_dtypes_move_and_refuse_compute_in_strict_mode(strict_f
     assert torch.equal(u.cpu(), torch.tensor([1, 2, 3], dtype=torch.uint32))
     with pytest.raises(eager_neuron.UnsupportedOpError):
         u * u
+
+
+@torch.library.custom_op("eager_neuron_test::twice_plus", mutates_args=())
+def _twice_plus(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return x * 2 + y
+
+
+def test_python_custom_op_runs_its_implementation_on_device(stats_delta):
+    # a torch.library.custom_op written in torch ops decomposes: no CPU fallback
+    x, y = torch.randn(3), torch.randn(3)
+    got = torch.ops.eager_neuron_test.twice_plus(x.to("neuron"), y.to("neuron"))
+    assert got.device.type == "neuron"
+    torch.testing.assert_close(got.cpu(), x * 2 + y)
+    st = stats_delta()
+    assert st["fallbacks"] == {}
+    assert st["decompositions"].get("eager_neuron_test::twice_plus") == 1
