@@ -512,8 +512,11 @@ def _run_kernel(func, plan, args, kwargs, mode):
     for i, leaf in enumerate(leaves):
         target = plan.ret_alias[i] if i < len(plan.ret_alias) else None
         if target is not None:
-            if isinstance(leaf, tuple) and a[target].shape != leaf[0] and index is not None:
-                a[target] = _resize_out(_original(func, args, kwargs, target), leaf[0])
+            if isinstance(leaf, tuple) and a[target].shape != leaf[0]:
+                if index is None:   # NeuronMode: a CPU out= tensor resizes itself
+                    a[target].resize_(leaf[0])
+                else:
+                    a[target] = _resize_out(_original(func, args, kwargs, target), leaf[0])
             outs.append(a[target])
             blocks.append(None)
         elif isinstance(leaf, tuple):

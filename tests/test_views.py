@@ -145,6 +145,13 @@ def test_out_of_another_shape_is_resized(stats_delta):
     assert stats_delta()["fallbacks"] == {}
 
 
+def test_out_of_another_shape_under_neuron_mode():
+    with eager_neuron.NeuronMode():
+        out = torch.empty(0)
+        torch.add(torch.ones(3), torch.ones(3), out=out)
+    torch.testing.assert_close(out, torch.full((3,), 2.0))
+
+
 def test_set_storage_is_a_clear_error():
     a = torch.zeros(2, device="neuron")
     with pytest.raises(RuntimeError, match="storage argument is not supported on neuron"):
