@@ -233,3 +233,14 @@ def test_large_uses_parallel_and_matches():
     run(lambda t: t.sum(), x, rtol=1e-5, atol=1e-3)
     run(lambda t: t.sum(1), x, rtol=1e-5, atol=1e-4)
     run(lambda t: t.sum(0), x, rtol=1e-5, atol=1e-4)
+
+
+def test_float32_sum_block_mode_accuracy():
+    # one contiguous float32 row: float32 block sums into a float64 total; the result must stay
+    # within a float32 rounding of the exact sum (lengths around the 512-element block edges)
+    g = torch.Generator().manual_seed(0)
+    for n in (1, 511, 512, 513, 5000, 300001):
+        x = torch.rand(n, generator=g) * 100 - 20
+        exact, scale = float(x.double().sum()), float(x.double().abs().sum())
+        assert abs(float(x.to(DEV).sum().cpu()) - exact) <= 2e-7 * scale
+        assert abs(float(x.to(DEV).mean().cpu()) - exact / n) <= 2e-7 * scale / n
