@@ -97,6 +97,22 @@ def _gemm(a, b, out):
 """
 
 
+# float32 -> the nearest bfloat16 (ties to even), kept in float32: the bit trick through a
+# one-element buffer `f` and its uint32 view `u` (Numba cannot view a scalar's bits)
+_ROUND_BF16 = """\
+@njit(inline="always")
+def _rb(v, f, u):
+    f[0] = v
+    b = u[0]
+    if (b & 0x7FFFFFFF) > 0x7F800000:
+        return v
+    u[0] = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+    return f[0]
+
+
+"""
+
+
 def _walk(rng: str, parts: dict, spaces: int) -> list[str]:
     block = _PATCH_WALK.format(rng=rng, **parts)
     pad = " " * spaces
@@ -141,17 +157,24 @@ def render_conv_forward(has_bias: bool, pointwise: bool, parallel: bool,
 
 
 def render_conv_grad_input(pointwise: bool, parallel: bool, integer: bool,
-                           has_bias: bool = False) -> tuple[str, str]:
+                           has_bias: bool = False, bf16: bool = False) -> tuple[str, str]:
     """`k(gi, go, x, w[, bias], geometry...)`: cols = w_g.T @ go[n, g], then col2im into gi.
 
     go (N, O, OD*OH*OW) C; x (N, C, D, H, W) only for its sizes; w (O, CKK) C; gi like x (C
     when pointwise: the gemm writes it directly). With a bias (transposed convolution forward)
-    gi is (N, C, D*H*W) C and bias[c] is added to every element of channel c.
+    gi is (N, C, D*H*W) C and bias[c] is added to every element of channel c. With `bf16`
+    (serial, not pointwise) every step rounds to bfloat16 as PyTorch's CPU transposed
+    convolution does in that dtype: the gemm result, each col2im add, the bias add.
     """
-    name = kernel_name("conv_dgrad", pointwise, parallel, integer, has_bias)
+    assert not (bf16 and (parallel or pointwise))
+    name = kernel_name("conv_dgrad", pointwise, parallel, integer, has_bias, bf16)
     rng = "prange" if parallel else "range"
     params = "gi, go, x, w, " + ("bias, " if has_bias else "") + _GEOMETRY
     lines = _head(name, params, parallel, integer)
+    if bf16:
+        lines[0] = _ROUND_BF16 + lines[0]
+        lines += ["    rbf = np.empty(1, np.float32)",
+                  "    rbu = rbf.view(np.uint32)"]
     if has_bias:
         lines.append("    gi5 = gi.reshape((n_, c_, dp, h, wd))")
         target, flat = "gi5", "gi"
@@ -174,10 +197,19 @@ def render_conv_grad_input(pointwise: bool, parallel: bool, integer: bool,
         lines.append(f"            _gemm(w[g * og:(g + 1) * og].T, gon, {dst})")
     else:
         lines.append("            _gemm(w[g * og:(g + 1) * og].T, gon, cols)")
-        col2im = {**_COL2IM, "inside": _COL2IM["inside"].replace("gi[", target + "[")}
-        lines += _walk(rng, col2im, 12)
+        inside = _COL2IM["inside"].replace("gi[", target + "[")
+        if bf16:
+            lines += ["            for r in range(ckk):",
+                      "                for j in range(ohw):",
+                      "                    cols[r, j] = _rb(cols[r, j], rbf, rbu)"]
+            dst = inside.split(" += ")[0]
+            inside = f"{dst} = _rb({dst} + cols[r, base + oj], rbf, rbu)"
+        lines += _walk(rng, {**_COL2IM, "inside": inside}, 12)
     if has_bias:
-        lines += _bias_epilogue("gi", "c_", "dp * h * wd")
+        epilogue = _bias_epilogue("gi", "c_", "dp * h * wd")
+        if bf16:
+            epilogue[-1] = "                gi[n, o, j] = _rb(gi[n, o, j] + bo, rbf, rbu)"
+        lines += epilogue
     return "\n".join(lines) + "\n", name
 
 

@@ -135,6 +135,20 @@ def test_conv_transposed_strided_grad_and_input_without_grad():
         grad=(False, True, True))
 
 
+@pytest.mark.parametrize("rank", [1, 2, 3])
+def test_conv_transposed_bfloat16_bitwise(rank):
+    """The CPU rounds a bfloat16 transposed convolution at every step (gemm, each col2im add,
+    bias): float32 math rounded once differs in about a third of the elements."""
+    fn = getattr(F, f"conv_transpose{rank}d")
+    x = torch.randn((2, 4) + (5,) * rank).bfloat16()
+    w = torch.randn((4, 3) + (3,) * rank).bfloat16()
+    b = torch.randn(3).bfloat16()
+    eager_neuron.reset_stats()
+    got = fn(x.to(DEV), w.to(DEV), b.to(DEV), stride=2, padding=1)
+    assert torch.equal(got.cpu(), fn(x, w, b, stride=2, padding=1))
+    _ours_clean()
+
+
 @pytest.mark.parametrize("op", ["conv1d", "conv2d", "conv3d", "conv_transpose2d"])
 def test_conv_integer_forward(op):
     """int64 convolutions run a loop gemm: exact, like the CPU."""

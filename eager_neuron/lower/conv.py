@@ -3,7 +3,7 @@
 Every operand is viewed with three spatial dims (a 2-d convolution gets D = 1, a 1-d one
 D = H = 1), so one kernel set serves all ranks. Stride, padding, dilation, groups, bias and
 output_padding (transposed) are covered; float32/float64 forward and backward, integer types
-forward (a loop gemm). A transposed convolution runs the grad_input kernel forward and the
+forward (a loop gemm), half types in float32 (bfloat16 transposed rounded per step, as the CPU). A transposed convolution runs the grad_input kernel forward and the
 forward/grad_weight kernels backward (the same patch walk with input and output swapped).
 Every op is one launch per needed gradient, plus cast-kernel copies for operands a kernel
 cannot read in place.
@@ -24,7 +24,7 @@ from ..launch import launch
 from .cast import cast
 from .matmul import blas_threads
 
-VERSION = 3              # bump when this family's rendered source changes (disk cache key)
+VERSION = 4              # bump when this family's rendered source changes (disk cache key)
 PARALLEL_MIN = 1 << 18   # elements of work below which a prange launch costs more than it saves
 _FLOAT = frozenset({torch.float32, torch.float64})
 _INT = frozenset({torch.int64, torch.int32})
@@ -127,24 +127,28 @@ def _forward(cv: _Conv, out5: torch.Tensor, x5: torch.Tensor, bias, nbytes: int)
         cast(res, out5)
 
 
-def _grad_input(cv: _Conv, gi5: torch.Tensor, go5: torch.Tensor, bias, nbytes: int) -> None:
+def _grad_input(cv: _Conv, gi5: torch.Tensor, go5: torch.Tensor, bias, nbytes: int,
+                bf16: bool = False) -> None:
     """gi5 = conv's input gradient for go5 (col2im of w.T @ go): also the transposed forward,
-    where a bias may be added per channel of gi5."""
+    where a bias may be added per channel of gi5 (and, for bfloat16 operands computed in
+    float32, each step rounded to bfloat16 as the CPU does)."""
     n = go5.shape[0]
     cols = tuple(go5.shape[2:])
     go3 = _np(_flat(_contiguous(go5)))
     res = _scratch_if_strided(gi5)
-    pointwise = cv.pointwise(res)
-    parallel = not pointwise and _parallel(cv.w2.shape[1] * cols[0] * cols[1] * cols[2])
+    pointwise = not bf16 and cv.pointwise(res)
+    parallel = not pointwise and not bf16 and \
+        _parallel(cv.w2.shape[1] * cols[0] * cols[1] * cols[2])
     has_bias = bias is not None
-    key = ("conv", "grad_input", VERSION, pointwise, parallel, cv.integer, has_bias)
+    key = ("conv", "grad_input", VERSION, pointwise, parallel, cv.integer, has_bias, bf16)
     target = _flat(res) if has_bias else res
     args = (_np(target), go3, _np(res), _np(cv.w2)) + ((_np(bias),) if has_bias else ()) + \
         cv.args(cols)
     flops = cv.flops(n, go5.shape[1], cols)
     if not cv.integer:
         blas_threads(flops / (n * cv.groups))
-    launch(key, lambda: kconv.render_conv_grad_input(pointwise, parallel, cv.integer, has_bias),
+    launch(key, lambda: kconv.render_conv_grad_input(pointwise, parallel, cv.integer, has_bias,
+                                                     bf16),
            args, flops=flops, bytes_moved=nbytes, engine="tensor")
     if res is not gi5:
         cast(res, gi5)
@@ -171,8 +175,35 @@ def _grad_weight(cv: _Conv, gw, gb, go5: torch.Tensor, x5: torch.Tensor, nbytes:
         cast(gw_res, gw)
 
 
+def _up(t):
+    """A half-precision operand as a float32 scratch copy (the cast kernel); others as is."""
+    if t is None or t.dtype not in (torch.bfloat16, torch.float16):
+        return t
+    out = torch.empty(t.shape, dtype=torch.float32)
+    cast(t, out)
+    return out
+
+
 def lower_convolution(func, a, outs):
-    x, w, bias, out = a["input"], a["weight"], a["bias"], outs[0]
+    """Half-precision operands run in float32 (handles_half: this lowering casts them itself);
+    a bfloat16 transposed convolution also rounds each step to bfloat16 as the CPU does."""
+    out = outs[0]
+    ts = (a["input"], a["weight"], a["bias"], out)
+    if any(t is not None and t.dtype in (torch.bfloat16, torch.float16) for t in ts):
+        bf16 = all(t is None or t.dtype == torch.bfloat16 for t in ts) and a["transposed"]
+        out32 = torch.empty(out.shape, dtype=torch.float32)
+        _lower_convolution({**a, "input": _up(a["input"]), "weight": _up(a["weight"]),
+                            "bias": _up(a["bias"])}, out32, bf16)
+        cast(out32, out)
+        return
+    _lower_convolution(a, out, False)
+
+
+lower_convolution.handles_half = True
+
+
+def _lower_convolution(a, out, bf16):
+    x, w, bias = a["input"], a["weight"], a["bias"]
     cv = _Conv(a, x, w, grad=False)
     if out.numel() == 0:
         return
@@ -186,7 +217,7 @@ def lower_convolution(func, a, outs):
             cast(torch.zeros((), dtype=out.dtype) if bias is None else
                  bias.reshape((-1,) + (1,) * (out.dim() - 2)).expand(out.shape[1:]), out)
             return
-        _grad_input(cv, _as5(out), cv.x, bias, nbytes)
+        _grad_input(cv, _as5(out), cv.x, bias, nbytes, bf16)
     else:
         _forward(cv, _as5(out), cv.x, bias, nbytes)
 
