@@ -434,7 +434,8 @@ def _bytes_needed(func, data, uargs, ukw) -> int:
 
 
 def _regrow(old, need, index):
-    """A bigger block for a tensor that resize_ grows, holding its bytes; `old` re-pointed."""
+    """A bigger block for a tensor that resize_ grows: (a view like `old` on it, the block),
+    old's storage bytes copied in first (resize_ keeps them)."""
     data, new_block = alloc(index, (need,), (1,), torch.uint8)
     data[:old.untyped_storage().nbytes()].copy_(
         torch.empty(0, dtype=torch.uint8).set_(old.untyped_storage()))
