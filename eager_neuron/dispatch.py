@@ -388,7 +388,7 @@ def _run_inplace_view(func, plan, args, kwargs, mode):
             "  fix: move both tensors to the same device first")
     for a in list(args[1:]) + list(kwargs.values()):
         if isinstance(a, (torch.UntypedStorage, torch.TypedStorage)):
-            raise RuntimeError(
+            raise RuntimeError(  # noqa: TRY004 -- as PyTorch's own device/storage errors
                 f"{plan.name} with a storage argument is not supported on neuron (a neuron "
                 f"tensor's storage holds no host data)\n{errors.where()}\n"
                 f"  args: {errors.describe_args(args, kwargs)}\n"

@@ -197,7 +197,7 @@ def test_batch_norm_outputs_as_the_cpu_returns_them(dtype, train):
         assert g.shape == e.shape and g.dtype == e.dtype
         _same(g, e, atol=0, rtol=0) if dtype == torch.bfloat16 and g.numel() == 125 else \
             _same(g, e)
-    tol = dict(atol=1e-2, rtol=1e-2) if dtype == torch.bfloat16 else {}
+    tol = {"atol": 1e-2, "rtol": 1e-2} if dtype == torch.bfloat16 else {}
     _same(rm_n, rm, **tol)
     _same(rv_n, rv, **tol)
     if train:
