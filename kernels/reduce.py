@@ -324,3 +324,134 @@ def render_pointwise(expr: str, rank: int, n_in: int, acc_t: str, store: str,
     zeros = ", ".join("0" for _ in range(rank))
     lines += ["    if reduce:", f"        out[{zeros}] = {store}(acc / {A}(div))"]
     return "\n".join(lines) + "\n", name
+
+
+# -- segment_reduce: runs of a dim, sized by lengths or offsets -----------------------------------
+
+SEGMENT = {"sum": 0, "mean": 1, "max": 2, "min": 3, "prod": 4}
+
+
+def render_segment() -> tuple[str, str]:
+    """`k(out, data, lens, red, offsets, has_init, init, bf)`: ATen's segment reduce: data
+    (outer, size, inner), lens (outer, L) lengths or offsets, out (outer, segments, inner); the
+    running value is in data's type (`bf`: bfloat16, every operation rounded as on the CPU);
+    max/min take a NaN; an empty mean without `initial` is NaN."""
+    name = kernel_name("segment")
+    lines = _header(name, ["out", "data", "lens", "red", "offsets", "has_init", "init", "bf"],
+                    False, False)
+    lines += [
+        "    for o in range(out.shape[0]):",
+        "        end = lens[o, 0] if offsets else 0",
+        "        for s in range(out.shape[1]):",
+        "            start = end",
+        "            if offsets:",
+        "                end = lens[o, s + 1]",
+        "            else:",
+        "                end = start + lens[o, s]",
+        "            for i in range(out.shape[2]):",
+        "                if has_init:",
+        "                    v = init",
+        "                elif red == 2:",
+        "                    v = -np.inf",
+        "                elif red == 3:",
+        "                    v = np.inf",
+        "                elif red == 4:",
+        "                    v = 1.0",
+        "                else:",
+        "                    v = 0.0",
+        "                v = data.dtype.type(v)",
+        "                for j in range(start, end):",
+        "                    x = data[o, j, i]",
+        "                    if red == 2:",
+        "                        v = x if x != x else (x if v < x else v)",
+        "                    elif red == 3:",
+        "                        v = x if x != x else (x if x < v else v)",
+        "                    elif red == 4:",
+        "                        v = v * x",
+        "                    else:",
+        "                        v = v + x",
+        "                    if bf:",
+        "                        v = _rbf16(v)",
+        "                if red == 1:",
+        "                    if end - start == 0 and not has_init:",
+        "                        v = np.nan",
+        "                    elif end - start > 0 and v == v:",
+        "                        d = data.dtype.type(end - start)",
+        "                        v = _rbf16(v / _rbf16(d)) if bf else v / d",
+        "                out[o, s, i] = v",
+    ]
+    return _RBF16 + "\n".join(lines) + "\n", name
+
+
+_RBF16 = '''
+@njit(inline="always")
+def _rbf16(x):
+    if x != x:
+        return np.float32(x)
+    b = np.empty(1, np.float32)
+    b[0] = x
+    u = b.view(np.uint32)
+    u[0] = np.uint32((np.int64(u[0]) + 0x7FFF + ((np.int64(u[0]) >> 16) & 1)) & 0xFFFF0000)
+    return b[0]
+
+'''
+
+
+def render_segment_backward() -> tuple[str, str]:
+    """`k(gi, grad, out, data, lens, red, offsets, init)`: ATen's segment reduce backward,
+    literally (max/min: the gradient goes to every NaN or extreme element, positive ones then
+    divided by their count; prod: grad * out / x, or the exclusive product where x is 0 or
+    NaN), over (outer, size, inner) views; gi starts at zero."""
+    name = kernel_name("segment_bw")
+    lines = _header(name, ["gi", "grad", "out", "data", "lens", "red", "offsets", "init"],
+                    False, False)
+    lines += [
+        "    for o in range(gi.shape[0]):",
+        "        for j in range(gi.shape[1]):",
+        "            for i in range(gi.shape[2]):",
+        "                gi[o, j, i] = 0",
+        "        end = lens[o, 0] if offsets else 0",
+        "        for s in range(out.shape[1]):",
+        "            start = end",
+        "            if offsets:",
+        "                end = lens[o, s + 1]",
+        "            else:",
+        "                end = start + lens[o, s]",
+        "            n = end - start",
+        "            if n == 0:",
+        "                continue",
+        "            for i in range(out.shape[2]):",
+        "                g = grad[o, s, i]",
+        "                r = out[o, s, i]",
+        "                if red == 2 or red == 3:",
+        "                    cnt = 0",
+        "                    for j in range(start, end):",
+        "                        x = data[o, j, i]",
+        "                        if x != x or x == r:",
+        "                            gi[o, j, i] = g",
+        "                            cnt += 1",
+        "                    if cnt >= 2:",
+        "                        for j in range(start, end):",
+        "                            if gi[o, j, i] > 0:",
+        "                                gi[o, j, i] = gi[o, j, i] / cnt",
+        "                elif red == 1:",
+        "                    gv = g / gi.dtype.type(n)",
+        "                    for j in range(start, end):",
+        "                        gi[o, j, i] = gv",
+        "                elif red == 0:",
+        "                    for j in range(start, end):",
+        "                        gi[o, j, i] = g",
+        "                else:",
+        "                    gv = g * r",
+        "                    for j in range(start, end):",
+        "                        x = data[o, j, i]",
+        "                        if x != x or x == 0:",
+        "                            p = gi.dtype.type(init)",
+        "                            for k in range(start, end):",
+        "                                if k != j:",
+        "                                    p *= data[o, k, i]",
+        "                            gi[o, j, i] = g * p",
+        "                        else:",
+        "                            gi[o, j, i] = gv / x",
+    ]
+    return "\n".join(lines) + "\n", name

@@ -13,6 +13,8 @@ float64 throughput) into a float64 total ("block" mode), at torch's single-threa
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..kernels import compile as kc
@@ -270,6 +272,62 @@ def _scan_index(op: str):
     return lower
 
 
+def lower_segment_reduce(func, a, outs):
+    """segment_reduce over lengths or offsets (the CPU's loop; contiguous data and lengths)."""
+    from .half import _up
+
+    data, out, axis = a["data"], outs[0], a["axis"] % max(a["data"].dim(), 1)
+    lens = a["lengths"] if a["lengths"] is not None else a["offsets"]
+    if a["indices"] is not None or lens is None or a["reduce"] not in kr.SEGMENT:
+        raise NotImplementedError("segment_reduce with indices")
+    if not (data.is_contiguous() and lens.is_contiguous()) or data.dtype == torch.float16:
+        raise NotImplementedError("segment_reduce of a non-contiguous or float16 tensor")
+    if not data.is_floating_point():
+        raise NotImplementedError(f"segment_reduce of {data.dtype}")
+    if out.numel() == 0:
+        return
+    bf = data.dtype == torch.bfloat16
+    d32 = _up(data, data) if bf else data
+    o32 = torch.empty(out.shape, dtype=torch.float32) if bf else out
+    outer = math.prod(data.shape[:axis])
+    inner = math.prod(data.shape[axis + 1:])
+    init = a["initial"]
+    launch(("reduce", "segment"), kr.render_segment,
+           (o32.numpy().reshape(outer, out.shape[axis], inner),
+            d32.numpy().reshape(outer, data.shape[axis], inner),
+            lens.numpy().reshape(outer, -1), kr.SEGMENT[a["reduce"]], a["offsets"] is not None,
+            init is not None, float(0 if init is None else init), bf),
+           flops=float(data.numel()), bytes_moved=float(data.numel() * data.element_size()))
+    if bf:
+        from .. import ops
+
+        ops.KERNELS["aten::_to_copy"](torch.ops.aten._to_copy.default, {"self": o32}, [out])
+
+
+lower_segment_reduce.handles_half = True
+
+
+def lower_segment_reduce_backward(func, a, outs):
+    data, gi, axis = a["data"], outs[0], a["axis"] % max(a["data"].dim(), 1)
+    lens = a["lengths"] if a["lengths"] is not None else a["offsets"]
+    grad, out = a["grad"], a["output"]
+    if lens is None or a["reduce"] not in kr.SEGMENT:
+        raise NotImplementedError("segment_reduce_backward without lengths/offsets")
+    if not all(t.is_contiguous() for t in (data, gi, grad, out, lens)):
+        raise NotImplementedError("segment_reduce_backward of non-contiguous tensors")
+    if gi.numel() == 0:
+        return
+    outer = math.prod(data.shape[:axis])
+    inner = math.prod(data.shape[axis + 1:])
+    segs = out.shape[axis] if out.dim() else 1
+    init = a["initial"]
+    launch(("reduce", "segment_bw"), kr.render_segment_backward,
+           (gi.numpy().reshape(outer, data.shape[axis], inner),
+            grad.numpy().reshape(outer, segs, inner), out.numpy().reshape(outer, segs, inner),
+            data.numpy().reshape(outer, data.shape[axis], inner), lens.numpy().reshape(outer, -1),
+            kr.SEGMENT[a["reduce"]], a["offsets"] is not None, float(1 if init is None else init)),
+           flops=float(2 * data.numel()), bytes_moved=float(3 * data.numel() * data.element_size()))
+
 _extreme_max, _extreme_min = _extreme("max"), _extreme("min")
 LOWERINGS = {
     "aten::sum": _sum_like("sum"),
@@ -305,4 +363,6 @@ LOWERINGS = {
     "aten::logcumsumexp": _scan("logcumsumexp"),
     "aten::cummax": _scan_index("cummax"),
     "aten::cummin": _scan_index("cummin"),
+    "aten::segment_reduce": lower_segment_reduce,
+    "aten::_segment_reduce_backward": lower_segment_reduce_backward,
 }
