@@ -12,6 +12,7 @@ True
 
 from __future__ import annotations
 
+from .conv import _ROUND_BF16
 from .elementwise import kernel_name
 
 HEADER = '@njit(error_model="numpy", nogil=True{extra})\n'
@@ -168,10 +169,12 @@ def _avg_divisor() -> str:
 
 
 def render_pool(kind: str, T: str, lowest: str, parallel: bool,
-                integer: bool) -> tuple[str, str]:
+                integer: bool, bf16: bool = False) -> tuple[str, str]:
     """One pooling kernel; `T` is the array's numpy type name, `lowest` the max-pool start,
-    `integer` selects truncating division for average pooling of integer types."""
-    name = kernel_name("pool3", kind, T, lowest, parallel, integer)
+    `integer` selects truncating division for average pooling of integer types; `bf16`
+    (adaptive_avg on float32 copies of bfloat16 data) rounds each add and each division to
+    bfloat16, as PyTorch's CPU adaptive_avg_pool3d computes in that dtype."""
+    name = kernel_name("pool3", kind, T, lowest, parallel, integer, bf16)
     rng = "prange" if parallel else "range"
     head = HEADER.format(extra=", parallel=True" if parallel else "")
     if kind == "max_backward":
@@ -204,6 +207,14 @@ def render_pool(kind: str, T: str, lowest: str, parallel: bool,
         helper = _AVG_HELPER
         lines.append(_avg_divisor())
         lines.append(_SCATTER_BODY.format(delta=f"go[n, c, oz, oi, oj] / {T}(d)").rstrip())
+    elif kind == "adaptive_avg" and bf16:
+        helper = _ROUND_BF16
+        lines.insert(3, "        rbf = np.empty(1, np.float32)\n        rbu = rbf.view(np.uint32)")
+        body = _SUM_BODY.format(acc=T).rstrip().replace(
+            "s += x[n, c, iz, ih, iw]", "s = _rb(s + x[n, c, iz, ih, iw], rbf, rbu)")
+        mean = (f"_rb(_rb(_rb(s / {T}(z1 - z0), rbf, rbu) / {T}(h1 - h0), rbf, rbu) / "
+                f"{T}(w1 - w0), rbf, rbu)")
+        lines += [body, f"                    out[n, c, oz, oi, oj] = {mean}"]
     elif kind == "adaptive_avg":
         # PyTorch divides by each window extent in turn (not by their product): same rounding
         mean = f"s / {T}(z1 - z0) / {T}(h1 - h0) / {T}(w1 - w0)"

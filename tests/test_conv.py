@@ -210,6 +210,17 @@ def test_pool(case):
     run(fn, x)
 
 
+def test_adaptive_avg_pool_bfloat16_bitwise():
+    """The CPU's 3-d kernel adds and divides in bfloat16 (the 2-d one in float32): both match
+    bit for bit; float32 math rounded once differs in most elements of the 3-d case."""
+    x = torch.randn(2, 3, 5, 7, 6).bfloat16()
+    for fn in (lambda t: F.adaptive_avg_pool3d(t, (3, 4, 2)),
+               lambda t: F.adaptive_avg_pool2d(t[:, :, 0], (4, 2))):
+        eager_neuron.reset_stats()
+        assert torch.equal(fn(x.to(DEV)).cpu(), fn(x))
+        _ours_clean()
+
+
 def test_avg_pool_integers_truncate():
     """Integer average pooling divides like C (toward zero), not like Python's //."""
     x = torch.randint(-9, 9, (2, 3, 6, 7, 5))

@@ -18,9 +18,10 @@ import torch
 from ..kernels import compile as kc
 from ..kernels import pool as kpool
 from ..launch import launch
+from .cast import cast
 from .common import NP_TYPE
 
-VERSION = 1              # bump when this family's rendered source changes (disk cache key)
+VERSION = 2              # bump when this family's rendered source changes (disk cache key)
 PARALLEL_MIN = 1 << 18   # elements of work below which a prange launch costs more than it saves
 _FLOAT = frozenset({torch.float32, torch.float64})
 _INT = frozenset({torch.int64, torch.int32})
@@ -51,7 +52,8 @@ def _three(v, rank: int, fill: int, default=None) -> tuple:
     return (fill,) * (3 - rank) + v
 
 
-def _launch(kind: str, arrays: tuple, scalars: tuple, dtype, work: int, nbytes: int) -> None:
+def _launch(kind: str, arrays: tuple, scalars: tuple, dtype, work: int, nbytes: int,
+            bf16: bool = False) -> None:
     floats_only = kind.startswith(("adaptive_avg", "fractional")) or kind == "avg_backward"
     ok = _FLOAT if floats_only else _FLOAT | _INT
     if dtype not in ok:
@@ -60,10 +62,10 @@ def _launch(kind: str, arrays: tuple, scalars: tuple, dtype, work: int, nbytes: 
     integer = dtype in _INT
     lowest = str(int(torch.iinfo(dtype).min)) if integer else "-np.inf"
     parallel = work >= PARALLEL_MIN and kc.parallel_allowed()
-    key = ("pool", kind, VERSION, T, parallel)
+    key = ("pool", kind, VERSION, T, parallel, bf16)
 
     def render():
-        return kpool.render_pool(kind, T, lowest, parallel, integer)
+        return kpool.render_pool(kind, T, lowest, parallel, integer, bf16)
 
     launch(key, render, tuple(_np(t) for t in arrays) + scalars, flops=work,
            bytes_moved=nbytes, engine="vector")
@@ -136,12 +138,24 @@ def _avg_pool_backward(rank: int):
 
 
 def _adaptive_avg(rank: int):
+    """Half inputs run in float32 (handles_half: cast here); the CPU's 3-d bfloat16 kernel
+    adds and divides in bfloat16, so that case rounds each step to bfloat16 too."""
     def lower(func, a, outs):
         x, out = a["self"], outs[0]
         if out.numel() == 0:
             return
-        _launch("adaptive_avg", (_as5(out, rank), _as5(x, rank)), (), x.dtype,
-                _numel(x, out), _numel(x, out) * x.element_size())
+        half = x.dtype in (torch.bfloat16, torch.float16)
+        bf16 = rank == 3 and x.dtype == torch.bfloat16
+        x32, out32 = x, out
+        if half:
+            x32 = torch.empty(x.shape, dtype=torch.float32)
+            cast(x, x32)
+            out32 = torch.empty(out.shape, dtype=torch.float32)
+        _launch("adaptive_avg", (_as5(out32, rank), _as5(x32, rank)), (), x32.dtype,
+                _numel(x, out), _numel(x, out) * x.element_size(), bf16)
+        if half:
+            cast(out32, out)
+    lower.handles_half = True
     return lower
 
 
