@@ -416,15 +416,15 @@ _KERNELS = {
                 for j in range(x.shape[2]):
                     x[b, i, j] = 1.0 if i == j else 0.0
         if not trans:
-            if not _swaps(x[b], piv[b], False):
+            if not _swaps(x[b], piv[b], no):
                 status[b] = 1
                 continue
-            _trsm(lu[b], x[b], False, False, True)
-            _trsm(lu[b], x[b], True, False, False)
+            _trsm(lu[b], x[b], no, no, yes)
+            _trsm(lu[b], x[b], yes, no, no)
         else:
-            _trsm(lu[b], x[b], True, True, False)
-            _trsm(lu[b], x[b], False, True, True)
-            if not _swaps(x[b], piv[b], True):
+            _trsm(lu[b], x[b], yes, yes, no)
+            _trsm(lu[b], x[b], no, yes, yes)
+            if not _swaps(x[b], piv[b], yes):
                 status[b] = 1
 """),
     # a (B, n, n) triangular, x (B, n, k) in place
@@ -511,8 +511,8 @@ _KERNELS = {
 """),
     # l (B, n, n) lower factor, x (B, n, k) in place: L L^T x = b
     "cholesky_solve": ("l, x", (_TRSM,), """\
-        _trsm(l[b], x[b], False, False, False)
-        _trsm(l[b], x[b], False, True, False)
+        _trsm(l[b], x[b], no, no, no)
+        _trsm(l[b], x[b], no, yes, no)
 """),
     # a (B, m, n) -> geqrf in place, tau (B, min(m, n))
     "geqrf": ("a, tau", (_GEQRF,), """\
@@ -682,8 +682,12 @@ def render(kind: str, parallel: bool) -> tuple[str, str]:
     rng = "prange" if parallel else "range"
     first = params.split(",")[0].strip()
     lines = list(dict.fromkeys(helpers))   # a helper once, in order
+    # NOTE: helpers get their flags as `yes`/`no`, runtime booleans: a literal True/False
+    # would make Numba compile one specialization of the helper per flag combination
     lines.append(HEADER.format(extra=", parallel=True" if parallel else "")
                  + f"def {name}({params}):\n"
+                 + f"    yes = {first}.shape[0] >= 0\n"
+                 + "    no = not yes\n"
                  + f"    for b in {rng}({first}.shape[0]):\n"
                  + "        if True:\n"
                  + "".join("    " + ln + "\n" for ln in body.splitlines()))
@@ -700,7 +704,6 @@ _THETAS = {
                    4.991228871115323e-02, 2.996158913811580e-01, 1.090863719290036e+00),
 }
 _SQRT177 = 0.1330413469565007072504e+2
-_T8 = (2.0 / 3.0,)
 _B12 = ((9.0198e-16, 0.46932117595418237389, -0.20099424927047284052, -0.04623946134063071740),
         (5.31597895759871264183, 1.19926790417132231573, 0.01179296240992997031,
          0.01108844528519167989),
@@ -728,82 +731,99 @@ def _t8_coeffs() -> tuple:
             (857.0 - 58.0 * s) / 630.0)
 
 
+# The polynomials as straight-line programs over a workspace of 12 (n, n) slots: 0..4 hold
+# I, x, x^2, then x^3 / x^4 / x^6 / x^8 as each degree needs; 5..10 temporaries; 11 the result.
+# One interpreter loop calls each helper from one site, which keeps Numba's compile short.
+# A step is (code, dst, a, b, coefficient row): MM dst = a @ b; LIN dst = sum_j c[j] * slot[a + j]
+# for j < b - a (PyTorch's _compute_linear_combination order); ADD dst = a + b.
+_MM, _LIN, _ADD = 0, 1, 2
+
+
+def _mexp_tables() -> tuple:
+    """(coefficient rows padded to 5, steps, start of each degree's program)."""
+    c = _t8_coeffs()
+    rows = {"C1": (1.0, 1.0), "C2": (1.0, 1.0, 0.5),
+            "C4a": (1 / 2.0, 1 / 6.0, 1 / 24.0), "C4b": (1.0, 1.0, 0.0, 1.0),
+            "C8a": (c[0], c[1]), "C8b": (c[2], 1.0), "C8c": (c[3], c[4], c[5], c[6]),
+            "C8d": (1.0, 1.0, c[7], 0.0, 1.0)}
+    rows.update({f"B12_{i}": r for i, r in enumerate(_B12)})
+    rows.update({f"B18_{i}": r for i, r in enumerate(_B18)})
+    r = list(rows).index
+    powers2 = [(_MM, 2, 1, 1, 0)]
+    powers3 = powers2 + [(_MM, 3, 1, 2, 0)]
+    progs = [
+        [(_LIN, 11, 0, 2, r("C1"))],
+        powers2 + [(_LIN, 11, 0, 3, r("C2"))],
+        powers2 + [(_LIN, 5, 0, 3, r("C4a")), (_MM, 3, 2, 5, 0), (_LIN, 11, 0, 4, r("C4b"))],
+        powers2 + [(_LIN, 5, 1, 3, r("C8a")), (_MM, 3, 2, 5, 0), (_LIN, 5, 2, 4, r("C8b")),
+                   (_LIN, 6, 0, 4, r("C8c")), (_MM, 4, 5, 6, 0), (_LIN, 11, 0, 5, r("C8d"))],
+        powers3 + [(_LIN, 5 + i, 0, 4, r(f"B12_{i}")) for i in range(4)]
+        + [(_MM, 10, 8, 8, 0), (_ADD, 7, 7, 10, 0), (_ADD, 6, 6, 7, 0), (_MM, 10, 6, 7, 0),
+           (_ADD, 11, 5, 10, 0)],
+        powers3 + [(_MM, 4, 3, 3, 0)] + [(_LIN, 5 + i, 0, 5, r(f"B18_{i}")) for i in range(5)]
+        + [(_MM, 10, 5, 9, 0), (_ADD, 8, 8, 10, 0), (_ADD, 7, 7, 8, 0), (_MM, 10, 7, 8, 0),
+           (_ADD, 11, 6, 10, 0)],
+    ]
+    coef = [list(v) + [0.0] * (5 - len(v)) for v in rows.values()]
+    steps = [list(st) for prog in progs for st in prog]
+    starts = [sum(len(p) for p in progs[:i]) for i in range(len(progs) + 1)]
+    return coef, steps, starts
+
+
 _MEXP = """\
 @njit(error_model="numpy", nogil=True)
-def _mm(a, b):
+def _mm_into(out, a, b):
     # sequential k-sums (no BLAS blocking): the CPU's small-matrix products round the same way
     n = a.shape[0]
-    out = np.empty((n, b.shape[1]), dtype=T)
     for i in range(n):
-        for j in range(b.shape[1]):
+        for j in range(n):
             acc = T(0.0)
-            for k in range(a.shape[1]):
+            for k in range(n):
                 acc += a[i, k] * b[k, j]
             out[i, j] = acc
-    return out
 
 
 @njit(error_model="numpy", nogil=True)
-def _lincomb(mats, coef):
-    # sum_j coef[j] * mats[j], accumulated in order (PyTorch's _compute_linear_combination)
-    out = np.zeros_like(mats[0])
-    for j in range(len(coef)):
-        c = T(coef[j])
-        if c != 0:
-            out += c * mats[j]
-    return out
-
-
-@njit(error_model="numpy", nogil=True)
-def _mexp_poly(x, deg):
-    n = x.shape[0]
-    eye = np.eye(n, dtype=T)
-    if deg == 1:
-        return eye + x
-    x2 = _mm(x, x)
-    if deg == 2:
-        return eye + x + x2 / T(2.0)
-    if deg == 4:
-        p = _mm(x2, _lincomb((eye, x, x2), (1 / 2.0, 1 / 6.0, 1 / 24.0)))
-        return _lincomb((eye, x, x2, p), (1.0, 1.0, 0.0, 1.0))
-    if deg == 8:
-        c = T8C
-        x4 = _mm(x2, _lincomb((x, x2), (c[0], c[1])))
-        x8 = _mm(_lincomb((x2, x4), (c[2], 1.0)),
-                 _lincomb((eye, x, x2, x4), (c[3], c[4], c[5], c[6])))
-        return _lincomb((eye, x, x2, x4, x8), (1.0, 1.0, c[7], 0.0, 1.0))
-    x3 = _mm(x, x2)
-    if deg == 12:
-        p = (eye, x, x2, x3)
-        b0 = _lincomb(p, B12[0])
-        b1 = _lincomb(p, B12[1])
-        b2 = _lincomb(p, B12[2])
-        b3 = _lincomb(p, B12[3])
-        b2 = b2 + _mm(b3, b3)
-        return b0 + _mm(b1 + b2, b2)
-    x6 = _mm(x3, x3)
-    p = (eye, x, x2, x3, x6)
-    b0 = _lincomb(p, B18[0])
-    b1 = _lincomb(p, B18[1])
-    b2 = _lincomb(p, B18[2])
-    b3 = _lincomb(p, B18[3])
-    b4 = _lincomb(p, B18[4])
-    b3 = b3 + _mm(b0, b4)
-    return b1 + _mm(b2 + b3, b3)
+def _mexp_poly(w, lo, hi):
+    n = w.shape[1]
+    for s in range(lo, hi):
+        code = STEPS[s, 0]
+        dst = STEPS[s, 1]
+        a = STEPS[s, 2]
+        b = STEPS[s, 3]
+        if code == 0:
+            _mm_into(w[dst], w[a], w[b])
+        elif code == 1:
+            row = STEPS[s, 4]
+            for r in range(n):
+                for q in range(n):
+                    w[dst, r, q] = 0
+            for j in range(a, b):
+                c = T(COEF[row, j - a])
+                if c != 0:
+                    for r in range(n):
+                        for q in range(n):
+                            w[dst, r, q] += c * w[j, r, q]
+        else:
+            for r in range(n):
+                for q in range(n):
+                    w[dst, r, q] = w[a, r, q] + w[b, r, q]
 """
 
 
 def render_matrix_exp(np_type: str, parallel: bool) -> tuple[str, str]:
     """`k(a, out)`: a, out (B, n, n) C arrays of `np_type` (float32 or float64)."""
     thetas = _THETAS[np_type]
-    name = kernel_name("linalg_matrix_exp", np_type, thetas, _B12, _B18, _MEXP, parallel)
+    coef, steps, starts = _mexp_tables()
+    name = kernel_name("linalg_matrix_exp", np_type, thetas, coef, steps, _MEXP, parallel)
     rng = "prange" if parallel else "range"
-    src = (f"T = {np_type}\nT8C = {_t8_coeffs()!r}\nB12 = {_B12!r}\nB18 = {_B18!r}\n\n"
+    src = (f"T = {np_type}\nCOEF = np.array({coef!r})\n"
+           f"STEPS = np.array({steps!r}, dtype=np.int64)\nSTARTS = {tuple(starts)!r}\n\n"
            + _MEXP + "\n" + HEADER.format(extra=", parallel=True" if parallel else "") + f'''\
 def {name}(a, out):
     n = a.shape[1]
     for b in {rng}(a.shape[0]):
-        x = a[b].copy()
+        x = a[b]
         if n == 1:
             out[b, 0, 0] = np.exp(x[0, 0])   # PyTorch: self.exp() for 1x1 matrices
             continue
@@ -813,25 +833,29 @@ def {name}(a, out):
             for i in range(n):
                 s += abs(x[i, j])
             norm = max(norm, s)
-        deg = 18
         th = {thetas!r}
-        if norm <= th[0]:
-            deg = 1
-        elif norm <= th[1]:
-            deg = 2
-        elif norm <= th[2]:
-            deg = 4
-        elif norm <= th[3]:
-            deg = 8
-        elif norm <= th[4]:
-            deg = 12
+        deg = 5
+        for d in range(5):
+            if norm <= th[d]:
+                deg = d
+                break
         sq = 0
-        if deg == 18 and norm > th[5]:
+        if deg == 5 and norm > th[5]:
             sq = int(math.ceil(math.log2(T(norm) / T(th[5]))))
-            x = x / T(2.0 ** sq)
-        r = _mexp_poly(x, deg)
+        scale = T(2.0 ** sq)
+        w = np.zeros((12, n, n), dtype=T)
+        for i in range(n):
+            w[0, i, i] = 1
+            for j in range(n):
+                w[1, i, j] = x[i, j] / scale
+        _mexp_poly(w, STARTS[deg], STARTS[deg + 1])
         for _ in range(sq):
-            r = _mm(r, r)
-        out[b] = r
+            _mm_into(w[10], w[11], w[11])
+            for i in range(n):
+                for j in range(n):
+                    w[11, i, j] = w[10, i, j]
+        for i in range(n):
+            for j in range(n):
+                out[b, i, j] = w[11, i, j]
 ''')
     return src, name
