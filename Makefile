@@ -5,7 +5,7 @@ VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 TSTAMP  := $(VENV)/.installed-test
 
-.PHONY: demo test bench coverage clean
+.PHONY: demo test bench coverage sweep clean
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -30,6 +30,9 @@ bench: $(STAMP)
 
 coverage: $(TSTAMP)
 	$(VPY) tools/op_coverage.py
+
+sweep: $(TSTAMP)
+	$(VPY) tools/model_sweep.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
