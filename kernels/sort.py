@@ -461,3 +461,51 @@ def render_bincount(weighted: bool) -> tuple[str, str]:
           "for b in range(out.shape[0]):", "    out[b] = 0", "for j in range(n):")
     s.add("    out[x[j]] += out.dtype.type(w[j])" if weighted else "    out[x[j]] += 1")
     return s.text(), name
+
+
+def render_histogram() -> tuple[str, str]:
+    """`k(hist, edges, x, w, info, lo, hi, auto, weighted, density, chunk)`: ATen's
+    histogram.bin_ct in float32: edges = linspace(lo, hi) (ATen's two-sided formula; `auto`:
+    x's min/max, an empty range widened by 0.5), then linear interpolation with a local search
+    against the edges, per-`chunk` partial counts (the CPU's threads), optional density.
+    info[2] = 1 for a non-finite or reversed range (the lowering raises). `given`: edges hold
+    the caller's bins (histogram.bins_tensor: a binary search over all of them)."""
+    name = kernel_name("histogram")
+    s = _Src(name, ["hist", "edges", "x", "w", "info", "lo", "hi", "auto", "weighted",
+                    "density", "chunk", "given"])
+    s.add("n = x.shape[0]", "bins = hist.shape[0]", "steps = bins + 1",
+          "if given:", "    lo = np.float64(edges[0])", "    hi = np.float64(edges[bins])",
+          "elif auto and n > 0:", "    mn = x[0]", "    mx = x[0]", "    for j in range(n):",
+          "        v = x[j]", "        if v != v:", "            mn = v", "            mx = v",
+          "            break", "        mn = min(mn, v)", "        mx = max(mx, v)",
+          "    lo = np.float64(mn)", "    hi = np.float64(mx)",
+          "info[0] = lo", "info[1] = hi",
+          "if not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):", "    info[2] = 1",
+          "    return",
+          "if lo == hi and not given:", "    lo -= 0.5", "    hi += 0.5",
+          "start = np.float32(lo)", "end = np.float32(hi)",
+          "step = (end - start) / np.float32(steps - 1)", "half = steps // 2",
+          # NOTE: ATen's scalar linspace formula; its vectorized loop can differ by an ulp
+          "for idx in range(0 if not given else steps, steps):", "    if idx < half:",
+          "        edges[idx] = start + step * np.float32(idx)", "    else:",
+          "        edges[idx] = end - step * np.float32(steps - idx - 1)",
+          "left = edges[0]", "right = edges[bins]", "nb = np.float32(bins)",
+          "for b in range(bins):", "    hist[b] = 0",
+          "part = np.zeros(bins, np.float32)",
+          "for c0 in range(0, n, chunk):",
+          "    for b in range(bins):", "        part[b] = 0",
+          "    for j in range(c0, min(n, c0 + chunk)):", "        v = x[j]",
+          "        if not (v >= left and v <= right):", "            continue",
+          "        pos = 0 if given else int((v - left) * nb / (right - left))",
+          "        lo_i = 0 if given else max(0, pos - 1)",
+          "        hi_i = steps if given else min(pos + 2, steps)",
+          "        while lo_i < hi_i:", "            mid = (lo_i + hi_i) >> 1",
+          "            if edges[mid] > v:", "                hi_i = mid", "            else:",
+          "                lo_i = mid + 1",
+          "        pos = lo_i - 1", "        if pos == bins:", "            pos -= 1",
+          "        part[pos] += w[j] if weighted else np.float32(1)",
+          "    for b in range(bins):", "        hist[b] += part[b]",
+          "if density:", "    tot = np.float32(0)", "    for b in range(bins):",
+          "        tot += hist[b]", "    for b in range(bins):",
+          "        hist[b] = hist[b] / tot / (edges[b + 1] - edges[b])")
+    return s.text(), name

@@ -153,3 +153,19 @@ def test_bincount():
         for wt in (w, w.double(), torch.randint(0, 3, (20,), generator=g)):
             run(lambda t, u: torch.bincount(t, u, minlength), x, wt)
     run(lambda t: torch.bincount(t, minlength=3), torch.tensor([], dtype=torch.int64))
+
+
+def test_histogram():
+    # edges may differ from ATen's vectorized linspace by an ulp: compare at float32 tolerance
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(30, 40, generator=g) * 3
+    w = torch.rand(30, 40, generator=g)
+    cases = [(7, None), (5, (-3.0, 2.0)), (3, (1.0, 1.0))]
+    for (bins, rng), wt, density in itertools.product(cases, (None, w), (False, True)):
+        want = torch.histogram(x, bins, range=rng, weight=wt, density=density)
+        got = torch.histogram(x.to(DEV), bins, range=rng,
+                              weight=None if wt is None else wt.to(DEV), density=density)
+        for gg, ww in zip(got, want):
+            torch.testing.assert_close(gg.cpu(), ww)
+    edges = torch.tensor([-2.0, 0.0, 0.5, 3.0])
+    run(lambda t, e: torch.histogram(t, e), x, edges)

@@ -271,6 +271,43 @@ def lower_histc(func, a, outs):
 lower_histc.handles_half = True
 
 
+def dynamic_histogram(func, a, index=-1):
+    """histogram.bin_ct of a float32 tensor (optional weight, range, density). DYNAMIC only
+    because the op has no meta kernel: the shapes are (bins,) and (bins + 1,)."""
+    from .mask import core_index
+    from ..dispatch import alloc
+
+    from .shape import copy
+
+    x, w = a["self"], a["weight"]
+    given = isinstance(a["bins"], torch.Tensor)
+    if given and (a["bins"].dim() != 1 or a["bins"].dtype != x.dtype):
+        raise NotImplementedError("histogram bins of another dtype or rank")
+    bins = a["bins"].numel() - 1 if given else int(a["bins"])
+    core = core_index(index)
+    hist, hblock = alloc(core, (bins,), (1,), x.dtype)
+    edges, eblock = alloc(core, (bins + 1,), (1,), x.dtype)
+    if x.dtype != torch.float32 or (w is not None and w.dtype != torch.float32):
+        raise NotImplementedError(f"histogram of {x.dtype}")
+    rng = a.get("range")
+    if given:
+        copy(a["bins"], edges)
+    flat = _flat_f(x)
+    wf = _flat_f(w) if w is not None else flat
+    n = x.numel()
+    parts = min(torch.get_num_threads(), -(-n // HIST_GRAIN)) if n > HIST_GRAIN else 1
+    info = np.zeros(3, np.float64)
+    lo, hi = (float(rng[0]), float(rng[1])) if rng is not None else (0.0, 0.0)
+    launch(("sort", "histogram"), kso.render_histogram,
+           (hist.numpy(), edges.numpy(), flat.numpy(), wf.numpy(), info, lo, hi,
+            rng is None, w is not None, bool(a["density"]), max(1, -(-n // parts)), given),
+           flops=float(6 * n), bytes_moved=float(nbytes(x, hist, edges)))
+    if info[2]:
+        raise ValueError(f"histogram(): range of [{info[0]}, {info[1]}] is not finite or "
+                         "reversed")
+    return [(hist, hblock), (edges, eblock)]
+
+
 def dynamic_bincount(func, a, index=-1):
     from ..dispatch import alloc
     from .mask import core_index
@@ -306,6 +343,8 @@ def dynamic_bincount(func, a, index=-1):
 
 DYNAMIC = {
     "aten::bincount": dynamic_bincount,
+    "aten::histogram.bin_ct": dynamic_histogram,
+    "aten::histogram.bins_tensor": dynamic_histogram,
     "aten::_unique2": dynamic_unique2,
     "aten::_unique": dynamic_unique,
     "aten::unique_consecutive": dynamic_unique_consecutive,
