@@ -18,6 +18,7 @@ the node/argument limit, leaving the context. Every flush has a named, counted r
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import sys
 import threading
@@ -45,19 +46,17 @@ class _Buf:
     its byte range [lo, hi): two views whose ranges overlap (a float32 store and the int32 view a
     bit cast reads it through) are the same memory, whatever their dtype or size."""
 
-    __slots__ = ("arr", "lo", "hi", "dtype", "block_ref", "pin", "mem_read", "written_in",
-                 "read_in")
+    __slots__ = ("arr", "lo", "hi", "block_ref", "pin", "mem_read", "last_write", "last_read")
 
-    def __init__(self, arr: np.ndarray, block) -> None:
+    def __init__(self, arr: np.ndarray, ptr: int, block) -> None:
         self.arr = arr
-        self.lo = arr.__array_interface__["data"][0]
-        self.hi = self.lo + arr.nbytes
-        self.dtype = arr.dtype
+        self.lo = ptr
+        self.hi = ptr + arr.nbytes
         self.block_ref = weakref.ref(block) if block is not None else None
         self.pin = None            # a strong ref once a later loop reads this buffer
         self.mem_read = False      # some node reads it from memory (not from a register)
-        self.written_in = set()    # loop indices that write it
-        self.read_in = set()       # loop indices that read it
+        self.last_write = -1       # the last loop that writes it (-1: none)
+        self.last_read = -1        # the last loop that reads it (-1: none)
 
 
 class _Loop:
@@ -74,21 +73,35 @@ class _Group:
     def __init__(self) -> None:
         self.loops: list[_Loop] = []
         self.bufs: list[_Buf] = []
+        self.index: dict = {}         # (address, nbytes, dtype) -> buf index: one kernel arg
+        self.hints = True             # addresses from torch's data_ptr (see buf_index)
         self.scalars: list = []
         self.scalar_casts: list[str] = []
         self.n_nodes = 0
         self.ops: list[str] = []
 
-    def buf_index(self, arr: np.ndarray, block) -> int:
-        ptr = arr.__array_interface__["data"][0]
-        for j, b in enumerate(self.bufs):
-            if b.lo == ptr and b.arr.nbytes == arr.nbytes and b.dtype == arr.dtype:
-                # a dead block's storage handed out again: the new owner decides observability
-                if block is not None and (b.block_ref is None or b.block_ref() is None):
-                    b.block_ref = weakref.ref(block)
-                return j
-        self.bufs.append(_Buf(arr, block))
-        return len(self.bufs) - 1
+    def buf_index(self, arr: np.ndarray, src, block) -> int:
+        # NOTE: `arr` is a flat numpy view of the tensor `src` (numpy() + reshape, no copy),
+        # so src.data_ptr() is its address: ~20x cheaper than numpy's __array_interface__.
+        # A new buffer checks that once; a mismatch turns the shortcut off for the group.
+        hint = self.hints and isinstance(src, torch.Tensor)
+        ptr = src.data_ptr() if hint else arr.__array_interface__["data"][0]
+        key = (ptr, arr.nbytes, arr.dtype)
+        j = self.index.get(key)
+        if j is None and hint:
+            real = arr.__array_interface__["data"][0]
+            if real != ptr:
+                self.hints = False
+                return self.buf_index(arr, src, block)
+        if j is not None:
+            b = self.bufs[j]
+            # a dead block's storage handed out again: the new owner decides observability
+            if block is not None and (b.block_ref is None or b.block_ref() is None):
+                b.block_ref = weakref.ref(block)
+            return j
+        self.index[key] = j = len(self.bufs)
+        self.bufs.append(_Buf(arr, ptr, block))
+        return j
 
 
 class _State:
@@ -146,29 +159,11 @@ def record(op: str, expr: str, kinds: tuple, loads: tuple, scalar_casts: tuple, 
             g = STATE.group = _Group()
         blocks = blocks if blocks is not None else ARG_BLOCKS
         # 1. buffers: operands and output, by their memory range
-        op_idx = [g.buf_index(arr, blocks.get(id(src))) for arr, src in operands]
-        out_idx = g.buf_index(out[0], blocks.get(id(out[1])))
-        # 2. place the node: after the last loop it conflicts with; join a loop of its size
-        barrier, aligned = -1, True
-        reads = set(op_idx)
-        for li in range(len(g.loops) - 1, -1, -1):
-            hit = False
-            for j, b in enumerate(g.bufs):
-                if li in b.written_in and (j in reads or j == out_idx or
-                                           any(_overlaps(g, j, r) for r in reads) or
-                                           _overlaps(g, j, out_idx)):
-                    hit = True
-                    same = (j in reads or j == out_idx) and g.bufs[j].arr.shape[0] == numel
-                    one_read = any(kinds[i] == "one" and op_idx[i] == j for i in range(len(kinds)))
-                    if not same or one_read or not _exact_only(g, j, reads | {out_idx}):
-                        aligned = False
-                if li in b.read_in and (j == out_idx or _overlaps(g, j, out_idx)):
-                    hit = True
-                    if j != out_idx or g.bufs[j].arr.shape[0] != numel:
-                        aligned = False
-            if hit:
-                barrier = li
-                break
+        op_idx = [g.buf_index(arr, src, blocks.get(id(src))) for arr, src in operands]
+        out_idx = g.buf_index(out[0], out[1], blocks.get(id(out[1])))
+        # 2. place the node: after the last loop it conflicts with (reads what it writes,
+        #    writes what it reads or writes); join a loop of its size
+        barrier, aligned = _barrier(g, op_idx, out_idx, kinds, numel)
         target = None
         for li in range(len(g.loops) - 1, max(barrier, 0) - 1, -1):
             loop = g.loops[li]
@@ -192,7 +187,8 @@ def record(op: str, expr: str, kinds: tuple, loads: tuple, scalar_casts: tuple, 
             else:
                 ops.append(("buf", j))
             b = g.bufs[j]
-            b.read_in.add(target)
+            if target > b.last_read:
+                b.last_read = target
             if ops[-1][0] != "val":
                 # read from memory: keep the block (and its storage) out of the pool until the
                 # flush, and keep the stores of every buffer overlapping it (see _observable)
@@ -205,12 +201,55 @@ def record(op: str, expr: str, kinds: tuple, loads: tuple, scalar_casts: tuple, 
         node_id = g.n_nodes
         loop.nodes.append([expr, loads, store, ops, tuple(range(base, base + len(scalars))),
                            out_idx, reduce, node_id])
-        g.bufs[out_idx].written_in.add(target)
+        ob = g.bufs[out_idx]
+        if target > ob.last_write:
+            ob.last_write = target
         if not reduce:
             loop.last_writer[out_idx] = node_id
         g.n_nodes += 1
         g.ops.append(op)
         return True
+
+
+def _barrier(g: _Group, op_idx: list, out_idx: int, kinds: tuple, numel: int) -> tuple:
+    """(the last loop the node conflicts with or -1, whether it may join that loop).
+
+    One pass over the buffers: a buffer overlapping what the node reads or writes conflicts in
+    its last writing loop; one overlapping what it writes, also in its last reading loop. The
+    node may join the barrier loop only element-aligned: every conflict there is the node's own
+    buffer, of its size, overlapping no other buffer it touches, not read as a single element."""
+    bufs = g.bufs
+    ob = bufs[out_idx]
+    olo, ohi = ob.lo, ob.hi
+    reads = set(op_idx)
+    ranges = [(bufs[r].lo, bufs[r].hi) for r in reads]
+    barrier, conflicts = -1, []
+    for j, b in enumerate(bufs):
+        lw, lr = b.last_write, b.last_read
+        if lw < 0 and lr < 0:
+            continue
+        hit_w = j == out_idx or (b.lo < ohi and olo < b.hi)
+        hit = hit_w or j in reads or any(b.lo < hi and lo < b.hi for lo, hi in ranges)
+        m = lw if hit else -1
+        if hit_w and lr > m:
+            m = lr
+        if m >= 0:
+            conflicts.append((j, hit, hit_w))
+            if m > barrier:
+                barrier = m
+    if barrier < 0:
+        return -1, True
+    touched = reads | {out_idx}
+    for j, hit, hit_w in conflicts:
+        b = bufs[j]
+        if hit and b.last_write == barrier:
+            same = j in touched and b.arr.shape[0] == numel
+            one_read = any(k == "one" and op_idx[i] == j for i, k in enumerate(kinds))
+            if not same or one_read or not _exact_only(g, j, touched):
+                return barrier, False
+        if hit_w and b.last_read == barrier and (j != out_idx or b.arr.shape[0] != numel):
+            return barrier, False
+    return barrier, True
 
 
 def _exact_only(g: _Group, j: int, touched: set) -> bool:
@@ -246,15 +285,23 @@ def _observable(g: _Group) -> list:
     Yes when any buffer overlapping its byte range (itself included) is read from memory in
     the group, has an owner we cannot track (no block: host scratch, a reinterpreting view), or
     has a block that is still alive (the user holds a tensor on that storage)."""
-    seen = [b.mem_read or b.block_ref is None or b.block_ref() is not None for b in g.bufs]
-    out = list(seen)
-    for j, a in enumerate(g.bufs):
-        if out[j]:
-            continue
-        for k, b in enumerate(g.bufs):
-            if seen[k] and a.lo < b.hi and b.lo < a.hi:
-                out[j] = True
-                break
+    out = [b.mem_read or b.block_ref is None or b.block_ref() is not None for b in g.bufs]
+    if all(out):
+        return out
+    # the seen ranges, merged into disjoint sorted spans; an unseen buffer is kept if it
+    # overlaps one (bisect on the span starts)
+    spans: list = []
+    for lo, hi in sorted((b.lo, b.hi) for b, seen in zip(g.bufs, out) if seen):
+        if spans and lo < spans[-1][1]:
+            if hi > spans[-1][1]:
+                spans[-1][1] = hi
+        else:
+            spans.append([lo, hi])
+    starts = [s[0] for s in spans]
+    for j, b in enumerate(g.bufs):
+        if not out[j]:
+            k = bisect.bisect_left(starts, b.hi) - 1
+            out[j] = k >= 0 and spans[k][1] > b.lo
     return out
 
 
@@ -286,7 +333,7 @@ def _launch_group(g: _Group, reason: str) -> None:
         return
     args = tuple(b.arr for b in g.bufs) + tuple(g.scalars)
     stored = sum(g.bufs[n[5]].arr.nbytes for lp in spec[0] for n in lp[1] if n[5] is not None)
-    loaded = sum(b.arr.nbytes for b in g.bufs if b.read_in)
+    loaded = sum(b.arr.nbytes for b in g.bufs if b.last_read >= 0)
 
     try:
         launch(("fused", spec, parallel), _renderer(spec, parallel), args, flops=float(numel * g.n_nodes),

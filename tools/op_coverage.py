@@ -52,7 +52,10 @@ def worker(out_path: str, op_ids: list, skip: list, samples, max_numel) -> None:
 
         from eager_neuron.stats import STATS
 
+        parent = os.getppid()
         for op_id in op_ids:
+            if os.getppid() != parent:   # the sweep that started us is gone (killed pytest)
+                return
             op = by_id[op_id]
             t0, c0 = time.perf_counter(), time.process_time()
             k0, ks0 = STATS.compiles, STATS.compile_seconds
