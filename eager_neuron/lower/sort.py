@@ -274,9 +274,8 @@ lower_histc.handles_half = True
 def dynamic_histogram(func, a, index=-1):
     """histogram.bin_ct of a float32 tensor (optional weight, range, density). DYNAMIC only
     because the op has no meta kernel: the shapes are (bins,) and (bins + 1,)."""
-    from .mask import core_index
     from ..dispatch import alloc
-
+    from .mask import core_index
     from .shape import copy
 
     x, w = a["self"], a["weight"]
