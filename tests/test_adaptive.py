@@ -255,3 +255,17 @@ def test_random_programs_on_views_match_plain(seed):
         for g, e in zip(got, expect):
             if isinstance(e, torch.Tensor):
                 torch.testing.assert_close(g, e)
+
+
+def test_bfloat16_sum_and_mean_after_a_chain_match_plain():
+    # sum/mean of bfloat16 is not a fused epilogue (numpy has no bfloat16): it flushes and runs
+    # its own kernel; it once called .numpy() on the bfloat16 tensor and raised
+    x = torch.randn(300).bfloat16()
+    d = x.to("neuron")
+    plain = [(d * 2 + 1).sum().cpu(), (d - 0.5).relu().mean().cpu()]
+    with eager_neuron.adaptive():
+        got = [(d * 2 + 1).sum().cpu(), (d - 0.5).relu().mean().cpu()]
+    for g, p in zip(got, plain):
+        assert g.dtype == torch.bfloat16
+        torch.testing.assert_close(g, p, rtol=0, atol=0)
+    torch.testing.assert_close(got[0], (x * 2 + 1).sum(), rtol=1.6e-2, atol=1e-2)
