@@ -211,47 +211,24 @@ def _k0_small_SUF(x):
     return np.float64(c) - math.log(0.5 * np.float64(x)) * np.float64(_i0_SUF(x))
 
 @njit(inline="always", error_model="numpy")
-def _mod_k0_SUF(x):
+def _bessel_k_SUF(x, one, scaled):
+    # K0 or K1 (one), e^x K when scaled: the four CPU kernels share the edges and the x > 2 form
     if x == T(0.0):
         return T(math.inf)
     if x < T(0.0):
         return T(math.nan)
     if x <= T(2.0):
-        return T(_k0_small_SUF(x))
-    return math.exp(-x) * _chbevl_SUF(T(8.0) / x - T(2.0), _K0_B) / math.sqrt(x)
-
-@njit(inline="always", error_model="numpy")
-def _scaled_k0_SUF(x):
-    if x == T(0.0):
-        return T(math.inf)
-    if x < T(0.0):
-        return T(math.nan)
-    if x <= T(2.0):
-        c = _chbevl_SUF(x * x - T(2.0), _K0_A)
-        return (c - math.log(T(0.5) * x) * _i0_SUF(x)) * math.exp(x)
-    return _chbevl_SUF(T(8.0) / x - T(2.0), _K0_B) / math.sqrt(x)
-
-@njit(inline="always", error_model="numpy")
-def _mod_k1_SUF(x):
-    if x == T(0.0):
-        return T(math.inf)
-    if x < T(0.0):
-        return T(math.nan)
-    if x <= T(2.0):
-        c = _chbevl_SUF(x * x - T(2.0), _K1_A)
-        return math.log(T(0.5) * x) * _mod_i1_SUF(x) + c / x
-    return math.exp(-x) * _chbevl_SUF(T(8.0) / x - T(2.0), _K1_B) / math.sqrt(x)
-
-@njit(inline="always", error_model="numpy")
-def _scaled_k1_SUF(x):
-    if x == T(0.0):
-        return T(math.inf)
-    if x < T(0.0):
-        return T(math.nan)
-    if x <= T(2.0):
-        c = _chbevl_SUF(x * x - T(2.0), _K1_A)
-        return (math.log(T(0.5) * x) * _mod_i1_SUF(x) + c / x) * math.exp(x)
-    return _chbevl_SUF(T(8.0) / x - T(2.0), _K1_B) / math.sqrt(x)
+        if one:
+            c = _chbevl_SUF(x * x - T(2.0), _K1_A)
+            k = math.log(T(0.5) * x) * _mod_i1_SUF(x) + c / x
+        elif scaled:
+            c = _chbevl_SUF(x * x - T(2.0), _K0_A)
+            k = c - math.log(T(0.5) * x) * _i0_SUF(x)
+        else:
+            k = T(_k0_small_SUF(x))
+        return k * math.exp(x) if scaled else k
+    b = _chbevl_SUF(T(8.0) / x - T(2.0), _K1_B if one else _K0_B)
+    return b / math.sqrt(x) if scaled else math.exp(-x) * b / math.sqrt(x)
 
 @njit(inline="always", error_model="numpy")
 def _phase_amp_SUF(x, z, pp, pq, qp, qq, sin_first, shift):
@@ -372,8 +349,7 @@ def _sph_bessel_j0_SUF(x):
     return math.sin(x) / x
 '''
 
-HELPERS = ("_i0", "_i0e", "_i1", "_i1e", "_mod_i1", "_mod_k0", "_mod_k1", "_scaled_k0",
-           "_scaled_k1", "_bessel_j0", "_bessel_j1", "_bessel_y0", "_bessel_y1", "_airy_ai",
+HELPERS = ("_i0", "_i0e", "_i1", "_i1e", "_mod_i1", "_bessel_k", "_bessel_j0", "_bessel_j1", "_bessel_y0", "_bessel_y1", "_airy_ai",
            "_sph_bessel_j0")
 
 

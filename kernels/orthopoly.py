@@ -127,6 +127,24 @@ def _hermite_he_SUF(x, nf):
     return r
 
 @njit(inline="always", error_model="numpy")
+def _recur_lp_SUF(x, q, n, laguerre):
+    # P_{k+1} = (a_k P_k - k P_{k-1}) / (k + 1) from P_0 = 1, P_1 = q, stopped by a nan;
+    # a_k = 2k + 1 - x (Laguerre) or (2k + 1) x (Legendre)
+    p = T(1.0)
+    r = T(0.0)
+    k = 1
+    while k < n and not q != q:
+        if laguerre:
+            a = T(k + k) + (T(1.0) - x)
+        else:
+            a = T(k + k + 1) * x
+        r = (a * q - T(k) * p) / T(k + 1)
+        p = q
+        q = r
+        k += 1
+    return r
+
+@njit(inline="always", error_model="numpy")
 def _laguerre_l_SUF(x, nf):
     n = np.int64(nf)
     if n < 0:
@@ -137,16 +155,7 @@ def _laguerre_l_SUF(x, nf):
         return T(1.0)
     if n == 1:
         return T(1.0) - x
-    p = T(1.0)
-    q = T(1.0) - x
-    r = T(0.0)
-    k = 1
-    while k < n and not q != q:
-        r = ((T(k + k) + (T(1.0) - x)) * q - T(k) * p) / T(k + 1)
-        p = q
-        q = r
-        k += 1
-    return r
+    return _recur_lp_SUF(x, T(1.0) - x, n, True)
 
 @njit(inline="always", error_model="numpy")
 def _legendre_p_SUF(x, nf):
@@ -161,16 +170,7 @@ def _legendre_p_SUF(x, nf):
         return T(1.0)
     if n == 1:
         return x
-    p = T(1.0)
-    q = x
-    r = T(0.0)
-    k = 1
-    while k < n and not q != q:
-        r = (T(k + k + 1) * x * q - T(k) * p) / T(k + 1)
-        p = q
-        q = r
-        k += 1
-    return r
+    return _recur_lp_SUF(x, x, n, False)
 '''
 
 HELPERS = ("_cheb_t", "_cheb_u", "_cheb_v", "_cheb_w", "_scheb_t", "_scheb_u", "_scheb_v",
