@@ -13,21 +13,24 @@
 
 from __future__ import annotations
 
-import sys
 import threading
-import warnings
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import tree_unflatten
 
-from . import backward as _backward, errors, launch as _launch
+from . import backward as _backward
+from . import errors
+from . import launch as _launch
+from . import tensor as _tensor_mod
 from .adaptive import MODULE as _adaptive
 from .config import config
+from .fallback import log_op, run_fallback
+from .inplace import resize_out, resize_outs, run_inplace_view
 from .lower.common import COMPLEX, DEVICE_DTYPES, HALF, bind, schema_args
+from .plan import _PLANS, Plan, _plan, _to_meta, meta_outputs  # noqa: F401 -- API
 from .simulator import SIM
 from .stats import STATS
 from .tensor import NeuronTensor
-from . import tensor as _tensor_mod
 
 aten = torch.ops.aten
 
@@ -128,146 +131,6 @@ def to_host(t: NeuronTensor, reason: str = "host read") -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------
-# classification, once per overload
-# ---------------------------------------------------------------------------------------------
-
-class Plan:
-    __slots__ = ("kind", "lower", "mutates", "ret_alias", "name", "decomp", "out_args",
-                 "cpu_meta")
-
-    def __init__(self, kind, lower=None, mutates=(), ret_alias=(), name="", decomp=None,
-                 out_args=()):
-        self.kind = kind
-        self.lower = lower
-        self.mutates = mutates        # names of args the op writes
-        self.ret_alias = ret_alias    # per return: name of the written arg it aliases, or None
-        self.name = name
-        self.decomp = decomp
-        self.out_args = out_args      # names of out= args (resized to the result's shape first)
-        # where PyTorch's meta function and its CPU kernel disagree on an output's shape/dtype
-        # (bfloat16 batch-norm statistics, eval-mode saved stats), the lowering's
-        # `cpu_meta(a, leaves) -> leaves` says what the CPU returns
-        self.cpu_meta = getattr(lower, "cpu_meta", None)
-
-
-_PLANS: dict = {}
-
-
-def _plan(func) -> Plan:
-    from . import ops
-
-    schema = func._schema
-    name = schema.name                                    # "aten::add_"
-    full = f"{name}.{schema.overload_name}" if schema.overload_name else name
-    mutates = tuple(a.name for a in schema.arguments if a.alias_info and a.alias_info.is_write)
-    ret_alias = []
-    for r in schema.returns:
-        target = None
-        if r.alias_info is not None and r.alias_info.is_write:
-            for a in schema.arguments:
-                if a.alias_info and a.alias_info.before_set == r.alias_info.before_set:
-                    target = a.name
-        ret_alias.append(target)
-    out_args = tuple(a.name for a in schema.arguments if a.is_out)
-    kw = dict(name=full, mutates=mutates, ret_alias=tuple(ret_alias), out_args=out_args)
-    if full in ops.HOST or name in ops.HOST:
-        return Plan("host", lower=ops.HOST.get(full) or ops.HOST[name], **kw)
-    if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
-        # reached us from inside a decomposition (e.g. aten::to): PyTorch's own composite
-        return Plan("decomp", decomp=func.decompose, **kw)
-    if torch.Tag.inplace_view in func.tags:
-        return Plan("inplace_view", **kw)
-    if func.is_view or full in ops.VIEW_LIKE:
-        return Plan("view", **kw)
-    if full in ops.ALLOC:
-        return Plan("alloc", **kw)
-    if name.startswith("aten::_foreach_"):
-        return Plan("foreach", **kw)
-    dynamic = ops.DYNAMIC.get(full) or ops.DYNAMIC.get(name)
-    if dynamic is not None:
-        return Plan("dynamic", lower=dynamic, **kw)
-    lower = ops.KERNELS.get(full) or ops.KERNELS.get(name)
-    if lower is not None and not (schema.overload_name.startswith("out") and
-                                  name not in ops.OUT_OK):
-        return Plan("kernel", lower=lower, **kw)
-    if name.startswith("prims::") and hasattr(func, "impl_aten"):
-        # PyTorch's refs decompose into prims; each prim has an aten implementation
-        return Plan("decomp", decomp=func.impl_aten, **kw)
-    if full not in ops.NO_DECOMP:
-        decomp = ops.decomposition(func)
-        if decomp is not None:
-            return Plan("decomp", decomp=decomp, **kw)
-    if lower is not None:
-        return Plan("kernel", lower=lower, **kw)
-    impl = _custom_op_impl(name)
-    if impl is not None:
-        return Plan("decomp", decomp=impl, **kw)
-    return Plan("fallback", **kw)
-
-
-def _custom_op_impl(name: str):
-    """A torch.library.custom_op's device-agnostic Python implementation (e.g. torch.nn's
-    chunked linear_cross_entropy): written in torch ops, so it runs as a decomposition."""
-    from torch._library import custom_ops
-
-    opdef = custom_ops.OPDEFS.get(name)
-    if opdef is None:
-        return None
-    return opdef._backend_fns.get("neuron") or opdef._backend_fns.get(None)
-
-
-# ---------------------------------------------------------------------------------------------
-# meta: output metadata per argument signature
-# ---------------------------------------------------------------------------------------------
-
-_META: dict = {}
-_META_LIMIT = 50_000
-
-
-def _spec(x):
-    if isinstance(x, torch.Tensor):
-        return (x.shape, x.stride(), x.dtype)
-    if isinstance(x, (list, tuple)):
-        return tuple(_spec(v) for v in x)
-    if isinstance(x, float) and x != x:
-        return "nan"
-    return x
-
-
-def _to_meta(x):
-    if isinstance(x, torch.Tensor):
-        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
-    if isinstance(x, (list, tuple)):
-        return type(x)(_to_meta(v) for v in x)
-    return x
-
-
-def meta_outputs(func, args, kwargs):
-    """(leaf specs, treespec) of func's outputs: each leaf (shape, stride, dtype) or a value."""
-    try:
-        key = (func, _spec(args), _spec(tuple(kwargs.items())) if kwargs else None)
-        hit = _META.get(key)
-    except TypeError:
-        key, hit = None, None
-    if hit is not None:
-        return hit
-    margs = _to_meta(args)
-    mkw = {k: _to_meta(v) for k, v in kwargs.items()}
-    if "device" in mkw and mkw["device"] is not None:
-        mkw["device"] = "meta"
-    out = func(*margs, **mkw)
-    leaves, spec = tree_flatten(out)
-    leaves = [(tuple(v.shape), v.stride(), v.dtype) if isinstance(v, torch.Tensor) else v
-              for v in leaves]
-    result = (leaves, spec)
-    if key is not None:
-        if len(_META) > _META_LIMIT:
-            _META.clear()
-        _META[key] = result
-    return result
-
-
-# ---------------------------------------------------------------------------------------------
 # the funnel
 # ---------------------------------------------------------------------------------------------
 
@@ -282,7 +145,7 @@ def dispatch(func, args, kwargs, mode=None):
     if plan is None:
         plan = _PLANS[func] = _plan(func)
     if "ops" in config.log:
-        _log_op(plan, args, kwargs)
+        log_op(plan, args, kwargs)
     try:
         if OP_HOOKS:
             with OP_HOOKS[0](plan, args, kwargs):
@@ -331,7 +194,7 @@ def _dispatch_plan(func, plan, args, kwargs, mode):
         return _run_decomp(func, plan, plan.decomp, args, kwargs, mode)
     if kind == "host":
         if plan.out_args and mode is None:
-            _resize_outs(func, plan, args, kwargs)
+            resize_outs(func, plan, args, kwargs)
         return plan.lower(func, args, kwargs, mode)
     if kind == "dynamic":
         return _run_dynamic(func, plan, args, kwargs, mode)
@@ -342,7 +205,7 @@ def _dispatch_plan(func, plan, args, kwargs, mode):
 
         return run_foreach(func, plan, args, kwargs, mode)
     if kind == "inplace_view":
-        return _run_inplace_view(func, plan, args, kwargs, mode)
+        return run_inplace_view(func, plan, args, kwargs, mode)
     return run_fallback(func, plan, args, kwargs, mode)
 
 
@@ -373,110 +236,6 @@ def _view_wrap(data: torch.Tensor, block, index) -> NeuronTensor:
     if data.is_neg():
         torch._C._set_neg(t, True)
     return t
-
-
-def _run_inplace_view(func, plan, args, kwargs, mode):
-    """unsqueeze_, t_, as_strided_, resize_, set_ ... (schema tag inplace_view): the op runs on
-    a fresh alias of the host view, then the wrapper's own sizes/strides/offset follow it."""
-    if mode is not None:
-        return func(*args, **kwargs)
-    self = args[0] if args else kwargs.get("self")
-    if type(self) is not NeuronTensor:
-        raise RuntimeError(
-            f"{plan.name}: self is {errors.describe(self)} but another argument is on neuron\n"
-            f"{errors.where()}\n  args: {errors.describe_args(args, kwargs)}\n"
-            "  fix: move both tensors to the same device first")
-    for a in list(args[1:]) + list(kwargs.values()):
-        if isinstance(a, (torch.UntypedStorage, torch.TypedStorage)):
-            raise RuntimeError(  # noqa: TRY004 -- as PyTorch's own device/storage errors
-                f"{plan.name} with a storage argument is not supported on neuron (a neuron "
-                f"tensor's storage holds no host data)\n{errors.where()}\n"
-                f"  args: {errors.describe_args(args, kwargs)}\n"
-                "  fix: use x.set_(other_tensor) or allocate a new tensor")
-    flush(f"in-place view {plan.name}")
-    uargs, ukw, _index = unwrap_args(args, kwargs)
-    data, block = self._data, self._block
-    storage = torch.Tensor.untyped_storage(self)
-    source = args[1] if len(args) > 1 else kwargs.get("source")
-    if plan.name.startswith("aten::set_") and type(source) is NeuronTensor:
-        block = source._block                  # self now aliases source's block and storage
-        storage = torch.Tensor.untyped_storage(source)
-    else:
-        need = _bytes_needed(func, data, uargs, ukw)
-        if need > data.untyped_storage().nbytes():   # resize_ past the block's end
-            # NOTE: other views of the block would stop aliasing it (the CPU grows a storage in
-            # place): refuse rather than answer wrong. Refs: self._block, `block`, the call's.
-            if sys.getrefcount(block) > 3:
-                raise RuntimeError(
-                    f"{plan.name} would grow a neuron tensor whose memory other tensors (views) "
-                    f"share; they would stop aliasing it\n{errors.where()}\n"
-                    f"  args: {errors.describe_args(args, kwargs)}\n"
-                    "  fix: resize a fresh tensor (x = x.clone(); x.resize_(...)) or allocate "
-                    "the final size up front")
-            data, block = _regrow(self._data, need, self.device.index)
-    # NOTE: a fresh alias, not `data` itself: the op must not move another wrapper's view
-    alias = data.as_strided(data.size(), data.stride(), data.storage_offset())
-    func(alias, *uargs[1:], **ukw)
-    self._data, self._block = alias, block
-    _set_meta(self, storage, alias.storage_offset(), alias.size(), alias.stride())
-    return self
-
-
-def _bytes_needed(func, data, uargs, ukw) -> int:
-    """The storage bytes self needs after the op, from running it on a meta alias (0 when the
-    op points self at another storage)."""
-    size = data.untyped_storage().nbytes()
-    m = torch.empty(-(-size // data.element_size()), dtype=data.dtype, device="meta")
-    m = m.as_strided(data.size(), data.stride(), data.storage_offset())
-    before = m.untyped_storage()._cdata
-    func(m, *_to_meta(uargs[1:]), **{k: _to_meta(v) for k, v in ukw.items()})
-    return m.untyped_storage().nbytes() if m.untyped_storage()._cdata == before else 0
-
-
-def _regrow(old, need, index):
-    """A bigger block for a tensor that resize_ grows: (a view like `old` on it, the block),
-    old's storage bytes copied in first (resize_ keeps them)."""
-    data, new_block = alloc(index, (need,), (1,), torch.uint8)
-    data[:old.untyped_storage().nbytes()].copy_(
-        torch.empty(0, dtype=torch.uint8).set_(old.untyped_storage()))
-    data = torch.empty(0, dtype=old.dtype).set_(
-        data.untyped_storage(), old.storage_offset(), old.size(), old.stride())
-    return data, new_block
-
-
-def _resize_out(t, shape) -> torch.Tensor:
-    """ATen's resize_output for an out= tensor of another shape: warn if it held elements,
-    resize it (an in-place view op on the wrapper); returns its new host view."""
-    if t.numel() != 0:
-        warnings.warn(
-            f"An output with one or more elements was resized since it had shape {list(t.shape)}"
-            f", which does not match the required output shape {list(shape)}. This behavior is "
-            "deprecated; resize outputs explicitly with t.resize_(0) first.", stacklevel=4)
-    func = aten.resize_.default
-    plan = _PLANS.get(func) or _PLANS.setdefault(func, _plan(func))
-    _run_inplace_view(func, plan, (t, list(shape)), {}, None)
-    return t._data
-
-
-def _resize_outs(func, plan, args, kwargs) -> None:
-    """Host ops (arange, RNG into out=) write the host view directly: size their out= first."""
-    uargs, ukw, _index = unwrap_args(args, kwargs)
-    leaves, _spec = meta_outputs(func, uargs, ukw)
-    for i, target in enumerate(plan.ret_alias):
-        if target in plan.out_args and i < len(leaves) and isinstance(leaves[i], tuple):
-            t = _original(func, args, kwargs, target)
-            if type(t) is NeuronTensor and t.shape != leaves[i][0]:
-                _resize_out(t, leaves[i][0])
-
-
-# NOTE: the Meta kernel of set_ rewrites a tensor's sizes, strides and offset and grows its
-# storage's byte count; it touches no data, which a wrapper's storage does not have.
-_META_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
-
-
-def _set_meta(t, storage, offset, size, stride):
-    aten.set_.source_Storage_storage_offset.redispatch(_META_KEYS, t, storage, offset, size,
-                                                       stride)
 
 
 def _run_alloc(func, args, kwargs, mode):
@@ -517,7 +276,7 @@ def _run_kernel(func, plan, args, kwargs, mode):
                 if index is None:   # NeuronMode: a CPU out= tensor resizes itself
                     a[target].resize_(leaf[0])
                 else:
-                    a[target] = _resize_out(_original(func, args, kwargs, target), leaf[0])
+                    a[target] = resize_out(_original(func, args, kwargs, target), leaf[0])
             outs.append(a[target])
             blocks.append(None)
         elif isinstance(leaf, tuple):
@@ -543,7 +302,7 @@ def _run_kernel(func, plan, args, kwargs, mode):
         dtypes = {v.dtype for v in a.values() if isinstance(v, torch.Tensor)}
         dtypes.update(o.dtype for o in outs if isinstance(o, torch.Tensor))
         if not dtypes.isdisjoint(COMPLEX) and not getattr(plan.lower, "handles_complex", False):
-            from .lower.complex import run_complex   # complex operands: their own family
+            from .lower.complex import run_complex  # complex operands: their own family
 
             run_complex(func, plan, a, outs)
         elif not dtypes.isdisjoint(HALF) and not getattr(plan.lower, "handles_half", False):
@@ -688,66 +447,6 @@ def _original(func, args, kwargs, name):
         if arg_name == name:
             return args[i] if i < len(args) else kwargs[name]
     raise KeyError(name)
-
-
-# ---------------------------------------------------------------------------------------------
-# the fenced CPU fallback
-# ---------------------------------------------------------------------------------------------
-
-_WARNED: set = set()
-
-
-def run_fallback(func, plan, args, kwargs, mode, why: str = ""):
-    name = plan.name
-    if config.fallback == "error":
-        raise errors.UnsupportedOpError(
-            f"{name} has no neuron kernel and no decomposition"
-            + (f" ({why})" if why else "") + f"\n{errors.where()}\n"
-            f"  args: {errors.describe_args(args, kwargs)}; "
-            "set EAGER_NEURON_FALLBACK=cpu to run it on the CPU")
-    STATS.fallbacks[name] += 1
-    flush("cpu fallback")
-    if name not in _WARNED:
-        _WARNED.add(name)
-        warnings.warn(
-            f"{name} has no neuron kernel; running it on the CPU (counted in "
-            f"eager_neuron.stats()['fallbacks']; EAGER_NEURON_FALLBACK=error makes this raise)"
-            + (f" [{why}]" if why else ""), stacklevel=3)
-    uargs, ukw, index = unwrap_args(args, kwargs)
-    if "device" in ukw and ukw["device"] is not None and torch.device(ukw["device"]).type == \
-            "neuron":
-        ukw["device"] = "cpu"
-    out = func(*uargs, **ukw)
-    if mode is not None and index is None:
-        return out
-    if index is None:
-        index = 0
-    core = SIM.cores[index]
-    # inputs go to the host and outputs come back: both charged as DMA transfers
-    for x in uargs:
-        if isinstance(x, torch.Tensor):
-            core.transfer(x.numel() * x.element_size())
-
-    def back(x):
-        if isinstance(x, torch.Tensor) and not isinstance(x, NeuronTensor):
-            for i, target in enumerate(plan.ret_alias):
-                if target is not None:
-                    orig = _original(func, args, kwargs, target)
-                    if isinstance(orig, NeuronTensor) and orig._data is x:
-                        return orig
-            data, block = alloc(index, x.shape, x.stride(), x.dtype)
-            data.copy_(x)
-            core.transfer(x.numel() * x.element_size())
-            return wrap(data, block, index)
-        return x
-
-    leaves, spec = tree_flatten(out)
-    return tree_unflatten([back(v) for v in leaves], spec)
-
-
-def _log_op(plan, args, kwargs) -> None:
-    print(f"[eager_neuron] op {plan.name} ({plan.kind}) {errors.describe_args(args, kwargs)}",
-          file=sys.stderr)
 
 
 _tensor_mod._dispatch = dispatch
