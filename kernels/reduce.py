@@ -11,8 +11,8 @@ Modes (which loop nest; all read the same strided view):
 - "col":   2-d only, inner dim strided and outer dim unit-stride (`x.sum(0)`): accumulators for a
            block of outputs, walking the reduced dim in the outer loop, so loads stay contiguous.
 - "chunk": one output, 1-d inner: prange over chunks, then merge the partial accumulators.
-- "block": float32 sum/mean to one output over a contiguous row: float32 block sums (8 lanes
-           wide) into a float64 total; serial (at memory speed; prange threads lose to
+- "block": float32 sum/mean to one output over a contiguous row: float64 block sums into a
+           float64 total, serial (at memory speed; the prange "chunk" mode lost to
            oversubscription on a busy host: measured 20x slower with 2 cores under load).
 
 >>> src, name = render_reduce("sum", 1, 1, "np.float64", "np.float32", ("np.float32",), 0)
@@ -84,9 +84,7 @@ INDEX_SCANS = {"cummax": ">=", "cummin": "<="}
 HEADER = '@njit(error_model="numpy", nogil=True{extra})\n'
 COL_BLOCK = 256     # outputs per accumulator block in "col" mode (2 KiB of float64: stays in L1)
 CHUNKS = 64         # partial accumulators in "chunk" mode (a few per thread)
-# float32 elements per partial sum in "block" mode: each of LLVM's 8 lanes adds 64 values, so
-# the float32 part keeps ~1e-7 relative error, and the float64 total adds nothing measurable
-BLOCK = 512
+BLOCK = 512         # elements per partial sum in "block" mode
 
 
 def _indent(block: str, depth: int) -> list[str]:
@@ -180,14 +178,16 @@ def _render_col(lines, pass0, finals, outs, stores, sub, load, acc_t, parallel) 
 
 
 def _render_block(lines, finals, stores, acc_t, load_t) -> str:
-    """sum/mean of one contiguous float32 row: BLOCK-element partial sums in float32 (LLVM
-    vectorizes them under reassoc), added up in the accumulator type."""
+    """sum/mean of one contiguous float32 row, serially: BLOCK-element partial sums (LLVM
+    vectorizes them under reassoc) added up in the accumulator type. NOTE: float32 partials ran
+    1.5x faster but their per-block rounding left ~5x torch's cascade-sum error on 4M randn
+    (4e-4 on a sum of 146, over the OpInfo tolerance): the partials stay in float64."""
     final = re.sub(r"\bA\(", f"{acc_t}(", finals[0])
     lines += ["    n = a.shape[1]", f"    nb = n // {BLOCK}", f"    acc = {acc_t}(0)",
-              "    for b in range(nb):", f"        part = {load_t}(0)",
+              "    for b in range(nb):", f"        part = {acc_t}(0)",
               f"        for j in range(b * {BLOCK}, b * {BLOCK} + {BLOCK}):",
               "            part += a[0, j]", "        acc += part",
-              f"    part = {load_t}(0)", f"    for j in range(nb * {BLOCK}, n):",
+              f"    part = {acc_t}(0)", f"    for j in range(nb * {BLOCK}, n):",
               "        part += a[0, j]", "    acc += part",
               f"    out0[0] = {stores[0]}({final})"]
     return "\n".join(lines) + "\n"

@@ -3,8 +3,8 @@
 Every reduction is one kernel over a zero-copy strided view: the kept dims first, the reduced dims
 last, each group coalesced (`split`). Float sums accumulate in float64 with `fastmath={'reassoc'}`
 so LLVM vectorizes the loop and the float32 result is within one rounding of torch's cascade sum;
-a float32 sum/mean of one contiguous row adds float32 blocks of 512 (8 lanes wide, twice the
-float64 throughput) into a float64 total ("block" mode), at torch's single-thread speed.
+a float32 sum/mean of one contiguous row runs serially in blocks ("block" mode): a prange over
+chunks measured 20x slower on a busy 2-core host (thread oversubscription).
 
 >>> import torch, eager_neuron
 >>> torch.arange(6.0, device="neuron").view(2, 3).sum(1).tolist()
@@ -114,7 +114,7 @@ def reduce(op: str, x: torch.Tensor, outs: list, red: list, keepdim: bool, *, lo
         mode = "col"
     elif (n_out == 1 and kdim == 1 and op in ("sum", "mean") and load_t == "np.float32"
           and a.strides[1] == item):
-        mode = "block"   # float32 partial sums that vectorize, see kernels/reduce.py
+        mode = "block"   # serial blocks, see kernels/reduce.py
     elif n_out == 1 and kdim == 1 and parallel:
         mode = "chunk"
     else:
