@@ -423,5 +423,6 @@ DYNAMIC = {
     # boolean mask; dynamic_index serves integer indices as well.
     "aten::index.Tensor": dynamic_index,
 }
-# shape ops (cat, pad, flip, roll, repeat, tril/triu, *_scatter, sort/topk) live next door
+# shape ops (cat, pad, flip, roll, repeat, tril/triu, *_scatter) live next door; their old
+# sort/topk entries are overridden by the sort family (lower/sort.py, registered later in ops)
 LOWERINGS.update(SHAPE_LOWERINGS)
