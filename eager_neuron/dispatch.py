@@ -78,7 +78,19 @@ def _check_tensor(x: torch.Tensor) -> None:
 
 def unwrap_args(args, kwargs):
     state = [None]
-    uargs = tuple(_unwrap(a, state) for a in args)
+    # NOTE: the common operand (a neuron tensor on the call's device) inline, not via _unwrap
+    # and a generator: this runs once per op
+    uargs = []
+    for a in args:
+        if type(a) is NeuronTensor:
+            idx = a.device.index
+            if state[0] is None:
+                state[0] = idx
+            if state[0] == idx:
+                uargs.append(a._data)
+                continue
+        uargs.append(_unwrap(a, state))
+    uargs = tuple(uargs)
     ukw = {k: _unwrap(v, state) for k, v in kwargs.items()} if kwargs else {}
     return uargs, ukw, state[0]
 

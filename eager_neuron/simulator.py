@@ -114,6 +114,7 @@ class Core:
         self.compute_free_us = 0.0  # the engines finish their last kernel
         self.dma_free_us = 0.0      # the DMA engine finishes its last copy
         self.clock_us = 0.0         # everything enqueued on this core completes
+        self._rates = None          # (profile, {(engine, dtype class): divisors}), see launch
         self.reset_counters()
 
     def reset_counters(self) -> None:
@@ -205,8 +206,20 @@ class Core:
         """Enqueue one kernel on this core's current queue; returns its simulated duration (us)."""
         # NOTE: the hot path (once per kernel): no lock. Launches come from one thread at a time
         # (autograd's device thread runs while the caller waits); the GIL keeps each update whole.
-        overhead = self.profile.launch_overhead_us
-        body = cost.kernel_time_us(self.profile, flops, bytes_moved, engine, dtype_class)
+        profile = self.profile
+        overhead = profile.launch_overhead_us
+        # NOTE: cost.kernel_time_us with its two divisors (engine FLOP/s, core bandwidth)
+        # cached per (engine, dtype class) for this profile: same floats, no lookups per launch
+        rates = self._rates
+        if rates is None or rates[0] is not profile:
+            rates = self._rates = (profile, {})
+        div = rates[1].get((engine, dtype_class))
+        if div is None:
+            div = rates[1][(engine, dtype_class)] = (
+                cost.engine_flops(profile, engine, dtype_class), cost.core_bandwidth(profile))
+        compute_s = flops / div[0] if flops else 0.0
+        memory_s = bytes_moved / div[1] if bytes_moved else 0.0
+        body = max(compute_s, memory_s) * 1e6
         sim = self.sim
         q = self.queue
         start = q.tail_us
