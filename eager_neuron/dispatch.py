@@ -298,6 +298,8 @@ def _run_kernel(func, plan, args, kwargs, mode):
         else:
             outs.append(leaf)
             blocks.append(None)
+    if plan.ret_alias and plan.lower in _fusible():
+        _check_partial_overlap(a, outs)
     # 3. run the lowering (half types computed in float32, rounded to nearest even)
     prev = _launch._current_core[0]
     _launch._current_core[0] = index or 0
@@ -377,6 +379,34 @@ def _fusible() -> frozenset:
         _FUSIBLE = frozenset(fn for name, fn in ops.KERNELS.items()
                              if name in ops.FUSIBLE_OPS)
     return _FUSIBLE
+
+
+def _byte_span(t: torch.Tensor) -> tuple:
+    start = t.data_ptr()
+    return start, start + t.numel() * t.element_size()
+
+
+def _check_partial_overlap(a: dict, outs: list) -> None:
+    """ATen's assert_no_partial_overlap for elementwise in-place / out= writes and copy_.
+
+    The host views share the device memory, so an input that partly overlaps the written tensor
+    would be read after some of its elements were overwritten: the CPU refuses it, so do we.
+    Like ATen, only dense operands are judged (strided ones are "too hard" and pass).
+    """
+    for o in outs:
+        if not isinstance(o, torch.Tensor) or not o.is_contiguous() or o.numel() == 0:
+            continue
+        o_lo, o_hi = _byte_span(o)
+        for v in a.values():
+            if (v is o or not isinstance(v, torch.Tensor) or not v.is_contiguous()
+                    or v.numel() == 0):
+                continue
+            v_lo, v_hi = _byte_span(v)
+            if v_lo < o_hi and o_lo < v_hi and (v_lo, v_hi) != (o_lo, o_hi):
+                raise RuntimeError(
+                    "unsupported operation: some elements of the input tensor and the "
+                    "written-to tensor refer to a single memory location. Please clone() the "
+                    f"tensor before performing the operation.\n{errors.where()}")
 
 
 def _blocks_of(args, kwargs, outs, blocks) -> dict:

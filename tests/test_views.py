@@ -206,3 +206,20 @@ def test_python_custom_op_runs_its_implementation_on_device(stats_delta):
     st = stats_delta()
     assert st["fallbacks"] == {}
     assert st["decompositions"].get("eager_neuron_test::twice_plus") == 1
+
+
+def test_partial_overlap_in_place_is_refused_like_the_cpu():
+    # the host views share device memory: a partly overlapping input would be read after some
+    # of its elements were overwritten; ATen refuses it and so must we (never a wrong answer)
+    t = torch.arange(64.0, device="neuron")
+    for write in (lambda: t[:32].add_(t[16:48]), lambda: t[:32].copy_(t[16:48]),
+                  lambda: torch.add(t[16:48], 1, out=t[:32])):
+        with pytest.raises(RuntimeError, match="refer to a single memory location"):
+            write()
+    # full overlap and disjoint halves are fine, as on the CPU
+    x, c = torch.arange(8.0, device="neuron"), torch.arange(8.0)
+    for y in (x, c):
+        y.add_(y)
+        y[:4].add_(y[4:])
+        y.mul_(y.view(2, 4).view(8))
+    torch.testing.assert_close(x.cpu(), c)
