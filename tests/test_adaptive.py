@@ -269,3 +269,20 @@ def test_bfloat16_sum_and_mean_after_a_chain_match_plain():
         assert g.dtype == torch.bfloat16
         torch.testing.assert_close(g, p, rtol=0, atol=0)
     torch.testing.assert_close(got[0], (x * 2 + 1).sum(), rtol=1.6e-2, atol=1e-2)
+
+
+def test_host_factory_reading_pending_values_flushes_first():
+    # torch.signal.windows.kaiser: linspace(start, end) with 0-d device endpoints that adaptive
+    # eager had only recorded; the host factory read unwritten memory (garbage) before this flush
+    def window(dev):
+        beta = torch.tensor(12.0, device=dev)
+        start = -beta
+        end = torch.minimum(beta, start + 3 * (2.0 * beta / 3))
+        return torch.linspace(start, end, steps=4, device=dev)
+
+    want = window("cpu")
+    eager_neuron.reset_stats()
+    with eager_neuron.adaptive():
+        got = window("neuron").cpu()
+    torch.testing.assert_close(got, want)
+    assert eager_neuron.stats()["flushes"].get("host compute", 0) >= 1

@@ -166,6 +166,10 @@ def host_compute(func, args, kwargs, mode):
     """Factories and functional RNG: computed by the host, then copied to the device."""
     d = _d()
     uargs, ukw, index = d.unwrap_args(args, kwargs)
+    if index is not None:
+        # the host reads (or writes) device tensors: adaptive eager's pending stores land first
+        # (torch.linspace(start_t, end_t) read a recorded, unwritten start: garbage)
+        d.flush("host compute")
     dev_index = _target_index(ukw.get("device"))
     if "device" in ukw and ukw["device"] is not None:
         ukw["device"] = torch.device("cpu")
