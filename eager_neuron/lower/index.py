@@ -281,9 +281,9 @@ lower_index_put.handles_half = True
 
 def lower_gather(func, a, outs):
     self, index, out = _at_least_1d(a["self"], a["index"], outs[0])
-    _int_index(index, "aten::gather")
-    if index.numel() == 0:
+    if index.numel() == 0:   # the CPU accepts an empty index of any integer dtype
         return
+    _int_index(index, "aten::gather")
     dim = _dim(a, self)
     n = index.shape[dim]
     o, s, i = _axis_views(index.shape, dim, [(out, n), (self, self.shape[dim]), (index, n)])
@@ -317,7 +317,8 @@ def _scatter(op: str, a, outs, reduce=None, include_self=True):
     value = src is None
     if not value and src.dtype != out.dtype:
         raise NotImplementedError("scatter with src of another dtype")
-    _int_index(index, op)
+    if index.numel():   # the CPU accepts an empty index of any integer dtype
+        _int_index(index, op)
     out1, index1 = _at_least_1d(out, index)
     dim = _dim(a, out1)
     copy = out is not self
