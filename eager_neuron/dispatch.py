@@ -381,6 +381,18 @@ def _fusible() -> frozenset:
     return _FUSIBLE
 
 
+def _dense(t: torch.Tensor) -> bool:
+    """Non-overlapping and dense: contiguous up to a permutation of dims (x.t() is dense)."""
+    if t.is_contiguous():
+        return True
+    expected = 1
+    for stride, size in sorted((st, sz) for st, sz in zip(t.stride(), t.shape) if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
 def _byte_span(t: torch.Tensor) -> tuple:
     start = t.data_ptr()
     return start, start + t.numel() * t.element_size()
@@ -394,15 +406,15 @@ def _check_partial_overlap(a: dict, outs: list) -> None:
     Like ATen, only dense operands are judged (strided ones are "too hard" and pass).
     """
     for o in outs:
-        if not isinstance(o, torch.Tensor) or not o.is_contiguous() or o.numel() == 0:
+        if not isinstance(o, torch.Tensor) or o.numel() == 0 or not _dense(o):
             continue
         o_lo, o_hi = _byte_span(o)
         for v in a.values():
-            if (v is o or not isinstance(v, torch.Tensor) or not v.is_contiguous()
-                    or v.numel() == 0):
+            if v is o or not isinstance(v, torch.Tensor) or v.numel() == 0 or not _dense(v):
                 continue
             v_lo, v_hi = _byte_span(v)
-            if v_lo < o_hi and o_lo < v_hi and (v_lo, v_hi) != (o_lo, o_hi):
+            if v_lo < o_hi and o_lo < v_hi and ((v_lo, v_hi) != (o_lo, o_hi)
+                                                 or v.stride() != o.stride()):
                 raise RuntimeError(
                     "unsupported operation: some elements of the input tensor and the "
                     "written-to tensor refer to a single memory location. Please clone() the "

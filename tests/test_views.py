@@ -216,6 +216,10 @@ def test_partial_overlap_in_place_is_refused_like_the_cpu():
                   lambda: torch.add(t[16:48], 1, out=t[:32])):
         with pytest.raises(RuntimeError, match="refer to a single memory location"):
             write()
+    # a transposed input over the same bytes is a partial overlap too (dense, other strides)
+    m = torch.randn(3, 3, device="neuron")
+    with pytest.raises(RuntimeError, match="refer to a single memory location"):
+        m.add_(m.t())
     # full overlap and disjoint halves are fine, as on the CPU
     x, c = torch.arange(8.0, device="neuron"), torch.arange(8.0)
     for y in (x, c):
