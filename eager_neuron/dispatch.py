@@ -298,7 +298,7 @@ def _run_kernel(func, plan, args, kwargs, mode):
         else:
             outs.append(leaf)
             blocks.append(None)
-    if plan.ret_alias and plan.lower in _fusible():
+    if plan.mutates and plan.lower in _fusible():   # in-place / out=: written args only
         _check_partial_overlap(a, outs)
     # 3. run the lowering (half types computed in float32, rounded to nearest even)
     prev = _launch._current_core[0]
