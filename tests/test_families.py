@@ -9,7 +9,7 @@ def test_every_listed_family_imports_without_warning():
     code = ("import warnings; warnings.simplefilter('error');"
             "import eager_neuron, eager_neuron.ops as o;"
             "print(len(o.KERNELS))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     # the families that did load export kernels
