@@ -14,26 +14,17 @@ True
 from __future__ import annotations
 
 from .elementwise import kernel_name
+from .reduce import _RBF16
 
 HEADER = '@njit(error_model="numpy", nogil=True)'
 
 # Shared helpers, prepended to every kernel of this family.
-PRELUDE = '''
+# _rbf16 (reduce's): x rounded to the nearest bfloat16, kept in float32, so a float32 buffer
+# stored through it accumulates exactly as a bfloat16 one does on the CPU
+PRELUDE = _RBF16 + '''
 @njit(inline="always")
 def _fix(k, n, wrap):
     return k + n if (wrap and k < 0) else k
-
-@njit(inline="always")
-def _rbf16(x):
-    # x rounded to the nearest bfloat16 (ties to even), kept in float32: a float32 buffer
-    # stored through this accumulates exactly as a bfloat16 one does on the CPU
-    if x != x:
-        return np.float32(x)
-    b = np.empty(1, np.float32)
-    b[0] = x
-    u = b.view(np.uint32)
-    u[0] = np.uint32((np.int64(u[0]) + 0x7FFF + ((np.int64(u[0]) >> 16) & 1)) & 0xFFFF0000)
-    return b[0]
 
 @njit(inline="always")
 def _bad(err, value, axis, n):
