@@ -360,6 +360,45 @@ def register() -> None:
     torch._C._acc.register_python_privateuseone_device_guard(_Guard())
     _install_fallback()
     install_accelerator_shims()
+    _install_multicore_backward()
+
+
+# -- backward on neuron:1 and above ---------------------------------------------------------------
+# torch 2.13's Python device guard reports deviceCount() == 1 (torch/csrc/acc/Module.cpp), so the
+# autograd engine starts one worker queue for PrivateUse1 and its ready_queue() asserts for
+# neuron:1. With multithreading off, the engine runs every node on the calling thread's CPU
+# ready queue instead (engine.cpp: multithreading_disabled -> cpu_ready_queue): same nodes, same
+# order rules, no device queue needed. Only graphs rooted on (or run while current on) core 1+
+# take this path; neuron:0 keeps the device thread.
+def _on_other_core(roots) -> bool:
+    if _current() > 0:
+        return True
+    if isinstance(roots, torch.Tensor):
+        roots = (roots,)
+    for t in roots or ():
+        if isinstance(t, torch.Tensor) and t.device.type == "neuron" and t.device.index:
+            return True
+    return False
+
+
+def _multicore_run(run):
+    def _engine_run_backward(t_outputs, *args, **kwargs):
+        if _on_other_core(t_outputs) and torch._C._is_multithreading_enabled():
+            with torch.autograd.set_multithreading_enabled(False):
+                return run(t_outputs, *args, **kwargs)
+        return run(t_outputs, *args, **kwargs)
+
+    _engine_run_backward.__wrapped__ = run
+    return _engine_run_backward
+
+
+def _install_multicore_backward() -> None:
+    """Backward of graphs on neuron:1+ runs on the caller's thread (see the note above)."""
+    import torch.autograd.graph
+
+    torch.autograd._engine_run_backward = _multicore_run(torch.autograd._engine_run_backward)
+    torch.autograd.graph._engine_run_backward = _multicore_run(
+        torch.autograd.graph._engine_run_backward)
 
 
 _lib = None

@@ -360,12 +360,15 @@ def test_cores_run_in_parallel():
     assert sim.stats()["core_time_us"] == pytest.approx([25.0, 25.0])
 
 
-@pytest.mark.xfail(strict=True, reason="PyTorch 2.13's Python device guard reports one device, "
-                   "so the autograd engine has no ready queue for neuron:1 (engine.cpp)")
 def test_backward_on_core_1():
+    # the engine runs graphs on core 1+ on the caller's thread (device._install_multicore_backward)
     x = torch.randn(4, device="neuron:1", requires_grad=True)
     (x * x).backward(torch.ones(4, device="neuron:1"))
     assert x.grad.device == torch.device("neuron", 1)
+    assert torch.equal(x.grad.cpu(), 2 * x.detach().cpu())
+    lin = torch.nn.Linear(3, 2).to("neuron:1")
+    (w,) = torch.autograd.grad(lin(torch.ones(5, 3, device="neuron:1")).sum(), [lin.weight])
+    assert w.device == torch.device("neuron", 1) and torch.equal(w.cpu(), torch.full((2, 3), 5.0))
 
 
 # -- device profiles ------------------------------------------------------------------------------
