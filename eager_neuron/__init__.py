@@ -62,3 +62,4 @@ __all__ = [
     "NeuronMode", "NeuronTensor", "adaptive", "set_adaptive", "stats", "reset_stats", "config", "UnsupportedOpError",
     "UnsupportedTensorError", "KernelError", "profile", "__version__",
 ]
+from .custom import kernel  # noqa: E402,F401 -- custom kernels (docs/KERNELS.md)
