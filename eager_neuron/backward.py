@@ -1,19 +1,38 @@
-"""Errors raised by neuron kernels during backward reach the caller instead of killing it.
+"""Errors raised during a neuron backward reach the caller, and leave no half-written state.
 
-PyTorch runs a device's backward ops on the autograd engine's worker thread for that device. In
-torch 2.13 an exception that a Python backend raises on that thread is not carried back: the
-process dies ("terminate called without an active exception"). So dispatch catches errors of
-ops run by the autograd engine, stashes the first one, returns placeholder outputs (NaN/zero
-filled, exact shapes from meta) so the engine can finish, and the wrapped engine entry raises
-the stashed error, with the op and the user's forward line, in the thread that called backward.
+Why this module exists: torch 2.13 registers a Python device guard for PrivateUse1 whose
+`exchangeStream` (noexcept) calls back into Python. The autograd engine holds a stream guard
+around every neuron node; when Python code run by that node raises (our __torch_dispatch__, a
+tensor hook, a custom Function's backward), C++ unwinds with the Python error still *pending*,
+the guard's destructor calls into Python, that call fails inside a noexcept function and the
+process aborts ("terminate called without an active exception", exit 134).
+
+A C++ exception that carries no pending Python error unwinds cleanly: the engine marks the graph
+task failed, runs no further node of it (so no AccumulateGrad writes `.grad` after the failure)
+and rethrows on the thread that called backward(). So Python code on the engine's side never
+raises: it stashes its exception and returns a value the engine's C++ rejects with a plain C++
+error (`POISON` for an op, a mismatched gradient for a hook). The wrapped engine entry then
+raises the stashed exception, with its own type and message, in the caller's thread.
+
+>>> import torch, eager_neuron
+>>> x = torch.ones(3, device="neuron", requires_grad=True)
+>>> y = x * 2
+>>> _ = y.register_hook(lambda g: 1 / 0)
+>>> try:
+...     y.sum().backward()
+... except ZeroDivisionError:
+...     print("caught", x.grad)
+caught None
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import torch
 import torch.autograd
+import torch.autograd.function
 import torch.autograd.graph
 
 _lock = threading.Lock()
@@ -30,24 +49,136 @@ def stash(exc: BaseException) -> None:
         _pending.append(exc)
 
 
-def _raise_pending() -> None:
+def _take_pending():
     with _lock:
-        if not _pending:
-            return
-        first = _pending[0]
+        first = _pending[0] if _pending else None
         _pending.clear()
-    raise first
+    return first
 
+
+class _Poison:
+    """Returned to C++ in place of an op's result: converting it to a Tensor (or a tuple of
+    them) fails with a C++ cast error, which stops the graph task without a pending Python
+    error."""
+
+    def __repr__(self) -> str:
+        return "<a neuron op failed during backward: backward() raises its error>"
+
+
+POISON = _Poison()
+
+
+def failed(exc: BaseException):
+    """An op failed on autograd's side: stash `exc` (raised by backward()) and return POISON.
+
+    dispatch() returns this from __torch_dispatch__ instead of raising.
+    """
+    stash(exc)
+    return POISON
+
+
+# ---------------------------------------------------------------------------------------------
+# user Python code run by the engine: tensor hooks, post-accumulate-grad hooks, Function.backward
+# ---------------------------------------------------------------------------------------------
+
+def _wrong_grad(grad):
+    """A tensor-hook result that check_variable_result rejects with a C++ std::runtime_error
+    (different dtype and size than `grad`)."""
+    if grad is None:
+        return torch.empty(1)  # "can't replace a None gradient with a non-None value"
+    dtype = torch.bool if grad.dtype != torch.bool else torch.uint8
+    return torch.empty(0, dtype=dtype)
+
+
+def _guard_tensor_hook(hook):
+    @functools.wraps(hook)
+    def guarded(grad):
+        if not in_backward():
+            return hook(grad)
+        try:
+            return hook(grad)
+        except Exception as exc:
+            stash(exc)
+            return _wrong_grad(grad)
+
+    return guarded
+
+
+def _guard_post_acc_hook(hook):
+    @functools.wraps(hook)
+    def guarded(tensor):
+        if not in_backward():
+            return hook(tensor)
+        try:
+            return hook(tensor)
+        except Exception as exc:
+            stash(exc)
+            return POISON  # the engine TORCH_CHECKs that these hooks return None
+
+    return guarded
+
+
+def _is_neuron(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.device.type == "neuron"
+
+
+def _guarded_register_hook(orig):
+    def register_hook(self, hook):
+        if _is_neuron(self):
+            hook = _guard_tensor_hook(hook)
+        return orig(self, hook)
+
+    register_hook.__doc__ = orig.__doc__
+    register_hook.__wrapped__ = orig
+    return register_hook
+
+
+def _guarded_register_post_acc(orig):
+    def register_post_accumulate_grad_hook(self, hook):
+        if _is_neuron(self):
+            hook = _guard_post_acc_hook(hook)
+        return orig(self, hook)
+
+    register_post_accumulate_grad_hook.__doc__ = orig.__doc__
+    register_post_accumulate_grad_hook.__wrapped__ = orig
+    return register_post_accumulate_grad_hook
+
+
+def _guarded_backward_apply(orig):
+    def apply(self, *args):
+        if not in_backward() or not any(_is_neuron(a) for a in args):
+            return orig(self, *args)
+        try:
+            return orig(self, *args)
+        except Exception as exc:
+            stash(exc)
+            # PyNode::apply rejects a result with more non-None entries than forward inputs
+            # ("returned an incorrect number of gradients": a C++ std::runtime_error)
+            n = len(getattr(self, "needs_input_grad", ()) or ()) + 1
+            return (POISON,) * max(n, 2)
+
+    apply.__wrapped__ = orig
+    return apply
+
+
+# ---------------------------------------------------------------------------------------------
+# the engine entry: raise what was stashed, in the caller's thread
+# ---------------------------------------------------------------------------------------------
 
 def _wrap(run):
     def _engine_run_backward(*args, **kwargs):
-        with _lock:
-            _pending.clear()
+        _take_pending()
         try:
             out = run(*args, **kwargs)
-        finally:
-            pass
-        _raise_pending()
+        except Exception:
+            first = _take_pending()
+            if first is None:
+                raise
+            # the engine's own error only says our POISON was rejected: the user wants theirs
+            raise first.with_traceback(first.__traceback__) from None
+        first = _take_pending()
+        if first is not None:  # the failing code's result was never used (e.g. caught by user)
+            raise first
         return out
 
     _engine_run_backward.__wrapped__ = run
@@ -65,3 +196,9 @@ def install() -> None:
     # NOTE: torch.autograd.backward/grad look the name up in torch.autograd's globals at call time
     torch.autograd._engine_run_backward = _wrap(torch.autograd._engine_run_backward)
     torch.autograd.graph._engine_run_backward = _wrap(torch.autograd.graph._engine_run_backward)
+    T = torch.Tensor
+    T.register_hook = _guarded_register_hook(T.register_hook)
+    T.register_post_accumulate_grad_hook = _guarded_register_post_acc(
+        T.register_post_accumulate_grad_hook)
+    bcf = torch.autograd.function.BackwardCFunction
+    bcf.apply = _guarded_backward_apply(bcf.apply)

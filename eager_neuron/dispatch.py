@@ -170,24 +170,9 @@ def dispatch(func, args, kwargs, mode=None):
 
 
 def _placeholder_outputs(func, plan, args, kwargs, exc):
-    """An op failed on autograd's worker thread, where raising kills the process in torch 2.13:
-    stash the error (raised after backward returns, see backward.py) and let the engine finish
-    with NaN-filled outputs of the right metadata."""
-    _backward.stash(exc)
-    uargs, ukw, index = unwrap_args(args, kwargs)
-    leaves, spec = meta_outputs(func, uargs, ukw)
-    out = []
-    for i, leaf in enumerate(leaves):
-        target = plan.ret_alias[i] if i < len(plan.ret_alias) else None
-        if target is not None:
-            out.append(_original(func, args, kwargs, target))
-        elif isinstance(leaf, tuple):
-            data, block = alloc(index, *leaf)
-            data.fill_(float("nan") if data.is_floating_point() else 0)
-            out.append(wrap(data, block, index))
-        else:
-            out.append(leaf)
-    return tree_unflatten(out, spec)
+    """An op failed on autograd's side, where raising aborts the process in torch 2.13: see
+    backward.py (the error is stashed; backward() raises it; nothing is written to .grad)."""
+    return _backward.failed(exc)
 
 
 def _dispatch_plan(func, plan, args, kwargs, mode):
@@ -355,16 +340,9 @@ _KEEP_TYPE = (IndexError, ValueError, TypeError, ZeroDivisionError, torch.linalg
 
 
 def _kernel_error(plan, exc, args, kwargs) -> Exception:
-    """The error a user sees: the op, its arguments, their line. PyTorch's own error types
-    (IndexError for an out-of-range index, ...) are kept so `except IndexError` still works."""
-    detail = (f"{plan.name} failed on neuron: {type(exc).__name__}: {exc}\n{errors.where()}\n"
-              f"  args: {errors.describe_args(args, kwargs)}")
-    if isinstance(exc, _KEEP_TYPE):
-        try:
-            return type(exc)(detail)
-        except Exception:  # an exception type with a custom constructor
-            pass
-    return errors.KernelError(detail)
+    """The error a user sees: the op, its arguments, their line, with the CPU's exception type
+    (see errors.kernel_error)."""
+    return errors.kernel_error(plan.name, exc, args, kwargs)
 
 
 _FUSIBLE = None

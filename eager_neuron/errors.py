@@ -64,3 +64,82 @@ class UnsupportedTensorError(TypeError):
 
 class KernelError(RuntimeError):
     """A kernel failed to compile or run; names the op and the user's line."""
+
+
+# ---------------------------------------------------------------------------------------------
+# the CPU's exception type for an error raised by a neuron lowering or kernel
+# ---------------------------------------------------------------------------------------------
+
+# Types a lowering may raise that PyTorch itself raises; others become KernelError.
+_KEEP_TYPE = (IndexError, ValueError, TypeError, NotImplementedError, torch.linalg.LinAlgError,
+              RuntimeError)
+
+# Ops whose out-of-range index is a RuntimeError on the CPU (ATen's gather/scatter checks use
+# TORCH_CHECK), while index_select/embedding/x[i]/index_* raise IndexError (TORCH_CHECK_INDEX).
+_INDEX_IS_RUNTIME = frozenset({
+    "gather", "scatter", "scatter_add", "scatter_reduce", "take_along_dim", "one_hot",
+    "nll_loss", "nll_loss_forward", "nll_loss2d_forward", "nll_loss_backward",
+    "nll_loss2d_backward", "cross_entropy", "multi_margin_loss", "multilabel_margin_loss_forward"})
+# A reduction over a wholly empty tensor with no dim given: RuntimeError on the CPU
+# ("Expected reduction dim to be specified for input.numel() == 0"), except argmax/argmin,
+# which raise IndexError (as every reduction does for an empty *given* dim).
+_EMPTY_IS_INDEX = frozenset({"argmax", "argmin"})
+
+
+def _base(name: str) -> str:
+    """'aten.scatter_add_.default' / 'scatter_add_' -> 'scatter_add'."""
+    for prefix in ("aten::", "aten."):
+        if name.startswith(prefix):
+            name = name[len(prefix):]
+    name = name.split(".")[0]
+    if name.endswith("_") and not name.endswith("__"):
+        name = name[:-1]
+    return name
+
+
+def cpu_error_type(name: str, exc: BaseException) -> type:
+    """The exception type PyTorch's CPU kernel raises where op `name` raised `exc` on neuron.
+
+    Integer division by zero is RuntimeError("ZeroDivisionError") on the CPU; out-of-range
+    gather/scatter indices and empty max/min are RuntimeError; argmax/argmin of an empty
+    tensor is IndexError.
+
+    >>> cpu_error_type("aten.floor_divide.default", ZeroDivisionError())
+    <class 'RuntimeError'>
+    >>> cpu_error_type("aten.gather.default", IndexError())
+    <class 'RuntimeError'>
+    >>> cpu_error_type("aten.index_select.default", IndexError())
+    <class 'IndexError'>
+    """
+    base = _base(name)
+    if isinstance(exc, ZeroDivisionError):
+        return RuntimeError
+    if isinstance(exc, IndexError) and base in _INDEX_IS_RUNTIME:
+        return RuntimeError
+    if "numel() == 0" in str(exc) and isinstance(exc, (IndexError, RuntimeError)):
+        return IndexError if base in _EMPTY_IS_INDEX else RuntimeError
+    for t in (torch.linalg.LinAlgError, NotImplementedError, IndexError, ValueError, TypeError):
+        if isinstance(exc, t):
+            return t
+    if isinstance(exc, (UnsupportedOpError, UnsupportedTensorError, torch.OutOfMemoryError)):
+        return type(exc)
+    return KernelError
+
+
+def kernel_error(name: str, exc: BaseException, args=(), kwargs=None) -> Exception:
+    """The error a user sees when op `name` fails on neuron: the CPU's exception type, with the
+    op, the original error, the user's line and the arguments.
+
+    >>> e = kernel_error("aten.floor_divide.default", ZeroDivisionError("integer division by 0"))
+    >>> type(e).__name__, "floor_divide" in str(e)
+    ('RuntimeError', True)
+    """
+    kind = cpu_error_type(name, exc)
+    detail = (f"{name} failed on neuron: {type(exc).__name__}: {exc}\n{where()}\n"
+              f"  args: {describe_args(args, kwargs or {})}")
+    if kind is KernelError or isinstance(exc, KernelError):
+        return KernelError(detail)
+    try:
+        return kind(detail)
+    except Exception:  # an exception type with a custom constructor
+        return KernelError(detail)
