@@ -360,6 +360,9 @@ def register() -> None:
     torch._C._acc.register_python_privateuseone_device_guard(_Guard())
     _install_fallback()
     install_accelerator_shims()
+    from . import conventions
+
+    conventions.install()
     _install_multicore_backward()
 
 

@@ -28,8 +28,9 @@ def run_inplace_view(func, plan, args, kwargs, mode):
             f"{plan.name}: self is {errors.describe(self)} but another argument is on neuron\n"
             f"{errors.where()}\n  args: {errors.describe_args(args, kwargs)}\n"
             "  fix: move both tensors to the same device first")
+    neuron_source = _neuron_storage_source(args, kwargs)
     for a in list(args[1:]) + list(kwargs.values()):
-        if isinstance(a, (torch.UntypedStorage, torch.TypedStorage)):
+        if isinstance(a, (torch.UntypedStorage, torch.TypedStorage)) and neuron_source is None:
             raise RuntimeError(  # noqa: TRY004 -- as PyTorch's own device/storage errors
                 f"{plan.name} with a storage argument is not supported on neuron (a neuron "
                 f"tensor's storage holds no host data)\n{errors.where()}\n"
@@ -40,7 +41,13 @@ def run_inplace_view(func, plan, args, kwargs, mode):
     data, block = self._data, self._block
     storage = torch.Tensor.untyped_storage(self)
     source = args[1] if len(args) > 1 else kwargs.get("source")
-    if plan.name.startswith("aten::set_") and type(source) is NeuronTensor:
+    if neuron_source is not None:                 # set_(neuron storage): alias its buffer
+        # NOTE: the wrapper keeps its own (resizable, data-less) storage: set_'s meta kernel
+        # refuses a fixed-size one; Python callers see the neuron storage via untyped_storage()
+        host, block, _neuron = neuron_source
+        uargs = (uargs[0], host, *uargs[2:])
+        ukw = {k: (host if k == "source" else v) for k, v in ukw.items()}
+    elif plan.name.startswith("aten::set_") and type(source) is NeuronTensor:
         block = source._block                  # self now aliases source's block and storage
         storage = torch.Tensor.untyped_storage(source)
     else:
@@ -62,6 +69,17 @@ def run_inplace_view(func, plan, args, kwargs, mode):
     self._data, self._block = alias, block
     _set_meta(self, storage, alias.storage_offset(), alias.size(), alias.stride())
     return self
+
+
+def _neuron_storage_source(args, kwargs):
+    """(host storage, block, neuron storage) when set_ is given a neuron storage made by
+    eager_neuron.storage (torch.load, storage.copy_, DataLoader's _new_shared), else None."""
+    from .storage import host_of
+
+    source = args[1] if len(args) > 1 else kwargs.get("source")
+    if isinstance(source, (torch.UntypedStorage, torch.TypedStorage)):
+        return host_of(source)
+    return None
 
 
 def _bytes_needed(func, data, uargs, ukw) -> int:

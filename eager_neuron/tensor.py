@@ -103,13 +103,55 @@ class NeuronTensor(torch.Tensor):
         return new
 
     def __reduce_ex__(self, protocol):
-        from .dispatch import to_host
+        from collections import OrderedDict
 
-        # NOTE: PyTorch's own rebuild honours torch.load(map_location=...) and is on the
-        # weights_only allowlist, so a checkpoint loads on cpu without eager_neuron installed.
-        return (torch._utils._rebuild_device_tensor_from_cpu_tensor,
-                (to_host(self, reason="serialize"), self.dtype, str(self.device),
-                 self.requires_grad))
+        from .dispatch import flush
+
+        flush("serialize")
+        # NOTE: PyTorch's own storage-based rebuild, as for a CUDA tensor: views of one buffer
+        # share one storage, so torch.save writes it once and torch.load gives views back; it
+        # honours map_location (a neuron checkpoint loads on a CPU-only machine with
+        # map_location="cpu") and is on the weights_only allowlist.
+        return (torch._utils._rebuild_tensor_v2,
+                (self._typed_storage(), self.storage_offset(), tuple(self.size()),
+                 self.stride(), self.requires_grad, OrderedDict()))
+
+    # NOTE: a wrapper has no storage of its own (data_ptr() 0, untyped_storage() invalid); its
+    # memory is the host-backed device buffer, so answer with that: real, distinct addresses
+    # (safetensors, Hugging Face and torch.save find shared tensors by them).
+    def untyped_storage(self):
+        from .storage import neuron_storage
+
+        return neuron_storage(self._data.untyped_storage(), self.device.index, self._block)
+
+    def data_ptr(self) -> int:
+        return self._data.data_ptr()
+
+    # NOTE: `t.data = other` swaps the wrapper's sizes/strides in C++ (set_data) but not its
+    # device buffer, which lives in Python attributes: move those too, so `w.data = w.data * 0.5`
+    # and `lin.weight.data = torch.zeros(..., device="neuron")` change what forward reads.
+    @property
+    def data(self):
+        return _DATA.__get__(self)
+
+    @data.setter
+    def data(self, new) -> None:
+        if type(new) is not NeuronTensor:
+            raise RuntimeError(
+                f"data set to a tensor on {getattr(new, 'device', type(new).__name__)}, but this "
+                f"tensor is on {self.device}: a neuron tensor's .data must be a neuron tensor "
+                "(CUDA can swap devices through .data; the neuron wrapper cannot).\n"
+                "  fix: t.data = new.to(t.device), or rebuild the parameter with "
+                "torch.nn.Parameter(new)")
+        from .dispatch import flush
+
+        flush("set data")
+        _DATA.__set__(self, new)
+        self._data = new._data
+        self._block = new._block
+
+
+_DATA = torch._C.TensorBase.data
 
 
 def _rebuild_neuron(host: torch.Tensor, index: int, requires_grad: bool):
