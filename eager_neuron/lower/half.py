@@ -16,14 +16,37 @@ def _dense(t: torch.Tensor) -> bool:
     return torch._prims_common.is_non_overlapping_and_dense_or_false(t)
 
 
-def _up(t: torch.Tensor, index_like: torch.Tensor) -> torch.Tensor:
-    from ..dispatch import alloc
+def _non_overlapping(t: torch.Tensor) -> bool:
+    """No two indices of t reach the same element (each stride clears the previous dims' span)."""
+    span = 1   # elements reachable by the dims taken so far (smaller strides first)
+    for stride, size in sorted((abs(st), sz) for sz, st in zip(t.shape, t.stride()) if sz > 1):
+        if stride < span:
+            return False
+        span += stride * (size - 1)
+    return True
+
+
+def _up(t: torch.Tensor, index_like: torch.Tensor = None) -> torch.Tensor:
+    """t as float32 (exact): same strides where they are non-overlapping; an expanded operand
+    (stride 0, e.g. from expand/meshgrid) is cast once per distinct element and expanded back,
+    never written through an overlapping float32 view (ATen refuses such a write)."""
     from .. import ops
 
     if t.dtype not in HALF:
         return t
-    out = torch.empty_strided(t.shape, t.stride(), dtype=torch.float32) if not \
-        _dense(t) else alloc_like(t, torch.float32)
+    if _dense(t):
+        out = alloc_like(t, torch.float32)
+    elif _non_overlapping(t):
+        out = torch.empty_strided(t.shape, t.stride(), dtype=torch.float32)
+    else:
+        idx = tuple(slice(0, 1) if st == 0 and sz > 1 else slice(None)
+                    for sz, st in zip(t.shape, t.stride()))
+        base = t[idx]
+        if _non_overlapping(base):
+            up = torch.empty_strided(base.shape, base.stride(), dtype=torch.float32)
+            ops.KERNELS["aten::_to_copy"](torch.ops.aten._to_copy.default, {"self": base}, [up])
+            return up.expand(t.shape)
+        out = torch.empty(t.shape, dtype=torch.float32)
     ops.KERNELS["aten::_to_copy"](torch.ops.aten._to_copy.default, {"self": t}, [out])
     return out
 
@@ -32,9 +55,97 @@ def alloc_like(t: torch.Tensor, dtype) -> torch.Tensor:
     return torch.empty_strided(t.shape, t.stride(), dtype=dtype)
 
 
+# Where PyTorch's CPU kernels round a number operand to the half type before computing in float32:
+# a Python number or 0-d tensor bound to a Tensor parameter is a "wrapped number" that
+# TensorIterator casts to the common (half) dtype, and the .Scalar overloads below wrap theirs the
+# same way. mul/div/floor_divide read the original value instead (original_scalar_value in
+# BinaryOpsKernel.cpp), as do Scalar parameters such as lerp's weight or elu's alpha; add/sub's
+# alpha is cast to the half type (checked against the CPU: bf16 `x - 0.3` differed in 349/1000).
+_RAW_WRAPPED = frozenset({"aten::mul", "aten::div", "aten::floor_divide", "aten::true_divide",
+                          "aten::mul_", "aten::div_", "aten::floor_divide_", "aten::true_divide_"})
+_ROUND_SCALAR = {
+    "aten::add": ("other", "alpha"), "aten::sub": ("other", "alpha"),
+    "aten::rsub": ("other", "alpha"), "aten::subtract": ("other", "alpha"),
+    "aten::pow": ("self", "exponent"), "aten::remainder": ("self", "other"),
+    "aten::fmod": ("other",), "aten::xlogy": ("self", "other"),
+    "aten::eq": ("other",), "aten::ne": ("other",), "aten::lt": ("other",),
+    "aten::le": ("other",), "aten::gt": ("other",), "aten::ge": ("other",),
+}
+
+
+def _half_round(v: float, dtype) -> float:
+    """v rounded to nearest even in the half dtype, as a Python float (exact in float32)."""
+    return float(torch.tensor(v, dtype=torch.float64).to(dtype))
+
+
+def _compute_half(a: dict):
+    """The dtype the CPU computes in when it is a half type (the common dtype of the tensor
+    operands and numbers, as torch.result_type), else None."""
+    tensors = [v for v in a.values() if isinstance(v, torch.Tensor)]
+    dims = [v for v in tensors if v.dim() > 0] or tensors
+    if not dims:
+        return None
+    ctype = dims[0].dtype
+    for v in dims[1:]:
+        ctype = torch.promote_types(ctype, v.dtype)
+    probe = torch.empty(1, dtype=ctype)
+    for v in a.values():
+        if (isinstance(v, (int, float)) and not isinstance(v, bool)) or \
+                (isinstance(v, torch.Tensor) and v.dim() == 0 and dims is not tensors):
+            ctype = torch.result_type(probe, v)
+            probe = torch.empty(1, dtype=ctype)
+    return ctype if ctype in HALF else None
+
+
+def _round_numbers(func, a: dict, outs: list) -> dict:
+    """Number operands rounded to the half type where the CPU rounds them (see _ROUND_SCALAR)."""
+    name = func._schema.name
+    base = name[:-1] if name.endswith("_") else name
+    wrapped = name not in _RAW_WRAPPED
+    round_names = _ROUND_SCALAR.get(base, ())
+    todo = []
+    for arg in func._schema.arguments:
+        v = a.get(arg.name)
+        if v is None or isinstance(v, bool):
+            continue
+        is_tensor_param = isinstance(arg.type, torch.TensorType)
+        if isinstance(v, (int, float)):
+            if (is_tensor_param and wrapped) or arg.name in round_names:
+                todo.append(arg.name)
+        elif (isinstance(v, torch.Tensor) and v.dim() == 0 and v.dtype not in HALF
+              and v.dtype.is_floating_point and is_tensor_param and wrapped):
+            todo.append(arg.name)
+    if not todo:
+        return a
+    ctype = _compute_half(a)
+    if ctype is None:
+        return a
+    a = dict(a)
+    for nm in todo:
+        v = a[nm]
+        if isinstance(v, torch.Tensor):
+            a[nm] = _round_tensor(v, ctype)
+        else:
+            r = _half_round(v, ctype)
+            if r != v:   # an exact int stays an int (the same kernel as before)
+                a[nm] = r
+    return a
+
+
+def _round_tensor(t: torch.Tensor, dtype) -> torch.Tensor:
+    """A 0-d float tensor rounded to the half dtype and back on the device (a kernel, so adaptive
+    eager records it in order, never reading a pending value)."""
+    from .. import ops
+
+    h = torch.empty((), dtype=dtype)
+    ops.KERNELS["aten::_to_copy"](torch.ops.aten._to_copy.default, {"self": t}, [h])
+    return _up(h, h)
+
+
 def run_upcast(func, plan, a: dict, outs: list) -> None:
     from .. import ops
 
+    a = _round_numbers(func, a, outs)
     # NOTE: temporaries are host-backed scratch, like SBUF tiles; only outputs touch HBM.
     up = {}
     for k, v in a.items():
