@@ -27,6 +27,7 @@ import weakref
 import numpy as np
 import torch
 
+from . import context as _context
 from .config import config
 from .stats import STATS
 
@@ -36,27 +37,66 @@ MAX_BUFS = 96
 REDUCTIONS = {"aten::sum": "sum", "aten::mean": "mean",
               "aten::sum.dim_IntList": "sum", "aten::mean.dim": "mean"}
 
-_lock = threading.RLock()
-ARG_BLOCKS: dict = {}   # id(host buffer) -> Block, set by dispatch around a recorded lowering
-ARMED = [False]         # True while dispatch runs an elementwise op that may be recorded
+_lock = threading.RLock()   # one lock for every group: record and flush are atomic
+
+
+class _Armed:
+    """ARMED[0]: may the op being lowered on this thread be recorded? It is the current
+    OpContext's `recording` flag (a lowering that launches on its own sets it False)."""
+
+    __slots__ = ()
+
+    def __getitem__(self, i) -> bool:
+        ctx = getattr(_context._TLS, "ctx", None)
+        return ctx is not None and ctx.recording
+
+    def __setitem__(self, i, value) -> None:
+        ctx = getattr(_context._TLS, "ctx", None)
+        if ctx is not None:
+            ctx.recording = bool(value)
+
+
+ARMED = _Armed()
+PENDING: dict = {}      # stream key -> its recording _Group (every thread's, see stream_key)
+
+
+def stream_key() -> tuple:
+    """Which group an op records into: one per thread, and on autograd's worker thread one per
+    backward call (graph task), so concurrent backward passes never interleave in one group."""
+    return (threading.get_ident(), torch._C._current_graph_task_id())
 
 
 class _Buf:
-    """One kernel argument: a flat numpy view. Its identity for ordering and observability is
-    its byte range [lo, hi): two views whose ranges overlap (a float32 store and the int32 view a
-    bit cast reads it through) are the same memory, whatever their dtype or size."""
+    """One kernel argument: a 1-D numpy view (address, length, stride, dtype). Two buffers are
+    the same argument only when all four agree; whether two buffers can share an element is
+    decided by `_overlaps` (exactly for equal strides, conservatively otherwise)."""
 
-    __slots__ = ("arr", "lo", "hi", "block_ref", "pin", "mem_read", "last_write", "last_read")
+    __slots__ = ("arr", "lo", "hi", "step", "width", "block_ref", "mem_read", "last_write",
+                 "last_read")
 
     def __init__(self, arr: np.ndarray, ptr: int, block) -> None:
         self.arr = arr
+        n = arr.shape[0]
+        self.width = arr.itemsize
+        self.step = arr.strides[0] if n > 1 else self.width
         self.lo = ptr
-        self.hi = ptr + arr.nbytes
+        # NOTE: the span of a strided view is (n - 1) * stride + itemsize bytes, not nbytes
+        self.hi = ptr + (n - 1) * self.step + self.width if n else ptr
         self.block_ref = weakref.ref(block) if block is not None else None
-        self.pin = None            # a strong ref once a later loop reads this buffer
         self.mem_read = False      # some node reads it from memory (not from a register)
         self.last_write = -1       # the last loop that writes it (-1: none)
         self.last_read = -1        # the last loop that reads it (-1: none)
+
+
+def _overlaps(a: _Buf, b: _Buf) -> bool:
+    """Can a and b share a byte? Exact for equal strides (x[0::2] vs x[1::2] do not);
+    conservative (True) for other strided pairs whose spans intersect."""
+    if not (a.lo < b.hi and b.lo < a.hi):
+        return False
+    if a.step == b.step and a.step >= a.width and a.step >= b.width and a.step > 0:
+        d = (b.lo - a.lo) % a.step
+        return d < a.width or a.step - d < b.width
+    return True
 
 
 class _Loop:
@@ -70,44 +110,61 @@ class _Loop:
 
 
 class _Group:
-    def __init__(self) -> None:
+    def __init__(self, core: int = 0) -> None:
+        self.core = core              # the NeuronCore the group runs on (and is charged to)
         self.loops: list[_Loop] = []
         self.bufs: list[_Buf] = []
-        self.index: dict = {}         # (address, nbytes, dtype) -> buf index: one kernel arg
+        self.index: dict = {}         # (address, length, stride, dtype) -> buf index
+        self.pins: dict = {}          # id(Block) -> Block: no block is freed/pooled while pending
         self.hints = True             # addresses from torch's data_ptr (see buf_index)
         self.scalars: list = []
         self.scalar_casts: list[str] = []
         self.n_nodes = 0
         self.ops: list[str] = []
+        self.lines: list[str] = []    # the user's line per recorded op (for fault reports)
 
     def buf_index(self, arr: np.ndarray, src, block) -> int:
-        # NOTE: `arr` is a flat numpy view of the tensor `src` (numpy() + reshape, no copy),
+        # NOTE: `arr` is a 1-D numpy view of the tensor `src` (numpy() + reshape, no copy),
         # so src.data_ptr() is its address: ~20x cheaper than numpy's __array_interface__.
         # A new buffer checks that once; a mismatch turns the shortcut off for the group.
         hint = self.hints and isinstance(src, torch.Tensor)
         ptr = src.data_ptr() if hint else arr.__array_interface__["data"][0]
-        key = (ptr, arr.nbytes, arr.dtype)
+        n = arr.shape[0]
+        key = (ptr, n, arr.strides[0] if n > 1 else 0, arr.dtype)
         j = self.index.get(key)
-        if j is None and hint:
+        if j is not None:
+            return j
+        if hint:
             real = arr.__array_interface__["data"][0]
             if real != ptr:
                 self.hints = False
                 return self.buf_index(arr, src, block)
-        if j is not None:
-            b = self.bufs[j]
-            # a dead block's storage handed out again: the new owner decides observability
-            if block is not None and (b.block_ref is None or b.block_ref() is None):
-                b.block_ref = weakref.ref(block)
-            return j
+        if block is not None:
+            # pinned until the flush: a temporary that dies while its op is pending cannot
+            # hand its memory to a new tensor (a host copy, a pool allocation) meanwhile
+            self.pins[id(block)] = block
         self.index[key] = j = len(self.bufs)
         self.bufs.append(_Buf(arr, ptr, block))
         return j
 
+    def touches(self, spans: list) -> bool:
+        """Does any buffer of the group intersect one of the byte spans [(lo, hi), ...]?"""
+        for b in self.bufs:
+            for lo, hi in spans:
+                if b.lo < hi and lo < b.hi:
+                    return True
+        return False
+
 
 class _State:
+    """The process-wide switch (OFF when disabled) and the calling stream's group state."""
+
     def __init__(self) -> None:
         self.enabled = config.adaptive
-        self.group: _Group | None = None
+
+    @property
+    def group(self) -> _Group | None:
+        return PENDING.get(stream_key()) if PENDING else None
 
     @property
     def name(self) -> str:
@@ -124,7 +181,7 @@ MODULE = sys.modules[__name__]
 
 def set_adaptive(enabled: bool) -> None:
     """Switch adaptive eager on or off for the process (flushes pending work)."""
-    flush("adaptive toggled")
+    flush_all("adaptive toggled")
     STATE.enabled = bool(enabled)
 
 
@@ -132,33 +189,38 @@ def set_adaptive(enabled: bool) -> None:
 def adaptive(enabled: bool = True):
     """with eager_neuron.adaptive(): ... fuses consecutive elementwise ops into one kernel."""
     prev = STATE.enabled
-    flush("adaptive toggled")
+    flush_all("adaptive toggled")
     STATE.enabled = enabled
     try:
         yield
     finally:
-        flush("leave adaptive")
+        flush_all("leave adaptive")
         STATE.enabled = prev
-
-
-def _overlaps(g: _Group, j: int, k: int) -> bool:
-    a, b = g.bufs[j], g.bufs[k]
-    return a.lo < b.hi and b.lo < a.hi
 
 
 def record(op: str, expr: str, kinds: tuple, loads: tuple, scalar_casts: tuple, store: str,
            out: np.ndarray, operands: list, scalars: tuple, numel: int,
-           reduce: str | None = None, blocks: dict | None = None) -> bool:
+           reduce: str | None = None, blocks: dict | None = None, core: int | None = None
+           ) -> bool:
     """Append one elementwise node (flat loop) to the pending group. False: not fusible here."""
+    ctx = getattr(_context._TLS, "ctx", None)
+    if core is None:
+        core = ctx.core if ctx is not None else 0
+    if blocks is None:
+        blocks = ctx.blocks if ctx is not None else {}
+    key = stream_key()
     with _lock:
-        g = STATE.group
+        g = PENDING.get(key)
+        if g is not None and g.core != core:
+            _flush_locked(key, "core change")
+            g = None
+        if g is not None and (g.n_nodes >= MAX_NODES
+                              or len(g.bufs) + len(operands) + 1 > MAX_BUFS):
+            _flush_locked(key, "buffer limit")
+            g = None
         if g is None:
-            g = STATE.group = _Group()
-        if g.n_nodes >= MAX_NODES or len(g.bufs) + len(operands) + 1 > MAX_BUFS:
-            _flush_locked("buffer limit")
-            g = STATE.group = _Group()
-        blocks = blocks if blocks is not None else ARG_BLOCKS
-        # 1. buffers: operands and output, by their memory range
+            g = PENDING[key] = _Group(core)
+        # 1. buffers: operands and output, by (address, length, stride, dtype)
         op_idx = [g.buf_index(arr, src, blocks.get(id(src))) for arr, src in operands]
         out_idx = g.buf_index(out[0], out[1], blocks.get(id(out[1])))
         # 2. place the node: after the last loop it conflicts with (reads what it writes,
@@ -190,11 +252,8 @@ def record(op: str, expr: str, kinds: tuple, loads: tuple, scalar_casts: tuple, 
             if target > b.last_read:
                 b.last_read = target
             if ops[-1][0] != "val":
-                # read from memory: keep the block (and its storage) out of the pool until the
-                # flush, and keep the stores of every buffer overlapping it (see _observable)
+                # read from memory: keep the stores of every buffer overlapping it
                 b.mem_read = True
-                if b.pin is None and b.block_ref is not None:
-                    b.pin = b.block_ref()
         base = len(g.scalars)
         g.scalars.extend(scalars)
         g.scalar_casts.extend(scalar_casts)
@@ -211,6 +270,15 @@ def record(op: str, expr: str, kinds: tuple, loads: tuple, scalar_casts: tuple, 
         return True
 
 
+def pending_write(arr: np.ndarray, src) -> bool:
+    """Does the calling stream's group hold a pending write that may touch arr's memory?"""
+    g = PENDING.get(stream_key()) if PENDING else None
+    if g is None:
+        return False
+    probe = _Buf(arr, src.data_ptr(), None)
+    return any(b.last_write >= 0 and _overlaps(b, probe) for b in g.bufs)
+
+
 def _barrier(g: _Group, op_idx: list, out_idx: int, kinds: tuple, numel: int) -> tuple:
     """(the last loop the node conflicts with or -1, whether it may join that loop).
 
@@ -220,16 +288,15 @@ def _barrier(g: _Group, op_idx: list, out_idx: int, kinds: tuple, numel: int) ->
     buffer, of its size, overlapping no other buffer it touches, not read as a single element."""
     bufs = g.bufs
     ob = bufs[out_idx]
-    olo, ohi = ob.lo, ob.hi
     reads = set(op_idx)
-    ranges = [(bufs[r].lo, bufs[r].hi) for r in reads]
+    rbufs = [bufs[r] for r in reads]
     barrier, conflicts = -1, []
     for j, b in enumerate(bufs):
         lw, lr = b.last_write, b.last_read
         if lw < 0 and lr < 0:
             continue
-        hit_w = j == out_idx or (b.lo < ohi and olo < b.hi)
-        hit = hit_w or j in reads or any(b.lo < hi and lo < b.hi for lo, hi in ranges)
+        hit_w = j == out_idx or _overlaps(b, ob)
+        hit = hit_w or j in reads or any(_overlaps(b, r) for r in rbufs)
         m = lw if hit else -1
         if hit_w and lr > m:
             m = lr
@@ -254,20 +321,42 @@ def _barrier(g: _Group, op_idx: list, out_idx: int, kinds: tuple, numel: int) ->
 
 def _exact_only(g: _Group, j: int, touched: set) -> bool:
     """True when buffer j overlaps none of `touched` except itself exactly."""
-    return all(k == j or not _overlaps(g, j, k) for k in touched)
+    return all(k == j or not _overlaps(g.bufs[j], g.bufs[k]) for k in touched)
 
 
 def flush(reason: str) -> None:
-    """Launch the pending group (if any) as one fused kernel. `reason` is counted and logged."""
-    if STATE.group is None:
+    """Launch the calling stream's pending group (if any) as one fused kernel. `reason` is
+    counted and logged."""
+    if not PENDING:
+        return
+    key = stream_key()
+    if key in PENDING:
+        with _lock:
+            _flush_locked(key, reason)
+
+
+def flush_all(reason: str) -> None:
+    """Launch every stream's pending group (synchronize, toggling adaptive eager)."""
+    if not PENDING:
         return
     with _lock:
-        _flush_locked(reason)
+        for key in list(PENDING):
+            _flush_locked(key, reason)
 
 
-def _flush_locked(reason: str) -> None:
-    g = STATE.group
-    STATE.group = None
+def flush_others(spans: list) -> None:
+    """Before an op touches the byte spans [(lo, hi), ...]: launch every other stream's group
+    that may touch them (a thread reading what another thread's group has yet to write, or
+    writing what it has yet to read). Groups never share pending memory."""
+    mine = stream_key()
+    with _lock:
+        for key, g in list(PENDING.items()):
+            if key != mine and g.touches(spans):
+                _flush_locked(key, "other thread")
+
+
+def _flush_locked(key, reason: str) -> None:
+    g = PENDING.pop(key, None)
     if g is None or g.n_nodes == 0:
         return
     STATS.flushes[reason] += 1
@@ -279,13 +368,31 @@ def _flush_locked(reason: str) -> None:
     _launch_group(g, reason)
 
 
+def _refs_baseline() -> int:
+    # what sys.getrefcount reports for a block only the group's pins hold, read the way
+    # _observable reads it (a list of the pins' values, a loop variable, the call's argument)
+    pins = {0: object()}
+    for blk in list(pins.values()):
+        return sys.getrefcount(blk)
+
+
+_REFS_BASELINE = _refs_baseline()
+
+
 def _observable(g: _Group) -> list:
     """Per buffer: can anything outside the group's registers see its memory after a store?
 
     Yes when any buffer overlapping its byte range (itself included) is read from memory in
     the group, has an owner we cannot track (no block: host scratch, a reinterpreting view), or
-    has a block that is still alive (the user holds a tensor on that storage)."""
-    out = [b.mem_read or b.block_ref is None or b.block_ref() is not None for b in g.bufs]
+    has a block someone besides the group's pins refers to (a live tensor). Counting more
+    references than there are only keeps a store: the rule errs on the safe side."""
+    held = {}
+    for blk in list(g.pins.values()):
+        held[id(blk)] = sys.getrefcount(blk) > _REFS_BASELINE
+    out = []
+    for b in g.bufs:
+        blk = b.block_ref() if b.block_ref is not None else None
+        out.append(b.mem_read or blk is None or held.get(id(blk), True))
     if all(out):
         return out
     # the seen ranges, merged into disjoint sorted spans; an unseen buffer is kept if it
@@ -335,17 +442,27 @@ def _launch_group(g: _Group, reason: str) -> None:
     stored = sum(g.bufs[n[5]].arr.nbytes for lp in spec[0] for n in lp[1] if n[5] is not None)
     loaded = sum(b.arr.nbytes for b in g.bufs if b.last_read >= 0)
 
-    try:
-        launch(("fused", spec, parallel), _renderer(spec, parallel), args, flops=float(numel * g.n_nodes),
-               bytes_moved=float(stored + loaded), engine="vector",
-               extra={"group_ops": g.n_nodes, "flush_reason": reason})
-    except Exception as exc:  # a fused kernel that fails falls back to op-by-op, counted
+    def replay(exc: Exception) -> None:
+        # the fused kernel could not be built: nothing ran, so op by op is exact (counted)
         STATS.fusion_fallbacks += 1
         if "flush" in config.log:
-            print(f"[eager_neuron] fused group failed ({type(exc).__name__}: "
+            print(f"[eager_neuron] fused group failed to build ({type(exc).__name__}: "
                   f"{str(exc)[:2000]}); running its ops one by one", file=sys.stderr)
         _run_one_by_one(g)
-        return
+
+    try:
+        launch(("fused", spec, parallel), _renderer(spec, parallel), args,
+               flops=float(numel * g.n_nodes), bytes_moved=float(stored + loaded),
+               engine="vector", extra={"group_ops": g.n_nodes, "flush_reason": reason},
+               core=g.core, on_build_error=replay)
+    except Exception as exc:
+        # NOTE: ops that can fault at run time (integer division, indexing) are never
+        # recorded, so this is a bug, not a user error: say which ops the group held
+        from .errors import KernelError, where
+
+        raise KernelError(
+            f"fused group of {g.n_nodes} ops failed on neuron: {type(exc).__name__}: {exc}\n"
+            f"  ops: {', '.join(g.ops)}\n{where()}") from exc
     STATS.fused_launches += 1
     STATS.fused_ops += g.n_nodes
 
@@ -375,7 +492,7 @@ def _launch_single(g: _Group, parallel: bool, reason: str) -> None:
             ew.PRELUDE_ID), render, (*arrays, *(g.scalars[i] for i in scal)),
            flops=float(arrays[0].size * max(1, expr.count("("))),
            bytes_moved=float(sum(x.nbytes for x in arrays)), engine="vector",
-           extra={"group_ops": 1, "flush_reason": reason})
+           extra={"group_ops": 1, "flush_reason": reason}, core=g.core)
     STATS.fused_launches += 1
     STATS.fused_ops += 1
 
@@ -399,7 +516,7 @@ def _run_one_by_one(g: _Group) -> None:
         spec = (((g.loops[li].size_buf,
                   ((expr, loads, store, tuple(fixed), scal, out_idx, reduce, 0),)),),
                 len(g.bufs), tuple(g.scalar_casts))
-        launch(("fused", spec, False), _renderer(spec, False), args)
+        launch(("fused", spec, False), _renderer(spec, False), args, core=g.core)
 
 
 def _renderer(spec: tuple, parallel: bool):

@@ -20,10 +20,11 @@ from torch.utils._pytree import tree_unflatten
 
 from . import backward as _backward
 from . import errors
-from . import launch as _launch
+from . import context as _context
 from . import tensor as _tensor_mod
 from .adaptive import MODULE as _adaptive
 from .config import config
+from .context import OpContext
 from .fallback import log_op, run_fallback
 from .inplace import resize_out, resize_outs, run_inplace_view
 from .lower.common import COMPLEX, DEVICE_DTYPES, HALF, bind, schema_args
@@ -35,9 +36,28 @@ from .tensor import NeuronTensor
 aten = torch.ops.aten
 
 def flush(reason: str) -> None:
-    """Adaptive eager: launch any pending fused group before a value can be observed."""
-    if _adaptive.STATE.group is not None:
+    """Adaptive eager: launch this thread's pending fused group before a value can be observed."""
+    if _adaptive.PENDING:
         _adaptive.flush(reason)
+
+
+def _spans(args, kwargs) -> list:
+    """Byte spans [(lo, hi), ...] of the neuron tensors among an op's arguments."""
+    spans = []
+    for x in (*args, *kwargs.values()):
+        if type(x) is NeuronTensor:
+            spans.append(_span(x._data))
+        elif isinstance(x, (list, tuple)):
+            spans.extend(_span(v._data) for v in x if type(v) is NeuronTensor)
+    return spans
+
+
+def _span(t: torch.Tensor) -> tuple:
+    lo = t.data_ptr()
+    if t.numel() == 0:
+        return lo, lo
+    return lo, lo + (1 + sum((sz - 1) * st for sz, st in zip(t.shape, t.stride())
+                             if sz > 1)) * t.element_size()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -136,7 +156,9 @@ def wrap(data: torch.Tensor, block, index: int | None):
 
 def to_host(t: NeuronTensor, reason: str = "host read") -> torch.Tensor:
     """Copy a neuron tensor to a fresh CPU tensor (a DMA transfer on the simulated device)."""
-    flush(reason)
+    if _adaptive.PENDING:
+        _adaptive.flush_others([_span(t._data)])
+        flush(reason)
     host = t._data.clone()
     SIM.cores[t.device.index].transfer(host.numel() * host.element_size())
     return host
@@ -158,6 +180,8 @@ def dispatch(func, args, kwargs, mode=None):
         plan = _PLANS[func] = _plan(func)
     if "ops" in config.log:
         log_op(plan, args, kwargs)
+    if _adaptive.PENDING and _others_pending():
+        _adaptive.flush_others(_spans(args, kwargs))
     try:
         if OP_HOOKS:
             with OP_HOOKS[0](plan, args, kwargs):
@@ -169,6 +193,11 @@ def dispatch(func, args, kwargs, mode=None):
         raise
 
 
+def _others_pending() -> bool:
+    pending = _adaptive.PENDING
+    return len(pending) > 1 or _adaptive.stream_key() not in pending
+
+
 def _placeholder_outputs(func, plan, args, kwargs, exc):
     """An op failed on autograd's side, where raising aborts the process in torch 2.13: see
     backward.py (the error is stashed; backward() raises it; nothing is written to .grad)."""
@@ -177,7 +206,7 @@ def _placeholder_outputs(func, plan, args, kwargs, exc):
 
 def _dispatch_plan(func, plan, args, kwargs, mode):
     kind = plan.kind
-    if _adaptive.STATE.group is not None and (
+    if _adaptive.PENDING and _adaptive.stream_key() in _adaptive.PENDING and (
             mode is not None or kind not in ("view", "alloc", "decomp", "foreach", "host",
                                              "kernel") or
             (kind == "kernel" and plan.lower not in _fusible()
@@ -283,33 +312,42 @@ def _run_kernel(func, plan, args, kwargs, mode):
         else:
             outs.append(leaf)
             blocks.append(None)
-    if plan.mutates and plan.lower in _fusible():   # in-place / out=: written args only
-        _check_partial_overlap(a, outs)
-    # 3. run the lowering (half types computed in float32, rounded to nearest even)
-    prev = _launch._current_core[0]
-    _launch._current_core[0] = index or 0
-    armed = _adaptive.STATE.enabled and mode is None and index is not None
-    if armed:
-        _adaptive.ARG_BLOCKS = _blocks_of(args, kwargs, outs, blocks)
-        if plan.name in _adaptive.REDUCTIONS and not plan.lower in _fusible():
-            if _adaptive.try_record_reduction(plan.name, a, outs, _adaptive.ARG_BLOCKS):
-                _launch._current_core[0] = prev
-                return wrap(outs[0], blocks[0], index)
+    if plan.mutates:   # in-place / out=: ATen's checks on the written tensors
+        _check_written(func, plan, a, outs, uargs, ukw)
+        if plan.lower in _fusible():
+            _check_partial_overlap(a, outs)
+    # 3. run the lowering (half types computed in float32, rounded to nearest even) under the
+    #    op's context: its core, its mode, whether adaptive eager may record it
+    fusible = plan.lower in _fusible()
+    if _adaptive.STATE.enabled and mode is None and index is not None:
+        ctx = OpContext(index, None, fusible, _blocks_of(args, kwargs, outs, blocks))
+        _capture_host_operands(a, ctx.blocks)
+        if plan.name in _adaptive.REDUCTIONS and not fusible:
+            prev = _context.swap(ctx)
+            try:
+                if _adaptive.try_record_reduction(plan.name, a, outs, ctx.blocks):
+                    return wrap(outs[0], blocks[0], index)
+            finally:
+                _context.swap(prev)
             flush(f"non-fusible op {plan.name}")
-        _adaptive.ARMED[0] = plan.lower in _fusible()
+            ctx.recording = False
+    else:
+        ctx = OpContext(index or 0, mode)
+    prev = _context.swap(ctx)
     try:
+        lower = plan.lower
         dtypes = {v.dtype for v in a.values() if isinstance(v, torch.Tensor)}
         dtypes.update(o.dtype for o in outs if isinstance(o, torch.Tensor))
-        if not dtypes.isdisjoint(COMPLEX) and not getattr(plan.lower, "handles_complex", False):
+        if not dtypes.isdisjoint(COMPLEX) and not getattr(lower, "handles_complex", False):
             from .lower.complex import run_complex  # complex operands: their own family
 
             run_complex(func, plan, a, outs)
-        elif not dtypes.isdisjoint(HALF) and not getattr(plan.lower, "handles_half", False):
+        elif not dtypes.isdisjoint(HALF) and not getattr(lower, "handles_half", False):
             from .lower.half import run_upcast
 
             run_upcast(func, plan, a, outs)
         else:
-            plan.lower(func, a, outs)
+            lower(func, a, outs)
     except (errors.UnsupportedOpError, errors.UnsupportedTensorError, torch.OutOfMemoryError):
         raise
     except NotImplementedError as exc:
@@ -317,10 +355,7 @@ def _run_kernel(func, plan, args, kwargs, mode):
     except Exception as exc:
         raise _kernel_error(plan, exc, args, kwargs) from exc
     finally:
-        _launch._current_core[0] = prev
-        if armed:
-            _adaptive.ARMED[0] = False
-            _adaptive.ARG_BLOCKS = {}
+        _context.swap(prev)
     # 4. results: written args come back as the caller's own objects
     results = []
     for i, out in enumerate(outs):
@@ -399,6 +434,87 @@ def _check_partial_overlap(a: dict, outs: list) -> None:
                     f"tensor before performing the operation.\n{errors.where()}")
 
 
+def _capture_host_operands(a: dict, blocks: dict) -> None:
+    """A CPU tensor operand (a 0-d tensor next to neuron ones) is read when the op is
+    recorded, not when the group launches: later writes to it must not reach the op."""
+    for k, v in a.items():
+        if isinstance(v, torch.Tensor) and id(v) not in blocks:
+            a[k] = v.clone()
+
+
+_CAN_CAST: dict = {}   # (func, argument types) -> the functional op's result dtype or None
+
+
+def _check_written(func, plan, a: dict, outs: list, uargs, ukw) -> None:
+    """ATen's checks on a tensor an op writes (in-place self, out=): no element may be shared
+    by two indices (an expanded or stride-0 view), and the op's result type must cast to it
+    (`torch.arange(5).mul_(1.5)`: "result type Float can't be cast to ... Long")."""
+    for name in plan.mutates:
+        t = a.get(name)
+        if isinstance(t, torch.Tensor) and t.numel() > 1 and 0 in t.stride() and \
+                torch._debug_has_internal_overlap(t) == 1:
+            raise RuntimeError(
+                "unsupported operation: more than one element of the written-to tensor refers "
+                "to a single memory location. Please clone() the tensor before performing the "
+                f"operation.\n{errors.where()}\n  op: {plan.name}")
+    if len(outs) != 1 or not isinstance(outs[0], torch.Tensor):
+        return
+    key = (func, *(v.dtype if isinstance(v, torch.Tensor) else type(v)
+                   for v in (*uargs, *ukw.values())))
+    result = _CAN_CAST.get(key, False)
+    if result is False:
+        result = _CAN_CAST[key] = _functional_dtype(func, plan, uargs, ukw)
+    out = outs[0]
+    if result is not None and not torch.can_cast(result, out.dtype):
+        raise RuntimeError(
+            f"result type {_TYPE_NAMES.get(result, result)} can't be cast to the desired output "
+            f"type {_TYPE_NAMES.get(out.dtype, out.dtype)}\n{errors.where()}\n  op: {plan.name}")
+
+
+_TYPE_NAMES = {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half",
+               torch.bfloat16: "BFloat16", torch.int64: "Long", torch.int32: "Int",
+               torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte", torch.bool: "Bool",
+               torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble"}
+# ops whose written tensor takes any result (copies and fills cast; comparisons write bools)
+_ANY_RESULT = ("aten::copy_", "aten::fill_", "aten::zero_", "aten::masked_fill_",
+               "aten::index_put_", "aten::_index_put_impl_", "aten::index_fill_",
+               "aten::masked_scatter_", "aten::set_", "aten::resize_")
+
+
+def _functional_dtype(func, plan, uargs, ukw):
+    """The dtype the op's functional form returns for these arguments (meta), or None when
+    there is none or the check does not apply."""
+    schema = func._schema
+    base = schema.name
+    if base in _ANY_RESULT or not schema.name.startswith("aten::"):
+        return None
+    inplace = base.endswith("_") and not base.endswith("__")
+    if not inplace and not plan.out_args:
+        return None
+    fname = base.split("::")[1].rstrip("_") if inplace else base.split("::")[1]
+    packet = getattr(torch.ops.aten, fname, None)
+    if packet is None:
+        return None
+    out_names = set(plan.out_args)
+    names = [x.name for x in schema.arguments if x.name not in out_names]
+    for ov in packet.overloads():
+        f = getattr(packet, ov)
+        fs = f._schema
+        if fs.returns and len(fs.returns) == 1 and not any(
+                x.alias_info is not None and x.alias_info.is_write for x in fs.arguments) \
+                and [x.name for x in fs.arguments] == names:
+            break
+    else:
+        return None
+    try:
+        margs = _to_meta(list(uargs[:len(names)]))
+        mkw = {k: _to_meta(v) for k, v in ukw.items() if k not in out_names}
+        r = f(*margs, **mkw)
+    except Exception:  # the functional form declines these arguments: no verdict
+        return None
+    return r.dtype if isinstance(r, torch.Tensor) else None
+
+
 def _blocks_of(args, kwargs, outs, blocks) -> dict:
     found = {}
     for x in list(args) + list(kwargs.values()):
@@ -419,8 +535,7 @@ def _run_dynamic(func, plan, args, kwargs, mode):
     lowering counts first, then allocates and fills; it returns [(data, block), ...]."""
     uargs, ukw, index = unwrap_args(args, kwargs)
     a = bind(func, uargs, ukw)
-    prev = _launch._current_core[0]
-    _launch._current_core[0] = index or 0
+    prev = _context.swap(OpContext(index or 0, mode))
     try:
         produced = plan.lower(func, a, index)
     except NotImplementedError as exc:
@@ -431,7 +546,7 @@ def _run_dynamic(func, plan, args, kwargs, mode):
     except Exception as exc:
         raise _kernel_error(plan, exc, args, kwargs) from exc
     finally:
-        _launch._current_core[0] = prev
+        _context.swap(prev)
     outs = [wrap(data, block, index) for data, block in produced]
     return outs[0] if len(outs) == 1 else tuple(outs)
 

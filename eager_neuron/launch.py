@@ -20,13 +20,15 @@ from typing import Callable
 import numpy as np
 
 from .cache import FORMAT_VERSION, MemoryCache
+from . import context as _context
 from .config import config
 from .kernels import compile as kc
 from .stats import STATS
 
 MEMORY = MemoryCache()
 DISK = None          # set by eager_neuron.cache.disk when the disk tier is enabled
-_current_core = [0]  # the core the current op runs on (set by dispatch)
+_current_core = [0]  # NOTE: legacy default core for launches outside an op context
+_TLS = _context._TLS
 HOOKS: list = []     # profiler callbacks: fn(event dict)
 _SIM = [None]        # the simulator (imported on first launch: it imports this module's peers)
 
@@ -42,6 +44,12 @@ def arg_types(args: tuple) -> tuple:
         else:
             out.append(type(a).__name__)
     return tuple(out)
+
+
+def current_core() -> int:
+    """The core the op being lowered on this thread runs on (from its OpContext)."""
+    ctx = getattr(_TLS, "ctx", None)
+    return ctx.core if ctx is not None else _current_core[0]
 
 
 def _build(key: tuple, render: Callable[[], tuple[str, str]], args: tuple):
@@ -75,11 +83,14 @@ def _build(key: tuple, render: Callable[[], tuple[str, str]], args: tuple):
 
 def launch(key: tuple, render: Callable[[], tuple[str, str]], args: tuple,
            flops: float = 0.0, bytes_moved: float = 0.0, engine: str = "vector",
-           dtype_class: str = "fp32", extra: dict | None = None) -> None:
+           dtype_class: str = "fp32", extra: dict | None = None, core: int | None = None,
+           on_build_error: Callable[[Exception], None] | None = None) -> None:
     """Run the kernel for `key` on `args` (numpy arrays and scalars) and charge its cost.
 
     `key` is (family, op, static fields...); the arguments' types are appended here, so a new
-    layout or dtype is a new kernel and a new size is not.
+    layout or dtype is a new kernel and a new size is not. The core charged is `core`, else the
+    current op context's. `on_build_error(exc)`, if given, is called instead of raising when
+    the kernel cannot be built (nothing has run: the caller may take another route).
     """
     full_key = (FORMAT_VERSION,) + key + arg_types(args)
     kernel = MEMORY.get(full_key)
@@ -87,7 +98,13 @@ def launch(key: tuple, render: Callable[[], tuple[str, str]], args: tuple,
         STATS.memory_hits += 1
         outcome, seconds = "memory", 0.0
     else:
-        kernel, outcome, seconds = _build(full_key, render, args)
+        try:
+            kernel, outcome, seconds = _build(full_key, render, args)
+        except Exception as exc:
+            if on_build_error is None:
+                raise
+            on_build_error(exc)
+            return
         MEMORY.put(full_key, kernel)
     t0 = time.perf_counter() if (HOOKS or "kernels" in config.log) else 0.0
     kernel(*args)
@@ -98,7 +115,10 @@ def launch(key: tuple, render: Callable[[], tuple[str, str]], args: tuple,
         from .simulator import SIM as sim
 
         _SIM[0] = sim
-    device_us = sim.cores[_current_core[0]].launch(flops, bytes_moved, engine, dtype_class)
+    if core is None:
+        ctx = getattr(_TLS, "ctx", None)
+        core = ctx.core if ctx is not None else _current_core[0]
+    device_us = sim.cores[core].launch(flops, bytes_moved, engine, dtype_class)
     if t0:
         host_us = (time.perf_counter() - t0) * 1e6
         event = {"key": key, "outcome": outcome, "compile_s": seconds, "host_us": host_us,

@@ -62,7 +62,7 @@ def _cast_half(src: torch.Tensor, dst: torch.Tensor) -> None:
         flush("float16 host cast")
         dst.copy_(src)
         STATS.launches += 1
-        SIM.cores[_launch._current_core[0]].launch(0, dst.numel() * 6, "vector")
+        SIM.cores[_launch.current_core()].launch(0, dst.numel() * 6, "vector")
         return
     if src.dtype == torch.bfloat16 and dst.dtype == torch.bfloat16:
         _bits("cast::bits", src.expand(dst.shape), dst, torch.int16, torch.int16)

@@ -23,7 +23,9 @@ import re
 
 import torch
 
+from .. import errors
 from ..adaptive import MODULE as _adaptive
+from ..context import _TLS as _ctx_tls
 from ..kernels import compile as kc
 from ..kernels import elementwise as kew
 from ..kernels import vmath as _vmath
@@ -86,7 +88,7 @@ OPS: dict = {
     "aten::isnan": ("self != self", "none"),
     "aten::signbit": ("math.copysign(T(1), self) < 0", "out_float"),
     # -- activations ------------------------------------------------------------------------------
-    "aten::relu": ("self if not (self <= 0) else T(0)", "out"),
+    "aten::relu": ("self if not (self < 0) else T(0)", "out"),  # as the CPU: -0.0, NaN kept
     "aten::sigmoid": ("T(1) / (T(1) + math.exp(-self))", "out"),
     "aten::silu": ("self / (T(1) + math.exp(-self))", "out"),
     "aten::mish": ("self * math.tanh(math.log1p(math.exp(self)) if self <= 20 else self)", "out"),
@@ -314,6 +316,8 @@ def _div_trunc_f(a, b, one):
 def _div_trunc_i(a, b, one):
     if b == 0:
         raise ZeroDivisionError("ZeroDivisionError")
+    if b == -1:
+        return -a  # two's complement: MIN // -1 wraps to MIN (LLVM's sdiv would give 0)
     q = a // b
     if q < 0 and q * b != a:
         q += 1
@@ -338,6 +342,8 @@ def _div_floor_f(a, b, one):
 def _div_floor_i(a, b, one):
     if b == 0:
         raise ZeroDivisionError("ZeroDivisionError")
+    if b == -1:
+        return -a  # as the CPU: INT64_MIN // -1 == INT64_MIN (wraps), not 0
     return a // b
 
 @njit(inline="always", error_model="numpy")
@@ -423,6 +429,8 @@ def _finfo_max(x):
 
 _HELPERS = ("_div_trunc", "_div_floor", "_rem", "_fmod", "_pow", "_shl", "_shr", "_gcd")
 _HELPER_RE = re.compile(r"\b(" + "|".join(_HELPERS) + r")\(")
+# the integer helpers that raise (division by zero): such a kernel can fail after some stores
+_FAULTS_RE = re.compile(r"\b_(div_trunc|div_floor|rem|fmod)_i\(")
 # special functions (lower/special.py, kernels/special.py): their source is added to a kernel
 # only when its expression calls one
 SPECIAL_PRELUDE = _special.PRELUDE
@@ -441,7 +449,7 @@ class _Spec:
     """What a call's argument types fix: operands, the rendered expression, casts, the store."""
 
     __slots__ = ("tensors", "scalars", "expr", "loads", "scalar_casts", "store", "T", "flops",
-                 "engine", "special")
+                 "engine", "special", "faults")
 
     def __init__(self, tensors, scalars, expr, loads, scalar_casts, store, T, flops, engine,
                  special=False):
@@ -455,6 +463,7 @@ class _Spec:
         self.flops = flops
         self.engine = engine
         self.special = special            # calls a special-function helper (SPECIAL_PRELUDE)
+        self.faults = bool(_FAULTS_RE.search(expr))   # may raise inside the kernel
 
 
 _NAMES: dict = {}   # (id(overload), template) -> the names the template uses, schema order
@@ -487,8 +496,27 @@ def _type_of(v):
     return v.dtype if isinstance(v, torch.Tensor) else type(v)
 
 
+# Integer-only ops: the CPU refuses other dtypes by name ("bitwise_and_cpu" not implemented for
+# 'Float'); decided here, before a compile (a float `&` used to fail inside Numba's typing).
+# op -> (the CPU kernel's name, bool allowed)
+_INT_ONLY = {"aten::bitwise_and": ("bitwise_and_cpu", True),
+             "aten::bitwise_or": ("bitwise_or_cpu", True),
+             "aten::bitwise_xor": ("bitwise_xor_cpu", True),
+             "aten::bitwise_left_shift": ("lshift_cpu", False),
+             "aten::bitwise_right_shift": ("rshift_cpu", False),
+             "aten::gcd": ("gcd_cpu", False), "aten::lcm": ("lcm_cpu", False)}
+
+
+def _check_int_only(op_name: str, dtype) -> None:
+    kernel, bool_ok = _INT_ONLY[op_name]
+    if dtype.is_floating_point or dtype.is_complex or (dtype == torch.bool and not bool_ok):
+        raise errors.NotImplementedForDtype(kernel, dtype)
+
+
 def _build_spec(op_name: str, template: str, rule: str, arg_casts: dict, a: dict, names: tuple,
                 as_scalar: tuple, out_dtype) -> _Spec:
+    if op_name in _INT_ONLY:
+        _check_int_only(op_name, out_dtype)
     bad = [v.dtype for v in (*(a[nm] for nm in names), torch.empty(0, dtype=out_dtype))
            if isinstance(v, torch.Tensor) and v.dtype not in NP_TYPE]
     if bad:
@@ -566,7 +594,9 @@ def lower_elementwise(func, a: dict, outs: list, op_name: str) -> None:
     # 1. the spec, per argument types. A one-element tensor operand of a larger output is read
     #    once, as a kernel scalar, so `x * t` (t of one element) shares the kernel of `x * 2.0`.
     #    Not while adaptive eager records: the element may be the pending output of a recorded op.
-    one_ok = n != 1 and rule not in ("none", "common") and not _adaptive.ARMED[0]
+    ctx = getattr(_ctx_tls, "ctx", None)
+    armed = ctx is not None and ctx.recording
+    one_ok = n != 1 and rule not in ("none", "common") and not armed
     types, as_scalar, nps = [], [], {}
     for nm in names:
         v = a[nm]
@@ -631,12 +661,18 @@ def lower_elementwise(func, a: dict, outs: list, op_name: str) -> None:
         scalar_vals.append(v)
     expr, loads, scalar_casts, store = spec.expr, spec.loads, spec.scalar_casts, spec.store
     parallel = n >= PARALLEL_MIN and kc.parallel_allowed()
-    if _adaptive.ARMED[0]:
-        if rank == 1 and not spec.special:
+    if armed:
+        if spec.faults:
+            # an op that can raise mid-kernel (integer division by zero) is never recorded:
+            # what is pending launches first, then this op alone, so its error comes from its
+            # own line with nothing half-written (see docs/ARCHITECTURE.md, adaptive eager)
+            _adaptive.flush("op that can fault")
+        elif rank == 1 and not spec.special:
             # adaptive eager: append to the pending fused group instead of launching
             operands = [(arrays[1 + i], a[nm]) for i, nm in enumerate(tensors)]
             if _adaptive.record(op_name, expr, kinds, loads, scalar_casts, store,
-                                (arrays[0], out), operands, tuple(scalar_vals), n):
+                                (arrays[0], out), operands, tuple(scalar_vals), n,
+                                blocks=ctx.blocks, core=ctx.core):
                 return
         else:
             _adaptive.flush("special function" if spec.special else

@@ -24,7 +24,7 @@ from .shape import np_view as _np
 
 def core_index(index: int) -> int:
     """The core a DYNAMIC op allocates on: given, or the one dispatch set for this op."""
-    return _launch._current_core[0] if index == -1 else index
+    return _launch.current_core() if index == -1 else index
 
 
 def count_nonzero(x: torch.Tensor) -> int:

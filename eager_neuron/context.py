@@ -1,0 +1,67 @@
+"""The op context: what one op's lowering needs to know about the call, passed down explicitly.
+
+dispatch() makes one `OpContext` per kernel op (the core, the mode, whether adaptive eager may
+record the op, the arguments' blocks) and installs it for the duration of the lowering. The
+launcher (`eager_neuron.launch.launch`) reads the core from it; a lowering that may be recorded
+asks `ctx.recording`. Nothing about an op lives in a module global, and the context is per
+thread (autograd's worker thread runs its own ops with its own contexts).
+
+>>> from eager_neuron.context import OpContext, current, using
+>>> with using(OpContext(core=1)):
+...     current().core
+1
+>>> current() is None
+True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+_TLS = threading.local()
+
+
+class OpContext:
+    """One op's call context.
+
+    core       the NeuronCore the op runs on (and is charged to)
+    mode       the NeuronMode when entered through it (CPU in, CPU out), else None
+    recording  adaptive eager may record this op's launch into the stream's group
+    blocks     id(host buffer) -> Block for the op's device operands and outputs
+    """
+
+    __slots__ = ("core", "mode", "recording", "blocks")
+
+    def __init__(self, core: int = 0, mode=None, recording: bool = False,
+                 blocks: dict | None = None) -> None:
+        self.core = core
+        self.mode = mode
+        self.recording = recording
+        self.blocks = blocks if blocks is not None else {}
+
+    def __repr__(self) -> str:
+        return (f"OpContext(core={self.core}, mode={self.mode!r}, "
+                f"recording={self.recording})")
+
+
+def current() -> OpContext | None:
+    """The context of the op this thread is lowering (None outside a lowering)."""
+    return getattr(_TLS, "ctx", None)
+
+
+def swap(ctx: OpContext | None) -> OpContext | None:
+    """Install ctx for this thread; returns the previous one (restore it with swap(prev))."""
+    prev = getattr(_TLS, "ctx", None)
+    _TLS.ctx = ctx
+    return prev
+
+
+@contextlib.contextmanager
+def using(ctx: OpContext):
+    """with using(ctx): ... runs a lowering under ctx (restores the previous context)."""
+    prev = swap(ctx)
+    try:
+        yield ctx
+    finally:
+        swap(prev)
