@@ -66,6 +66,40 @@ class KernelError(RuntimeError):
     """A kernel failed to compile or run; names the op and the user's line."""
 
 
+# PyTorch's names for dtypes in "not implemented for 'Float'" messages (c10's toString)
+_SCALAR_NAME = {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half",
+                torch.bfloat16: "BFloat16", torch.bool: "Bool", torch.complex64: "ComplexFloat",
+                torch.complex128: "ComplexDouble", torch.complex32: "ComplexHalf",
+                torch.uint8: "Byte", torch.int8: "Char", torch.int16: "Short", torch.int32: "Int",
+                torch.int64: "Long"}
+
+
+class NotImplementedForDtype(Exception):
+    """A lowering refuses a dtype the CPU kernel refuses too; kernel_error raises it as the
+    CPU's NotImplementedError. (A NotImplementedError raised by a lowering means "declined, try
+    a decomposition or the fallback", so lowerings raise this instead.)
+
+    >>> str(NotImplementedForDtype("bitwise_and_cpu", torch.float32))
+    '"bitwise_and_cpu" not implemented for \'Float\''
+    """
+
+    def __init__(self, kernel: str, dtype) -> None:
+        self.kernel, self.dtype = kernel, dtype
+        name = _SCALAR_NAME.get(dtype, str(dtype))
+        super().__init__(f'"{kernel}" not implemented for \'{name}\'')
+
+
+def _user_dtype(exc: NotImplementedForDtype, args) -> NotImplementedForDtype:
+    """Half/bfloat16 operands reach a lowering upcast to float32: name the user's dtype."""
+    if exc.dtype != torch.float32:
+        return exc
+    dts = {a.dtype for a in args if isinstance(a, torch.Tensor)}
+    half = dts & {torch.float16, torch.bfloat16}
+    if len(half) == 1 and not dts & {torch.float32, torch.float64}:
+        return NotImplementedForDtype(exc.kernel, half.pop())
+    return exc
+
+
 # ---------------------------------------------------------------------------------------------
 # the CPU's exception type for an error raised by a neuron lowering or kernel
 # ---------------------------------------------------------------------------------------------
@@ -112,6 +146,8 @@ def cpu_error_type(name: str, exc: BaseException) -> type:
     <class 'IndexError'>
     """
     base = _base(name)
+    if isinstance(exc, NotImplementedForDtype):
+        return NotImplementedError
     if isinstance(exc, ZeroDivisionError):
         return RuntimeError
     if isinstance(exc, IndexError) and base in _INDEX_IS_RUNTIME:
@@ -135,8 +171,13 @@ def kernel_error(name: str, exc: BaseException, args=(), kwargs=None) -> Excepti
     ('RuntimeError', True)
     """
     kind = cpu_error_type(name, exc)
-    detail = (f"{name} failed on neuron: {type(exc).__name__}: {exc}\n{where()}\n"
-              f"  args: {describe_args(args, kwargs or {})}")
+    if isinstance(exc, NotImplementedForDtype):  # the CPU's words first, as it says them
+        exc = _user_dtype(exc, args)
+        detail = (f"{exc}\n  ({name} on neuron)\n{where()}\n"
+                  f"  args: {describe_args(args, kwargs or {})}")
+    else:
+        detail = (f"{name} failed on neuron: {type(exc).__name__}: {exc}\n{where()}\n"
+                  f"  args: {describe_args(args, kwargs or {})}")
     if kind is KernelError or isinstance(exc, KernelError):
         return KernelError(detail)
     try:

@@ -427,3 +427,38 @@ DYNAMIC = {
 # shape ops (cat, pad, flip, roll, repeat, tril/triu, *_scatter) live next door; their old
 # sort/topk entries are overridden by the sort family (lower/sort.py, registered later in ops)
 LOWERINGS.update(SHAPE_LOWERINGS)
+
+
+# ---------------------------------------------------------------------------------------------
+# one_hot, checked as on the CPU
+# ---------------------------------------------------------------------------------------------
+# ATen's one_hot skips its bounds checks on PrivateUse1 devices (it relies on a device-side
+# assert, which a host-simulated device never fires) and compares against arange: an index out
+# of range silently became a zero row. aten::one_hot is CompositeImplicitAutograd, so it never
+# reaches dispatch; an AutogradPrivateUse1 kernel checks first, then runs ATen's composite.
+
+_ONE_HOT = torch.ops.aten.one_hot.default
+
+
+def one_hot_checked(self: torch.Tensor, num_classes: int = -1) -> torch.Tensor:
+    """aten::one_hot for neuron tensors: the CPU's errors for negative or too large classes.
+
+    >>> import torch, eager_neuron, torch.nn.functional as F
+    >>> F.one_hot(torch.tensor([0, 2], device="neuron"), 3).cpu().tolist()
+    [[1, 0, 0], [0, 0, 1]]
+    >>> F.one_hot(torch.tensor([0, 5], device="neuron"), 3)
+    Traceback (most recent call last):
+    ...
+    RuntimeError: Class values must be smaller than num_classes.
+    """
+    if self.dtype == torch.int64 and self.numel() > 0:
+        lo, hi = (int(v) for v in torch.aminmax(self.detach()))  # one host read, as the CPU
+        if lo < 0:
+            raise RuntimeError("Class values must be non-negative.")
+        if num_classes != -1 and hi >= num_classes:
+            raise RuntimeError("Class values must be smaller than num_classes.")
+    return _ONE_HOT._op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, self, num_classes)
+
+
+_LIB = torch.library.Library("aten", "IMPL")
+_LIB.impl("one_hot", one_hot_checked, "AutogradPrivateUse1")
