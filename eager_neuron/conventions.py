@@ -1,10 +1,15 @@
 """The PyTorch device conventions CUDA users take for granted, installed at import.
 
 Each piece lives in its own module (storage.py: storages and checkpoints; amp.py: autocast and
-GradScaler; pinned.py: pinned host memory); this module only wires them in once.
+GradScaler; pinned.py: pinned host memory; devapi.py: the rest of torch.neuron's API); this
+module only wires them in once, after device.register() made torch.neuron.
 """
 
 from __future__ import annotations
+
+import sys
+
+import torch
 
 _installed = False
 
@@ -14,6 +19,12 @@ def install() -> None:
     if _installed:
         return
     _installed = True
-    from . import storage
+    from . import amp, storage
 
     storage.install()
+    amp.install()
+    mod = torch.neuron
+    for name in amp.MODULE_FUNCTIONS:
+        setattr(mod, name, getattr(amp, name))
+    mod.amp = amp.amp_module()
+    sys.modules["torch.neuron.amp"] = mod.amp
