@@ -7,6 +7,8 @@ Scripts print one JSON line of results last; `_run` returns it with the process'
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -147,7 +149,7 @@ def test_second_process_runs_with_the_compiler_raising(trained, tmp_path):
 # records the warnings it raised with the filter at "always", so a second warning would show.
 
 SCENARIOS = """
-import json, os, resource, signal, sys, threading, warnings
+import contextlib, json, os, resource, shutil, signal, sys, threading, warnings
 import numpy as np
 import torch, eager_neuron
 from eager_neuron import launch
@@ -182,6 +184,34 @@ def two_threads():
     return all(o.tolist() == [3.0] * 5 for o in outs)
 
 
+def deleted_dir(cache_dir):
+    # a kernel stored, then the whole cache directory deleted while the process runs
+    out = np.zeros(5, np.float32)
+    launch.launch(("test", "before_rm"), lambda: (SRC, "k_fill"), (out, 2.0))
+    shutil.rmtree(cache_dir)
+    return small_ops() and out.tolist() == [4.0] * 5
+
+
+def waited(tier, cache_dir):
+    # another process compiles and stores the kernel while this one waits for the lock
+    from eager_neuron.kernels import compile as kc
+
+    out = np.zeros(5, np.float32)
+    other = disk.DiskTier(cache_dir)
+    real_lock = tier.lock
+
+    @contextlib.contextmanager
+    def lock(key, source):
+        with real_lock(key, source):
+            kernel, seconds = kc.timed_compile(source, "k_fill", (out, 1.5))
+            other.store(key, kernel, source, "k_fill", seconds)
+            yield
+
+    tier.lock = lock
+    launch.launch(("test", "waited"), lambda: (SRC, "k_fill"), (out, 1.5))
+    return out.tolist() == [3.0] * 5
+
+
 def run(cache_dir, mode):
     launch.MEMORY.clear()
     tier = disk.install(disk.DiskTier(cache_dir))
@@ -203,7 +233,14 @@ def run(cache_dir, mode):
             if mode == "toolchain":
                 keys.toolchain = lambda: toolchain() + (("numba", "99.0"),)
                 keys.toolchain_id.cache_clear()
-            ok = two_threads() if mode == "threads" else small_ops()
+            if mode == "threads":
+                ok = two_threads()
+            elif mode == "deleted_dir":
+                ok = deleted_dir(cache_dir)
+            elif mode == "waited":
+                ok = waited(tier, cache_dir)
+            else:
+                ok = small_ops()
         finally:
             resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
             keys.toolchain = toolchain
@@ -232,7 +269,7 @@ def never_fatal(small, tmp_path_factory):
     source, kernels, _ = small
     tmp = tmp_path_factory.mktemp("never_fatal")
     dirs = {}
-    for case in ("corrupt", "version", "toolchain", "read_only"):
+    for case in ("corrupt", "version", "toolchain", "read_only", "damaged_db"):
         dirs[case] = tmp / case
         shutil.copytree(source, dirs[case])
 
@@ -252,10 +289,14 @@ def never_fatal(small, tmp_path_factory):
         return disk.pack(header, payload)
 
     rewrite(dirs["version"], restamp)
+    # the SQLite index itself garbled (the value files stay behind, orphaned)
+    (dirs["damaged_db"] / "cache.db").write_bytes(b"not a database " * 300)
     dirs["unusable"] = tmp / "a_file"
     dirs["unusable"].write_text("this is a file, not a cache directory")
     dirs["full"] = tmp / "full"
     dirs["threads"] = tmp / "threads"
+    dirs["deleted_dir"] = tmp / "deleted_dir"
+    dirs["waited"] = tmp / "waited"
     if os.geteuid() != 0:
         for root, subdirs, files in os.walk(dirs["read_only"]):
             for name in files:
@@ -270,7 +311,11 @@ def never_fatal(small, tmp_path_factory):
             ("unusable", str(dirs["unusable"]), ""),
             ("read_only", str(dirs["read_only"]), "no_writes"),
             ("full", str(dirs["full"]), "full"),
-            ("threads", str(dirs["threads"]), "threads")]
+            ("threads", str(dirs["threads"]), "threads"),
+            ("damaged_db", str(dirs["damaged_db"]), ""),
+            ("damaged_db_again", str(dirs["damaged_db"]), ""),
+            ("deleted_dir", str(dirs["deleted_dir"]), "deleted_dir"),
+            ("waited", str(dirs["waited"]), "waited")]
     script = tmp / "scenarios.py"
     script.write_text(SCENARIOS)
     try:
@@ -281,7 +326,9 @@ def never_fatal(small, tmp_path_factory):
         for root, _subdirs, _files in os.walk(dirs["read_only"]):
             os.chmod(root, 0o755)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1]), kernels
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    results["_dirs"] = {k: str(v) for k, v in dirs.items()}
+    return results, kernels
 
 
 def _split(blob):
@@ -341,6 +388,50 @@ def test_full_disk(never_fatal):
     assert len(out["warnings"]) == 1
 
 
+def test_damaged_database_is_moved_aside_and_rebuilt(never_fatal):
+    results, kernels = never_fatal
+    cache_dir = results["_dirs"]["damaged_db"]
+    out = results["damaged_db"]
+    assert out["ok"] and out["compiles"] == kernels and out["disk_errors"] == 0
+    assert out["disk_misses"] == {"absent": kernels}
+    aside = [f for f in os.listdir(cache_dir) if f.startswith("cache.db.damaged-")]
+    assert len(aside) == 1
+    (warning,) = out["warnings"]                        # one warning, naming both paths
+    assert os.path.join(cache_dir, "cache.db") in warning and aside[0] in warning
+    again = results["damaged_db_again"]                  # the rebuilt cache serves the next run
+    assert again["ok"] and again["compiles"] == 0 and again["disk_hits"] == kernels
+    assert again["warnings"] == [] and _intact(cache_dir) == kernels
+
+
+def test_cache_directory_deleted_mid_run_is_recreated(never_fatal):
+    results, kernels = never_fatal
+    cache_dir = results["_dirs"]["deleted_dir"]
+    out = results["deleted_dir"]
+    assert out["ok"] and out["compiles"] == kernels + 1 and out["disk_errors"] == 0
+    assert len(out["warnings"]) == 1 and "disappeared" in out["warnings"][0]
+    assert _intact(cache_dir) == kernels                # every later kernel reached the disk
+    assert _orphans(cache_dir) == []
+
+
+def test_kernel_loaded_after_waiting_counts_once(never_fatal):
+    out = never_fatal[0]["waited"]
+    assert out["ok"] and out["compiles"] == 0 and out["disk_hits"] == 1
+    assert out["disk_misses"] == {} and out["memory_hits"] == 0 and out["disk_errors"] == 0
+
+
+def _orphans(cache_dir) -> list:
+    """Value files no entry refers to."""
+    import diskcache
+
+    with diskcache.Cache(str(cache_dir)) as cache:
+        known = {row[0] for row in cache._sql(
+            "SELECT filename FROM Cache WHERE filename IS NOT NULL").fetchall()}
+    return [os.path.relpath(os.path.join(root, f), cache_dir)
+            for root, _, files in os.walk(cache_dir) for f in files
+            if f.endswith(".val") and os.path.relpath(os.path.join(root, f), cache_dir)
+            not in known]
+
+
 # -- concurrency -------------------------------------------------------------------------------
 
 RACE = """
@@ -369,7 +460,8 @@ def test_two_processes_compile_each_kernel_once(small, tmp_path):
     assert sum(o["compiles"] for o in outs) == kernels          # one compile per kernel
     for o in outs:
         assert o["compiles"] + o["disk_hits"] == kernels
-        assert set(o["disk_misses"]) <= {"absent"} and o["disk_errors"] == 0
+        assert o["disk_misses"] == ({"absent": o["compiles"]} if o["compiles"] else {})
+        assert o["disk_errors"] == 0
     assert _intact(tmp_path / "cache") == kernels               # and the cache is intact
 
 
@@ -525,3 +617,76 @@ def test_size_cap_evicts_least_recently_used(tmp_path):
         cache.set(f"k{i}", blob)
     assert "first" in cache and "k0" not in cache and "k59" in cache
     assert cache.volume() <= 2**20 + 40_000
+
+
+# -- the tool on a damaged cache; --dir after every verb ----------------------------------------
+
+def _tool(*argv) -> tuple[int, str]:
+    """Run the cache tool in this process; --dir moves config.cache_dir, so it is put back."""
+    from eager_neuron.config import config
+    from eager_neuron.tools.cache import main
+
+    buf, before = io.StringIO(), config.cache_dir
+    try:
+        with contextlib.redirect_stdout(buf):
+            code = main(list(argv))
+    finally:
+        config.cache_dir = before
+    return code, buf.getvalue()
+
+
+def _garbled_copy(small, dest):
+    shutil.copytree(small[0], dest)
+    (dest / "cache.db").write_bytes(os.urandom(8192))
+    return str(dest)
+
+
+def test_tool_ls_and_stats_survive_a_damaged_database(small, tmp_path):
+    from eager_neuron.cache.disk import DiskCacheWarning
+
+    cache_dir = _garbled_copy(small, tmp_path / "c")
+    with pytest.warns(DiskCacheWarning, match="cache.db is damaged"):
+        code, text = _tool("ls", "--dir", cache_dir, "--json")
+    assert code == 0 and json.loads(text) == []
+    code, text = _tool("stats", "--dir", cache_dir, "--json")
+    assert code == 0 and json.loads(text)["entries"] == 0
+
+
+def test_tool_clear_always_leaves_a_working_cache(small, tmp_path):
+    import diskcache
+
+    from eager_neuron.cache.disk import DiskCacheWarning
+
+    for name, damage in (("intact", False), ("garbled", True)):
+        cache_dir = (_garbled_copy(small, tmp_path / name) if damage
+                     else str(shutil.copytree(small[0], tmp_path / name)))
+        with pytest.warns(DiskCacheWarning) if damage else contextlib.nullcontext():
+            code, text = _tool("clear", "--dir", cache_dir)
+        assert code == 0, text
+        assert text.startswith(f"removed {0 if damage else small[1]} kernels")
+        assert _orphans(cache_dir) == []
+        with diskcache.Cache(cache_dir) as cache:           # it opens, reads and writes
+            assert len(cache) == 0
+            cache.set("probe", b"x" * 100_000)
+            assert cache.get("probe") == b"x" * 100_000
+
+
+def test_every_verb_takes_dir_after_the_verb(small, tmp_path):
+    from eager_neuron import launch
+
+    src = str(shutil.copytree(small[0], tmp_path / "src"))
+    dst, archive = str(tmp_path / "dst"), str(tmp_path / "k.tar.gz")
+    script = tmp_path / "nothing.py"
+    script.write_text("pass\n")
+    assert json.loads(_tool("stats", "--dir", src, "--json")[1])["entries"] == small[1]
+    assert len(json.loads(_tool("ls", "--dir", src, "--json")[1])) == small[1]
+    assert _tool("export", "--dir", src, archive)[0] == 0
+    assert _tool("import", "--dir", dst, archive)[0] == 0
+    assert json.loads(_tool("stats", "--dir", dst, "--json")[1])["entries"] == small[1]
+    before = launch.DISK
+    try:
+        assert _tool("warm", "--dir", dst, str(script))[0] == 0
+    finally:
+        launch.DISK = before
+    assert _tool("clear", "--dir", dst)[0] == 0
+    assert json.loads(_tool("stats", "--dir", dst, "--json")[1])["entries"] == 0

@@ -7,7 +7,7 @@
     python -m eager_neuron.tools.cache export FILE.tar.gz    the entries of this toolchain
     python -m eager_neuron.tools.cache import FILE.tar.gz    add a teammate's entries
 
-`--dir DIR` picks the cache (default: EAGER_NEURON_CACHE_DIR, else ~/.cache/eager_neuron);
+`--dir DIR` (before or after the verb) picks the cache (default: EAGER_NEURON_CACHE_DIR, else ~/.cache/eager_neuron);
 `--json` prints stats / ls as JSON.
 
 >>> from eager_neuron.tools.cache import main
@@ -178,21 +178,26 @@ def cmd_warm(tier: DiskTier, args) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m eager_neuron.tools.cache",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dir", help="cache directory (default: EAGER_NEURON_CACHE_DIR or "
-                        "~/.cache/eager_neuron)")
+    dir_help = "cache directory (default: EAGER_NEURON_CACHE_DIR or ~/.cache/eager_neuron)"
+    parser.add_argument("--dir", help=dir_help)
+    # every verb takes --dir too (`cache stats --dir D`), as docs/CACHE.md says
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--dir", default=argparse.SUPPRESS, help=dir_help)
     sub = parser.add_subparsers(dest="verb", required=True)
-    p = sub.add_parser("stats", help="entries, bytes, hit rate")
+    p = sub.add_parser("stats", parents=[common], help="entries, bytes, hit rate")
     p.add_argument("--json", action="store_true")
-    p = sub.add_parser("ls", help="kernels by op with compile time, size, last use")
+    p = sub.add_parser("ls", parents=[common], help="kernels by op with compile time, size, "
+                       "last use")
     p.add_argument("--op", help="only ops containing this text")
     p.add_argument("--json", action="store_true")
-    sub.add_parser("clear", help="delete every entry")
-    p = sub.add_parser("warm", help="run a script to fill the cache")
+    sub.add_parser("clear", parents=[common], help="delete every entry")
+    p = sub.add_parser("warm", parents=[common], help="run a script to fill the cache")
     p.add_argument("script")
     p.add_argument("script_args", nargs=argparse.REMAINDER)
-    p = sub.add_parser("export", help="write this toolchain's entries to an archive")
+    p = sub.add_parser("export", parents=[common],
+                       help="write this toolchain's entries to an archive")
     p.add_argument("archive")
-    p = sub.add_parser("import", help="add the entries of an exported archive")
+    p = sub.add_parser("import", parents=[common], help="add the entries of an exported archive")
     p.add_argument("archive")
     args = parser.parse_args(argv)
     if args.dir:
