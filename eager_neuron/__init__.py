@@ -64,3 +64,4 @@ __all__ = [
 ]
 from .custom import kernel  # noqa: E402,F401 -- custom kernels (docs/KERNELS.md)
 from . import distributed as _distributed  # noqa: E402,F401 -- c10d backend "neuron" (docs/DISTRIBUTED.md)
+from . import compile as _compile  # noqa: E402,F401 -- torch.compile backend "neuron" (docs/COMPILE.md)

@@ -26,7 +26,7 @@ from typing import Mapping
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
-LOG_TOPICS = ("ops", "kernels", "flush")
+LOG_TOPICS = ("ops", "kernels", "flush", "graphs")
 
 # every variable something in the project reads; an unknown EAGER_NEURON_* name warns
 KNOWN = frozenset({

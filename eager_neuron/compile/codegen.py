@@ -1,0 +1,388 @@
+"""Compile one aten FX graph (from AOTAutograd) into a program of fused Numba kernels.
+
+1. partition: walk the nodes in order; an elementwise node whose tensor operands are contiguous
+   and of its own size (or a single element), with a kernel in lower/elementwise.py's table,
+   joins the open group; a full sum/mean of such a value is the group's epilogue; any other node
+   closes the group and runs as its own eager call (neuron dispatch), counted by op name.
+2. each group is one kernel spec for kernels/fused.py (the renderer adaptive eager uses): values
+   flow in registers, and only values read after the group (by a later node or as graph output)
+   are stored to memory. Specs carry no sizes: a new batch size runs the same machine code.
+3. the program: a list of steps, each (kind, ...); at run time a fused step allocates its stored
+   outputs straight from the simulated HBM (no dispatch), takes flat numpy views and calls
+   launch(), which finds the kernel in the memory/disk cache (cached like a NEFF).
+
+>>> import torch, eager_neuron
+>>> f = torch.compile(lambda x: (x * 2 + 1).relu(), backend="neuron")
+>>> f(torch.arange(-2., 2., device="neuron")).tolist()
+[0.0, 0.0, 1.0, 3.0]
+"""
+
+from __future__ import annotations
+
+import operator
+import sys
+import warnings
+
+import torch
+from torch.fx import GraphModule, Node
+
+from ..config import config
+from .stats import CSTATS
+
+aten = torch.ops.aten
+_REDUCE = {"aten::sum": "sum", "aten::sum.dim_IntList": "sum", "aten::mean.dim": "mean",
+           "aten::mean": "mean"}
+_FUSIBLE_DTYPES = frozenset({torch.float32, torch.float64, torch.int64, torch.int32, torch.bool})
+MAX_GROUP_NODES = 64   # Numba compile time grows with the kernel body
+
+
+class LoweringError(Exception):
+    """The graph cannot be compiled into kernels (it then runs in eager, with one warning)."""
+
+
+def _sizes_key(val) -> tuple:
+    """A hashable, symbolic-aware key of a value's number of elements."""
+    n = val.numel()
+    return (str(n.node.expr),) if isinstance(n, torch.SymInt) else (int(n),)
+
+
+def _concrete(v):
+    """Compile-time stand-in for an argument: symbolic scalars by their Python type."""
+    if isinstance(v, torch.SymInt):
+        return 1
+    if isinstance(v, torch.SymFloat):
+        return 1.0
+    if isinstance(v, torch.SymBool):
+        return True
+    return v
+
+
+def _is_contig(val) -> bool:
+    try:
+        return bool(val.is_contiguous())
+    except Exception:   # a data-dependent stride under dynamic shapes
+        return False
+
+
+def _stack_line(node: Node) -> str:
+    """The user's line of a node, from the FX stack trace (its last 'File' entry)."""
+    trace = node.meta.get("stack_trace") or ""
+    lines = [ln.strip() for ln in trace.strip().splitlines() if ln.strip()]
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith("File "):
+            code = lines[i + 1] if i + 1 < len(lines) and not lines[i + 1].startswith("File ") \
+                else ""
+            return f"{lines[i]}: {code}".rstrip(": ")
+    return "<no stack trace>"
+
+
+class _Elementwise:
+    """What a fusible node is: its rendered spec pieces and its tensor operand nodes."""
+
+    __slots__ = ("node", "op", "spec", "tensors", "scalars", "reduce")
+
+    def __init__(self, node, op, spec, tensors, scalars, reduce=None):
+        self.node, self.op, self.spec = node, op, spec
+        self.tensors, self.scalars, self.reduce = tensors, scalars, reduce
+
+
+def _bind(func, node: Node) -> dict:
+    """Schema argument name -> FX argument (defaults filled)."""
+    schema = func._schema
+    a = {}
+    args = list(node.args)
+    for i, arg in enumerate(schema.arguments):
+        if arg.kwarg_only:
+            if arg.name in node.kwargs:
+                a[arg.name] = node.kwargs[arg.name]
+            elif arg.has_default_value():
+                a[arg.name] = arg.default_value
+            continue
+        if i < len(args):
+            a[arg.name] = args[i]
+        elif arg.name in node.kwargs:
+            a[arg.name] = node.kwargs[arg.name]
+        elif arg.has_default_value():
+            a[arg.name] = arg.default_value
+        else:
+            raise LoweringError(f"missing argument {arg.name}")
+    return a
+
+
+def _classify(node: Node):
+    """An _Elementwise for a fusible node, else None (runs eagerly)."""
+    from ..lower import elementwise as ew
+
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return None
+    func = node.target
+    name = func.name()
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor) or val.dtype not in _FUSIBLE_DTYPES:
+        return None
+    if func._schema.is_mutable or name.endswith("_") or ".out" in name:
+        return None
+    if val.device.type != "neuron" or not _is_contig(val):
+        return None
+    a = _bind(func, node)
+    if name in _REDUCE:
+        return _classify_reduce(node, name, a, val)
+    entry = ew.OPS.get(name) or ew.OPS.get(name.split(".")[0])
+    if entry is None or len(entry) > 3:
+        return None
+    size = _sizes_key(val)
+    fake = {}
+    for nm, v in a.items():
+        if isinstance(v, Node):
+            mv = v.meta.get("val")
+            if isinstance(mv, torch.Tensor):
+                if mv.device != val.device or mv.dtype not in _FUSIBLE_DTYPES:
+                    return None
+                one = _sizes_key(mv) == (1,)
+                if not one and (_sizes_key(mv) != size or not _is_contig(mv)
+                                or tuple(mv.shape) != tuple(val.shape)):
+                    return None   # broadcast or strided operand: the eager kernel handles it
+                fake[nm] = torch.empty([1] * mv.dim(), dtype=mv.dtype, device="meta")
+            elif isinstance(mv, (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)):
+                fake[nm] = _concrete(mv)
+            else:
+                return None
+        elif isinstance(v, (list, tuple)) and any(isinstance(x, Node) for x in v):
+            return None
+        else:
+            fake[nm] = v
+    template, rule = entry[0], entry[1]
+    if callable(template):
+        if any(isinstance(v, Node) and not isinstance(v.meta.get("val"), torch.Tensor)
+               for v in a.values()):
+            return None   # the template depends on a value only known at run time
+        try:
+            template = template(fake)
+        except Exception:
+            return None
+    names = ew._template_names(template, tuple(fake))
+    try:
+        spec = ew._build_spec(name, template, rule, entry[2] if len(entry) > 2 else {}, fake,
+                              names, tuple(False for _ in names), val.dtype)
+    except NotImplementedError:
+        return None
+    tensors = tuple(a[nm] for nm in spec.tensors)
+    if not tensors or any(not isinstance(t, Node) for t in tensors):
+        return None   # (fill, full_like: no operand to take the size from; eager allocates)
+    scalars = tuple(a[nm] for nm in spec.scalars)
+    return _Elementwise(node, name, spec, tensors, scalars)
+
+
+def _classify_reduce(node, name, a, val):
+    x = a.get("self")
+    if not isinstance(x, Node) or a.get("dtype") is not None:
+        return None
+    xv = x.meta.get("val")
+    if not isinstance(xv, torch.Tensor) or xv.dtype not in (torch.float32, torch.float64):
+        return None
+    if xv.dtype != val.dtype or not _is_contig(xv) or _sizes_key(val) != (1,):
+        return None
+    if _sizes_key(xv) == (1,) or _sizes_key(xv) == (0,):
+        return None
+    t = "np.float32" if xv.dtype == torch.float32 else "np.float64"
+
+    class _S:
+        expr, loads, scalar_casts, store, flops, special = "x0", (t,), (), t + "({})", 1, False
+
+    return _Elementwise(node, name, _S, (x,), (), reduce=_REDUCE[name])
+
+
+# ---------------------------------------------------------------------------------------------
+# partition
+# ---------------------------------------------------------------------------------------------
+
+class Group:
+    """One fused kernel: loops of nodes, the buffers it reads and the values it stores."""
+
+    def __init__(self) -> None:
+        self.members: list[_Elementwise] = []
+        self.loops: list[list] = []       # [size_key, [member index...]]
+        self.loop_of: dict = {}           # node -> loop index
+        self.reduced: set = set()         # nodes that are a reduction's result in this group
+
+    def accepts(self, el: _Elementwise) -> bool:
+        if len(self.members) >= MAX_GROUP_NODES:
+            return False
+        return True
+
+    def add(self, el: _Elementwise) -> None:
+        size = _sizes_key(el.tensors[0].meta["val"]) if el.reduce else _sizes_key(
+            el.node.meta["val"])
+        # a node reading a value only known after a loop finishes (a reduction result, or a
+        # value of another size) starts a new loop after it
+        dep_loops = [self.loop_of[t] for t in el.tensors if t in self.loop_of]
+        last = len(self.loops) - 1
+        needs_new = (last < 0 or self.loops[last][0] != size
+                     or any(t in self.reduced for t in el.tensors)
+                     or any(d != last for d in dep_loops))
+        if needs_new:
+            self.loops.append([size, []])
+            last += 1
+        self.loops[last][1].append(len(self.members))
+        self.loop_of[el.node] = last
+        if el.reduce:
+            self.reduced.add(el.node)
+        self.members.append(el)
+
+
+def partition(gm: GraphModule) -> list:
+    """[("group", Group) | ("node", Node)] in program order.
+
+    A node that is not fusible but reads nothing the open group computes (a view, a matmul of
+    other values) is hoisted before the group instead of closing it, so one chain stays one
+    kernel across the views and matmuls AOTAutograd interleaves. Mutating nodes are never moved.
+    """
+    steps: list = []
+    group = None
+    hoisted: list = []
+
+    def close():
+        nonlocal group
+        steps.extend(("node", n) for n in hoisted)
+        hoisted.clear()
+        if group is not None:
+            steps.append(("group", group))
+            group = None
+
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        el = _classify(node) if node.op == "call_function" else None
+        if el is not None:
+            if group is not None and not group.accepts(el):
+                close()
+            if group is None:
+                group = Group()
+            group.add(el)
+            continue
+        if group is not None and _movable(node) and not any(
+                n in group.loop_of for n in node.all_input_nodes):
+            hoisted.append(node)
+            continue
+        close()
+        steps.append(("node", node))
+    close()
+    return steps
+
+
+def _movable(node: Node) -> bool:
+    t = node.target
+    if isinstance(t, torch._ops.OpOverload):
+        return not t._schema.is_mutable and not t._schema.name.endswith("_") and \
+            torch.Tag.nondeterministic_seeded not in t.tags
+    return t in (operator.getitem, operator.mul, operator.add, operator.sub,
+                 operator.floordiv, torch.sym_sum)
+
+
+# ---------------------------------------------------------------------------------------------
+# foreach ops (compiled optimizers) -> per-tensor nodes, which the partition fuses
+# ---------------------------------------------------------------------------------------------
+
+_LISTS = ("List[", "Tensor[]", "Tensor(a!)[]", "Tensor(a)[]", "float[]", "Scalar[]",
+          "complex[]", "int[]")
+
+
+def _meta_of(v):
+    if isinstance(v, Node):
+        mv = v.meta.get("val")
+        if isinstance(mv, torch.Tensor):
+            if any(not isinstance(s, int) for s in mv.shape):
+                raise LoweringError("symbolic shape")
+            return torch.empty_strided(mv.shape, mv.stride(), dtype=mv.dtype, device="meta")
+        raise LoweringError("non-tensor node operand")
+    return v
+
+
+def _per_tensor_overload(packet, args, kwargs, expect):
+    for ov in packet.overloads():
+        op = getattr(packet, ov)
+        s = op._schema
+        if s.is_mutable or "out" in ov or len(s.returns) != 1:
+            continue
+        try:
+            r = op(*[_meta_of(a) for a in args], **{k: _meta_of(v) for k, v in kwargs.items()})
+        except Exception:
+            continue
+        if isinstance(r, torch.Tensor) and r.dtype == expect.dtype and r.shape == expect.shape:
+            return op
+    return None
+
+
+def expand_foreach(gm: GraphModule) -> int:
+    """Rewrite functional `_foreach_*` nodes into one node per tensor (returns how many)."""
+    done = 0
+    for node in list(gm.graph.nodes):
+        t = node.target
+        if node.op != "call_function" or not isinstance(t, torch._ops.OpOverload):
+            continue
+        name = t._schema.name
+        if not name.startswith("aten::_foreach_") or t._schema.is_mutable:
+            continue
+        vals = node.meta.get("val")
+        if not isinstance(vals, (list, tuple)) or not vals:
+            continue
+        if any(u.target is not operator.getitem for u in node.users):
+            continue
+        packet = getattr(aten, name[len("aten::_foreach_"):], None)
+        if packet is None:
+            continue
+        schema_args = t._schema.arguments
+        bound = []
+        for i, arg in enumerate(schema_args):
+            if i < len(node.args):
+                v = node.args[i]
+            elif arg.name in node.kwargs:
+                v = node.kwargs[arg.name]
+            elif arg.has_default_value():
+                v = arg.default_value
+            else:
+                break
+            bound.append((arg, v))
+        else:
+            per_nodes = []
+            try:
+                for i, expect in enumerate(vals):
+                    call = [v[i] if str(arg.type).startswith(_LISTS) and isinstance(
+                        v, (list, tuple)) else v for arg, v in bound]
+                    # positional by the foreach schema's order; the per-tensor op may make the
+                    # trailing ones keyword-only (addcmul's value): try both
+                    op = _per_tensor_overload(packet, call, {}, expect)
+                    kw = {}
+                    if op is None:
+                        for k in range(len(call) - 1, 0, -1):
+                            cands = [o for o in (getattr(packet, ov) for ov in packet.overloads())
+                                     if len(o._schema.arguments) > k]
+                            for o in cands:
+                                kws = {a.name: v for a, v in zip(o._schema.arguments[k:],
+                                                                 call[k:])}
+                                op = _per_tensor_overload(packet, call[:k], kws, expect)
+                                if op is not None:
+                                    kw, call = kws, call[:k]
+                                    break
+                            if op is not None:
+                                break
+                    if op is None:
+                        raise LoweringError(f"no per-tensor op for {name}")
+                    with gm.graph.inserting_before(node):
+                        n = gm.graph.call_function(op, tuple(call), kw)
+                    n.meta.update(node.meta)
+                    n.meta["val"] = expect
+                    per_nodes.append(n)
+            except LoweringError:
+                for n in per_nodes:
+                    gm.graph.erase_node(n)
+                continue
+            for u in list(node.users):
+                u.replace_all_uses_with(per_nodes[u.args[1]])
+                gm.graph.erase_node(u)
+            gm.graph.erase_node(node)
+            done += 1
+    if done:
+        gm.graph.lint()
+        gm.recompile()
+    return done

@@ -1,0 +1,323 @@
+"""A compiled graph as a program: fused-kernel steps and eager steps over an environment.
+
+>>> import torch, eager_neuron
+>>> g = torch.compile(lambda x: torch.exp(x) * 2 - 1, backend="neuron")
+>>> g(torch.zeros(3, device="neuron")).tolist()
+[1.0, 1.0, 1.0]
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import torch
+from torch.fx import GraphModule, Node
+
+from ..config import config
+from .codegen import Group, LoweringError, _stack_line, expand_foreach, partition
+from .stats import CSTATS
+
+_PARALLEL_MIN = 1 << 18
+
+
+def _renderer(spec: tuple, parallel: bool):
+    """render() for launch(): the fused source behind the preludes its expressions call."""
+    from ..kernels import fused as kf
+    from ..kernels.vmath import VMATH_PRELUDE, needs_vmath
+    from ..lower import elementwise as ew
+
+    def render():
+        src, name = kf.render(spec, parallel)
+        vm = VMATH_PRELUDE if needs_vmath(src) else ""
+        special = getattr(ew, "SPECIAL_PRELUDE", "")
+        sp = special if special and ew._SPECIAL_RE.search(src) else ""
+        return vm + ew.PRELUDE + sp + src, name
+    return render
+
+
+class FusedStep:
+    """One group -> one kernel spec, its buffer plan and how to fill its arguments."""
+
+    def __init__(self, group: Group, users_outside) -> None:
+        members = group.members
+        self.nodes = [el.node for el in members]
+        member_set = set(self.nodes)
+        bufs: list = []          # ("in", node) | ("out", node)
+        buf_of: dict = {}
+
+        def buf(kind, node):
+            key = (kind, node)
+            if key not in buf_of:
+                buf_of[key] = len(bufs)
+                bufs.append(key)
+            return buf_of[key]
+
+        # 1. which member values are stored: read after the group, by another loop, as one
+        #    element, or a reduction's result
+        stored = set()
+        for el in members:
+            if el.reduce or users_outside(el.node, member_set):
+                stored.add(el.node)
+        for el in members:
+            li = group.loop_of[el.node]
+            for t in el.tensors:
+                if t in member_set and (group.loop_of[t] != li or t in group.reduced):
+                    stored.add(t)
+        scalar_casts: list = []
+        self.scalar_args: list = []      # FX args (constants or scalar nodes), in kernel order
+        loops = []
+        node_id = {el.node: k for k, el in enumerate(members)}
+        self.out_meta = []               # (buf index, node, dtype, device index, shape source)
+        shape_src: dict = {}
+        for li, (size, idxs) in enumerate(group.loops):
+            nodes, size_buf = [], None
+            for k in idxs:
+                el = members[k]
+                operands = []
+                for t in el.tensors:
+                    tv = t.meta["val"]
+                    one = tv.numel() == 1 and size != (1,) if not isinstance(
+                        tv.numel(), torch.SymInt) else False
+                    if t in member_set and group.loop_of[t] == li and t not in group.reduced:
+                        operands.append(("val", node_id[t]))
+                    else:
+                        j = buf("out" if t in member_set else "in", t)
+                        operands.append(("one" if one else "buf", j))
+                        if not one and size_buf is None:
+                            size_buf = j
+                    if not one and el.node not in shape_src:
+                        shape_src[el.node] = shape_src.get(t, ("in", t)) if t in member_set \
+                            else ("in", t)
+                spec = el.spec
+                base = len(scalar_casts)
+                scalar_casts.extend(spec.scalar_casts)
+                self.scalar_args.extend(el.scalars)
+                out_buf = buf("out", el.node) if el.node in stored else None
+                if el.reduce is None and out_buf is not None and size_buf is None:
+                    size_buf = out_buf
+                nodes.append((spec.expr, spec.loads, spec.store, tuple(operands),
+                              tuple(range(base, base + len(spec.scalar_casts))), out_buf,
+                              el.reduce, node_id[el.node]))
+            if size_buf is None:
+                raise LoweringError("a fused loop with no buffer of its size")
+            loops.append((size_buf, tuple(nodes)))
+        self.spec = (tuple(loops), len(bufs), tuple(scalar_casts))
+        self.bufs = bufs
+        for j, (kind, node) in enumerate(bufs):
+            if kind == "out":
+                val = node.meta["val"]
+                el = members[node_id[node]]
+                src = None if el.reduce else shape_src.get(node)
+                if src is None and not el.reduce:
+                    raise LoweringError("no shape source for a stored value")
+                static = None
+                if el.reduce or all(isinstance(s, int) for s in val.shape):
+                    static = tuple(int(s) for s in val.shape)
+                self.out_meta.append((j, node, val.dtype, val.device.index or 0, src, static))
+        self.n_nodes = len(members)
+        self.stores = [node for kind, node in bufs if kind == "out"]
+        self.ops = sorted({el.op for el in members})
+
+    def describe(self) -> str:
+        lines = [f"  kernel: {self.n_nodes} ops in {len(self.spec[0])} loop(s), "
+                 f"{len(self.stores)} stored, {len(self.bufs) - len(self.stores)} read"]
+        for n in self.nodes:
+            lines.append(f"    | {n.name} = {n.target}  # {_stack_line(n)}")
+        return "\n".join(lines)
+
+
+class Program:
+    """The runnable form of one aten graph."""
+
+    def __init__(self, gm: GraphModule, name: str) -> None:
+        self.gm = gm
+        self.name = name
+        expand_foreach(gm)
+        graph = gm.graph
+        self.placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+        self.output = next(n for n in graph.nodes if n.op == "output")
+        steps = partition(gm)
+        # last use of every value, for freeing as the program runs (its memory goes back to
+        # the core's caching pool and the next allocation of that size reuses it)
+        out_users = set(self.output.all_input_nodes)
+
+        def users_outside(node, members):
+            return node in out_users or any(u not in members for u in node.users)
+
+        self.steps = []
+        for kind, x in steps:
+            if kind == "group":
+                self.steps.append(("fused", FusedStep(x, users_outside)))
+            else:
+                self.steps.append(("node", x))
+        self.frees: list = []
+        last: dict = {}
+        for i, (kind, x) in enumerate(self.steps):
+            reads = []
+            if kind == "fused":
+                reads = [node for k, node in x.bufs if k == "in"] + [
+                    a for a in x.scalar_args if isinstance(a, Node)]
+                for step_node in x.stores:
+                    last.setdefault(step_node, i)
+            else:
+                reads = x.all_input_nodes
+                last.setdefault(x, i)
+            for r in reads:
+                last[r] = i
+        for n in out_users:
+            last[n] = len(self.steps)
+        frees = [[] for _ in self.steps]
+        for n, i in last.items():
+            if i < len(self.steps) and n.op != "placeholder":
+                frees[i].append(n)
+        self.frees = frees
+        self.n_kernels = sum(1 for k, _ in self.steps if k == "fused")
+        CSTATS.graphs_compiled += 1
+        CSTATS.kernels_per_graph.append(self.n_kernels)
+        if "graphs" in config.log:
+            print(self.describe(), file=sys.stderr)
+
+    def describe(self) -> str:
+        lines = [f"[eager_neuron] graph {self.name}: {len(self.placeholders)} inputs, "
+                 f"{self.n_kernels} fused kernels, "
+                 f"{sum(1 for k, _ in self.steps if k == 'node')} eager nodes"]
+        for kind, x in self.steps:
+            if kind == "fused":
+                lines.append(x.describe())
+            else:
+                lines.append(f"  eager: {x.name} = {x.target}  # {_stack_line(x)}")
+        return "\n".join(lines)
+
+    def __call__(self, *args):
+        env: dict = {}
+        for p, a in zip(self.placeholders, args):
+            env[p] = a
+        CSTATS.graph_launches += 1
+        for (kind, x), frees in zip(self.steps, self.frees):
+            if kind == "fused":
+                _run_fused(x, env)
+            else:
+                _run_node(x, env)
+            for n in frees:
+                env.pop(n, None)
+        out = self.output.args[0]
+        return tuple(_load(a, env) for a in out) if isinstance(out, (list, tuple)) else \
+            _load(out, env)
+
+
+def _load(a, env):
+    if isinstance(a, Node):
+        return env[a]
+    if isinstance(a, (list, tuple)):
+        return type(a)(_load(x, env) for x in a)
+    if isinstance(a, dict):
+        return {k: _load(v, env) for k, v in a.items()}
+    return a
+
+
+def _run_node(node: Node, env: dict) -> None:
+    args = _load(node.args, env)
+    kwargs = _load(node.kwargs, env)
+    t = node.target
+    if isinstance(t, torch._ops.OpOverload):
+        CSTATS.eager_ops[t.name()] += 1
+    try:
+        env[node] = t(*args, **kwargs)
+    except Exception as exc:
+        try:
+            exc.add_note(f"  in a neuron-compiled graph: op {t} at {_stack_line(node)}")
+        except Exception:
+            pass
+        raise
+
+
+def _flat(t) -> np.ndarray | None:
+    from ..tensor import NeuronTensor
+
+    if type(t) is not NeuronTensor:
+        return None
+    arr = t._data.numpy()
+    if not arr.flags.c_contiguous:
+        return None
+    return arr.reshape(-1)
+
+
+def _alloc(shape, dtype, index):
+    try:
+        from ..dispatch import alloc, wrap
+    except ImportError:   # the dispatch owner moved them: the public way still works
+        return torch.empty(shape, dtype=dtype, device=torch.device("neuron", index))
+    stride = []
+    acc = 1
+    for s in reversed(shape):
+        stride.append(acc)
+        acc *= max(int(s), 1)
+    data, block = alloc(index, tuple(shape), tuple(reversed(stride)), dtype)
+    return wrap(data, block, index)
+
+
+def _run_fused(step: FusedStep, env: dict) -> None:
+    from ..adaptive import MODULE as adaptive
+    from ..kernels import compile as kc
+    from ..launch import launch
+
+    adaptive.flush("compiled graph")
+    args = [None] * len(step.bufs)
+    outs = {}
+    ok = True
+    for j, (kind, node) in enumerate(step.bufs):
+        if kind == "in":
+            arr = _flat(env[node])
+            if arr is None:
+                ok = False
+                break
+            args[j] = arr
+    if ok:
+        for j, node, dtype, index, src, static in step.out_meta:
+            if static is not None:
+                shape = static
+            else:
+                kind, ref = src
+                shape = (env[ref] if ref in env else outs[ref]).shape
+            t = _alloc(shape, dtype, index)
+            outs[node] = t
+            args[j] = t._data.numpy().reshape(-1)
+        # every flat buffer of a loop must have the loop's size (dynamic shapes: checked here)
+        for size_buf, nodes in step.spec[0]:
+            n = args[size_buf].shape[0]
+            for node in nodes:
+                for kind, ref in node[3]:
+                    if kind == "buf" and args[ref].shape[0] != n:
+                        ok = False
+    if not ok:
+        CSTATS.group_fallbacks["operand layout at run time"] += 1
+        for node in step.nodes:
+            _run_node(node, env)
+        return
+    scalars = []
+    for a in step.scalar_args:
+        v = env[a] if isinstance(a, Node) else a
+        if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            v = v.node.pytype(v)
+        elif isinstance(v, bool) or v is None:
+            v = bool(v)
+        scalars.append(v)
+    numel = max(args[lp[0]].shape[0] for lp in step.spec[0])
+    parallel = numel >= _PARALLEL_MIN and kc.parallel_allowed()
+    nbytes = float(sum(a.nbytes for a in args))
+    try:
+        launch(("fused", step.spec, parallel), _renderer(step.spec, parallel),
+               (*args, *scalars), flops=float(numel * step.n_nodes), bytes_moved=nbytes,
+               engine="vector", extra={"group_ops": step.n_nodes, "graph": True})
+    except Exception as exc:
+        CSTATS.group_fallbacks[f"kernel failed: {type(exc).__name__}"] += 1
+        if "graphs" in config.log:
+            print(f"[eager_neuron] fused kernel failed ({type(exc).__name__}: {exc}); "
+                  "running its ops one by one", file=sys.stderr)
+        for node in step.nodes:
+            _run_node(node, env)
+        return
+    CSTATS.fused_kernel_launches += 1
+    CSTATS.fused_nodes += step.n_nodes
+    env.update(outs)

@@ -1,0 +1,35 @@
+"""Counters of the graph mode (merged into eager_neuron.compile.stats())."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+
+class CompileStats:
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.graphs_compiled = 0          # aten graphs turned into programs
+        self.graph_launches = 0           # runs of a compiled program
+        self.kernels_per_graph: list = []  # fused kernels in each compiled graph (at compile)
+        self.fused_kernel_launches = 0
+        self.fused_nodes = 0              # aten nodes that ran inside fused kernels
+        self.eager_ops: Counter = Counter()        # op name -> eager calls inside graphs
+        self.graph_fallbacks: Counter = Counter()  # reason -> graphs run entirely in eager
+        self.group_fallbacks: Counter = Counter()  # reason -> fused groups run op by op
+
+    def snapshot(self) -> dict:
+        return {
+            "graphs_compiled": self.graphs_compiled,
+            "graph_launches": self.graph_launches,
+            "kernels_per_graph": list(self.kernels_per_graph),
+            "fused_kernel_launches": self.fused_kernel_launches,
+            "fused_nodes": self.fused_nodes,
+            "graph_eager_ops": dict(self.eager_ops),
+            "graph_fallbacks": dict(self.graph_fallbacks),
+            "group_fallbacks": dict(self.group_fallbacks),
+        }
+
+
+CSTATS = CompileStats()

@@ -1,0 +1,88 @@
+"""Make neuron tensors traceable by PT2 (dynamo, AOTAutograd, torch.export) as plain device tensors.
+
+A NeuronTensor is a wrapper subclass; it carries `__tensor_flatten__` so that `Module.to("neuron")`
+swaps parameters in place (tied weights stay one parameter). But that same protocol makes dynamo
+fakeify it as a *traceable subclass*: the fake is a NeuronTensor whose `_data` is a FakeTensor, and
+every traced op then enters the neuron dispatcher, which runs real Numba kernels on fake memory
+(`.numpy() is not supported for tensor subclasses`). A neuron tensor should trace as a CUDA tensor
+does: a plain FakeTensor on device `neuron:i` whose ops run meta kernels and never reach a kernel.
+
+So the flatten protocol is shown only to `torch.nn` (Module._apply, parametrize: the in-place swap)
+and hidden from the tracing stack (fake tensors, dynamo, AOTAutograd, export, FX).
+
+>>> import torch, eager_neuron
+>>> from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+>>> is_traceable_wrapper_subclass(torch.ones(2, device="neuron"))   # as the tracers see it
+False
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+from ..tensor import NeuronTensor
+
+_NN_DIR = os.path.dirname(torch.nn.__file__) + os.sep
+_DISPATCH_FILE = os.path.join(os.path.dirname(torch.__file__), "utils", "_python_dispatch.py")
+_PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+# dynamo's VariableBuilder._wrap admits a tensor subclass with its own __torch_dispatch__ only
+# when it is traceable; it then fakeifies through MetaConverter, which must see a plain tensor
+_BUILDER = (os.path.join(os.path.dirname(torch.__file__), "_dynamo", "variables", "builder.py"),
+            "_wrap")
+
+
+def _visible() -> bool:
+    """True when the caller (past torch's protocol check helpers) is torch.nn or eager_neuron."""
+    f = sys._getframe(2)
+    for _ in range(4):
+        if f is None:
+            return False
+        name = f.f_code.co_filename
+        if name != _DISPATCH_FILE:
+            return (name.startswith(_NN_DIR) or name.startswith(_PKG_DIR)
+                    or (name, f.f_code.co_name) == _BUILDER)
+        f = f.f_back
+    return False
+
+
+class _NNOnly:
+    """A method that exists (for hasattr and calls) only when torch.nn asks for it."""
+
+    def __init__(self, fn, static: bool):
+        self.fn = fn
+        self.static = static
+
+    def __set_name__(self, owner, name):
+        self.name = name
+
+    def __get__(self, obj, owner=None):
+        if not _visible():
+            raise AttributeError(self.name)
+        if self.static or obj is None:
+            return self.fn
+        return self.fn.__get__(obj, owner)
+
+
+def install() -> None:
+    """Idempotent: wrap NeuronTensor's flatten protocol so only torch.nn sees it."""
+    d = NeuronTensor.__dict__
+    if isinstance(d.get("__tensor_flatten__"), _NNOnly):
+        return
+    flat = _NNOnly(d["__tensor_flatten__"], static=False)
+    flat.name = "__tensor_flatten__"
+    unflat = _NNOnly(d["__tensor_unflatten__"].__func__, static=True)
+    unflat.name = "__tensor_unflatten__"
+    NeuronTensor.__tensor_flatten__ = flat
+    NeuronTensor.__tensor_unflatten__ = unflat
+    NeuronTensor.__coerce_same_metadata_as_tangent__ = _coerce_tangent
+
+
+def _coerce_tangent(self, expected_meta=None, expected_type=None):
+    """AOTAutograd traced the backward with plain (fake) neuron tensors: a real NeuronTensor
+    tangent is that plain tensor at run time."""
+    if expected_type in (None, torch.Tensor) and expected_meta is None:
+        return self
+    return None
