@@ -29,6 +29,9 @@ def _create(opts, backend_options=None):
     creator that builds its own group (distributed_c10d._new_process_group_helper): it is the
     only way one backend string can also serve the group's CPU tensors.
     """
+    from . import fsdp
+
+    fsdp.install()   # FSDP2's reshard frees neuron memory through the host-backed storage
     store, rank, size = opts.store, opts.group_rank, opts.group_size
     timeout = opts.timeout if opts.timeout is not None else datetime.timedelta(minutes=30)
     gloo = dist.ProcessGroupGloo(store, rank, size, timeout=timeout)
