@@ -1,7 +1,16 @@
-"""The op table on one screen: core op -> kernel family; decompositions; the fenced fallback.
+"""The op table on one screen: aten op -> kernel family -> lowering; the fenced CPU fallback.
 
-Lookup order in dispatch: HOST (transfers, RNG, scalar reads) -> views (schema says alias) ->
-ALLOC -> _foreach_ -> KERNELS -> decomposition -> CPU fallback (warned once, counted).
+Lookup order in dispatch (eager_neuron/plan.py): HOST (transfers, RNG, scalar reads) -> views
+(the schema says alias) -> ALLOC -> _foreach_ -> DYNAMIC -> KERNELS -> decomposition -> CPU
+fallback (warned once, counted). Each family module under eager_neuron/lower/ exports LOWERINGS
+{op: lowering} and may export DYNAMIC {op: fn} for data-dependent output sizes. An op registered
+by two families fails `import eager_neuron` (DuplicateOpError) unless OVERRIDES below names it.
+In-place (`add_`) and out= (`add.out`) variants are read off torch's schemas, never listed.
+docs/OPS.md is generated from this table by tools/gen_ops_doc.py.
+
+>>> from eager_neuron import ops
+>>> ops.family_of("aten::mm"), ops.family_of("aten::add_"), ops.family_of("aten::mul.out")
+('matmul', 'elementwise', 'elementwise')
 """
 
 from __future__ import annotations
@@ -14,68 +23,169 @@ import torch
 
 from .lower import cast, elementwise, host
 
-# -- kernel families ------------------------------------------------------------------------------
-FAMILIES = {
-    "elementwise": elementwise.LOWERINGS,   # unary/binary/ternary, activations and their backward
-    "cast": cast.LOWERINGS,                 # _to_copy, copy_, clone (incl. bfloat16 bits)
+# -- 1. the families, in the order docs/OPS.md lists them --------------------------------------
+#  family            variants read off the schema   what it lowers
+TABLE = {
+    "elementwise":     ("inplace", "out"),  # unary/binary/ternary math, activations, backward
+    "cells":           (),   # several outputs per element: LSTM/GRU cells, frexp
+    "cast":            (),   # _to_copy, copy_, clone (incl. bfloat16/float16 bits)
+    "reduce":          (),   # sum/mean/prod, max/min/arg*, any/all, var/std, logsumexp, scans
+    "matmul":          (),   # mm, bmm, addmm, baddbmm, addbmm, mv, addmv, dot
+    "index":           (),   # embedding, index_select, gather, scatter*, index_add/put, masks
+    "shape":           (),   # cat, pad, flip, roll, repeat, tril/triu, *_scatter
+    "norm":            (),   # softmax/log_softmax, layer/batch/group norm (+ backward)
+    "conv":            (),   # convolution and its backward, 1/2/3-d, transposed
+    "loss":            (),   # nll, mse, bce, smooth_l1/huber, ... (+ backward)
+    "linalg":          (),   # LU, Cholesky, triangular solves, inv, det
+    "linalg_spectral": (),   # QR, eigh, SVD, pinv, lstsq, matrix_exp
+    "fft":             (),   # _fft_r2c, _fft_c2c, _fft_c2r
+    "complex":         (),   # complex, polar, conj_physical (complex operands: see complex.OPS)
+    "sort":            (),   # sort/argsort/topk, kthvalue, median, mode, unique, searchsorted
+    "pool":            (),   # max/avg/adaptive/fractional pooling (+ backward)
+    "attention":       (),   # scaled_dot_product_attention forward and backward
+    "resample":        (),   # upsample_*, grid_sampler (+ backward)
+    "distance":        (),   # _pdist / _cdist forward and backward
+    "embedding_bag":   (),   # _embedding_bag (+ dense / per-sample-weight backward)
 }
-# families built so far; a family module exports LOWERINGS {op name: lowering} and may export
-# DYNAMIC {op name: fn(func, a, core) -> [(data, block), ...]} for data-dependent output sizes.
-# A module that is listed but missing is skipped; one that fails to import warns (never silent:
-# its ops then decompose or reach the counted fallback, which the OpInfo sweep reports).
-_FAMILY_MODULES = ("reduce", "matmul", "index", "norm", "conv", "loss", "mask",
-                   "linalg", "fft", "complex", "sort", "special", "pool", "attention",
-                   "resample", "distance")
-DYNAMIC: dict = {}
-for _mod in _FAMILY_MODULES:
-    if importlib.util.find_spec(f"eager_neuron.lower.{_mod}") is None:
-        continue
-    try:
-        _m = importlib.import_module(f"eager_neuron.lower.{_mod}")
-    except Exception as _exc:   # noqa: BLE001 - loud, not fatal: its ops then decompose or fall back
-        warnings.warn(f"eager_neuron: kernel family lower/{_mod}.py failed to import "
-                      f"({type(_exc).__name__}: {_exc}); its ops will not use device kernels")
-        continue
-    if hasattr(_m, "LOWERINGS"):
-        FAMILIES[_mod] = _m.LOWERINGS
-    DYNAMIC.update(getattr(_m, "DYNAMIC", {}))
+# lowerings that no family lists as its own (the mask family only serves DYNAMIC ops)
+DYNAMIC_ONLY = ("mask",)
+# a family module whose LOWERINGS merges another family's (for its importers): those ops are
+# counted once, under the family that defines them
+RE_EXPORTS = {"elementwise": ("cells",), "index": ("shape",)}
+# an op two families export on purpose: the named family's lowering runs
+OVERRIDES = {
+    # elementwise keeps these templates so adaptive eager can fuse casts into a group
+    "aten::_to_copy": "cast", "aten::copy_": "cast", "aten::copy": "cast", "aten::clone": "cast",
+}
 
-KERNELS: dict = {}
-for _family, _table in FAMILIES.items():
-    for _name, _fn in _table.items():
-        KERNELS[_name] = _fn
-# in-place variants of elementwise ops share the kernel: the output is `self`
-for _name in list(elementwise.OPS):
-    if _name.startswith("aten::") and not _name.endswith("_"):
-        KERNELS.setdefault(_name + "_", KERNELS[_name])
+
+class DuplicateOpError(RuntimeError):
+    """An op registered by two families (or twice by `register`): the last would win silently."""
+
+
+# -- 2. building the table: every op once ------------------------------------------------------
+FAMILIES: dict = {}     # family -> {op: lowering}, each op under exactly one family
+KERNELS: dict = {}      # op (packet or overload name) -> lowering, incl. schema variants
+FAMILY_OF: dict = {}    # op -> family
+DYNAMIC: dict = {}      # op -> fn(func, a, core) -> [(data, block), ...]
+
+
+def register(name: str, fn, family: str) -> None:
+    """Add one op to the table; a second registration of `name` raises DuplicateOpError."""
+    previous = FAMILY_OF.get(name)
+    if previous is not None:
+        winner = OVERRIDES.get(name)
+        if winner not in (previous, family):
+            raise DuplicateOpError(f"{name} is registered by both the {previous!r} and the "
+                                   f"{family!r} families: keep one, or name the winner in "
+                                   "eager_neuron/ops.py OVERRIDES")
+        if winner == previous:
+            return
+        del FAMILIES[previous][name]
+    KERNELS[name] = fn
+    FAMILY_OF[name] = family
+    FAMILIES.setdefault(family, {})[name] = fn
+
+
+def _module(name: str):
+    """A family module, or None: not there yet (a family being built) is skipped; one that fails
+    to import warns (never silent: its ops then decompose or reach the counted fallback)."""
+    if importlib.util.find_spec(f"eager_neuron.lower.{name}") is None:
+        return None
+    try:
+        return importlib.import_module(f"eager_neuron.lower.{name}")
+    except Exception as exc:   # noqa: BLE001 - loud, not fatal: the OpInfo sweep reports its ops
+        warnings.warn(f"eager_neuron: kernel family lower/{name}.py failed to import "
+                      f"({type(exc).__name__}: {exc}); its ops will not use device kernels",
+                      stacklevel=2)
+        return None
+
+
+def _variants(name: str, kinds: tuple) -> tuple[list, bool]:
+    """(in-place packet names, has out=) for a functional op, read off torch's schemas."""
+    if "::" not in name or "." in name or name.endswith("_"):
+        return [], False
+    ns, base = name.split("::")
+    namespace = getattr(torch.ops, ns)
+    inplace = []
+    if "inplace" in kinds and hasattr(namespace, base + "_"):
+        packet = getattr(namespace, base + "_")
+        if all(getattr(packet, ov)._schema.arguments[0].alias_info is not None
+               and getattr(packet, ov)._schema.arguments[0].alias_info.is_write
+               for ov in packet.overloads()):
+            inplace.append(f"{name}_")
+    has_out = "out" in kinds and hasattr(namespace, base) and any(
+        any(a.is_out for a in getattr(getattr(namespace, base), ov)._schema.arguments)
+        for ov in getattr(namespace, base).overloads())
+    return inplace, has_out
+
+
+def _build() -> frozenset:
+    modules = {"elementwise": elementwise, "cast": cast}
+    for family in (*TABLE, *DYNAMIC_ONLY):
+        if family not in modules:
+            modules[family] = _module(family)
+    out_ok, variants = set(), []
+    for family, kinds in TABLE.items():
+        mod = modules[family]
+        if mod is None:
+            continue
+        merged = {n for m in RE_EXPORTS.get(family, ()) if modules.get(m) is not None
+                  for n in modules[m].LOWERINGS}
+        for name, fn in mod.LOWERINGS.items():
+            if name in merged:
+                continue
+            register(name, fn, family)
+            inplace, has_out = _variants(name, kinds)
+            variants += [(v, fn, family) for v in inplace]
+            if has_out:
+                out_ok.add(name)
+    # an in-place variant that a family lowers itself keeps that family's lowering
+    for name, fn, family in variants:
+        if name not in FAMILY_OF:
+            register(name, fn, family)
+    for family in (*TABLE, *DYNAMIC_ONLY):
+        for name, fn in getattr(modules.get(family), "DYNAMIC", {}).items():
+            if name in DYNAMIC:
+                raise DuplicateOpError(f"{name} has two DYNAMIC lowerings")
+            DYNAMIC[name] = fn
+    return frozenset(out_ok)
+
+
+# out= overloads the functional lowering handles (it writes into the given out)
+OUT_OK = _build()
 
 # what adaptive eager may record into a fused group (the rest flushes it)
-FUSIBLE_OPS = frozenset(set(elementwise.LOWERINGS) | {n + "_" for n in elementwise.OPS}
-                        | set(cast.LOWERINGS))
+FUSIBLE_OPS = frozenset(n for n, f in FAMILY_OF.items() if f in ("elementwise", "cells", "cast"))
 
-# packets whose .out overloads the same lowering handles (it writes into the given out)
-OUT_OK = frozenset(name for name in elementwise.OPS)
-
-# -- host ops: transfers, scalar reads, RNG from the CPU generator, host factories ---------------
+# -- 3. host ops: transfers, scalar reads, RNG from the CPU generator, host factories ----------
 HOST = host.HOST
 
-# -- views that the schema does not mark as views (the input is a dead temporary) ----------------
+# -- 4. views that the schema does not mark as views (the input is a dead temporary) -----------
 VIEW_LIKE = frozenset({"aten::_unsafe_view", "aten::lift_fresh", "aten::_reshape_alias"})
 
-# -- allocation only, no kernel -------------------------------------------------------------------
+# -- 5. allocation only, no kernel --------------------------------------------------------------
 ALLOC = frozenset({
     "aten::empty.memory_format", "aten::empty_strided", "aten::empty_like",
     "aten::new_empty", "aten::new_empty_strided", "aten::empty_permuted",
 })
 
-# -- decompositions we refuse (they lower to prims or loop badly); these go to the fallback ------
+# *** the CPU fallback: what runs on the host, counted (stats()["fallbacks"]) ******************
+# Every op not above and without a decomposition. The list is measured, not written: the
+# OpInfo sweep (`make coverage`) prints it; docs/OPS.md lists its current members. Decompositions
+# we refuse (they lower to prims or loop badly) go here too:
 NO_DECOMP = frozenset()
+# *** end of the fallback section ***************************************************************
 
 _DECOMP = None
 
 
 def decomposition(func):
-    """PyTorch's decomposition for func: the core ATen set first, then the global table."""
+    """PyTorch's decomposition for func: the core ATen set first, then the global table.
+
+    >>> decomposition(torch.ops.aten.addcmul.default) is not None
+    True
+    """
     global _DECOMP
     if _DECOMP is None:
         from torch._decomp import core_aten_decompositions, decomposition_table
@@ -84,6 +194,16 @@ def decomposition(func):
         table.update(core_aten_decompositions())
         _DECOMP = table
     return _DECOMP.get(func)
+
+
+def family_of(name: str) -> str | None:
+    """The family whose kernel runs `name` (an op or overload name), or None."""
+    if name in FAMILY_OF:
+        return FAMILY_OF[name]
+    packet = name.split(".")[0]
+    if packet in FAMILY_OF and (not name[len(packet):].startswith(".out") or packet in OUT_OK):
+        return FAMILY_OF[packet]
+    return None
 
 
 def coverage() -> dict:

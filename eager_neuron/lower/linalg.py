@@ -9,6 +9,9 @@ meta. PyTorch's choices that later ops read back are kept: `_linalg_solve_ex`, `
 and `_linalg_slogdet` factor A^T when A is contiguous (their backward formulas assume it), and
 `_linalg_check_errors` raises torch.linalg.LinAlgError with the CPU's messages.
 
+Longer than the ~500-line guide (by ~40): part two imports the batching helpers defined here,
+and splitting the LU/Cholesky/triangular lowerings further would scatter one pattern.
+
 >>> import torch, eager_neuron
 >>> A = torch.tensor([[4.0, 1.0], [2.0, 3.0]], device="neuron")
 >>> [round(v, 4) for v in torch.linalg.solve(A, torch.tensor([1.0, 2.0], device="neuron")).tolist()]
@@ -534,10 +537,6 @@ LOWERINGS = {
     "aten::linalg_ldl_factor_ex": lower_ldl_factor_ex,
     "aten::linalg_ldl_solve": lower_ldl_solve,
 }
-
-# part two (QR, eigh, SVD, pinv, lstsq, matrix_exp) lives next door; it imports helpers above
-from . import linalg_spectral as _spectral
-
-LOWERINGS.update(_spectral.LOWERINGS)
 LOWERINGS = {name: _functional_only(fn) for name, fn in LOWERINGS.items()}
-DYNAMIC = dict(_spectral.DYNAMIC)
+# part two (QR, eigh, SVD, pinv, lstsq, matrix_exp) is its own family, lower/linalg_spectral.py:
+# it imports the helpers above (one direction: this module imports nothing from it)

@@ -19,7 +19,20 @@ from ..kernels import compile as kc
 from ..kernels import linalg as klin
 from ..launch import launch
 from .cast import cast
-from .linalg import F64, I32, VERSION, b1, b2, b3, batch_of, check_status, f64, put, run
+from .linalg import (
+    F64,
+    I32,
+    VERSION,
+    _functional_only,
+    b1,
+    b2,
+    b3,
+    batch_of,
+    check_status,
+    f64,
+    put,
+    run,
+)
 
 _NONFINITE = "the input matrix contains non-finite values (inf or NaN); fix: check the input"
 
@@ -314,6 +327,7 @@ LOWERINGS = {
     "aten::linalg_pinv.atol_rtol_tensor": lower_pinv,
     "aten::linalg_matrix_exp": lower_matrix_exp,
 }
+LOWERINGS = {name: _functional_only(fn) for name, fn in LOWERINGS.items()}
 
 DYNAMIC = {
     "aten::geqrf": dynamic_geqrf,

@@ -1,5 +1,5 @@
 """Shape lowerings: cat, constant_pad_nd, flip, roll, repeat, tril/triu, slice/select/diagonal
-scatter, and stable sort / argsort / top-k.
+scatter (sort / argsort / top-k are the sort family's, lower/sort.py).
 
 flip, roll, repeat, constant_pad_nd and tril/triu are one `remap` kernel (kernels/shape.py):
 each output element reads a source coordinate computed per dimension. cat and the *_scatter ops
@@ -232,39 +232,6 @@ def lower_hash_tensor(func, a, outs):
 
 
 # ---------------------------------------------------------------------------------------------
-# sort / topk: a stable merge sort per row, NaN largest (as torch orders it)
-# ---------------------------------------------------------------------------------------------
-
-def _sort(self, vals, inds, dim: int, descending: bool) -> None:
-    self, vals, inds = _as_1d(self, vals, inds)
-    dim %= self.dim()
-    if vals.numel() == 0:
-        return
-    v, i, s = axis_views(self.shape, dim, [(vals, vals.shape[dim]), (inds, inds.shape[dim]),
-                                           (self, self.shape[dim])])
-    c = s.ndim - 1
-    n = self.shape[dim]
-    launch(("shape", "sort", c), lambda: ksh.render_sort(c), (v, i, s, bool(descending)),
-           flops=self.numel() * max(1, int(np.log2(max(n, 2)))),
-           bytes_moved=nbytes(self, vals, inds))
-
-
-def _sort_out(outs):
-    if outs[0].dtype in HALF:
-        raise NotImplementedError("sort of half floats without upcast")
-    return outs
-
-
-def lower_sort(func, a, outs):
-    vals, inds = _sort_out(outs)
-    _sort(a["self"], vals, inds, a["dim"], a["descending"])
-
-
-def lower_topk(func, a, outs):
-    vals, inds = _sort_out(outs)
-    _sort(a["self"], vals, inds, a["dim"], a["largest"])
-
-
 LOWERINGS = {
     "aten::cat": lower_cat,
     "aten::constant_pad_nd": lower_constant_pad_nd,
@@ -280,7 +247,4 @@ LOWERINGS = {
     "aten::diagonal_scatter": lower_diagonal_scatter,
     "aten::as_strided_scatter": lower_as_strided_scatter,
     "aten::hash_tensor": lower_hash_tensor,
-    "aten::sort": lower_sort,
-    "aten::sort.stable": lower_sort,
-    "aten::topk": lower_topk,
 }
