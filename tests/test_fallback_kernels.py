@@ -1,0 +1,109 @@
+"""Kernels for ops that used to reach the CPU fallback: embedding_bag (forward and backward).
+
+References are float64 computations on the CPU (deterministic sums), compared at bounds derived
+from the dtype; every case also asserts that no CPU fallback ran.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import eager_neuron
+from eager_neuron.stats import STATS
+
+DEV = "neuron"
+
+
+def _no_fallback(before):
+    assert dict(STATS.fallbacks) == before, f"CPU fallback ran: {dict(STATS.fallbacks)}"
+
+
+def _case(dtype, mode, pad, last, psw, adaptive=False):
+    g = torch.Generator().manual_seed(7)
+    w64 = torch.randn(12, 5, generator=g, dtype=torch.float64)
+    idx = torch.tensor([0, 2, 4, 5, 4, 3, 11, 11, 1, 7])
+    off = torch.tensor([0, 2, 2, 6] + ([10] if last else []))
+    p64 = torch.rand(10, generator=g, dtype=torch.float64) if psw else None
+    gout = None
+    w = w64.to(dtype).requires_grad_()
+    p = p64.to(dtype).requires_grad_() if psw else None
+    # float64 reference from the same (rounded) values
+    wr = w.detach().double().requires_grad_()
+    pr = p.detach().double().requires_grad_() if psw else None
+    ref = F.embedding_bag(idx, wr, off, mode=mode, padding_idx=pad, include_last_offset=last,
+                          per_sample_weights=pr)
+    gout = torch.randn(ref.shape, generator=g, dtype=torch.float64)
+    ref_grads = torch.autograd.grad(ref, [wr] + ([pr] if psw else []), gout)
+    wn = w.detach().to(DEV).requires_grad_()
+    pn = p.detach().to(DEV).requires_grad_() if psw else None
+    before = dict(STATS.fallbacks)
+    ctx = eager_neuron.adaptive() if adaptive else _null()
+    with ctx:
+        out = F.embedding_bag(idx.to(DEV), wn, off.to(DEV), mode=mode, padding_idx=pad,
+                              include_last_offset=last, per_sample_weights=pn)
+        grads = torch.autograd.grad(out, [wn] + ([pn] if psw else []), gout.to(dtype).to(DEV))
+    _no_fallback(before)
+    eps = torch.finfo(dtype).eps
+    tol = dict(atol=8 * eps, rtol=8 * eps)
+    assert out.dtype == dtype and out.device.type == DEV
+    torch.testing.assert_close(out.cpu().double(), ref, **tol)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got.cpu().double(), want, atol=16 * eps, rtol=16 * eps)
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+@pytest.mark.parametrize("mode,pad,last,psw", [
+    c for c in itertools.product(("sum", "mean", "max"), (None, 4), (False, True), (False, True))
+    if not (c[3] and c[0] != "sum")])
+def test_embedding_bag_float32(mode, pad, last, psw):
+    _case(torch.float32, mode, pad, last, psw)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16])
+def test_embedding_bag_dtypes(dtype):
+    _case(dtype, "mean", 4, False, False)
+    _case(dtype, "sum", None, True, True)
+
+
+def test_embedding_bag_adaptive_and_module():
+    _case(torch.float32, "sum", None, False, True, adaptive=True)
+    bag = torch.nn.EmbeddingBag(20, 3, mode="max")
+    x = torch.randint(0, 20, (4, 6))
+    want = bag(x)
+    before = dict(STATS.fallbacks)
+    got = bag.to(DEV)(x.to(DEV))   # 2-d input: the module builds the offsets on the device
+    _no_fallback(before)
+    torch.testing.assert_close(got.cpu(), want)
+
+
+def test_embedding_bag_errors_name_the_problem():
+    w = torch.randn(5, 2).to(DEV)
+    with pytest.raises(RuntimeError, match="offsets\\[0\\] has to be 0"):
+        F.embedding_bag(torch.tensor([0, 1]).to(DEV), w, torch.tensor([1]).to(DEV))
+    with pytest.raises(RuntimeError, match="takes value 7 which is not in the valid range"):
+        F.embedding_bag(torch.tensor([0, 7]).to(DEV), w, torch.tensor([0]).to(DEV))
+
+
+def test_embedding_bag_aux_outputs_match_cpu():
+    w = torch.randn(6, 3)
+    idx, off = torch.tensor([4, 4, 1, 2, 4]), torch.tensor([0, 2, 2])
+    for mode in (0, 1, 2):
+        want = torch.ops.aten._embedding_bag(w, idx, off, False, mode, False, None, False, 4)
+        got = torch.ops.aten._embedding_bag(w.to(DEV), idx.to(DEV), off.to(DEV), False, mode,
+                                            False, None, False, 4)
+        for g, e in zip(got, want):
+            assert g.shape == e.shape and g.dtype == e.dtype
+        torch.testing.assert_close(got[0].cpu(), want[0])
+        for g, e in zip(got[1:], want[1:]):
+            assert torch.equal(g.cpu(), e), (mode, g.cpu(), e)
