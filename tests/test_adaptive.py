@@ -286,3 +286,218 @@ def test_host_factory_reading_pending_values_flushes_first():
         got = window("neuron").cpu()
     torch.testing.assert_close(got, want)
     assert eager_neuron.stats()["flushes"].get("host compute", 0) >= 1
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 11: adaptive eager never changes a result (each reproduction, by name, against the CPU)
+# ---------------------------------------------------------------------------------------------
+
+def _both_modes(fn):
+    """fn(device) on the CPU, in plain eager and in adaptive eager: the three results."""
+    want = fn("cpu")
+    plain = fn("neuron")
+    with eager_neuron.adaptive():
+        got = fn("neuron")
+    return want, plain, got
+
+
+def _same(want, *gots):
+    for got in gots:
+        for w, g in zip(want, got):
+            torch.testing.assert_close(g.cpu() if isinstance(g, torch.Tensor) else g, w,
+                                       rtol=0, atol=0)
+
+
+def test_issue11_item1_strided_views_are_not_keyed_by_start_and_length():
+    def fn(dev):
+        x = torch.arange(8., device=dev)
+        a = x[:4] * 1
+        b = x[::2] * 1
+        y = torch.arange(8., device=dev)
+        y[:4].mul_(3)
+        y[::2].add_(1)
+        z = torch.arange(8., device=dev)
+        z[1::2].add_(100)
+        t = z[6:] * 1
+        return a, b, y, t
+    want, plain, got = _both_modes(fn)
+    _same(want, plain, got)
+
+
+def test_issue11_item1_interleaved_views_do_not_conflict_but_strided_spans_do():
+    from eager_neuron.adaptive import MODULE as ad
+
+    import numpy as np
+
+    x = np.zeros(16, np.float32)
+    bufs = [ad._Buf(v, v.__array_interface__["data"][0], None)
+            for v in (x[0::2], x[1::2], x[::4], x[6:8], x[8:], x[15:])]
+    even, odd, four, mid, tail, last = bufs
+    assert not ad._overlaps(even, odd)          # exact: equal strides, other residue
+    assert ad._overlaps(even, four) and ad._overlaps(odd, mid)
+    assert ad._overlaps(odd, last)              # the span of x[1::2] ends at x[15]
+    assert not ad._overlaps(mid, tail)
+
+
+def test_issue11_item1_autograd_loss_through_strided_views():
+    def fn(dev):
+        w = torch.linspace(-1, 1, 16, dtype=torch.float64, device=dev).requires_grad_()
+        h = w * 2
+        loss = (h[::2] * h[1::2] + h[::4].sum()).tanh().sum()
+        loss.backward()
+        return loss.detach(), w.grad
+    want, plain, got = _both_modes(fn)
+    for w, p, g in zip(want, plain, got):
+        # NOTE: sums are not bitwise: a fused sum epilogue adds in another order
+        torch.testing.assert_close(p.cpu(), w, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(g.cpu(), w, rtol=1e-12, atol=1e-12)
+
+
+def test_issue11_item2_host_copies_never_reuse_a_pending_block():
+    gen = torch.Generator().manual_seed(0)
+    batches = [torch.randn(64, 256, generator=gen) for _ in range(6)]
+    want = torch.zeros(64, 256)
+    for xb in batches:
+        want += xb * 2 + 1
+    acc = torch.zeros(64, 256, device="neuron")
+    with eager_neuron.adaptive():
+        for xb in batches:
+            xb = xb.to("neuron")
+            acc += xb * 2 + 1
+        arr = torch.tensor(batches[0].numpy(), device="neuron") * 3
+    torch.testing.assert_close(acc.cpu(), want, rtol=0, atol=0)
+    torch.testing.assert_close(arr.cpu(), batches[0] * 3, rtol=0, atol=0)
+
+
+def test_issue11_item3_cpu_scalar_tensor_is_read_at_the_op():
+    x = torch.arange(4., device="neuron")
+    s = torch.tensor(2.)
+    with eager_neuron.adaptive():
+        y = x * s
+        s.fill_(100)
+        z = x + s
+    assert y.tolist() == [0., 2., 4., 6.]
+    assert z.tolist() == [100., 101., 102., 103.]
+
+
+def test_issue11_item4_fault_raises_at_its_own_line_and_loses_nothing():
+    x = torch.tensor([10, 20, 30, 40], device="neuron")
+    zero = torch.tensor([1, 1, 0, 1], device="neuron")
+    w = torch.zeros(4, dtype=torch.long, device="neuron")
+    a = c = None
+    with pytest.raises(RuntimeError) as info:
+        with eager_neuron.adaptive():
+            a = x * 2
+            w.add_(1)
+            b = x // zero   # the faulting line
+            c = b + 1
+    text = str(info.value)
+    assert "floor_divide" in text and "x // zero" in text and "ZeroDivisionError" in text
+    assert c is None                              # nothing after the op ran
+    assert w.tolist() == [1, 1, 1, 1]             # the in-place op applied exactly once
+    assert a.tolist() == [20, 40, 60, 80]         # earlier pending outputs written
+
+
+def test_issue11_item5_threads_record_their_own_groups_and_share_kernels():
+    import threading
+
+    wrong = []
+
+    def work(seed):
+        gen = torch.Generator().manual_seed(seed)
+        for _ in range(5):
+            w0 = torch.randn(257, generator=gen, dtype=torch.float64)
+            w = w0.to("neuron").requires_grad_()
+            (w.tanh() * w).sum().backward()
+            ref = w0.clone().requires_grad_()
+            (ref.tanh() * ref).sum().backward()
+            if not torch.allclose(w.grad.cpu(), ref.grad, rtol=1e-12, atol=1e-12):
+                wrong.append(seed)
+
+    def run():
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+        with eager_neuron.adaptive():
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+
+    run()     # warm: compiles (or loads) the few fused kernels
+    eager_neuron.reset_stats()
+    run()
+    s = eager_neuron.stats()
+    assert wrong == []
+    assert s["compiles"] == 0 and s["fused_launches"] >= 20   # every group hit the cache
+
+
+def test_issue11_item5_read_of_an_element_the_same_op_writes():
+    def fn(dev):
+        b = torch.ones(3, device=dev)
+        b.add_(b[:1].expand(3))
+        c = torch.tensor([1., 2., 2.], device=dev)
+        c.add_(c[:1].expand(3))
+        return b, c
+    want, plain, got = _both_modes(fn)
+    _same(want, plain, got)
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_issue11_item7_integer_inplace_with_float_result_raises(adaptive):
+    msg = "result type Float can't be cast to the desired output type Long"
+    with eager_neuron.adaptive(adaptive):
+        i = torch.arange(5, device="neuron")
+        with pytest.raises(RuntimeError, match=msg):
+            i.mul_(1.5)
+        with pytest.raises(RuntimeError, match="can't be cast"):   # via PyTorch's out= wrapper
+            torch.mul(i, 0.5, out=torch.empty(5, dtype=torch.long, device="neuron"))
+        i.add_(2)                                        # Long result: fine
+        f = torch.zeros(5, device="neuron").add_(i)      # Long into Float: fine
+    assert i.tolist() == [2, 3, 4, 5, 6] and f.tolist() == [2., 3., 4., 5., 6.]
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_issue11_item8_writes_through_expanded_views_raise(adaptive):
+    msg = "more than one element of the written-to tensor refers to a single memory location"
+    with eager_neuron.adaptive(adaptive):
+        x = torch.ones(1, 4, device="neuron")
+        for write in (lambda e: e.add_(1), lambda e: e.mul_(2), lambda e: e.exp_(),
+                      lambda e: e.copy_(torch.zeros(4, 4, device="neuron")),
+                      lambda e: torch.add(torch.ones(4, 4, device="neuron"), 1, out=e)):
+            with pytest.raises(RuntimeError, match=msg):
+                write(x.expand(4, 4))
+        with pytest.raises(RuntimeError, match=msg):
+            torch.ones(4, device="neuron").as_strided((4,), (0,)).add_(1)
+    assert x.tolist() == [[1., 1., 1., 1.]]
+
+
+def test_fused_group_charges_the_core_it_was_recorded_on():
+    from eager_neuron.simulator import SIM
+
+    x = torch.ones(1000, device="neuron:1")
+    with eager_neuron.adaptive():
+        before = [c.launches for c in SIM.cores]
+        y = ((x + 1) * 2).relu()
+        assert [c.launches for c in SIM.cores] == before     # recorded, not launched
+        total = y.sum().item()
+    after = [c.launches for c in SIM.cores]
+    assert total == 4000.0
+    assert after[0] == before[0] and after[1] == before[1] + 1   # one fused launch, on core 1
+
+
+def test_adaptive_states_are_named_and_per_thread():
+    import threading
+
+    from eager_neuron.adaptive import MODULE as ad
+
+    x = torch.ones(8, device="neuron")
+    seen = {}
+    with eager_neuron.adaptive():
+        assert ad.STATE.name == ad.IDLE
+        y = x * 2
+        assert ad.STATE.name == ad.RECORDING
+        t = threading.Thread(target=lambda: seen.setdefault("other", ad.STATE.name))
+        t.start()
+        t.join()
+        assert y.sum().item() == 16.0
+        assert ad.STATE.name == ad.IDLE
+    assert ad.STATE.name == ad.OFF and seen["other"] == ad.IDLE
