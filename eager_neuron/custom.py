@@ -217,7 +217,7 @@ class Kernel:
     """
 
     def __init__(self, fn, name: str, outputs, mutates, flops, bytes_moved, engine,
-                 parallel, debug, elementwise) -> None:
+                 parallel, debug, fastmath=False) -> None:
         if "::" not in name:
             raise ValueError(f"eager_neuron.kernel: name {name!r} must be 'namespace::op'")
         self.py_func = fn
@@ -229,7 +229,7 @@ class Kernel:
         self.engine = engine
         self._parallel = parallel
         self._debug = debug
-        self.elementwise = elementwise
+        self._fastmath = fastmath
         self._failed: dict = {}
         kparams = list(inspect.signature(fn).parameters.values())
         if outputs is None:
@@ -300,6 +300,10 @@ class Kernel:
                 opts.append("parallel=True")
             if debug:
                 opts.append("boundscheck=True")
+            if self._fastmath:
+                fm = self._fastmath
+                opts.append("fastmath=True" if fm is True else
+                            "fastmath={" + ", ".join(repr(f) for f in sorted(fm)) + "}")
             deco = f"@njit({', '.join(opts)})" if opts else "@njit"
             _add_function(src, self.py_func, deco, self.py_func.__name__)
             src.digest = hashlib.sha256(src.text().encode()).hexdigest()[:16]
@@ -334,6 +338,10 @@ class Kernel:
 
     def __call__(self, *args, **kwargs):
         return self.op(*args, **kwargs)
+
+    # NOTE: torch.compile skips frames under eager_neuron/; calling the op is what it must see
+    if hasattr(torch._dynamo, "dont_skip_tracing"):
+        __call__ = torch._dynamo.dont_skip_tracing(__call__)
 
     def _bind(self, args, kwargs) -> list:
         bound = self._signature.bind(*args, **kwargs)
@@ -557,7 +565,7 @@ def _prototype(name: str, signature: inspect.Signature):
 def kernel(name: str, *, outputs: Callable | None = None, mutates: Sequence[str] | str = (),
            flops: float | Callable | None = None, bytes_moved: float | Callable | None = None,
            engine: str = "vector", parallel: bool | None = None, debug: bool | None = None,
-           elementwise: bool = False):
+           fastmath: bool | set = False):
     """Decorator: a Numba-subset Python function becomes the operator `torch.ops.<ns>.<name>`.
 
     - `outputs(*inputs)`: per output, a tensor (shape and dtype copied) or `(shape, dtype)`;
@@ -567,6 +575,8 @@ def kernel(name: str, *, outputs: Callable | None = None, mutates: Sequence[str]
       ("vector", "scalar", "tensor", "gpsimd") feed the simulator's cost model.
     - `parallel`: None compiles with parallel=True when the kernel uses prange.
     - `debug`: bounds-checked indexing (default: `set_debug()`).
+    - `fastmath`: Numba's flag (True or a set such as {"reassoc", "contract"}: vectorized
+      float sums; True also assumes no inf/nan).
 
     >>> import torch, eager_neuron
     >>> @eager_neuron.kernel("doc::double", outputs=lambda x: x)
@@ -578,7 +588,7 @@ def kernel(name: str, *, outputs: Callable | None = None, mutates: Sequence[str]
     """
     def deco(fn):
         return Kernel(fn, name, outputs, mutates, flops, bytes_moved, engine, parallel, debug,
-                      elementwise)
+                      fastmath)
 
     return deco
 

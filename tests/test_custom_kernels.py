@@ -262,3 +262,212 @@ def test_privateuse1_end_to_end_through_dispatch(stats_delta):
     got = torch.ops.entest_pu1.twice_plus_one(x.to("neuron"))
     _close(got, 2 * x.double() + 1, torch.float32)
     assert stats_delta()["fallbacks"] == {}
+
+
+# -- 2. autograd, 3. adaptive eager / NeuronMode / torch.compile ------------------------------
+
+@eager_neuron.kernel("entest::cube", outputs=lambda x: x, flops=lambda x: 2 * x.numel())
+def cube(x, out):
+    for i in prange(x.size):
+        v = x.flat[i]
+        out.flat[i] = v * v * v
+
+
+@eager_neuron.kernel("entest::cube_bwd", outputs=lambda g, x: x)
+def cube_bwd(g, x, out):
+    for i in range(x.shape[0]):
+        out[i] = 3 * g[i] * x[i] * x[i]
+
+
+def _cube_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0])
+
+
+cube.register_autograd(lambda ctx, g: cube_bwd(g, ctx.saved_tensors[0]),   # backward = a kernel
+                       setup_context=_cube_setup)
+axpy.register_autograd(lambda ctx, g: (ctx.a * g, g, None),                # backward = torch ops
+                       setup_context=lambda ctx, inputs, output: setattr(ctx, "a", inputs[2]))
+
+
+def test_backward_as_a_kernel_and_as_torch_ops():
+    x = torch.randn(9)
+    y = torch.randn(9)
+    xn = x.to("neuron").requires_grad_()
+    yn = y.to("neuron").requires_grad_()
+    loss = (cube(axpy(xn, yn, 2.0)) * torch.arange(9.0, device="neuron")).sum()
+    loss.backward()
+    xd, yd = x.double().requires_grad_(), y.double().requires_grad_()
+    ((2 * xd + yd + SHIFT) ** 3 * torch.arange(9.0, dtype=torch.float64)).sum().backward()
+    _close(xn.grad, xd.grad, torch.float32, scale=10)
+    _close(yn.grad, yd.grad, torch.float32, scale=10)
+
+
+def test_custom_kernel_is_a_fusion_boundary_under_adaptive(stats_delta):
+    x = torch.randn(64)
+    xn = x.to("neuron")
+    with eager_neuron.adaptive():
+        y = xn * 2 + 1                 # recorded, not yet written
+        z = axpy(y, y, 1.0)            # must see y: flushes first
+        w = (z * 3).cpu()
+    _close(w, 3 * (2 * (2 * x.double() + 1) + SHIFT), torch.float32)
+    assert stats_delta()["flushes"].get("custom kernel entest::axpy", 0) >= 1
+
+
+def test_torch_compile_sees_an_opaque_op():
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    fn = torch.compile(lambda x, y: axpy(x * 2, y, 3.0) + 1, backend=backend, fullgraph=True)
+    x, y = torch.randn(10), torch.randn(10)
+    _close(fn(x, y), 6 * x.double() + y.double() + SHIFT + 1, torch.float32)
+    targets = [n.target for g in graphs for n in g.graph.nodes]
+    assert torch.ops.entest.axpy.default in targets or torch.ops.entest.axpy in targets
+
+
+def test_torch_compile_on_neuron_tensors():
+    fn = torch.compile(lambda x: axpy(x, x, 1.0) * 2, backend="aot_eager", fullgraph=True)
+    x = torch.randn(10)
+    _close(fn(x.to("neuron")), 2 * (2 * x.double() + SHIFT), torch.float32)
+
+
+# -- 5. the kernel library: vs float64 references and vs the built-in op sequence on neuron -----
+
+import torch.nn.functional as F  # noqa: E402
+
+from eager_neuron import kernel_lib  # noqa: E402
+
+
+def _rms_ref(x, w, eps=1e-6):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def test_rms_norm_forward_backward():
+    torch.manual_seed(0)
+    x, w, g = torch.randn(2, 7, 300), torch.randn(300), torch.randn(2, 7, 300)
+    xd, wd = x.double().requires_grad_(), w.double().requires_grad_()
+    _rms_ref(xd, wd).backward(g.double())
+    outs = {}
+    for name, fn in (("kernel", kernel_lib.rms_norm), ("built-in", _rms_ref)):
+        xn, wn = x.to("neuron").requires_grad_(), w.to("neuron").requires_grad_()
+        y = fn(xn, wn)
+        y.backward(g.to("neuron"))
+        _close(y, _rms_ref(x.double(), w.double()), torch.float32, scale=10)
+        _close(xn.grad, xd.grad, torch.float32, scale=10)
+        _close(wn.grad, wd.grad, torch.float32, scale=100)
+        outs[name] = y
+    _close(outs["kernel"], outs["built-in"].double(), torch.float32, scale=10)
+    yb = kernel_lib.rms_norm(x.to(torch.bfloat16).to("neuron"), w.to(torch.bfloat16).to("neuron"))
+    assert yb.dtype == torch.bfloat16
+    _close(yb, _rms_ref(x.to(torch.bfloat16).double(), w.to(torch.bfloat16).double()),
+           torch.bfloat16, scale=4)
+    _close(kernel_lib.rms_norm(x, w), _rms_ref(x.double(), w.double()), torch.float32, 10)
+
+
+def _rot_ref(x, c, s):
+    h = x.shape[-1] // 2
+    return x * torch.cat([c, c], -1) + torch.cat([-x[..., h:], x[..., :h]], -1) * \
+        torch.cat([s, s], -1)
+
+
+def test_rotary_forward_backward():
+    torch.manual_seed(1)
+    x, g = torch.randn(2, 3, 11, 16), torch.randn(2, 3, 11, 16)
+    ang = torch.randn(11, 8)
+    c, s = ang.cos(), ang.sin()
+    xd = x.double().requires_grad_()
+    ref = _rot_ref(xd, c.double(), s.double())
+    ref.backward(g.double())
+    xn = x.to("neuron").requires_grad_()
+    y = kernel_lib.apply_rotary(xn, c.to("neuron"), s.to("neuron"))
+    y.backward(g.to("neuron"))
+    _close(y, ref.detach(), torch.float32)
+    _close(xn.grad, xd.grad, torch.float32)
+    builtin = _rot_ref(x.to("neuron"), c.to("neuron"), s.to("neuron"))
+    _close(y, builtin.double().cpu(), torch.float32)
+    # 3-d input (B, S, D)
+    _close(kernel_lib.apply_rotary(x[:, 0].to("neuron"), c.to("neuron"), s.to("neuron")),
+           _rot_ref(x[:, 0].double(), c.double(), s.double()), torch.float32)
+    with pytest.raises(ValueError, match="cos/sin"):
+        kernel_lib.apply_rotary(x, c[:5], s[:5])
+
+
+@pytest.mark.parametrize("B,H,Hk,L,S,D,causal", [(2, 4, 2, 37, 70, 16, False),
+                                                 (1, 2, 1, 65, 100, 8, True)])
+def test_flash_attention_forward_backward(B, H, Hk, L, S, D, causal):
+    torch.manual_seed(2)
+    q, k, v = torch.randn(B, H, L, D), torch.randn(B, Hk, S, D), torch.randn(B, Hk, S, D)
+    qd, kd, vd = (t.double().requires_grad_() for t in (q, k, v))
+    ref = F.scaled_dot_product_attention(qd, kd, vd, is_causal=causal, enable_gqa=True)
+    g = torch.randn_like(ref)
+    ref.backward(g)
+    qn, kn, vn = (t.to("neuron").requires_grad_() for t in (q, k, v))
+    out = kernel_lib.flash_attention(qn, kn, vn, causal=causal)
+    out.backward(g.float().to("neuron"))
+    scale = 8      # sums over S keys and D features, values O(1)
+    _close(out, ref.detach(), torch.float32, scale)
+    for got, want in ((qn.grad, qd.grad), (kn.grad, kd.grad), (vn.grad, vd.grad)):
+        _close(got, want, torch.float32, scale)
+    builtin = F.scaled_dot_product_attention(q.to("neuron"), k.to("neuron"), v.to("neuron"),
+                                             is_causal=causal, enable_gqa=True)
+    _close(out, builtin.double().cpu(), torch.float32, scale)
+
+
+def test_flash_attention_memory_is_linear_in_sequence():
+    B, H, L, D = 1, 2, 512, 16
+    q, k, v = (torch.randn(B, H, L, D, device="neuron") for _ in range(3))
+    kernel_lib.flash_attention(q, k, v)      # warm: compiled, no first-use allocations
+
+    def peak(fn) -> int:
+        torch.neuron.synchronize()
+        base = torch.neuron.memory_allocated()
+        torch.neuron.reset_peak_memory_stats()
+        out = fn()
+        del out
+        return torch.neuron.max_memory_allocated() - base
+
+    io_bytes = B * H * L * (D + 1) * 4          # out + logsumexp
+    flash = peak(lambda: kernel_lib.flash_attention(q, k, v))
+    naive = peak(lambda: (q @ k.transpose(-1, -2) / 4).softmax(-1) @ v)
+    assert flash <= io_bytes * 1.5 + 4096 < B * H * L * L * 4 <= naive
+
+
+def _moe_ref(x, lg, w1, w2, k):
+    # top-k as k rounds of argmax (the built-in topk kernel alone compiles for ~20 s cold)
+    p = lg.softmax(-1)
+    ws, ids = [], []
+    for _ in range(k):
+        i = p.argmax(-1, keepdim=True)
+        ws.append(p.gather(-1, i))
+        ids.append(i)
+        p = p.scatter(-1, i, -1.0)
+    w, i = torch.cat(ws, -1), torch.cat(ids, -1)
+    w = w / w.sum(-1, keepdim=True)
+    out = torch.zeros(x.shape[0], w2.shape[2], dtype=x.dtype, device=x.device)
+    for e in range(w1.shape[0]):
+        sel = i == e
+        rows = sel.any(-1).nonzero().flatten()
+        if rows.numel():
+            we = (w * sel).sum(-1)[rows]
+            out.index_add_(0, rows, we[:, None] * (F.silu(x[rows] @ w1[e]) @ w2[e]))
+    return out
+
+
+def test_moe_router_dispatch_combine():
+    torch.manual_seed(3)
+    T, D, Fh, E, K = 13, 8, 12, 5, 2
+    x, lg = torch.randn(T, D), torch.randn(T, E)
+    w1, w2 = torch.randn(E, D, Fh), torch.randn(E, Fh, D)
+    ref = _moe_ref(*(a.double() for a in (x, lg, w1, w2)), K)
+    dev = [a.to("neuron") for a in (x, lg, w1, w2)]
+    got = kernel_lib.moe_forward(*dev, K)
+    _close(got, ref, torch.float32, scale=10)
+    _close(got, _moe_ref(*dev, K).double().cpu(), torch.float32, scale=10)   # built-in ops
+    _close(kernel_lib.moe_forward(x, lg, w1, w2, K), ref, torch.float32, scale=10)   # CPU
+    weights, idx = kernel_lib.topk_router(dev[1], K)
+    pw, pi = lg.softmax(-1).topk(K, -1)
+    assert torch.equal(idx.cpu(), pi)
+    with pytest.raises(ValueError, match="outside"):
+        kernel_lib.moe_dispatch(dev[0], torch.full((T, K), E, device="neuron"), E)
