@@ -20,8 +20,7 @@ import tarfile
 import time
 
 from eager_neuron.cache import keys
-from eager_neuron.cache.format import _Miss, unpack
-from eager_neuron.cache.tier import DB_NAME, DB_TIMEOUT_S
+from eager_neuron.cache.format import DB_NAME, DB_TIMEOUT_S, _Miss, unpack
 from eager_neuron.config import config
 
 

@@ -15,14 +15,16 @@ DiskTier` (and `disk.pack`, `disk.unpack`, `disk._Miss`, `disk.DiskCacheWarning`
 
 from __future__ import annotations
 
-from eager_neuron.cache.format import MAGIC, DiskCacheWarning, _Miss, pack, unpack
-from eager_neuron.cache.rebuild import undefined_symbols
-from eager_neuron.cache.tier import (
+from eager_neuron.cache.format import (
     DB_TIMEOUT_S,
-    LOCK_TIMEOUT_S,
-    N_LOCK_STRIPES,
-    DiskTier,
+    MAGIC,
+    DiskCacheWarning,
+    _Miss,
+    pack,
+    unpack,
 )
+from eager_neuron.cache.rebuild import undefined_symbols
+from eager_neuron.cache.tier import LOCK_TIMEOUT_S, N_LOCK_STRIPES, DiskTier
 
 __all__ = ["MAGIC", "DiskCacheWarning", "_Miss", "pack", "unpack", "undefined_symbols",
            "DB_TIMEOUT_S", "LOCK_TIMEOUT_S", "N_LOCK_STRIPES", "DiskTier", "TIER", "install",

@@ -15,6 +15,8 @@ import struct
 
 from eager_neuron.cache import keys
 
+DB_NAME = "cache.db"               # diskcache's index (entries over 32 KB live in *.val files)
+DB_TIMEOUT_S = 30.0                # SQLite busy timeout, then a counted miss / write error
 MAGIC = b"ENKC"                    # eager_neuron kernel cache entry
 _PREFIX = struct.Struct("<4sI")    # magic, header length; then the JSON header, then the payload
 

@@ -20,6 +20,17 @@ import sys
 FORMAT_VERSION = 1   # bump when any renderer's output or the disk entry layout changes
 
 
+def _version() -> str:
+    """eager_neuron's version, from its installed metadata (importing the package from here
+    would close an import cycle: eager_neuron -> cache.disk -> cache.keys -> eager_neuron)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("eager_neuron")
+    except metadata.PackageNotFoundError:   # pragma: no cover - run from a source tree
+        return "unknown"
+
+
 @functools.lru_cache(maxsize=1)
 def toolchain() -> tuple:
     """Everything outside the key that changes the machine code a kernel compiles to."""
@@ -29,7 +40,6 @@ def toolchain() -> tuple:
     import torch
     from numba.core import config as nb_config
 
-    from eager_neuron import __version__
 
     try:
         from numba.core.registry import cpu_target
@@ -40,7 +50,7 @@ def toolchain() -> tuple:
     except Exception:  # pragma: no cover - a numba without magic_tuple
         cpu = (platform.machine(), "", "")
     return (
-        ("eager_neuron", __version__),
+        ("eager_neuron", _version()),
         ("format", FORMAT_VERSION),
         ("python", sys.implementation.name, sys.version_info[:2]),
         ("numba", numba.__version__),

@@ -32,14 +32,12 @@ import time
 import warnings
 
 from eager_neuron.cache import keys, rebuild
-from eager_neuron.cache.format import DiskCacheWarning, _Miss, unpack
+from eager_neuron.cache.format import DB_NAME, DB_TIMEOUT_S, DiskCacheWarning, _Miss, unpack
 from eager_neuron.config import config
 from eager_neuron.stats import STATS
 
 N_LOCK_STRIPES = 256               # lock files: a key hashes to one (a collision only serialises)
 LOCK_TIMEOUT_S = 60.0              # then compile anyway: a stuck peer must not hang this process
-DB_TIMEOUT_S = 30.0                # SQLite busy timeout, then a counted miss / write error
-DB_NAME = "cache.db"               # diskcache's index (entries over 32 KB live in *.val files)
 
 
 def damaged(exc: BaseException) -> bool:

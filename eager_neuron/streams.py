@@ -19,10 +19,24 @@ from __future__ import annotations
 
 import torch
 
-from .device import _index
 from .simulator import SIM, Queue
 
 _DEVICE_TYPE = int(torch._C._autograd.DeviceType.PrivateUse1)
+
+
+def _index(device) -> int:
+    """The core a device argument names; None or a bare "neuron" means the current device.
+
+    NOTE: the current device is read through torch's device-module registry, not by importing
+    eager_neuron.device: device.py imports this module (torch.neuron.Stream), not the reverse.
+    """
+    if isinstance(device, int):
+        return device
+    if device is not None:
+        device = torch.device(device)
+        if device.index is not None:
+            return device.index
+    return torch.get_device_module("neuron").current_device()
 
 
 def _flush(reason: str) -> None:

@@ -93,23 +93,25 @@ _KPLANS: dict = {}
 
 
 def _kernel_plan(func):
-    from .. import dispatch, ops
+    from .. import dispatch
+    from . import cast   # the cast family's lowerings (not via ops: ops imports this module)
 
     plan = _KPLANS.get(func)
     if plan is None:
-        plan = dispatch.Plan("kernel", lower=ops.KERNELS["aten::_to_copy"],
+        plan = dispatch.Plan("kernel", lower=cast.LOWERINGS["aten::_to_copy"],
                              name="aten::_to_copy", ret_alias=(None,))
         _KPLANS[func] = plan
     return plan
 
 
 def _copy_plan():
-    from .. import dispatch, ops
+    from .. import dispatch
+    from . import cast
 
     plan = _KPLANS.get("copy_")
     if plan is None:
         plan = _KPLANS["copy_"] = dispatch.Plan(
-            "kernel", lower=ops.KERNELS["aten::copy_"], name="aten::copy_",
+            "kernel", lower=cast.LOWERINGS["aten::copy_"], name="aten::copy_",
             ret_alias=("self",), mutates=("self",))
     return plan
 

@@ -1,0 +1,189 @@
+"""The import graph follows the pipeline: no module imports, at the top or inside a function, a
+module that (directly or not) imports it back.
+
+The graph is read with `ast` from every file of the package (eager_neuron/, kernels/ and cache/,
+which install as eager_neuron.kernels and eager_neuron.cache), including imports inside
+functions, plus the family modules eager_neuron/ops.py imports by name (its TABLE). ALLOWED lists
+the edges that still close a cycle today, each with the file's owner and the way out; the list
+may only shrink (test_allowed_edges_still_exist fails on a stale entry, so it is removed).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGES = {"eager_neuron": "eager_neuron", "kernels": "eager_neuron.kernels",
+            "cache": "eager_neuron.cache"}
+
+_E, _L = "eager_neuron.", "eager_neuron.lower."
+ALLOWED = {
+    # -- files the dispatch owner is rewriting (dispatch/adaptive/launch/plan/inplace/fallback,
+    #    lower/elementwise, lower/cast): buffer allocation and flush move out of dispatch, and
+    #    adaptive stops importing the elementwise renderer
+    (_E + "adaptive", _L + "elementwise"),
+    (_E + "fallback", _E + "dispatch"),
+    (_E + "inplace", _E + "dispatch"),
+    # -- other helpers' files that call back into the funnel (dispatch.alloc/wrap/flush/Plan):
+    #    they go once allocation has its own module
+    (_L + "host", _E + "dispatch"),
+    (_L + "foreach", _E + "dispatch"),
+    (_E + "tensor", _E + "dispatch"),
+    (_E + "storage", _E + "dispatch"),
+    (_E + "storage", _E + "tensor"),
+    # -- DYNAMIC lowerings that allocate their outputs with dispatch.alloc (one line each to
+    #    change, `from ..<buffers module> import alloc`, once allocation leaves dispatch)
+    (_L + "index", _E + "dispatch"),
+    (_L + "mask", _E + "dispatch"),
+    (_L + "sort", _E + "dispatch"),
+    (_L + "linalg_spectral", _E + "dispatch"),
+    # -- lowerings that reach another family's lowering through the op table: import the
+    #    family module instead (from .reduce import LOWERINGS)
+    (_L + "half", _E + "ops"),
+    (_L + "reduce", _E + "ops"),
+    (_L + "complex", _E + "ops"),
+    (_L + "matmul", _E + "ops"),
+    (_L + "index", _E + "ops"),
+    (_L + "sort", _E + "ops"),
+}
+# work in progress of other helpers (device API, distributed): may not exist yet, so exempt from
+# the staleness check; the lead removes these when that work lands
+WIP = {
+    (_E + "devapi", _E + "device"),
+    (_E + "distributed", "eager_neuron"),
+}
+
+
+def modules() -> dict:
+    """{module name: file path} for every .py file of the package."""
+    out = {}
+    for folder, package in PACKAGES.items():
+        base = os.path.join(ROOT, folder)
+        for dirpath, dirnames, filenames in os.walk(base):
+            dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+            for f in filenames:
+                if not f.endswith(".py"):
+                    continue
+                rel = os.path.relpath(os.path.join(dirpath, f), base)[:-3].replace(os.sep, ".")
+                rel = rel.removesuffix("__init__").rstrip(".")
+                out[package + ("." + rel if rel else "")] = os.path.join(dirpath, f)
+    return out
+
+
+def _targets(mods: dict, module: str, node) -> list:
+    """The project modules one import statement loads (the deepest that exists)."""
+    out = []
+    if isinstance(node, ast.Import):
+        for alias in node.names:
+            name = alias.name
+            while name and name not in mods:
+                name = name.rpartition(".")[0]
+            if name:
+                out.append(name)
+        return out
+    if node.level:
+        base = module if mods[module].endswith("__init__.py") else module.rpartition(".")[0]
+        parts = base.split(".")[:len(base.split(".")) - (node.level - 1)]
+        target = ".".join(parts + ([node.module] if node.module else []))
+    else:
+        target = node.module or ""
+    for alias in node.names:
+        if f"{target}.{alias.name}" in mods:
+            out.append(f"{target}.{alias.name}")
+        elif target in mods:
+            out.append(target)
+    return out
+
+
+def _ops_families(path: str) -> list:
+    """The family modules ops.py imports by name: the keys of TABLE and DYNAMIC_ONLY."""
+    out = []
+    for node in ast.parse(open(path).read()).body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            target = node.targets[0] if isinstance(node, ast.Assign) else node.target
+            if getattr(target, "id", None) == "TABLE" and isinstance(node.value, ast.Dict):
+                out += [k.value for k in node.value.keys]
+            if getattr(target, "id", None) == "DYNAMIC_ONLY":
+                out += [e.value for e in node.value.elts]
+    return out
+
+
+def graph() -> dict:
+    """{module: {module it imports}} over top-level and function-level imports."""
+    mods = modules()
+    g = {m: set() for m in mods}
+    for module, path in mods.items():
+        for node in ast.walk(ast.parse(open(path).read(), path)):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                g[module].update(t for t in _targets(mods, module, node) if t != module)
+    ops = "eager_neuron.ops"
+    if ops in mods:
+        g[ops].update(_L + f for f in _ops_families(mods[ops]) if _L + f in mods)
+    return g
+
+
+def cycles(g: dict) -> list:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+    counter = [0]
+    for root in g:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(g[root])))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, it = work[-1]
+            for w in it:
+                if w not in index:
+                    index[w] = low[w] = counter[0]
+                    counter[0] += 1
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(g[w]))))
+                    break
+                if w in on_stack:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on_stack.discard(w)
+                        comp.append(w)
+                        if w == v:
+                            break
+                    if len(comp) > 1:
+                        out.append(sorted(comp))
+    return out
+
+
+def test_import_graph_is_acyclic():
+    g = graph()
+    for src, dst in ALLOWED | WIP:
+        g.get(src, set()).discard(dst)
+    found = cycles(g)
+    lines = []
+    for comp in found:
+        members = set(comp)
+        lines.append(" <-> ".join(comp))
+        lines += [f"    {m} -> {sorted(g[m] & members)}" for m in comp]
+    assert not found, "import cycles:\n" + "\n".join(lines)
+
+
+def test_allowed_edges_still_exist():
+    # an allowed edge that is gone must leave the list (the list only shrinks)
+    g = graph()
+    stale = sorted((s, d) for s, d in ALLOWED if d not in g.get(s, set()))
+    assert not stale, f"remove from ALLOWED: {stale}"
+
+
+def test_the_checker_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
