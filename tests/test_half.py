@@ -104,3 +104,30 @@ def test_expanded_half_operands_upcast_without_overlapping_writes():
     e = torch.randn(1, 6).half()
     got = (e.to(DEV).expand(4, 6) * torch.ones(4, 6).half().to(DEV)).cpu()
     assert torch.equal(got, e.expand(4, 6))
+
+
+def test_float16_casts_are_kernels_bit_exact():
+    # every float16 pattern up to float32 (NaNs compared as NaN)
+    h = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.float16)
+    got, want = h.to(DEV).float().cpu(), h.double().float()
+    same = (got.view(torch.int32) == want.view(torch.int32)) | (got.isnan() & want.isnan())
+    assert bool(same.all())
+    # float32 down to float16: every rounding boundary (the exact midpoint, one float32 ulp
+    # either side), overflow, subnormals and signed zero, against float64 -> float16 references
+    pos = torch.arange(0, 31744, dtype=torch.int32).to(torch.int16).view(torch.float16).double()
+    mid = ((pos[:-1] + pos[1:]) / 2).float()
+    f = torch.cat([mid, torch.nextafter(mid, torch.tensor(0.0)),
+                   torch.nextafter(mid, torch.tensor(1e9)),
+                   torch.tensor([65504.0, 65519.99, 65520.0, 1e6, 2.0 ** -25, 2.0 ** -26,
+                                 1e-45, 0.0, float("inf"), float("nan")])])
+    f = torch.cat([f, -f])
+    got = f.to(DEV).half().cpu()
+    # the reference: round to nearest even from the exact (float64) value of each float32
+    want = f.double().half()
+    same = (got.view(torch.int16) == want.view(torch.int16)) | (got.isnan() & want.isnan())
+    assert bool(same.all()), f[~same][:4]
+    # through float32: int64, bfloat16, float64 sources and destinations
+    i = torch.arange(-70000, 70000, 997)
+    assert torch.equal(i.to(DEV).half().cpu(), i.double().half())
+    assert torch.equal(h[:2000].nan_to_num().to(DEV).to(torch.int64).cpu(),
+                       h[:2000].nan_to_num().double().to(torch.int64))

@@ -1,17 +1,14 @@
 """Casts and copies, including bfloat16/float16 storage.
 
 bfloat16 <-> float32 is bit manipulation in a Numba kernel (round to nearest even, NaN kept
-quiet), exactly what PyTorch's CPU does. float16 has no Numba arithmetic type; its conversions
-run through torch's host converter (counted as a launch; a known gap, see README).
+quiet), exactly what PyTorch's CPU does. float16 is bit arithmetic too (lower/half.py cast_f16:
+Numba has no float16 type), bit-exact with the CPU over every float16 pattern.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .. import launch as _launch
-from ..simulator import SIM
-from ..stats import STATS
 from . import elementwise as ew
 
 # NOTE: every NaN becomes the quiet NaN 0x7FC0, as c10::round_to_nearest_even does (the CPU's
@@ -56,14 +53,9 @@ def cast(src: torch.Tensor, dst: torch.Tensor) -> None:
 
 def _cast_half(src: torch.Tensor, dst: torch.Tensor) -> None:
     if src.dtype == torch.float16 or dst.dtype == torch.float16:
-        # NOTE: no float16 in Numba; torch's converter rounds to nearest even like the CPU.
-        from ..adaptive import flush
+        from .half import cast_f16   # float16 bit casts live with the half path (lower/half.py)
 
-        flush("float16 host cast")
-        dst.copy_(src)
-        STATS.launches += 1
-        SIM.cores[_launch.current_core()].launch(0, dst.numel() * 6, "vector")
-        return
+        return cast_f16(src, dst)
     if src.dtype == torch.bfloat16 and dst.dtype == torch.bfloat16:
         _bits("cast::bits", src.expand(dst.shape), dst, torch.int16, torch.int16)
         return
