@@ -318,7 +318,7 @@ class DiskTier:
         return admin.entries(self)
 
     def clear(self) -> int:
-        """Delete every entry and orphaned file; always leaves a working cache. Returns the count."""
+        """Delete every entry and orphaned file; leaves a working cache. Returns the count."""
         from eager_neuron.cache import admin
 
         return admin.clear(self)

@@ -2,9 +2,10 @@
 
 A bad value fails `import eager_neuron` with a ValueError that names the variable, the value and
 what is allowed, instead of a bare `int()` error or a silent default. Numbers are read as a user
-would write them: `EAGER_NEURON_HBM_BYTES=1e6` is one million bytes, `EAGER_NEURON_CACHE_SIZE_MB=0.5`
-is half a megabyte; zero and negative sizes are refused (turn the disk tier off with
-`EAGER_NEURON_DISK_CACHE=0`). An `EAGER_NEURON_*` name that nothing reads (a typo) warns once.
+would write them: `EAGER_NEURON_HBM_BYTES=1e6` is one million bytes,
+`EAGER_NEURON_CACHE_SIZE_MB=0.5` is half a megabyte; zero and negative sizes are refused (turn
+the disk tier off with `EAGER_NEURON_DISK_CACHE=0`). An `EAGER_NEURON_*` name that nothing
+reads (a typo) warns once.
 
 TorchNeuron's own variable names are honoured as aliases so that scripts written for it behave
 the same here.
@@ -91,7 +92,7 @@ def _default_cache_dir() -> str:
 
 
 def _device_names() -> tuple:
-    from .cost import PROFILES   # cost is pure data and functions: no import cycle
+    from .cost import PROFILES  # cost is pure data and functions: no import cycle
 
     return tuple(sorted(PROFILES))
 

@@ -7,8 +7,8 @@
     python -m eager_neuron.tools.cache export FILE.tar.gz    the entries of this toolchain
     python -m eager_neuron.tools.cache import FILE.tar.gz    add a teammate's entries
 
-`--dir DIR` (before or after the verb) picks the cache (default: EAGER_NEURON_CACHE_DIR, else ~/.cache/eager_neuron);
-`--json` prints stats / ls as JSON.
+`--dir DIR` (before or after the verb) picks the cache (default: EAGER_NEURON_CACHE_DIR, else
+~/.cache/eager_neuron); `--json` prints stats / ls as JSON.
 
 >>> from eager_neuron.tools.cache import main
 >>> main(["--dir", "/tmp/eager_neuron_doctest_cache", "stats", "--json"])  # doctest: +ELLIPSIS
