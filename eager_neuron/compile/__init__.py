@@ -44,6 +44,45 @@ def _on_dynamo() -> None:
     # dynamo must never trace into the neuron runtime (dispatch, lowerings, Numba) when a
     # graph break runs user code eagerly: it runs outside graphs, as a CUDA driver does
     tr.add("eager_neuron")
+    skip_runtime()
+
+
+def skip_runtime() -> int:
+    """Mark every function of eager_neuron as skipped by dynamo, with everything it calls
+    (Numba's typing, numpy): the neuron runtime is entered from C++ (__torch_dispatch__, the
+    PrivateUse1 fallback, autograd hooks) while a dynamo callback may be active. A flag on the
+    code objects, so the eager hot path pays nothing. Returns the number of code objects."""
+    import types
+
+    from torch._C._dynamo.eval_frame import _FrameAction as A
+    from torch._C._dynamo.eval_frame import _FrameExecStrategy as S
+    from torch._C._dynamo.eval_frame import set_code_exec_strategy
+
+    seen = set()
+
+    def mark(obj, depth=0):
+        if isinstance(obj, (staticmethod, classmethod)):
+            obj = obj.__func__
+        if isinstance(obj, property):
+            for f in (obj.fget, obj.fset):
+                if f is not None:
+                    mark(f, depth)
+            return
+        code = getattr(obj, "__code__", None)
+        if isinstance(code, types.CodeType) and id(code) not in seen:
+            seen.add(id(code))
+            set_code_exec_strategy(code, S(A.SKIP, A.SKIP))
+        elif isinstance(obj, type) and depth == 0:
+            for v in list(vars(obj).values()):
+                mark(v, 1)
+
+    for name, mod in list(sys.modules.items()):
+        if mod is None or not (name == "eager_neuron" or name.startswith("eager_neuron.")):
+            continue
+        for v in list(vars(mod).values()):
+            if getattr(v, "__module__", name) == name or isinstance(v, type):
+                mark(v)
+    return len(seen)
 
 
 class _DynamoHook(importlib.abc.MetaPathFinder):
