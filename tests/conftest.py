@@ -20,6 +20,9 @@ from eager_neuron.config import config as neuron_config
 def pytest_configure(config):
     config.addinivalue_line("markers", "opinfo: one OpInfo op on neuron vs the CPU")
     config.addinivalue_line("markers", "models: real models train on neuron vs the CPU")
+    config.addinivalue_line("markers", "isa: a test whose CPU reference could depend on the "
+                            "CPU's instruction set; tests/test_isa.py reruns these under every "
+                            "ATEN_CPU_CAPABILITY the machine has")
     # the fallback warns once per op; tests count fallbacks through stats() instead
     config.addinivalue_line("filterwarnings", "ignore:.*has no neuron kernel:UserWarning")
 

@@ -42,8 +42,9 @@ CASES = {
     "_verf": (torch.erf, sp.erf, 2, 1, None),
     # torch's formula 1/(1 + exp(-x)): 0 (not a denormal) below -88.7, as torch
     "_vsigmoid": (torch.sigmoid, sp.expit, 4, 2, lambda x: x > -87.0),
-    # torch's gelu cancels for x < 0 (0 below -5.5): compared with assert_close instead
-    "_vgelu": (F.gelu, _gelu_ref, None, 7, None),
+    # torch's gelu cancels for x < 0 (0 below -5.5), and its AVX-512 kernel returns NaN at +inf
+    # and inf at 3.4e38: judged against the exact result only (None: no torch comparison)
+    "_vgelu": (None, _gelu_ref, None, 7, None),
     # x / (1 + exp(-2u)): for x < -1 the result is ~x exp(2u), whose relative error is the
     # absolute error of 2u (~|2u| ulp: 8 at x = -2, 40 at -5; torch cancels there instead)
     "_vgelu_tanh": (lambda t: F.gelu(t, approximate="tanh"), _gelu_tanh_ref, None, 4,
@@ -119,14 +120,19 @@ def _exact(ref, x: np.ndarray) -> np.ndarray:
         return ref(x.astype(np.float64)).astype(np.float32)
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("name", list(CASES))
 def test_ulps(kernels, name):
     op, ref, tol_torch, tol_exact, where = CASES[name]
     report = []
     for rng, x in INPUTS.items():
         got = _run(kernels[name], x)
-        want = op(torch.from_numpy(x)).numpy()
-        if tol_torch is not None:
+        want = op(torch.from_numpy(x)).numpy() if op is not None else None
+        if op is None:
+            # no torch comparison: the torch kernel's results depend on the CPU's ISA here
+            torch.testing.assert_close(torch.from_numpy(got), torch.from_numpy(_exact(ref, x)),
+                                       equal_nan=True, msg=lambda m, w=f"{name} {rng}": f"{w}: {m}")
+        elif tol_torch is not None:
             u = ulps(got, want)
             i = int(np.argmax(u))
             report.append(f"{rng}: vs torch {u[i]:g} ulp at x={x[i]!r}")
@@ -265,18 +271,27 @@ def test_erf_as_is_torchs_gelu_erf():
     assert "<8 x float>" in ir and not _libm_calls(ir)
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
-def test_gelu_op_float32_matches_torch(approximate):
-    """The float32 gelu and gelu_backward kernels (lower/elementwise.py _GELU_F32) vs the CPU."""
+def test_gelu_op_float32_vs_float64(approximate):
+    """The float32 gelu and gelu_backward kernels (lower/elementwise.py _GELU_F32) against torch
+    in float64, rounded to float32: torch's own float32 kernels differ by ISA (AVX-512 gelu gives
+    NaN at +inf and inf at 3.4e38), float64 is the reference that does not."""
     import eager_neuron  # noqa: F401  (registers the device)
 
     x = torch.from_numpy(np.concatenate([INPUTS["[-10,10]"], SPECIAL]))
-    xc = x.clone().requires_grad_(True)
+    xc = x.double().requires_grad_(True)
     yc = F.gelu(xc, approximate=approximate)
-    g = torch.randn(yc.shape, generator=torch.Generator().manual_seed(3))
-    (gc,) = torch.autograd.grad(yc, xc, g)
+    g = torch.randn(yc.shape, generator=torch.Generator().manual_seed(3)).float()
+    (gc,) = torch.autograd.grad(yc, xc, g.double())
+    yc, gc = yc.float(), gc.float()
     xn = x.to("neuron").requires_grad_(True)
     yn = F.gelu(xn, approximate=approximate)
     (gn,) = torch.autograd.grad(yn, xn, g.to("neuron"))
     torch.testing.assert_close(yn.detach().cpu(), yc.detach(), equal_nan=True)
-    torch.testing.assert_close(gn.cpu(), gc, equal_nan=True)
+    keep = torch.ones(x.shape, dtype=torch.bool)
+    if approximate == "tanh":
+        # KNOWN GAP (as torch's float32 kernel): the tanh form's derivative is NaN once x**3
+        # overflows float32 (|x| > 7e12; the exact value is 0 or 1), so it is judged below that
+        keep = x.abs() < 2.0 ** 40
+    torch.testing.assert_close(gn.cpu()[keep], gc[keep], equal_nan=True)
