@@ -49,6 +49,89 @@ _KIND = {
 }
 _NAMESPACES = ("c10d", "_c10d_functional", "_c10d_functional_autograd")
 
+# -- the cross-rank agreement check -------------------------------------------------------------
+# gloo cannot tell a float32 all-reduce from an int32 one of the same byte size (a silent wrong
+# answer), and a size mismatch aborts one rank from gloo's worker thread. So before a collective
+# every rank all-gathers a 4-integer fingerprint (op, dtype, tensor count, numel) of what it is
+# about to send; on any disagreement every rank raises the same clear error and none sends.
+# One small extra collective per collective; EAGER_NEURON_DIST_CHECK=0 turns it off, and
+# TORCH_DISTRIBUTED_DEBUG=DETAIL replaces it with PyTorch's own (stricter) wrapper check.
+# op name -> (index of the argument whose tensors must agree, "full" | "dtype")
+_CHECK_ARG = {
+    "allreduce_": (0, "full"), "allreduce_coalesced_": (0, "full"), "broadcast_": (0, "full"),
+    "reduce_": (0, "full"), "allgather_": (1, "full"), "_allgather_base_": (1, "full"),
+    "allgather_coalesced_": (1, "full"), "allgather_into_tensor_coalesced_": (1, "full"),
+    "reduce_scatter_": (0, "full"), "_reduce_scatter_base_": (1, "full"),
+    "reduce_scatter_tensor_coalesced_": (1, "full"), "alltoall_": (1, "dtype"),
+    "alltoall_base_": (1, "dtype"),
+    "all_reduce": (0, "full"), "all_reduce_": (0, "full"), "all_reduce_coalesced": (0, "full"),
+    "all_reduce_coalesced_": (0, "full"), "broadcast": (0, "full"),
+    "all_gather_into_tensor": (0, "full"), "all_gather_into_tensor_out": (0, "full"),
+    "all_gather_into_tensor_coalesced": (0, "full"), "reduce_scatter_tensor": (0, "full"),
+    "reduce_scatter_tensor_out": (0, "full"), "reduce_scatter_tensor_coalesced": (0, "full"),
+    "all_to_all_single": (0, "dtype"),
+}
+_OP_IDS = {name: i + 1 for i, name in enumerate(sorted(_CHECK_ARG))}
+_DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int32,
+           torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128]
+
+
+def _check_enabled() -> bool:
+    if os.environ.get("EAGER_NEURON_DIST_CHECK", "1").strip().lower() in ("0", "false", "off"):
+        return False
+    from torch.distributed import distributed_c10d as c10d
+
+    return c10d.get_debug_level() != c10d.DebugLevel.DETAIL
+
+
+def _fingerprint(name: str, args) -> list[int] | None:
+    spec = _CHECK_ARG.get(name)
+    if spec is None or spec[0] >= len(args):
+        return None
+    leaves = [t for t in tree_flatten(args[spec[0]])[0] if isinstance(t, torch.Tensor)]
+    if not leaves:
+        return None
+    dt = leaves[0].dtype
+    code = _DTYPES.index(dt) + 1 if dt in _DTYPES else 99
+    if any(t.dtype != dt for t in leaves):
+        code = 100
+    if spec[1] == "dtype":
+        return [_OP_IDS[name], code, -1, -1]
+    return [_OP_IDS[name], code, len(leaves), sum(t.numel() for t in leaves)]
+
+
+def _describe(fp: list[int]) -> str:
+    names = {v: k for k, v in _OP_IDS.items()}
+    op = names.get(fp[0], "?")
+    dt = str(_DTYPES[fp[1] - 1]).replace("torch.", "") if 0 < fp[1] <= len(_DTYPES) else (
+        "mixed dtypes" if fp[1] == 100 else "other dtype")
+    if fp[2] < 0:
+        return f"{op} of {dt}"
+    return f"{op} of {fp[2]} {dt} tensor(s), {fp[3]} elements"
+
+
+def _agree(name: str, args, pg) -> None:
+    """Raise the same RuntimeError on every rank if the ranks' collectives disagree."""
+    fp = _fingerprint(name, args)
+    if fp is None or pg is None or pg.size() <= 1 or not _check_enabled():
+        return
+    import torch.distributed as dist
+
+    mine = torch.tensor(fp, dtype=torch.int64)
+    every = torch.empty(pg.size() * 4, dtype=torch.int64)
+    dist.all_gather_into_tensor(every, mine, group=pg)
+    rows = every.view(pg.size(), 4).tolist()
+    if all(r == rows[0] for r in rows):
+        return
+    from .. import errors
+
+    lines = "\n".join(f"    rank {r}: {_describe(row)}" for r, row in enumerate(rows))
+    raise RuntimeError(
+        f"collective mismatch across ranks (this is rank {pg.rank()}): the ranks called\n"
+        f"{lines}\n{errors.where()}\n  fix: every rank must issue the same collective, in the "
+        "same order, with the same dtype and number of elements; nothing was sent "
+        "(EAGER_NEURON_DIST_CHECK=0 skips this check)")
+
 
 class Counters:
     """Collectives run on neuron tensors since import or reset(): count, bytes, simulated us."""
@@ -112,21 +195,28 @@ def _bytes(x) -> int:
     return sum(t.numel() * t.element_size() for t in leaves if isinstance(t, torch.Tensor))
 
 
-def _world_size(args) -> int:
+def _group(args):
+    """The op's process group: a boxed ProcessGroup argument, or a functional op's group name."""
     from torch._C._distributed_c10d import ProcessGroup
     from torch.distributed.distributed_c10d import _resolve_process_group
 
     for a in args:
         if isinstance(a, torch.ScriptObject):
             try:
-                return ProcessGroup.unbox(a).size()
+                return ProcessGroup.unbox(a)
             except RuntimeError:
                 continue
-    name = args[-1]
-    try:
-        return _resolve_process_group(name).size()
-    except Exception:   # noqa: BLE001 - only for the cost model: one rank if unknown
-        return 1
+    for a in reversed(args):
+        if isinstance(a, str):
+            try:
+                return _resolve_process_group(a)
+            except Exception:   # noqa: BLE001 - not a group name
+                continue
+    return None
+
+
+def _world_size(pg) -> int:
+    return pg.size() if pg is not None else 1
 
 
 # -- unwrap / stage / rewrap ------------------------------------------------------------------------
@@ -192,6 +282,9 @@ def c10d_op(func, args, kwargs, mode):
     from ..dispatch import flush
 
     flush("collective")
+    name = func._schema.name.split("::")[1]
+    pg = _group(args)
+    _agree(name, args, pg)
     index, originals, staged = [None], {}, []
     uargs = _unwrap(args, index, originals, staged)
     ukw = {k: _unwrap(v, index, originals, staged) for k, v in kwargs.items()}
@@ -203,9 +296,8 @@ def c10d_op(func, args, kwargs, mode):
         with COUNTERS.lock:
             COUNTERS.staged += len(staged)
     idx = index[0] if index[0] is not None else torch.neuron.current_device()
-    name = func._schema.name.split("::")[1]
     nbytes = max([_bytes(a) for a in args] + [0])
-    charge(_KIND.get(name, "all_reduce"), nbytes, _world_size(args), idx,
+    charge(_KIND.get(name, "all_reduce"), nbytes, _world_size(pg), idx,
            blocking=not _async_flag(func, args, kwargs))
     return _rewrap(out, originals, idx)
 
@@ -232,6 +324,8 @@ def functional_op(func, args, kwargs, mode):
     name = func._schema.name.split("::")[1]
     if name == "wait_tensor":
         return args[0]   # the work completed when the collective returned
+    pg = _group(args)
+    _agree(name, args, pg)
     index, originals, staged = [None], {}, []
     uargs = _unwrap(args, index, originals, staged)
     ukw = {k: _unwrap(v, index, originals, staged) for k, v in kwargs.items()}
@@ -244,7 +338,7 @@ def functional_op(func, args, kwargs, mode):
         dst.copy_(tmp)
     idx = index[0] if index[0] is not None else torch.neuron.current_device()
     nbytes = max([_bytes(a) for a in args] + [_bytes(out)])
-    charge(_KIND.get(name, "all_reduce"), nbytes, _world_size(args), idx, blocking=True)
+    charge(_KIND.get(name, "all_reduce"), nbytes, _world_size(pg), idx, blocking=True)
     return _rewrap(out, originals, idx)
 
 
