@@ -406,10 +406,21 @@ class Kernel:
         _d.flush(f"custom kernel {self.name}")
         values = self._bind(args, kwargs)
         index = None
-        for v in values:
+        for n, v in zip(self.arg_names, values):
             if type(v) is NeuronTensor:
-                index = v.device.index
-                break
+                if index is None:
+                    index = v.device.index
+                elif v.device.index != index:
+                    raise RuntimeError(
+                        f"{self.name}: expected all tensors on the same device, found "
+                        f"neuron:{index} and {v.device} (argument {n!r})\n{errors.where()}")
+        if index is not None:
+            for n, v in zip(self.arg_names, values):
+                if isinstance(v, torch.Tensor) and type(v) is not NeuronTensor:
+                    raise RuntimeError(
+                        f"{self.name}: expected all tensors on neuron:{index}, but argument "
+                        f"{n!r} is on {v.device}\n{errors.where()}\n  fix: move it with "
+                        f".to('neuron:{index}')")
         specs = self._out_specs(values)
         # bfloat16/float16: computed in float32 (numpy has no bfloat16), rounded back once
         wide = [v.float() if isinstance(v, torch.Tensor) and v.dtype in _HALF else v

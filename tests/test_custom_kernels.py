@@ -471,3 +471,8 @@ def test_moe_router_dispatch_combine():
     assert torch.equal(idx.cpu(), pi)
     with pytest.raises(ValueError, match="outside"):
         kernel_lib.moe_dispatch(dev[0], torch.full((T, K), E, device="neuron"), E)
+
+
+def test_mixed_devices_are_refused_with_the_fix():
+    with pytest.raises(RuntimeError, match=r"argument 'y' is on cpu[\s\S]*fix"):
+        axpy(torch.randn(3, device="neuron"), torch.randn(3), 1.0)
