@@ -25,6 +25,7 @@ from . import tensor as _tensor_mod
 from .adaptive import MODULE as _adaptive
 from .config import config
 from .context import OpContext
+from .launch import launch
 from .fallback import log_op, run_fallback
 from .inplace import resize_out, resize_outs, run_inplace_view
 from .lower.common import COMPLEX, DEVICE_DTYPES, HALF, bind, schema_args
@@ -180,22 +181,19 @@ def dispatch(func, args, kwargs, mode=None):
         plan = _PLANS[func] = _plan(func)
     if "ops" in config.log:
         log_op(plan, args, kwargs)
-    if _adaptive.PENDING and _others_pending():
-        _adaptive.flush_others(_spans(args, kwargs))
     try:
         if OP_HOOKS:
             with OP_HOOKS[0](plan, args, kwargs):
                 return _dispatch_plan(func, plan, args, kwargs, mode)
-        return _dispatch_plan(func, plan, args, kwargs, mode)
+        if _adaptive.PENDING:
+            _adaptive_gate(plan, args, kwargs, mode)
+        if plan.kind == "kernel":   # the hot path: one call from here to the lowering
+            return _run_kernel(func, plan, args, kwargs, mode)
+        return _dispatch_plan(func, plan, args, kwargs, mode, gated=True)
     except Exception as exc:
         if mode is None and _backward.in_backward():
             return _placeholder_outputs(func, plan, args, kwargs, exc)
         raise
-
-
-def _others_pending() -> bool:
-    pending = _adaptive.PENDING
-    return len(pending) > 1 or _adaptive.stream_key() not in pending
 
 
 def _placeholder_outputs(func, plan, args, kwargs, exc):
@@ -204,14 +202,27 @@ def _placeholder_outputs(func, plan, args, kwargs, exc):
     return _backward.failed(exc)
 
 
-def _dispatch_plan(func, plan, args, kwargs, mode):
+def _adaptive_gate(plan, args, kwargs, mode) -> None:
+    """Adaptive eager, before an op runs while groups are pending: another thread's group that
+    touches this op's tensors launches first; this thread's group launches first unless the op
+    may join it (see docs/ARCHITECTURE.md, adaptive eager)."""
+    pending = _adaptive.PENDING
+    key = _adaptive.stream_key()
+    if len(pending) > 1 or key not in pending:
+        _adaptive.flush_others(_spans(args, kwargs))
     kind = plan.kind
-    if _adaptive.PENDING and _adaptive.stream_key() in _adaptive.PENDING and (
+    if key in pending and (
             mode is not None or kind not in ("view", "alloc", "decomp", "foreach", "host",
                                              "kernel") or
             (kind == "kernel" and plan.lower not in _fusible()
              and plan.name not in _adaptive.REDUCTIONS)):
         flush(f"non-fusible op {plan.name}")
+
+
+def _dispatch_plan(func, plan, args, kwargs, mode, gated=False):
+    kind = plan.kind
+    if not gated and _adaptive.PENDING:
+        _adaptive_gate(plan, args, kwargs, mode)
     if kind == "view":
         return _run_view(func, args, kwargs, mode)
     if kind == "kernel":
@@ -318,8 +329,8 @@ def _run_kernel(func, plan, args, kwargs, mode):
             _check_partial_overlap(a, outs)
     # 3. run the lowering (half types computed in float32, rounded to nearest even) under the
     #    op's context: its core, its mode, whether adaptive eager may record it
-    fusible = plan.lower in _fusible()
     if _adaptive.STATE.enabled and mode is None and index is not None:
+        fusible = plan.lower in _fusible()
         ctx = OpContext(index, None, fusible, _blocks_of(args, kwargs, outs, blocks))
         _capture_host_operands(a, ctx.blocks)
         if plan.name in _adaptive.REDUCTIONS and not fusible:
@@ -331,14 +342,25 @@ def _run_kernel(func, plan, args, kwargs, mode):
                 _context.swap(prev)
             flush(f"non-fusible op {plan.name}")
             ctx.recording = False
+    elif mode is None:
+        ctx = _PLAIN_CTX.get(index)
+        if ctx is None:
+            ctx = _PLAIN_CTX[index] = OpContext(index or 0)
     else:
         ctx = OpContext(index or 0, mode)
-    prev = _context.swap(ctx)
+    tls = _TLS_CTX
+    prev = getattr(tls, "ctx", None)
+    tls.ctx = ctx
     try:
         lower = plan.lower
         dtypes = {v.dtype for v in a.values() if isinstance(v, torch.Tensor)}
         dtypes.update(o.dtype for o in outs if isinstance(o, torch.Tensor))
-        if not dtypes.isdisjoint(COMPLEX) and not getattr(lower, "handles_complex", False):
+        if plan.prepare is not None and dtypes.isdisjoint(_WIDENED):
+            # the hot path: the lowering hands back its launch; dispatch -> here -> launch
+            req = plan.prepare(func, a, outs)
+            if req is not None:
+                launch(*req)
+        elif not dtypes.isdisjoint(COMPLEX) and not getattr(lower, "handles_complex", False):
             from .lower.complex import run_complex  # complex operands: their own family
 
             run_complex(func, plan, a, outs)
@@ -355,7 +377,7 @@ def _run_kernel(func, plan, args, kwargs, mode):
     except Exception as exc:
         raise _kernel_error(plan, exc, args, kwargs) from exc
     finally:
-        _context.swap(prev)
+        tls.ctx = prev
     # 4. results: written args come back as the caller's own objects
     results = []
     for i, out in enumerate(outs):
@@ -371,6 +393,9 @@ def _run_kernel(func, plan, args, kwargs, mode):
     return tree_unflatten(results, spec)
 
 
+_TLS_CTX = _context._TLS
+_WIDENED = COMPLEX | HALF   # dtypes whose ops take the complex / half-type routes
+_PLAIN_CTX: dict = {}   # core -> the shared context of plain-eager ops on it (never recording)
 _KEEP_TYPE = (IndexError, ValueError, TypeError, ZeroDivisionError, torch.linalg.LinAlgError)
 
 

@@ -12,7 +12,7 @@ from torch.utils._pytree import tree_flatten
 
 class Plan:
     __slots__ = ("kind", "lower", "mutates", "ret_alias", "name", "decomp", "out_args",
-                 "cpu_meta")
+                 "cpu_meta", "prepare")
 
     def __init__(self, kind, lower=None, mutates=(), ret_alias=(), name="", decomp=None,
                  out_args=()):
@@ -27,6 +27,9 @@ class Plan:
         # (bfloat16 batch-norm statistics, eval-mode saved stats), the lowering's
         # `cpu_meta(a, leaves) -> leaves` says what the CPU returns
         self.cpu_meta = getattr(lower, "cpu_meta", None)
+        # a lowering that can return its launch instead of making it (lower.prepare(func, a,
+        # outs) -> launch() arguments or None): dispatch then calls launch itself
+        self.prepare = getattr(lower, "prepare", None)
 
 
 _PLANS: dict = {}

@@ -18,6 +18,7 @@ compute type at render time; integer division by zero raises ZeroDivisionError l
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 
@@ -574,7 +575,10 @@ def _build_spec(op_name: str, template: str, rule: str, arg_casts: dict, a: dict
                  max(1, expr.count("(")), engine, special)
 
 
-def lower_elementwise(func, a: dict, outs: list, op_name: str) -> None:
+def lower_elementwise(func, a: dict, outs: list, op_name: str, defer: bool = False):
+    """Run (or record) one elementwise op. defer=True returns the launch instead, as
+    launch()'s positional arguments (dispatch launches it: one call less on the hot path);
+    None when there is nothing left to launch (empty, or recorded by adaptive eager)."""
     # NOTE: the per-call work reads numpy attributes (shape, size, flags): much cheaper than
     # torch's Python bindings. numpy(force=True): under NeuronMode an operand may be a CPU
     # tensor that requires grad; force only detaches here (a CPU buffer, never conj/neg).
@@ -685,9 +689,12 @@ def lower_elementwise(func, a: dict, outs: list, op_name: str) -> None:
         vm = _vmath.VMATH_PRELUDE if _vmath.needs_vmath(expr) else ""
         return vm + PRELUDE + (SPECIAL_PRELUDE if special else "") + src, name
 
-    launch(("elementwise", op_name, expr, kinds, rank, loads, scalar_casts, store, parallel,
-            PRELUDE_ID), render, (*arrays, *scalar_vals), flops=n * spec.flops,
-           bytes_moved=out_np.nbytes + in_bytes, engine=spec.engine)
+    req = (("elementwise", op_name, expr, kinds, rank, loads, scalar_casts, store, parallel,
+            PRELUDE_ID), render, (*arrays, *scalar_vals), n * spec.flops,
+           out_np.nbytes + in_bytes, spec.engine)
+    if defer:
+        return req
+    launch(*req)
 
 
 def _py_cast(v) -> str:
@@ -699,9 +706,11 @@ def _py_cast(v) -> str:
 
 
 def _make(op_name: str):
-    def lower(func, a, outs):
-        lower_elementwise(func, a, outs, op_name)
+    # NOTE: a functools.partial, not a closure: no Python frame between dispatch and
+    # lower_elementwise (the hot path)
+    lower = functools.partial(lower_elementwise, op_name=op_name)
     lower.__name__ = f"lower_{op_name.split('::')[1]}"
+    lower.prepare = functools.partial(lower_elementwise, op_name=op_name, defer=True)
     return lower
 
 

@@ -1,0 +1,425 @@
+"""Randomized differential test of adaptive eager: CPU vs plain neuron vs adaptive neuron.
+
+A program is a list of steps over a few base tensors: random views (step slices, transposes,
+as_strided, expands for reads), functional, in-place and out= ops, host copies, 0-d CPU operands
+(changed after use), dtype mixes, reads and dropped temporaries. Each program runs on the CPU,
+in plain eager and in adaptive eager; every observation must agree: bitwise for values (the ops
+used are exactly rounded on every ISA: + - * / neg abs relu floor max where casts; not sqrt:
+torch's CPU float64 sqrt is not correctly rounded on every ISA),
+within float64 bounds for sums (their order differs), and by exception type where the CPU
+raises.
+
+    python tools/fuzz_adaptive.py --programs 2000 --seed 0     # the long run (make fuzz-adaptive)
+    python tools/fuzz_adaptive.py --show 17                    # print program 17
+
+>>> from tools.fuzz_adaptive import generate, check
+>>> check(generate(3)) is None
+True
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+
+import torch
+
+import eager_neuron
+
+# the bases: name -> (dtype, numel); "big" is pooled memory (>= 64 KiB), the rest host-allocated
+BASES = {"f": (torch.float32, 48), "d": (torch.float64, 24), "i": (torch.int64, 24),
+         "big": (torch.float32, 1 << 15)}
+
+
+def generate(seed: int, n_ops: int | None = None) -> list:
+    """A random program (a list of step tuples), reproducible from its seed."""
+    rng = random.Random(seed)
+    n_ops = n_ops or rng.randint(5, 40)
+    steps = []
+    # tensors known to the generator: name -> (base, index tensor into the base, writable)
+    env = {}
+    for b, (dtype, n) in BASES.items():
+        env[b] = (b, torch.arange(n), True)
+    counter = [0]
+    dt = {b: v[0] for b, v in BASES.items()}   # base or derived tensor -> dtype
+
+    def dtype(k):
+        return dt[env[k][0]]
+
+    def new_name(prefix):
+        counter[0] += 1
+        return f"{prefix}{counter[0]}"
+
+    def pick(writable=None, base=None, shape=None):
+        names = [k for k, (bb, idx, w) in env.items()
+                 if (writable is None or w == writable) and (base is None or bb in base)
+                 and (shape is None or tuple(idx.shape) == shape)]
+        return rng.choice(names) if names else None
+
+    def add_view(src):
+        bb, idx, w = env[src]
+        n = idx.numel()
+        flat = idx.reshape(-1) if idx.is_contiguous() else None
+        kind = rng.choice(["slice", "slice", "t", "as_strided", "expand", "view"])
+        if kind == "slice" and idx.dim() == 1:
+            step = rng.choice([1, 1, 2, 3])
+            length = rng.choice([4, 8]) if bb != "big" else 8192
+            if (length - 1) * step >= n:
+                return None
+            start = rng.randrange(0, n - (length - 1) * step)
+            params = (start, start + (length - 1) * step + 1, step)
+            new = idx[params[0]:params[1]:params[2]]
+            writable = w
+        elif kind == "t" and idx.dim() == 2:
+            params = ()
+            new = idx.t()
+            writable = w
+        elif kind == "view" and flat is not None and n in (8, 16, 24, 48):
+            params = ((2, n // 2),)
+            new = idx.view(*params[0])
+            writable = w
+        elif kind == "as_strided" and bb != "big":
+            total = BASES[bb][1] if bb in BASES else n
+            size = rng.choice([(4,), (8,), (2, 4)])
+            stride = tuple(rng.choice([1, 2, 3]) for _ in size)
+            if len(size) == 2 and rng.random() < 0.5:
+                stride = (stride[0] * 4, stride[1])
+            off = rng.randrange(0, 6)
+            span = off + sum((s - 1) * st for s, st in zip(size, stride))
+            if span >= total:
+                return None
+            base_idx = torch.arange(total)
+            new = base_idx.as_strided(size, stride, off)
+            params = (size, stride, off)
+            # writable only when no two indices share an element
+            writable = new.unique().numel() == new.numel()
+            steps.append(("as_strided", (name := new_name("v")), bb, size, stride, off))
+            env[name] = (bb, new, writable)
+            return name
+        elif kind == "expand" and idx.dim() == 1 and bb != "big":
+            params = (rng.choice([4, 8]),)
+            new = idx[:1].expand(params[0])
+            steps.append(("expand", (name := new_name("v")), src, params[0]))
+            env[name] = (bb, new, False)
+            return name
+        else:
+            return None
+        name = new_name("v")
+        steps.append((kind, name, src, *params))
+        env[name] = (bb, new, writable)
+        return name
+
+    def overlap(a, b):
+        ba, ia, _ = env[a]
+        bb_, ib, _ = env[b]
+        if ba != bb_:
+            return False
+        return bool(set(ia.reshape(-1).tolist()) & set(ib.reshape(-1).tolist()))
+
+    def same_view(a, b):
+        return env[a][0] == env[b][0] and torch.equal(env[a][1], env[b][1])
+
+    scalars = []
+    for _ in range(n_ops):
+        r = rng.random()
+        if r < 0.25:
+            src = pick(base=None)
+            if src is not None:
+                add_view(src)
+            continue
+        kind = rng.choice(["binary", "binary", "unary", "inplace", "inplace", "inplace", "out",
+                           "host_copy", "to_device", "cpu_scalar", "cpu_scalar_change",
+                           "read", "sum", "drop", "mix", "int_div", "int_inplace_float",
+                           "expand_write", "clone"])
+        a = pick()
+        if a is None:
+            continue
+        shape = tuple(env[a][1].shape)
+        ab = env[a][0]
+        same_dtype = [k for k in dt if dt[k] == dt[ab]]
+        fam = same_dtype if kind != "mix" else list(dt)
+        b = pick(base=fam, shape=shape) or a
+        if kind == "binary":
+            op = rng.choice(["add", "sub", "mul", "div", "maximum", "where"])
+            if op == "div" and dt[ab] == torch.int64:
+                op = "mul"
+            name = new_name("t")
+            steps.append(("binary", name, op, a, b))
+            env[name] = (name, torch.arange(env[a][1].numel()).view(shape), True)
+            dt[name] = dt[ab]
+        elif kind == "unary":
+            op = rng.choice(["neg", "abs", "relu", "floor", "scalar_mul",
+                             "scalar_add"])
+            if dt[ab] == torch.int64 and op in ("floor", "sqrt_abs"):
+                op = "neg"
+            name = new_name("t")
+            step_c = rng.choice([0.5, 2.0, -3.0, 1.25])
+            steps.append(("unary", name, op, a, step_c))
+            env[name] = (name, torch.arange(env[a][1].numel()).view(shape), True)
+            scalar_int = op.startswith("scalar") and dt[ab] == torch.int64
+            dt[name] = torch.float32 if scalar_int else dt[ab]
+        elif kind in ("inplace", "out", "host_copy", "clone"):
+            w = pick(writable=True, shape=shape) if kind != "clone" else a
+            if w is None:
+                continue
+            if kind == "clone":
+                name = new_name("t")
+                steps.append(("clone", name, a))
+                env[name] = (name, torch.arange(env[a][1].numel()).view(shape), True)
+                dt[name] = dt[ab]
+                continue
+            wb = env[w][0]
+            cands = [k for k in env if tuple(env[k][1].shape) == shape
+                     and (not overlap(k, w) or same_view(k, w))
+                     and dtype(k) == dt[wb]]
+            if not cands:
+                continue
+            src = rng.choice(cands)
+            if kind == "inplace":
+                op = rng.choice(["add_", "sub_", "mul_", "copy_", "fill_", "zero_", "clamp_",
+                                 "relu_", "neg_", "mul_s"])
+                steps.append(("inplace", w, op, src, rng.choice([0.5, 2.0, -1.0, 3.0])))
+            elif kind == "out":
+                others = [k for k in cands if not overlap(k, w) or same_view(k, w)]
+                steps.append(("out", w, rng.choice(["add", "mul", "sub"]), src,
+                              rng.choice(others)))
+            else:
+                steps.append(("host_copy", w, rng.randrange(1 << 30)))
+        elif kind == "to_device":
+            name = new_name("t")
+            bb = rng.choice(["f", "big"])
+            n = 8 if bb == "f" else 8192
+            steps.append(("to_device", name, bb, n, rng.randrange(1 << 30)))
+            env[name] = (name, torch.arange(n), True)
+            dt[name] = BASES[bb][0]
+        elif kind == "cpu_scalar":
+            s = f"s{len(scalars)}"
+            scalars.append(s)
+            name = new_name("t")
+            steps.append(("cpu_scalar", name, s, a, rng.choice([2.0, -0.5, 3.0])))
+            env[name] = (name, torch.arange(env[a][1].numel()).view(shape), True)
+            dt[name] = torch.promote_types(dt[ab], torch.float32)
+        elif kind == "cpu_scalar_change" and scalars:
+            steps.append(("cpu_scalar_change", rng.choice(scalars), rng.choice([100.0, -7.0])))
+        elif kind == "read":
+            steps.append(("read", a))
+        elif kind == "sum":
+            steps.append(("sum", a))
+        elif kind == "drop":
+            if a not in BASES:
+                steps.append(("drop", a))
+                del env[a]
+        elif kind == "mix":
+            name = new_name("t")
+            steps.append(("binary", name, rng.choice(["add", "mul", "sub"]), a, b))
+            env[name] = (name, torch.arange(env[a][1].numel()).view(shape), True)
+            dt[name] = torch.promote_types(dt[ab], dtype(b))
+        elif kind == "int_div":
+            ints = pick(base=["i"])
+            if ints is not None:
+                shp = tuple(env[ints][1].shape)
+                other = pick(base=["i"], shape=shp) or ints
+                name = new_name("t")
+                steps.append(("int_div", name, ints, other))
+                env[name] = (name, torch.arange(env[ints][1].numel()).view(shp), True)
+                dt[name] = torch.int64
+        elif kind == "int_inplace_float":
+            ints = pick(base=["i"], writable=True)
+            if ints is not None:
+                steps.append(("inplace", ints, "mul_s", ints, 1.5))
+        elif kind == "expand_write":
+            src = pick(base=["f", "d"])
+            if src is not None and env[src][1].dim() == 1:
+                steps.append(("expand_write", src))
+    return steps
+
+
+def _init_bases(dev):
+    g = torch.Generator().manual_seed(1234)
+    env = {}
+    for b, (dtype, n) in BASES.items():
+        if dtype.is_floating_point:
+            v = torch.randn(n, generator=g, dtype=torch.float64).mul(4).round().div(4)
+            v = v.to(dtype)
+        else:
+            v = torch.randint(-5, 6, (n,), generator=g)
+        env[b] = v.to(dev)
+    return env
+
+
+def _host(seed: int, shape, dtype):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g, dtype=torch.float64).mul(8).round().div(8).to(dtype)
+
+
+def execute(steps: list, dev: str) -> list:
+    """Run a program; returns its observations: ("v", cpu tensor) | ("s", float) | ("e", name)."""
+    env = _init_bases(dev)
+    scalars = {}
+    obs = []
+    names = []   # final observations' tensor names (for reports)
+    execute.names = names
+
+    def cpu(t):
+        return t.detach().to("cpu") if t.device.type != "cpu" else t.detach().clone()
+
+    for step in steps:
+        kind = step[0]
+        try:
+            if kind == "slice":
+                _, name, src, a, b, s = step
+                env[name] = env[src][a:b:s]
+            elif kind == "t":
+                env[step[1]] = env[step[2]].t()
+            elif kind == "view":
+                env[step[1]] = env[step[2]].view(*step[3])
+            elif kind == "as_strided":
+                _, name, base, size, stride, off = step
+                env[name] = env[base].as_strided(size, stride, off)
+            elif kind == "expand":
+                env[step[1]] = env[step[2]][:1].expand(step[3])
+            elif kind == "binary":
+                _, name, op, a, b = step
+                x, y = env[a], env[b]
+                if op == "where":
+                    env[name] = torch.where(x > y, x, y)
+                elif op == "maximum":
+                    env[name] = torch.maximum(x, y)
+                else:
+                    env[name] = getattr(torch, op)(x, y)
+            elif kind == "unary":
+                _, name, op, a, c = step
+                x = env[a]
+                env[name] = {"neg": lambda: -x, "abs": lambda: x.abs(),
+                             "relu": lambda: x.relu(), "floor": lambda: x.floor(),
+                             "sqrt_abs": lambda: x.abs().sqrt(),
+                             "scalar_mul": lambda: x * c, "scalar_add": lambda: x + c}[op]()
+            elif kind == "clone":
+                env[step[1]] = env[step[2]].clone()
+            elif kind == "inplace":
+                _, w, op, src, c = step
+                t, s = env[w], env[src]
+                if op in ("add_", "sub_", "mul_", "copy_"):
+                    getattr(t, op)(s)
+                elif op == "fill_":
+                    t.fill_(c)
+                elif op == "zero_":
+                    t.zero_()
+                elif op == "clamp_":
+                    t.clamp_(-1.0, 1.0) if t.is_floating_point() else t.clamp_(-1, 1)
+                elif op == "relu_":
+                    t.relu_()
+                elif op == "neg_":
+                    t.neg_()
+                else:
+                    t.mul_(c)
+            elif kind == "out":
+                _, w, op, a, b = step
+                getattr(torch, op)(env[a], env[b], out=env[w])
+            elif kind == "host_copy":
+                _, w, seed = step
+                t = env[w]
+                t.copy_(_host(seed, t.shape, t.dtype))
+            elif kind == "to_device":
+                _, name, bb, n, seed = step
+                env[name] = _host(seed, (n,), BASES[bb][0]).to(dev)
+            elif kind == "cpu_scalar":
+                _, name, s, a, v = step
+                if s not in scalars:
+                    scalars[s] = torch.tensor(v)
+                env[name] = env[a] * scalars[s]
+            elif kind == "cpu_scalar_change":
+                scalars[step[1]].fill_(step[2])
+            elif kind == "read":
+                obs.append(("v", cpu(env[step[1]])))
+            elif kind == "sum":
+                obs.append(("s", env[step[1]].double().sum().item()))
+            elif kind == "drop":
+                env.pop(step[1], None)
+            elif kind == "int_div":
+                _, name, a, b = step
+                env[name] = env[a] // env[b]
+            elif kind == "expand_write":
+                env[step[1]][:1].expand(4).add_(1)
+        except Exception as exc:  # noqa: BLE001 -- compared across modes
+            obs.append(("e", _kind(exc)))
+    for name in sorted(env):
+        obs.append(("v", cpu(env[name])))
+        names.append(name)
+    return obs
+
+
+def _kind(exc: Exception) -> str:
+    text = str(exc)
+    for marker in ("single memory location", "can't be cast", "ZeroDivisionError"):
+        if marker in text:
+            return f"{type(exc).__name__}: {marker}"
+    return type(exc).__name__
+
+
+def _same(a, b) -> str | None:
+    if len(a) != len(b):
+        return f"{len(a)} observations vs {len(b)}"
+    for i, ((ka, va), (kb, vb)) in enumerate(zip(a, b)):
+        if ka != kb:
+            return f"observation {i}: {ka} {va if ka == 'e' else ''} vs {kb} " \
+                   f"{vb if kb == 'e' else ''}"
+        if ka == "e" and va != vb:
+            return f"observation {i}: error {va} vs {vb}"
+        if ka == "s" and not (va == vb or abs(va - vb) <= 1e-9 * max(1.0, abs(va))
+                              or (va != va and vb != vb)):
+            return f"observation {i}: sum {va} vs {vb}"
+        if ka == "v":
+            if va.dtype != vb.dtype or va.shape != vb.shape:
+                return f"observation {i}: {va.dtype}{list(va.shape)} vs {vb.dtype}{list(vb.shape)}"
+            if not torch.equal(va, vb) and not (va.is_floating_point() and torch.equal(
+                    va.isnan(), vb.isnan()) and torch.equal(va.nan_to_num(), vb.nan_to_num())):
+                diff = (va != vb).nonzero()[:3].tolist()
+                return (f"observation {i}: values differ at {diff}: "
+                        f"{va.reshape(-1)[:6].tolist()} vs {vb.reshape(-1)[:6].tolist()}")
+    return None
+
+
+def check(steps: list) -> str | None:
+    """None when CPU, plain eager and adaptive eager agree on the program; else what differs."""
+    want = execute(steps, "cpu")
+    plain = execute(steps, "neuron")
+    with eager_neuron.adaptive():
+        got = execute(steps, "neuron")
+    bad = _same(want, plain)
+    if bad:
+        return "plain vs cpu: " + bad
+    bad = _same(want, got)
+    if bad:
+        return "adaptive vs cpu: " + bad
+    return None
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--programs", type=int, default=500)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--show", type=int, default=None, help="print one program and check it")
+    args = ap.parse_args(argv)
+    if args.show is not None:
+        steps = generate(args.show)
+        for s in steps:
+            print(s)
+        print(check(steps) or "agree")
+        return 0
+    t0 = time.time()
+    failures = []
+    for k in range(args.seed, args.seed + args.programs):
+        bad = check(generate(k))
+        if bad:
+            failures.append(k)
+            print(f"program {k}: {bad}", flush=True)
+    print(f"{args.programs} programs, {len(failures)} disagree, {time.time() - t0:.1f} s; "
+          f"failing seeds: {failures[:50]}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
