@@ -690,3 +690,24 @@ def test_every_verb_takes_dir_after_the_verb(small, tmp_path):
         launch.DISK = before
     assert _tool("clear", "--dir", dst)[0] == 0
     assert json.loads(_tool("stats", "--dir", dst, "--json")[1])["entries"] == 0
+
+
+def test_cache_verify_catches_a_key_that_misses_a_field():
+    from eager_neuron.cache.verify import CacheKeyError, Verifier
+    from eager_neuron.config import Config
+
+    assert Config({"EAGER_NEURON_CACHE_VERIFY": "1"}).cache_verify
+    v = Verifier()
+    flag = {"v": 1}
+
+    def render():                    # reads `flag`, which the key below does not hold
+        return f"@njit\ndef k(o):\n    o[:] = {flag['v']}\n", "k"
+
+    key = (1, "test", "fill", ("f", 1, "C"))
+    v.seen(key, render)
+    v.seen(key, render)              # same source: fine
+    flag["v"] = 2
+    with pytest.raises(CacheKeyError, match=r"line 3 was '    o\[:\] = 1', now '    o\[:\] = 2'"):
+        v.seen(key, render)
+    v.seen(key + (2,), render)       # the field in the key: a new kernel, no error
+    assert v.checked == 4
