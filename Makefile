@@ -4,8 +4,9 @@ VENV    := .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 TSTAMP  := $(VENV)/.installed-test
+LSTAMP  := $(VENV)/.installed-lint
 
-.PHONY: demo test bench coverage sweep clean
+.PHONY: demo test check bench coverage sweep clean
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -24,6 +25,17 @@ demo: $(STAMP)
 
 test: $(TSTAMP)
 	$(VPY) -m pytest tests
+
+$(LSTAMP): pyproject.toml $(TSTAMP)
+	$(VPY) -m pip install -q -e '.[test,lint]'
+	touch $@
+
+# ruff (rules in pyproject.toml), the docstring examples as doctests, the import graph and the
+# op table (docs/OPS.md current)
+check: $(LSTAMP)
+	$(VENV)/bin/ruff check .
+	$(VPY) -m pytest -p no:cacheprovider --doctest-modules eager_neuron kernels cache
+	$(VPY) -m pytest -p no:cacheprovider tests/test_imports.py tests/test_op_table.py
 
 bench: $(STAMP)
 	$(VPY) tools/bench.py
