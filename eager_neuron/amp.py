@@ -141,15 +141,30 @@ def _update_scale(scale, growth_tracker, found_inf, growth_factor, backoff_facto
     return scale
 
 
+def decomp_plan(op, fn):
+    """A dispatch Plan that runs `fn` (written in torch ops) for `op`: device work, op by op.
+    Built from the schema here (plan._plan would load the whole decomposition table at import)."""
+    from .plan import Plan
+
+    schema = op._schema
+    args = schema.arguments
+    mutates = tuple(a.name for a in args if a.alias_info and a.alias_info.is_write)
+    ret_alias = tuple(
+        next((a.name for a in args if r.alias_info is not None and a.alias_info
+              and a.alias_info.before_set == r.alias_info.before_set), None)
+        for r in schema.returns)
+    name = f"{schema.name}.{schema.overload_name}" if schema.overload_name else schema.name
+    return Plan("decomp", name=name, mutates=mutates, ret_alias=ret_alias,
+                out_args=tuple(a.name for a in args if a.is_out), decomp=fn)
+
+
 def _install_decomps() -> None:
-    from .plan import _PLANS, _plan
+    from .plan import _PLANS
 
     for op, fn in ((aten._amp_foreach_non_finite_check_and_unscale_.default,
                     _non_finite_check_and_unscale),
                    (aten._amp_update_scale_.default, _update_scale)):
-        plan = _plan(op)
-        plan.kind, plan.decomp = "decomp", fn
-        _PLANS[op] = plan
+        _PLANS[op] = decomp_plan(op, fn)
 
 
 # -- torch.neuron's amp functions (what torch.amp asks a device module for) ----------------------

@@ -19,9 +19,11 @@ def install() -> None:
     if _installed:
         return
     _installed = True
-    from . import amp, storage
+    from . import amp, devapi, pinned, storage
 
     storage.install()
+    pinned.install()
+    devapi.install()
     amp.install()
     mod = torch.neuron
     for name in amp.MODULE_FUNCTIONS:

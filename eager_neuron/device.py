@@ -97,7 +97,16 @@ def get_device_properties(device=None):
     index = _index(device)
     core = SIM.core(index)
     p = SIM.profile
+    from .devapi import get_device_capability
+
+    major, minor = get_device_capability(index)
+    # NOTE: the fields libraries read from torch.cuda.get_device_properties (accelerate,
+    # transformers, vLLM-style checks) alongside the simulator's own figures
     return types.SimpleNamespace(
+        major=major, minor=minor, multi_processor_count=1, is_integrated=False,
+        is_multi_gpu_board=len(SIM.cores) > 1, uuid=f"neuron-{p.name}-{index}",
+        L2_cache_size=p.sbuf_bytes, warp_size=1, max_threads_per_multi_processor=1,
+        gcnArchName=p.core_name,
         name=get_device_name(index), type=p.name, core=p.core_name, total_memory=core.capacity,
         hbm_bytes_per_s=p.hbm_bytes_per_s / p.cores_per_chip, tensor_flops=dict(p.tensor_flops),
         vector_flops=dict(p.vector_flops), scalar_flops=dict(p.scalar_flops),
@@ -339,7 +348,10 @@ def install_accelerator_shims() -> None:
 def uninstall_accelerator_shims() -> None:
     """Restore PyTorch's own torch.accelerator functions."""
     for name, fn in _ACCELERATOR_ORIGINALS.items():
-        setattr(torch.accelerator, name, fn)
+        if isinstance(name, tuple):          # ("memory", name): torch.accelerator.memory.name
+            setattr(getattr(torch.accelerator, name[0]), name[1], fn)
+        else:
+            setattr(torch.accelerator, name, fn)
     _ACCELERATOR_ORIGINALS.clear()
 
 

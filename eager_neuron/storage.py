@@ -89,6 +89,23 @@ def _untyped_storage_new(cls, *args, device=None, **kwargs):
     return _ORIGINAL_NEW(cls, *args, device=device, **kwargs)
 
 
+def _rebuild_from_host(host: torch.Tensor, device: str, requires_grad: bool) -> torch.Tensor:
+    t = host.to(device)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def _reduce_for_process(t):
+    """Sending a neuron tensor to another process (DataLoader workers, mp.Queue): its bytes go
+    through CPU shared memory and the receiver puts them on its own simulated device. (A
+    neuron storage cannot be shared by file descriptor: that is CPU-only in PyTorch.)"""
+    from .dispatch import to_host
+
+    return (_rebuild_from_host, (to_host(t, reason="send to another process"), str(t.device),
+                                 t.requires_grad))
+
+
 def install() -> None:
     """Route `torch.UntypedStorage(..., device="neuron")` here instead of PyTorch's C++, which
     has no allocator for the device (a segfault)."""
@@ -97,3 +114,12 @@ def install() -> None:
         return
     _ORIGINAL_NEW = torch.UntypedStorage.__new__
     torch.UntypedStorage.__new__ = _untyped_storage_new
+    from multiprocessing.reduction import ForkingPickler
+
+    from torch.multiprocessing import reductions
+
+    from .tensor import NeuronTensor
+
+    reductions.init_reductions()   # PyTorch's reducers first (idempotent), ours for NeuronTensor
+
+    ForkingPickler.register(NeuronTensor, _reduce_for_process)

@@ -1,0 +1,155 @@
+"""The rest of the device API libraries read: capability, memory snapshots, torch.accelerator.memory.
+
+PyTorch's generic `torch.accelerator.memory.*` functions call a C++ caching allocator that a
+Python backend does not have (an internal assert), and `empty_host_cache()` dereferenced a null
+host allocator (a segfault once a tensor existed): they are pointed at the simulator's figures.
+
+>>> import torch, eager_neuron
+>>> torch.neuron.get_device_capability(), torch.neuron.is_bf16_supported()
+((3, 0), True)
+>>> torch.accelerator.memory.memory_allocated() >= 0
+True
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import traceback
+import types
+
+import torch
+
+from . import device as _dev
+from .simulator import SIM
+
+
+def get_device_capability(device=None) -> tuple[int, int]:
+    """(major, minor) of the simulated NeuronCore generation: NeuronCore-v3 (trn2) is (3, 0)."""
+    _dev.SIM.core(_dev._index(device))
+    core = SIM.profile.core_name                       # "NeuronCore-v3"
+    digits = "".join(c for c in core.rsplit("-v", 1)[-1] if c.isdigit()) or "0"
+    return int(digits), 0
+
+
+def _accelerator_capability(device=None, /) -> dict:
+    from .lower.common import DEVICE_DTYPES
+
+    _dev.SIM.core(_dev._index(device))
+    return {"supported_dtypes": set(DEVICE_DTYPES)}
+
+
+# -- memory history and snapshots (torch.cuda.memory's names) ----------------------------------
+_HISTORY: dict = {"enabled": None, "max_entries": 0, "events": [], "stacks": "python"}
+_ORIGINAL_ALLOC: dict = {}
+
+
+def _record_memory_history(enabled="all", context="all", stacks="all",
+                           max_entries: int = sys.maxsize, device=None, **_ignored) -> None:
+    """Record each device allocation (address, size, core, time, Python stack) until called
+    with enabled=None; memory_snapshot()["device_traces"] returns them.
+
+    >>> import torch, eager_neuron
+    >>> torch.neuron.memory._record_memory_history(max_entries=10)
+    >>> x = torch.ones(100000, device="neuron")
+    >>> any(e["size"] >= 400000 for e in torch.neuron.memory._snapshot()["device_traces"][0])
+    True
+    >>> torch.neuron.memory._record_memory_history(enabled=None)
+    """
+    if enabled in (None, False):
+        _HISTORY["enabled"] = None
+        for core, alloc in _ORIGINAL_ALLOC.items():
+            core.alloc = alloc
+        _ORIGINAL_ALLOC.clear()
+        return
+    _HISTORY.update(enabled=enabled, max_entries=max_entries, stacks=stacks)
+    _HISTORY["events"] = []
+    for core in SIM.cores:
+        if core in _ORIGINAL_ALLOC:
+            continue
+        _ORIGINAL_ALLOC[core] = core.alloc
+
+        def traced(nbytes, want_storage=True, _core=core, _alloc=core.alloc):
+            block = _alloc(nbytes, want_storage)
+            events = _HISTORY["events"]
+            if len(events) >= _HISTORY["max_entries"]:
+                del events[: len(events) - _HISTORY["max_entries"] + 1]
+            if _HISTORY["max_entries"] > 0:
+                frames = [{"filename": f.filename, "line": f.lineno, "name": f.name}
+                          for f in traceback.extract_stack(limit=12)[:-2]]
+                events.append({"action": "alloc", "addr": id(block), "size": int(nbytes),
+                               "device": _core.index, "time_us": time.perf_counter_ns() // 1000,
+                               "frames": frames})
+            return block
+
+        core.alloc = traced
+
+
+def memory_snapshot() -> dict:
+    """torch.cuda.memory_snapshot's shape: one segment per core (reserved bytes, allocated
+    bytes) and, while history is recorded, each core's allocation trace."""
+    segments, traces = [], []
+    for core in SIM.cores:
+        core.drain()
+        segments.append({"device": core.index, "address": 0, "total_size": core.reserved,
+                         "allocated_size": core.allocated, "active_size": core.allocated,
+                         "segment_type": "large", "stream": 0, "blocks": []})
+        traces.append([e for e in _HISTORY["events"] if e["device"] == core.index])
+    return {"segments": segments, "device_traces": traces,
+            "allocator_settings": {"PYTORCH_NO_NEURON_MEMORY_CACHING": False}}
+
+
+def _snapshot(device=None) -> dict:
+    return memory_snapshot()
+
+
+def _memory_module() -> types.ModuleType:
+    mod = types.ModuleType("torch.neuron.memory")
+    for name in ("memory_allocated", "max_memory_allocated", "memory_reserved",
+                 "max_memory_reserved", "reset_peak_memory_stats", "reset_max_memory_allocated",
+                 "reset_accumulated_memory_stats", "empty_cache", "mem_get_info", "memory_stats",
+                 "memory_summary"):
+        setattr(mod, name, getattr(_dev, name))
+    mod.memory_snapshot = memory_snapshot
+    mod._snapshot = _snapshot
+    mod._record_memory_history = _record_memory_history
+    return mod
+
+
+def _accelerator_memory_shims() -> dict:
+    from . import pinned
+
+    return {
+        "empty_cache": _dev.empty_cache, "empty_host_cache": pinned.empty_host_cache,
+        "memory_stats": _dev.memory_stats, "memory_allocated": _dev.memory_allocated,
+        "max_memory_allocated": _dev.max_memory_allocated,
+        "memory_reserved": _dev.memory_reserved, "max_memory_reserved": _dev.max_memory_reserved,
+        "reset_peak_memory_stats": _dev.reset_peak_memory_stats,
+        "reset_accumulated_memory_stats": _dev.reset_accumulated_memory_stats,
+        "get_memory_info": _dev._accelerator_get_memory_info, "_snapshot": _snapshot,
+    }
+
+
+def install() -> None:
+    """Add these to torch.neuron and point torch.accelerator(.memory) at them."""
+    from . import pinned
+
+    mod = torch.neuron
+    mod.get_device_capability = get_device_capability
+    mod.OutOfMemoryError = torch.OutOfMemoryError
+    mod.memory = _memory_module()
+    mod.memory_snapshot = memory_snapshot
+    mod._record_memory_history = _record_memory_history
+    mod.empty_host_cache = pinned.empty_host_cache
+    sys.modules["torch.neuron.memory"] = mod.memory
+    acc = torch.accelerator
+    originals = _dev._ACCELERATOR_ORIGINALS
+    for name, fn in _accelerator_memory_shims().items():
+        if hasattr(acc.memory, name):
+            originals.setdefault(("memory", name), getattr(acc.memory, name))
+            setattr(acc.memory, name, fn)
+    for name, fn in (("empty_host_cache", pinned.empty_host_cache),
+                     ("get_device_capability", _accelerator_capability)):
+        if hasattr(acc, name):
+            originals.setdefault(name, getattr(acc, name))
+            setattr(acc, name, fn)

@@ -1,0 +1,77 @@
+"""Pinned host memory for the `neuron` device: `t.pin_memory()`, `t.is_pinned()`,
+`DataLoader(pin_memory=True)`.
+
+PyTorch asks the accelerator's C++ hooks for a pinned allocator, which a Python backend cannot
+provide, so once eager_neuron was imported `pin_memory()` raised (getPinnedMemoryAllocator).
+The simulated device DMAs from any host memory, so a pinned tensor here is a CPU copy that is
+remembered as pinned (by its storage) until it dies: `is_pinned()` says True for it and only it,
+and `.to("neuron", non_blocking=True)` accepts it as on CUDA.
+
+>>> import torch, eager_neuron
+>>> p = torch.arange(3.0).pin_memory()
+>>> p.is_pinned(), torch.arange(3.0).is_pinned(), p.to("neuron", non_blocking=True).device.type
+(True, False, 'neuron')
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+_PINNED: dict = {}    # storage data_ptr -> weakref to that pinned UntypedStorage
+
+
+def _pin_memory(self: torch.Tensor, device=None) -> torch.Tensor:
+    out = torch.empty_strided(self.size(), self.stride(), dtype=self.dtype)
+    out.copy_(self)
+    storage = out.untyped_storage()
+    ptr = storage.data_ptr()
+    if ptr:
+        _PINNED[ptr] = weakref.ref(storage)
+        weakref.finalize(storage, _PINNED.pop, ptr, None)
+    return out
+
+
+def _is_pinned(self: torch.Tensor, device=None) -> bool:
+    storage = self.untyped_storage()
+    ref = _PINNED.get(storage.data_ptr())
+    return ref is not None and ref() is storage
+
+
+def empty_host_cache() -> None:
+    """Pinned buffers are freed when their tensors die: there is no host cache to empty."""
+
+
+# NOTE: factories given pin_memory=True reach PyTorch's C++ pinned allocator before any kernel
+# we could register: wrap just those keyword calls (anything else goes straight through).
+_FACTORIES = ("empty", "zeros", "ones", "full", "empty_strided", "empty_like", "zeros_like",
+              "ones_like", "full_like", "tensor", "rand", "randn", "arange")
+
+
+def _pinning_factory(fn):
+    def factory(*args, **kwargs):
+        if kwargs.get("pin_memory"):
+            kwargs["pin_memory"] = False
+            return _pin_memory(fn(*args, **kwargs))
+        return fn(*args, **kwargs)
+
+    factory.__name__, factory.__qualname__, factory.__doc__ = fn.__name__, fn.__name__, fn.__doc__
+    factory.__wrapped__ = fn
+    return factory
+
+
+_LIB = None
+
+
+def install() -> None:
+    global _LIB
+    if _LIB is not None:
+        return
+    _LIB = torch.library.Library("aten", "IMPL")
+    _LIB.impl("_pin_memory", _pin_memory, "CPU")
+    _LIB.impl("is_pinned", _is_pinned, "CPU")
+    for name in _FACTORIES:
+        fn = getattr(torch, name)
+        if not hasattr(fn, "__wrapped__"):
+            setattr(torch, name, _pinning_factory(fn))
