@@ -48,3 +48,10 @@ sweep: $(TSTAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# adaptive eager: long randomized differential run (CPU vs plain vs adaptive); FUZZ_N programs
+FUZZ_N ?= 2000
+.PHONY: fuzz fuzz-adaptive
+fuzz: fuzz-adaptive
+fuzz-adaptive: $(TSTAMP)
+	$(VPY) tools/fuzz_adaptive.py --programs $(FUZZ_N)
