@@ -28,6 +28,10 @@ from .adaptive import adaptive, set_adaptive  # noqa: E402
 from .mode import NeuronMode  # noqa: E402
 from .profiler import profile  # noqa: E402
 from .tensor import NeuronTensor  # noqa: E402
+from . import numerics  # noqa: E402
+from .numerics import check_numerics  # noqa: E402
+
+numerics.install_from_env()   # EAGER_NEURON_CHECK=1|nan: the numerics debugger for the process
 
 if config.disk_cache:
     # the disk tier; diskcache and numba are imported with the first kernel, not here
@@ -60,7 +64,7 @@ def reset_stats() -> None:
 
 __all__ = [
     "NeuronMode", "NeuronTensor", "adaptive", "set_adaptive", "stats", "reset_stats", "config", "UnsupportedOpError",
-    "UnsupportedTensorError", "KernelError", "profile", "__version__",
+    "UnsupportedTensorError", "KernelError", "profile", "__version__", "check_numerics",
 ]
 from .custom import kernel  # noqa: E402,F401 -- custom kernels (docs/KERNELS.md)
 from . import distributed as _distributed  # noqa: E402,F401 -- c10d backend "neuron" (docs/DISTRIBUTED.md)
