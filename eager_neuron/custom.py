@@ -33,6 +33,7 @@ import hashlib
 import inspect
 import math
 import re
+import sys
 import textwrap
 import types
 from typing import Callable, Sequence
@@ -42,7 +43,6 @@ import torch
 
 from . import errors
 from . import launch as _launch
-from .stats import STATS
 
 __all__ = ["kernel", "Kernel", "set_debug", "privateuse1_impl", "KernelTypingError"]
 
@@ -128,10 +128,7 @@ def _emit_global(src: _Source, name: str, value, deps: list) -> None:
     if isinstance(value, np.dtype) or (isinstance(value, type) and issubclass(value, np.generic)):
         src.add(f"{name} = np.{np.dtype(value).name}")
         return
-    try:
-        import numba
-    except ImportError:  # pragma: no cover
-        numba = None
+    numba = sys.modules.get("numba")   # a kernel's prange came from an imported numba
     if numba is not None and value is numba.prange:
         src.parallel_used = True
         src.add(f"from numba import prange as {name}")
@@ -330,8 +327,7 @@ class Kernel:
 
     def register_autograd(self, backward: Callable, *, setup_context: Callable | None = None):
         """The op's backward (torch.library.register_autograd): torch ops or other kernels.
-
-        >>> # k.register_autograd(lambda ctx, g: g * 2, setup_context=lambda ctx, inputs, output: None)
+        Returns the kernel. See docs/KERNELS.md section 2 and kernel_lib/rmsnorm.py.
         """
         self._custom_op.register_autograd(backward, setup_context=setup_context)
         return self
@@ -426,7 +422,7 @@ class Kernel:
         wide = [v.float() if isinstance(v, torch.Tensor) and v.dtype in _HALF else v
                 for v in values]
         host = [v._data if type(v) is NeuronTensor else v for v in wide]
-        outs, blocks, host_outs = [], [], []
+        outs, blocks = [], []
         for shape, dtype in specs:
             stride = torch.empty(shape, device="meta").stride()
             data, block = _d.alloc(index, shape, stride,
@@ -451,7 +447,7 @@ class Kernel:
             if n in self.mutates and w is not v:
                 v.copy_(w)
         results = []
-        for (shape, dtype), data, block in zip(specs, outs, blocks):
+        for (_shape, dtype), data, block in zip(specs, outs, blocks):
             t = _d.wrap(data, block, index)
             results.append(t.to(dtype) if dtype in _HALF else t)
         return None if not results else results[0] if len(results) == 1 else tuple(results)

@@ -93,9 +93,10 @@ def bench_flash(B=1, H=8, L=1024, D=64) -> None:
         for name, fn in (("flash (custom)", kernel_lib.flash_attention),
                          ("SDPA (built-in)", lambda q, k, v, causal: (
                              F.scaled_dot_product_attention(q, k, v, is_causal=causal)))):
-            fwd = measure(lambda fn=fn: fn(q, k, v, causal=causal), repeat=3)
-            qr, kr, vr = (t.detach().requires_grad_() for t in (q, k, v))
-            both = measure(lambda fn=fn: fn(qr, kr, vr, causal=causal).backward(g), repeat=3)
+            fwd = measure(lambda fn=fn, c=causal: fn(q, k, v, causal=c), repeat=3)
+            qkv = [t.detach().requires_grad_() for t in (q, k, v)]
+            both = measure(lambda fn=fn, c=causal, qkv=qkv: fn(*qkv, causal=c).backward(g),
+                           repeat=3)
             _row(f"{name} fwd, causal={causal}", *fwd)
             _row(f"{name} fwd+bwd, causal={causal}", *both)
             walls[name] = fwd[0], both[0]
@@ -105,26 +106,30 @@ def bench_flash(B=1, H=8, L=1024, D=64) -> None:
               f"(target <= 1.2x: {verdict})")
 
 
+def _peak(fn) -> int:
+    """Simulated HBM bytes allocated above the current level while fn runs (its result freed)."""
+    base = torch.neuron.memory_allocated()
+    torch.neuron.reset_peak_memory_stats()
+    out = fn()
+    del out
+    return torch.neuron.max_memory_allocated() - base
+
+
+def _memory_rows(B: int, H: int, L: int, D: int) -> None:
+    q, k, v = (torch.randn(B, H, L, D, device="neuron") for _ in range(3))
+    kernel_lib.flash_attention(q, k, v)
+    rows = (("flash (custom)", lambda: kernel_lib.flash_attention(q, k, v)),
+            ("SDPA (built-in fused)", lambda: F.scaled_dot_product_attention(q, k, v)),
+            ("op sequence (qk^T, softmax, @v)",
+             lambda: (q @ k.transpose(-1, -2) * D ** -0.5).softmax(-1) @ v))
+    for name, fn in rows:
+        print(f"  L={L:5d} {name:<33} {_peak(fn) / 2**20:9.2f} MiB")
+
+
 def bench_memory(B=1, H=8, D=64) -> None:
     print("== simulated HBM peak above the inputs, forward, float32 ==")
-
-    def peak(fn) -> int:
-        base = torch.neuron.memory_allocated()
-        torch.neuron.reset_peak_memory_stats()
-        out = fn()
-        del out
-        return torch.neuron.max_memory_allocated() - base
-
     for L in (512, 2048):
-        q, k, v = (torch.randn(B, H, L, D, device="neuron") for _ in range(3))
-        kernel_lib.flash_attention(q, k, v)
-        rows = (("flash (custom)", lambda: kernel_lib.flash_attention(q, k, v)),
-                ("SDPA (built-in fused)", lambda: F.scaled_dot_product_attention(q, k, v)),
-                ("op sequence (qk^T, softmax, @v)",
-                 lambda: (q @ k.transpose(-1, -2) * D ** -0.5).softmax(-1) @ v))
-        for name, fn in rows:
-            print(f"  L={L:5d} {name:<33} {peak(fn) / 2**20:9.2f} MiB")
-        del q, k, v
+        _memory_rows(B, H, L, D)
     print("  (4x the sequence: flash and fused SDPA grow 4x, the op sequence 16x)")
 
 
