@@ -94,7 +94,7 @@ _KPLANS: dict = {}
 
 def _kernel_plan(func):
     from .. import dispatch
-    from . import cast   # the cast family's lowerings (not via ops: ops imports this module)
+    from . import cast  # the cast family's lowerings (not via ops: ops imports this module)
 
     plan = _KPLANS.get(func)
     if plan is None:
