@@ -200,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("import", parents=[common], help="add the entries of an exported archive")
     p.add_argument("archive")
     args = parser.parse_args(argv)
+    # NOTE: --dir also moves config.cache_dir while the verb runs (a warmed script's own tier
+    # then writes there too); put back after, so calling main() leaves the process unchanged
+    before = config.cache_dir
     if args.dir:
         config.cache_dir = os.path.abspath(args.dir)
     tier = DiskTier(args.dir)
@@ -210,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    finally:
+        config.cache_dir = before
 
 
 if __name__ == "__main__":
