@@ -24,56 +24,71 @@ WORLD = 2
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not built")
 
 
-# -- the harness ------------------------------------------------------------------------------------
-def _entry(rank, body, store_dir, results, env):
-    os.environ.update(env)
+# -- the harness: ONE spawn of WORLD ranks runs every part in order (a process start and
+# `import eager_neuron` cost seconds each on a loaded machine); each test judges its own part.
+def _entry(rank, store_dir, results):
     try:
         import eager_neuron  # noqa: F401 -- registers the backend in the child
 
         torch.neuron.set_device(rank)
-        out = body(rank, store_dir)
-        results.put((rank, "ok", out))
     except BaseException:   # noqa: BLE001 - every failure goes back to the parent
-        results.put((rank, "error", traceback.format_exc()))
-    finally:
-        if dist.is_initialized():
-            try:
-                dist.destroy_process_group()
-            except Exception:   # noqa: BLE001, S110 - a dead peer: nothing left to tear down
-                pass
+        results.put((rank, "setup", "error", traceback.format_exc()))
+        os._exit(1)
+    for name, body in PARTS:
+        try:
+            out = body(rank, store_dir, results)
+            results.put((rank, name, "ok", out))
+        except BaseException:   # noqa: BLE001
+            results.put((rank, name, "error", traceback.format_exc()))
+        finally:
+            if dist.is_initialized():
+                try:
+                    dist.destroy_process_group()
+                except Exception:   # noqa: BLE001, S110 - a dead peer: nothing to tear down
+                    pass
     os._exit(0)   # no atexit hooks: a peer that died must not block this rank's exit
 
 
-def _spawn(body, tmp_path, timeout=90.0, env=None, ranks=tuple(range(WORLD))) -> dict:
-    """Run body(rank, store_dir) on WORLD processes; {rank: result} of `ranks`, which must all
-    report within `timeout` seconds. Fails on any rank's error."""
+TIMEOUT_S = 240.0   # the whole run, all parts (a hung collective times out after 30 s itself)
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> dict:
+    """{(rank, part): ("ok", result) | ("error", traceback)} from one 2-rank run."""
+    store_dir = tmp_path_factory.mktemp("dist")
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()
-    procs = [ctx.Process(target=_entry, args=(r, body, str(tmp_path), results, env or {}))
-             for r in range(WORLD)]
+    procs = [ctx.Process(target=_entry, args=(r, str(store_dir), results)) for r in range(WORLD)]
     for p in procs:
         p.start()
     got: dict = {}
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + TIMEOUT_S
     try:
-        while not set(ranks) <= set(got) and time.monotonic() < deadline:
-            if results.empty():
-                if not any(p.is_alive() for p in procs) and results.empty():
-                    break
-                time.sleep(0.05)
+        while time.monotonic() < deadline:
+            if not results.empty():
+                rank, part, status, out = results.get()
+                got[(rank, part)] = (status, out)
                 continue
-            rank, status, out = results.get()
-            if status == "error":
-                pytest.fail(f"rank {rank} failed:\n{out}")
-            got[rank] = out
+            if not any(p.is_alive() for p in procs) and results.empty():
+                break
+            time.sleep(0.05)
     finally:
         for p in procs:
             p.join(timeout=max(0.1, deadline - time.monotonic()))
             if p.is_alive():
                 p.kill()
-    missing = sorted(set(ranks) - set(got))
-    assert not missing, f"ranks {missing} gave no result within {timeout} s"
     return got
+
+
+def _result(ranks, part, rank):
+    key = (rank, part)
+    if (rank, "setup") in ranks:
+        pytest.fail(f"rank {rank} failed to start:\n{ranks[(rank, 'setup')][1]}")
+    assert key in ranks, f"rank {rank} gave no result for {part} within {TIMEOUT_S} s"
+    status, out = ranks[key]
+    if status == "error":
+        pytest.fail(f"rank {rank} failed in {part}:\n{out}")
+    return out
 
 
 def _init(rank, store_dir, name="pg", backend=None, seconds=30):
@@ -117,7 +132,7 @@ def test_cost_model():
 
 
 # -- collectives --------------------------------------------------------------------------------------
-def _collectives_body(rank, store_dir):
+def _collectives_body(rank, store_dir, results):
     import torch.distributed._functional_collectives as funcol
 
     eager_neuron.reset_stats()
@@ -233,10 +248,10 @@ def _collectives_body(rank, store_dir):
     return eager_neuron.stats()["fallbacks"]
 
 
-def test_collectives(tmp_path):
-    out = _spawn(_collectives_body, tmp_path)
+def test_collectives(ranks):
     for rank in range(WORLD):
-        assert not any("c10d" in k for k in out[rank]), out[rank]
+        fallbacks = _result(ranks, "collectives", rank)
+        assert not any("c10d" in k for k in fallbacks), fallbacks
 
 
 # -- DDP and FSDP2 against one CPU process on the global batch -----------------------------------------
@@ -282,13 +297,13 @@ def _train(model, rank, dev, steps=5):
     return losses
 
 
-def _ddp_fsdp_body(rank, store_dir):
+def _ddp_fsdp_body(rank, store_dir, results):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     dev = torch.device("neuron", rank)            # rank 1 trains on neuron:1, backward included
-    _init(rank, store_dir)
+    _init(rank, store_dir, "ddp")
     eager_neuron.reset_stats()
     # DDP: several buckets (tiny bucket cap), 5 steps
     ddp = DDP(_model().to(dev), device_ids=[rank], bucket_cap_mb=1e-4)
@@ -317,11 +332,10 @@ def _ddp_fsdp_body(rank, store_dir):
     return ddp_losses, fsdp_losses, str(next(ddp.parameters()).device)
 
 
-def test_ddp_and_fsdp2_match_one_cpu_process(tmp_path):
-    out = _spawn(_ddp_fsdp_body, tmp_path)
+def test_ddp_and_fsdp2_match_one_cpu_process(ranks):
     ref = _cpu_losses()
     for rank in range(WORLD):
-        ddp_losses, fsdp_losses, device = out[rank]
+        ddp_losses, fsdp_losses, device = _result(ranks, "ddp_fsdp", rank)
         assert device == f"neuron:{rank}"
         for got in (ddp_losses, fsdp_losses):
             assert got == pytest.approx(ref, rel=1e-5), (got, ref)
@@ -338,14 +352,14 @@ class _MLP(torch.nn.Module):
         return self.down(torch.relu(self.up(x)))
 
 
-def _dtensor_body(rank, store_dir):
+def _dtensor_body(rank, store_dir, results):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
     from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                    parallelize_module)
 
     dev = torch.device("neuron", rank)
-    _init(rank, store_dir)
+    _init(rank, store_dir, "dtensor")
     eager_neuron.reset_stats()
     mesh = init_device_mesh("neuron", (WORLD,))
     full = torch.arange(32.0).reshape(8, 4)
@@ -373,15 +387,15 @@ def _dtensor_body(rank, store_dir):
     return sum(s["collectives"].values())
 
 
-def test_dtensor_and_tensor_parallel(tmp_path):
-    out = _spawn(_dtensor_body, tmp_path)
-    assert all(n > 0 for n in out.values())
+def test_dtensor_and_tensor_parallel(ranks):
+    for rank in range(WORLD):
+        assert _result(ranks, "dtensor", rank) > 0
 
 
 # -- faults ---------------------------------------------------------------------------------------------
-def _faults_body(rank, store_dir):
+def _faults_body(rank, store_dir, results):
     dev = torch.device("neuron", rank)
-    _init(rank, store_dir, seconds=10)
+    _init(rank, store_dir, "faults", seconds=10)
     seen = []
     for make in (lambda: torch.ones(4 + rank, device=dev),                    # shapes differ
                  lambda: torch.ones(4, device=dev,
@@ -397,8 +411,7 @@ def _faults_body(rank, store_dir):
     assert t.cpu().tolist() == [2.0, 2.0]
     # rank 1 dies; rank 0's next collective fails with an error within the timeout, not a hang
     if rank == 1:
-        with open(os.path.join(store_dir, "rank1.txt"), "w") as f:
-            f.write("\n=====\n".join(seen))
+        results.put((rank, "faults", "ok", seen))
         os._exit(7)
     time.sleep(0.5)
     try:
@@ -409,11 +422,8 @@ def _faults_body(rank, store_dir):
     return seen
 
 
-def test_faults_give_every_survivor_a_clear_error(tmp_path):
-    out = _spawn(_faults_body, tmp_path, timeout=60, ranks=(0,))   # rank 1 dies on purpose
-    seen0 = out[0]
-    with open(tmp_path / "rank1.txt") as f:
-        seen1 = f.read().split("\n=====\n")
+def test_faults_give_every_survivor_a_clear_error(ranks):
+    seen0, seen1 = _result(ranks, "faults", 0), _result(ranks, "faults", 1)   # rank 1 died
     for seen in (seen0, seen1):
         # every rank gets the same message, naming what each rank tried
         assert "collective mismatch" in seen[0] and "4 elements" in seen[0] and \
@@ -421,3 +431,7 @@ def test_faults_give_every_survivor_a_clear_error(tmp_path):
         assert "float32" in seen[1] and "int32" in seen[1], seen[1]
     assert seen0[2] != "no error" and ("peer" in seen0[2] or "timed out" in seen0[2].lower()), \
         seen0[2]
+
+
+PARTS = [("collectives", _collectives_body), ("ddp_fsdp", _ddp_fsdp_body),
+         ("dtensor", _dtensor_body), ("faults", _faults_body)]   # faults last: rank 1 dies
