@@ -1,0 +1,363 @@
+"""PyTorch device conventions used as a user would: checkpoints, storages, `.data =`, pinned
+memory, DataLoader workers, activation checkpointing, autocast, GradScaler, the device API.
+
+The crashes these fixed (segfaults, aborts) are checked in a subprocess that must exit cleanly.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import eager_neuron
+from eager_neuron.device import check_placement
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Each step prints "ok <name>"; a segfault or abort shows as a signal return code and the last
+# step that finished.
+CRASH_SCRIPT = textwrap.dedent(r"""
+    import io, sys
+    import torch, eager_neuron
+    from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+    def ok(name):
+        print("ok", name, flush=True)
+
+    class NeuronItems(Dataset):
+        def __len__(self):
+            return 8
+        def __getitem__(self, i):
+            return torch.full((3,), float(i), device="neuron")
+
+    if __name__ == "__main__":
+        s = torch.UntypedStorage(8, device="neuron")
+        assert s.device.type == "neuron" and s.nbytes() == 8 and s.data_ptr() != 0
+        repr(s)
+        ok("UntypedStorage(8, device='neuron')")
+        x = torch.arange(6.0, device="neuron")
+        buf = io.BytesIO(); torch.save({"a": x, "b": x[2:5]}, buf)
+        for where in ("neuron", torch.device("neuron:0"), {"neuron:0": "neuron:0"},
+                      lambda storage, loc: None):
+            buf.seek(0)
+            y = torch.load(buf, map_location=where)
+            assert y["a"].device.type == "neuron" and y["b"].tolist() == [2.0, 3.0, 4.0]
+        ok("torch.load(map_location=neuron)")
+        st = x._typed_storage()._new_shared(3, device=x.device)
+        assert st.device.type == "neuron" and st.size() == 3
+        ok("_new_shared on neuron")
+        torch.accelerator.empty_host_cache()
+        torch.accelerator.memory.empty_host_cache()
+        assert torch.accelerator.memory.memory_allocated() == torch.neuron.memory_allocated()
+        ok("empty_host_cache")
+        from torch.utils.checkpoint import checkpoint
+        lin = torch.nn.Linear(4, 4).to("neuron")
+        for reentrant in (False, True):
+            inp = torch.randn(2, 4, device="neuron", requires_grad=True)
+            checkpoint(lambda t: lin(t).relu(), inp, use_reentrant=reentrant).sum().backward()
+            assert inp.grad is not None
+            ok(f"checkpoint use_reentrant={reentrant}")
+        p = torch.ones(3).pin_memory()
+        e = torch.empty(3, pin_memory=True).fill_(2)
+        assert p.is_pinned() and e.is_pinned()
+        assert e.to("neuron", non_blocking=True).tolist() == [2.0, 2.0, 2.0]
+        ok("pin_memory")
+        got = sorted(b.sum().item() for b in DataLoader(NeuronItems(), batch_size=4,
+                                                        num_workers=2))
+        assert got == [18.0, 66.0], got
+        ok("DataLoader workers returning neuron tensors")
+        torch.manual_seed(0)
+        data = TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
+        model = torch.nn.Linear(4, 1).to("neuron")
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        first = last = None
+        for epoch in range(3):
+            for xb, yb in DataLoader(data, batch_size=8, num_workers=2, pin_memory=True):
+                assert xb.is_pinned()
+                xb, yb = xb.to("neuron", non_blocking=True), yb.to("neuron", non_blocking=True)
+                loss = torch.nn.functional.mse_loss(model(xb), yb)
+                opt.zero_grad(); loss.backward(); opt.step()
+                first = loss.item() if first is None else first
+                last = loss.item()
+        assert last < first, (first, last)
+        ok("DataLoader(pin_memory=True, num_workers=2) training loop")
+""")
+
+STEPS = ["UntypedStorage(8, device='neuron')", "torch.load(map_location=neuron)",
+         "_new_shared on neuron", "empty_host_cache", "checkpoint use_reentrant=False",
+         "checkpoint use_reentrant=True", "pin_memory",
+         "DataLoader workers returning neuron tensors",
+         "DataLoader(pin_memory=True, num_workers=2) training loop"]
+
+
+def test_former_crashes_exit_cleanly(tmp_path):
+    script = tmp_path / "crashes.py"
+    script.write_text(CRASH_SCRIPT)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=600, cwd=ROOT)
+    done = [line[3:] for line in proc.stdout.splitlines() if line.startswith("ok ")]
+    assert proc.returncode == 0, (
+        f"exit {proc.returncode} after steps {done}\n{proc.stderr[-3000:]}")
+    assert done == STEPS
+
+
+# -- checkpoints and storages ------------------------------------------------------------------
+def _round_trip(obj, **kw):
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    buf.seek(0)
+    return torch.load(buf, **kw)
+
+
+@pytest.mark.parametrize("where", [None, "neuron", torch.device("neuron"), {"cpu": "neuron"},
+                                   "callable"])
+def test_load_map_location_keeps_views(where):
+    base = torch.arange(6.0, device="neuron")
+    kw = {} if where is None else {"map_location": (lambda s, loc: None) if where == "callable"
+                                   else where}
+    got = _round_trip({"a": base, "b": base[2:5]}, **kw)
+    assert got["a"].device.type == "neuron" and got["b"].device.type == "neuron"
+    got["b"].add_(100)                                   # a view still: writes show in "a"
+    assert got["a"].tolist() == [0.0, 1.0, 102.0, 103.0, 104.0, 5.0]
+    assert base.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+def test_cpu_checkpoint_loads_onto_neuron():
+    w = torch.randn(3, 4)
+    got = _round_trip({"w": w, "row": w[1]}, map_location="neuron")
+    assert got["w"].device.type == "neuron" and torch.equal(got["w"].cpu(), w)
+    assert torch.equal(got["row"].cpu(), w[1])
+
+
+def test_data_ptr_and_untyped_storage_are_real():
+    a = torch.zeros(16, device="neuron")
+    b = torch.zeros(16, device="neuron")
+    assert a.data_ptr() != b.data_ptr() and a.data_ptr() != 0
+    assert a[3:].data_ptr() == a.data_ptr() + 3 * a.element_size()
+    assert a[3:].untyped_storage().data_ptr() == a.untyped_storage().data_ptr() != 0
+    assert a.untyped_storage().device == a.device
+    text = repr(a.untyped_storage())
+    assert "UntypedStorage(device=neuron:0)" in text
+
+
+def test_safetensors_round_trip_exact(tmp_path):
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    torch.manual_seed(0)
+    tensors = {"w": torch.randn(4, 5).to("neuron"),
+               "h": torch.randn(7).to(torch.bfloat16).to("neuron"),
+               "i": torch.arange(6, device="neuron")}
+    path = str(tmp_path / "m.safetensors")
+    safetensors_torch.save_file(tensors, path)
+    # NOTE: safetensors' Rust side accepts only the device names it knows (cuda, mps, npu, ...),
+    # so load_file(path, device="neuron") is refused by safetensors itself: load, then move
+    back = {k: v.to("neuron") for k, v in safetensors_torch.load_file(path).items()}
+    for k, v in tensors.items():
+        assert back[k].device.type == "neuron" and back[k].dtype == v.dtype
+        assert torch.equal(back[k].cpu(), v.cpu())
+
+
+def test_hf_save_pretrained_from_pretrained_device_map(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=32, n_positions=16)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(cfg).to("neuron").eval()
+    model.save_pretrained(tmp_path)
+    back = transformers.GPT2LMHeadModel.from_pretrained(tmp_path, device_map="neuron")
+    assert {p.device.type for p in back.parameters()} == {"neuron"}
+    ids = torch.tensor([[1, 2, 3]], device="neuron")
+    for k, v in model.state_dict().items():
+        assert torch.equal(back.state_dict()[k].cpu(), v.cpu()), k
+    assert torch.equal(back(ids).logits.cpu(), model(ids).logits.cpu())
+
+
+# -- .data = ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_set_data_changes_what_forward_reads(adaptive):
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(3, 2).to("neuron")
+    x = torch.ones(1, 3, device="neuron")
+    w0 = lin.weight.detach().cpu()
+    with eager_neuron.adaptive(adaptive):
+        w = lin.weight
+        w.data = w.data * 0.5
+        half = lin.weight.detach().cpu()
+        lin.weight.data = torch.zeros(2, 3, device="neuron")
+        out = lin(x)
+    assert torch.equal(half, w0 * 0.5)
+    assert torch.equal(out.detach().cpu(), lin.bias.detach().cpu().reshape(1, 2))
+    assert lin.weight.requires_grad and isinstance(lin.weight, torch.nn.Parameter)
+    lin.weight.data = torch.ones(4, 3, device="neuron")    # shape changes too, as on CUDA
+    assert lin.weight.shape == (4, 3) and lin.weight.cpu().sum().item() == 12.0
+
+
+def test_set_data_from_cpu_raises():
+    p = torch.nn.Parameter(torch.ones(3, device="neuron"))
+    with pytest.raises(RuntimeError, match="must be a neuron tensor"):
+        p.data = torch.zeros(3)
+    assert p.tolist() == [1.0, 1.0, 1.0]
+
+
+# -- activation checkpointing -------------------------------------------------------------------
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_checkpoint_gradients_equal_uncheckpointed(reentrant):
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    block = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Tanh(), torch.nn.Linear(6, 6))
+    block.to("neuron")
+    x = torch.randn(3, 6, device="neuron", requires_grad=True)
+    block(x).pow(2).sum().backward()
+    want = [p.grad.cpu().clone() for p in block.parameters()] + [x.grad.cpu().clone()]
+    block.zero_grad()
+    x.grad = None
+    checkpoint(block, x, use_reentrant=reentrant).pow(2).sum().backward()
+    got = [p.grad.cpu() for p in block.parameters()] + [x.grad.cpu()]
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+
+
+# -- pinned memory ------------------------------------------------------------------------------
+def test_pin_memory_round_trip():
+    t = torch.arange(10.0)
+    p = t.pin_memory()
+    assert p.is_pinned() and not t.is_pinned() and torch.equal(p, t)
+    z = torch.zeros(2, 3, pin_memory=True)
+    assert z.is_pinned() and z.shape == (2, 3)
+    d = p.to("neuron", non_blocking=True)
+    torch.neuron.synchronize()
+    assert d.device.type == "neuron" and torch.equal(d.cpu(), t)
+
+
+# -- autocast and GradScaler --------------------------------------------------------------------
+def _amp_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.LayerNorm(32), torch.nn.GELU(),
+                               torch.nn.Linear(32, 8))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_autocast_matches_cpu_autocast(dtype):
+    model = _amp_model()
+    dev = copy.deepcopy(model).to("neuron")
+    x = torch.randn(5, 16)
+    with torch.autocast("cpu", dtype=dtype):
+        want = model(x)
+    with torch.autocast("neuron", dtype=dtype):
+        assert torch.is_autocast_enabled("neuron") and torch.neuron.is_autocast_enabled()
+        got = dev(x.to("neuron"))
+        assert (dev[0].weight @ dev[0].weight.t()).dtype == dtype       # lower-precision list
+        assert torch.exp(got).dtype == torch.float32                    # float32 list
+        assert torch.cat([got.float(), got]).dtype == torch.float32     # promote list
+    assert got.dtype == want.dtype == dtype
+    # both round the matmuls' inputs and outputs to `dtype`: a few units in its last place
+    tol = 8 * torch.finfo(dtype).eps * want.float().abs().max().item()
+    assert (got.cpu().float() - want.float()).abs().max().item() <= tol
+    assert not torch.is_autocast_enabled("neuron")
+
+
+def test_autocast_backward_gives_float32_grads():
+    dev = _amp_model().to("neuron")
+    with torch.autocast("neuron", dtype=torch.bfloat16):
+        loss = dev(torch.randn(4, 16, device="neuron")).float().pow(2).mean()
+    loss.backward()
+    assert all(p.grad.dtype == torch.float32 for p in dev.parameters())
+
+
+@pytest.mark.parametrize("grads", [[[1.0, 2.0], [4.0]], [[1.0, float("inf")], [4.0]],
+                                   [[float("nan"), 0.5]]])
+@pytest.mark.parametrize("tracker", [0, 1])
+def test_gradscaler_ops_match_cpu_on_device(grads, tracker, stats_delta):
+    def run(dev):
+        g = [torch.tensor(v, device=dev) for v in grads]
+        found = torch.zeros(1, device=dev)
+        torch._amp_foreach_non_finite_check_and_unscale_(g, found,
+                                                         torch.full((1,), 0.25, device=dev))
+        scale = torch.full((1,), 8.0, device=dev)
+        track = torch.full((1,), tracker, dtype=torch.int32, device=dev)
+        torch._amp_update_scale_(scale, track, found, 2.0, 0.5, 2)
+        return [x.cpu() for x in g], found.item(), scale.item(), track.item()
+
+    want, got = run("cpu"), run("neuron")
+    for a, b in zip(want[0], got[0]):
+        assert torch.equal(a, b) or torch.equal(a.isnan(), b.isnan())
+    assert want[1:] == got[1:]
+    assert stats_delta()["fallbacks"] == {}
+
+
+def test_gradscaler_training_steps():
+    dev = _amp_model().to("neuron")
+    opt = torch.optim.SGD(dev.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("neuron", init_scale=2.0 ** 4, growth_interval=1)
+    x = torch.randn(8, 16, device="neuron")
+    scales = []
+    for _ in range(3):
+        with torch.neuron.amp.autocast(dtype=torch.float16):
+            loss = dev(x).float().pow(2).mean()
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        scales.append(scaler.get_scale())
+    assert all(torch.isfinite(p).all().item() for p in dev.parameters())
+    assert scales == [2.0 ** 5, 2.0 ** 6, 2.0 ** 7]     # finite grads: grows every step
+    # a scale that overflows float16 gradients: the step is skipped and the scale backs off
+    before = [p.detach().cpu().clone() for p in dev.parameters()]
+    scaler.update(2.0 ** 40)
+    with torch.neuron.amp.autocast(dtype=torch.float16):
+        loss = dev(x).float().pow(2).mean()
+    opt.zero_grad()
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    assert scaler.get_scale() == 2.0 ** 39
+    assert all(torch.equal(p.detach().cpu(), b) for p, b in zip(dev.parameters(), before))
+
+
+# -- device API ---------------------------------------------------------------------------------
+def test_device_api_fields():
+    assert torch.neuron.get_amp_supported_dtype() == [torch.float16, torch.bfloat16]
+    assert torch.neuron.is_bf16_supported()
+    major, minor = torch.neuron.get_device_capability()
+    props = torch.neuron.get_device_properties(0)
+    assert (props.major, props.minor) == (major, minor) and props.total_memory > 0
+    assert props.name and props.multi_processor_count >= 1
+    assert torch.neuron.OutOfMemoryError is torch.OutOfMemoryError
+    assert torch.float32 in torch.accelerator.get_device_capability()["supported_dtypes"]
+
+
+def test_memory_api_and_history():
+    keep = torch.ones(1 << 16, device="neuron")
+    assert torch.accelerator.memory.memory_allocated() == torch.neuron.memory_allocated() > 0
+    assert torch.accelerator.memory.memory_stats() == torch.neuron.memory_stats()
+    free, total = torch.accelerator.memory.get_memory_info()
+    assert 0 <= free <= total
+    torch.neuron.memory._record_memory_history(max_entries=100)
+    try:
+        y = torch.empty(12345, dtype=torch.uint8, device="neuron")
+        snap = torch.neuron.memory._snapshot()
+    finally:
+        torch.neuron.memory._record_memory_history(enabled=None)
+    assert any(e["size"] == 12345 and e["action"] == "alloc" for e in snap["device_traces"][0])
+    assert snap["segments"][0]["allocated_size"] >= keep.numel() * 4 + y.numel()
+
+
+# -- placement (the check dispatch calls; see docs/CONVENTIONS.md) ------------------------------
+def test_check_placement():
+    x = torch.ones(4, 4, device="neuron")
+    add, mm = torch.ops.aten.add.Tensor, torch.ops.aten.mm.default
+    check_placement(add, (x, torch.tensor(2.0)), {}, 0)           # 0-d CPU: a scalar, allowed
+    check_placement(add, (x, x), {}, 0)
+    check_placement(add, (torch.ones(4), torch.ones(4)), {}, None)  # no neuron tensor
+    check_placement(torch.ops.aten.copy_.default, (x, torch.ones(4, 4)), {}, 0)
+    check_placement(torch.ops.aten.index.Tensor, (x, [torch.tensor([0, 1])]), {}, 0)
+    with pytest.raises(RuntimeError, match=r"same device.*neuron:0 and cpu.*argument mat2"):
+        check_placement(mm, (x, torch.ones(4, 4)), {}, 0)
+    with pytest.raises(RuntimeError, match="argument tensors"):
+        check_placement(torch.ops.aten.cat.default, ([x, torch.ones(4, 4)],), {}, 0)
