@@ -332,6 +332,12 @@ class Kernel:
         self._custom_op.register_autograd(backward, setup_context=setup_context)
         return self
 
+    def __repr__(self) -> str:
+        args = ", ".join(f"{n}: {self.scalars[n].__name__}" if n in self.scalars else n
+                         for n in self.arg_names)
+        mut = f", mutates {list(self.mutates)}" if self.mutates else ""
+        return f"<eager_neuron.kernel {self.name}({args}) -> {self.n_out} output(s){mut}>"
+
     def __call__(self, *args, **kwargs):
         return self.op(*args, **kwargs)
 

@@ -476,3 +476,17 @@ def test_moe_router_dispatch_combine():
 def test_mixed_devices_are_refused_with_the_fix():
     with pytest.raises(RuntimeError, match=r"argument 'y' is on cpu[\s\S]*fix"):
         axpy(torch.randn(3, device="neuron"), torch.randn(3), 1.0)
+
+
+def test_opcheck_schema_fake_autograd_registration():
+    # torch.library.opcheck on CPU tensors (its autograd check supports CPU/CUDA/XPU only):
+    # schema, fake impl == real metadata, autograd registration, AOT dispatch
+    cases = [(axpy.op, (torch.randn(5), torch.randn(5), 2.0)),
+             (rowstats.op, (torch.randn(3, 4),)),
+             (add_scaled_.op, (torch.randn(3, 4), torch.randn(3, 4), 1.5)),
+             (cube.op, (torch.randn(4, requires_grad=True),)),
+             (torch.ops.neuronlib.rms_norm_fwd.default,
+              (torch.randn(3, 8, requires_grad=True), torch.randn(8, requires_grad=True), 1e-6))]
+    for op, args in cases:
+        result = torch.library.opcheck(op, args)
+        assert set(result.values()) == {"SUCCESS"}, (op, result)
