@@ -34,6 +34,7 @@ from .stats import STATS
 OFF, IDLE, RECORDING = "off", "idle", "recording"
 MAX_NODES = 256       # compile time grows with the kernel: bound the group
 MAX_BUFS = 96
+MAX_PINNED_BYTES = 1 << 28   # a group holding more device memory than this launches
 REDUCTIONS = {"aten::sum": "sum", "aten::mean": "mean",
               "aten::sum.dim_IntList": "sum", "aten::mean.dim": "mean"}
 
@@ -116,6 +117,7 @@ class _Group:
         self.bufs: list[_Buf] = []
         self.index: dict = {}         # (address, length, stride, dtype) -> buf index
         self.pins: dict = {}          # id(Block) -> Block: no block is freed/pooled while pending
+        self.pinned_bytes = 0
         self.hints = True             # addresses from torch's data_ptr (see buf_index)
         self.scalars: list = []
         self.scalar_casts: list[str] = []
@@ -142,7 +144,9 @@ class _Group:
         if block is not None:
             # pinned until the flush: a temporary that dies while its op is pending cannot
             # hand its memory to a new tensor (a host copy, a pool allocation) meanwhile
-            self.pins[id(block)] = block
+            if id(block) not in self.pins:
+                self.pins[id(block)] = block
+                self.pinned_bytes += getattr(block, "nbytes", 0)
         self.index[key] = j = len(self.bufs)
         self.bufs.append(_Buf(arr, ptr, block))
         return j
@@ -215,11 +219,16 @@ def record(op: str, expr: str, kinds: tuple, loads: tuple, scalar_casts: tuple, 
             _flush_locked(key, "core change")
             g = None
         if g is not None and (g.n_nodes >= MAX_NODES
-                              or len(g.bufs) + len(operands) + 1 > MAX_BUFS):
+                              or len(g.bufs) + len(operands) + 1 > MAX_BUFS
+                              or g.pinned_bytes > MAX_PINNED_BYTES):
             _flush_locked(key, "buffer limit")
             g = None
         if g is None:
+            if not STATE.enabled:   # the state machine: only IDLE -> RECORDING records
+                raise AssertionError("adaptive eager: record() while OFF")
             g = PENDING[key] = _Group(core)
+            if key[1] != -1:
+                _flush_at_end_of_backward(key)
         # 1. buffers: operands and output, by (address, length, stride, dtype)
         op_idx = [g.buf_index(arr, src, blocks.get(id(src))) for arr, src in operands]
         out_idx = g.buf_index(out[0], out[1], blocks.get(id(out[1])))
@@ -268,6 +277,18 @@ def record(op: str, expr: str, kinds: tuple, loads: tuple, scalar_casts: tuple, 
         g.n_nodes += 1
         g.ops.append(op)
         return True
+
+
+def _flush_at_end_of_backward(key) -> None:
+    """A group recorded by autograd for one backward call launches when that call ends (its
+    gradients are then complete, as in plain eager), whichever thread runs the callback."""
+    def done():
+        with _lock:
+            _flush_locked(key, "end of backward")
+    try:
+        torch.autograd.Variable._execution_engine.queue_callback(done)
+    except RuntimeError:   # not inside a backward call after all: flushed when touched
+        pass
 
 
 def pending_write(arr: np.ndarray, src) -> bool:

@@ -140,7 +140,15 @@ def alloc(index: int | None, shape, stride, dtype) -> tuple[torch.Tensor, object
         # small: the host allocator is cheap; the block only accounts the bytes
         block = SIM.core(index).alloc(nbytes, want_storage=False)
         return torch.empty_strided(shape, stride, dtype=dtype), block
-    block = SIM.core(index).alloc(nbytes)
+    try:
+        block = SIM.core(index).alloc(nbytes)
+    except torch.OutOfMemoryError:
+        if not _adaptive.PENDING:
+            raise
+        # pending groups pin the blocks they touch (dead temporaries included): launch them,
+        # which frees those, and try once more
+        _adaptive.flush_all("memory pressure")
+        block = SIM.core(index).alloc(nbytes)
     data = torch.empty(0, dtype=dtype).set_(block.storage, 0, shape, stride)
     return data, block
 
