@@ -201,7 +201,8 @@ def _spec_of(x, where_: str) -> tuple:
     if isinstance(x, torch.Tensor):
         return tuple(x.shape), x.dtype
     if isinstance(x, (tuple, list)) and len(x) == 2 and isinstance(x[1], torch.dtype):
-        return tuple(int(s) for s in x[0]), x[1]
+        # SymInts stay symbolic (torch.compile with dynamic shapes)
+        return tuple(s if isinstance(s, torch.SymInt) else int(s) for s in x[0]), x[1]
     raise TypeError(f"{where_}: each declared output must be a tensor (its shape and dtype are "
                     f"copied) or a (shape, dtype) pair, got {type(x).__name__}")
 
@@ -261,8 +262,10 @@ class Kernel:
                 anno = kind
             else:
                 anno = torch.Tensor
-            default = p.default if p.default is not inspect.Parameter.empty else \
-                inspect.Parameter.empty
+            # a default comes from the kernel or from `outputs` (`lambda x, eps=1e-6: x`)
+            default = p.default
+            if default is inspect.Parameter.empty and outputs is not None:
+                default = inspect.signature(outputs).parameters[p.name].default
             sig_params.append(inspect.Parameter(p.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
                                                 default=default, annotation=anno))
         self.arg_names = [p.name for p in op_params]

@@ -45,6 +45,12 @@ def rowstats(x, total, argmax):
         argmax[i] = best
 
 
+@eager_neuron.kernel("entest::offset", outputs=lambda x, c=10.0: x)
+def offset(x, c: float, out):
+    for i in range(x.size):
+        out.flat[i] = x.flat[i] + c
+
+
 @eager_neuron.kernel("entest::add_scaled_", mutates="x")
 def add_scaled_(x, y, k: float):
     for i in range(x.shape[0]):
@@ -120,6 +126,13 @@ def test_multiple_outputs_and_in_place(stats_delta):
     add_scaled_(tbn, y.to(torch.bfloat16).to("neuron"), 2.0)
     assert tbn.dtype == torch.bfloat16
     _close(tbn, tb.double() + 2 * y.to(torch.bfloat16).double(), torch.bfloat16)
+
+
+def test_defaults_and_keywords():
+    x = torch.randn(2, 3)
+    _close(offset(x.to("neuron")), x.double() + 10, torch.float32)
+    _close(torch.ops.entest.offset(x.to("neuron"), c=-1.0), x.double() - 1, torch.float32)
+    assert "float c=10." in str(offset.op._schema)
 
 
 def test_profiler_names_the_kernel_and_the_callers_line():
