@@ -46,6 +46,7 @@ TABLE = {
     "resample":        (),   # upsample_*, grid_sampler (+ backward)
     "distance":        (),   # _pdist / _cdist forward and backward
     "embedding_bag":   (),   # _embedding_bag (+ dense / per-sample-weight backward)
+    "extras":          (),   # DYNAMIC: repeat_interleave.Tensor, unique_dim
 }
 # lowerings that no family lists as its own (the mask family only serves DYNAMIC ops)
 DYNAMIC_ONLY = ("mask",)

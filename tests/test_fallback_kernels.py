@@ -107,3 +107,36 @@ def test_embedding_bag_aux_outputs_match_cpu():
         torch.testing.assert_close(got[0].cpu(), want[0])
         for g, e in zip(got[1:], want[1:]):
             assert torch.equal(g.cpu(), e), (mode, g.cpu(), e)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float32, torch.bfloat16, torch.bool])
+def test_unique_dim(dtype):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(0, 3, (7, 3, 2), generator=g).to(dtype)
+    before = dict(STATS.fallbacks)
+    for d in (0, 1, -1):
+        got = torch.unique(x.to(DEV), dim=d, return_inverse=True, return_counts=True)
+        # the reference: distinct slices, lexicographically sorted, from Python tuples
+        slices = [tuple(s.reshape(-1).tolist()) for s in x.movedim(d, 0)]
+        keys = sorted(set(slices))
+        assert got[0].shape[d] == len(keys)
+        assert [tuple(s.reshape(-1).tolist()) for s in got[0].cpu().movedim(d, 0)] == keys
+        assert got[1].cpu().tolist() == [keys.index(s) for s in slices]
+        assert got[2].cpu().tolist() == [slices.count(k) for k in keys]
+    _no_fallback(before)
+
+
+def test_repeat_interleave_tensor():
+    r = torch.tensor([2, 0, 3, 1])
+    before = dict(STATS.fallbacks)
+    got = torch.repeat_interleave(r.to(DEV)).cpu()
+    assert got.tolist() == [0, 0, 2, 2, 2, 3]
+    assert torch.repeat_interleave(r.int().to(DEV)).dtype == torch.int32
+    y = torch.randn(4, 3)
+    assert torch.equal(y.to(DEV).repeat_interleave(r.to(DEV), dim=0).cpu(),
+                       torch.cat([y[i:i + 1].expand(int(n), 3) for i, n in enumerate(r)]))
+    _no_fallback(before)
+    with pytest.raises(RuntimeError, match="repeats can not be negative"):
+        torch.repeat_interleave(torch.tensor([2, -1]).to(DEV))
+    with pytest.raises(RuntimeError, match="does not match"):
+        torch.repeat_interleave(r.to(DEV), output_size=3)
