@@ -134,9 +134,49 @@ def embedding_bag_psw_backward(out, grad, weight, idx, offsets, pad):
             out[i] = acc
 """
 
+# embedding_renorm_: each distinct indexed row whose p-norm exceeds max_norm is scaled by
+# max_norm / (norm + 1e-7) (the CPU's formula; norm in float64, the scale rounded to the dtype)
+_RENORM = """\
+def embedding_renorm(w, idx, seen, max_norm, p, err):
+    rows = w.shape[0]
+    for t in range(idx.shape[0]):
+        j = idx[t]
+        if j < 0 or j >= rows:
+            err[0] = 1
+            err[1] = j
+            return
+        if seen[j]:
+            continue
+        seen[j] = 1
+        acc = 0.0
+        for d in range(w.shape[1]):
+            v = abs(np.float64(w[j, d]))
+            if p == np.inf:
+                acc = max(acc, v)
+            elif p == 0.0:
+                acc += 1.0 if v != 0 else 0.0
+            elif p == 1.0:
+                acc += v
+            elif p == 2.0:
+                acc += v * v
+            else:
+                acc += v ** p
+        if p == 2.0:
+            norm = math.sqrt(acc)
+        elif p == np.inf or p == 0.0 or p == 1.0:
+            norm = acc
+        else:
+            norm = acc ** (1.0 / p)
+        if norm > max_norm:
+            scale = w.dtype.type(max_norm / (norm + 1e-7))
+            for d in range(w.shape[1]):
+                w[j, d] = w[j, d] * scale
+"""
+
 _SOURCES = {"forward": ("embedding_bag_forward", _FORWARD),
             "backward": ("embedding_bag_backward", _BACKWARD),
-            "psw_backward": ("embedding_bag_psw_backward", _PSW_BACKWARD)}
+            "psw_backward": ("embedding_bag_psw_backward", _PSW_BACKWARD),
+            "renorm": ("embedding_renorm", _RENORM)}
 
 
 def render(which: str, parallel: bool = False) -> tuple[str, str]:

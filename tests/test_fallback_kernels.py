@@ -140,3 +140,25 @@ def test_repeat_interleave_tensor():
         torch.repeat_interleave(torch.tensor([2, -1]).to(DEV))
     with pytest.raises(RuntimeError, match="does not match"):
         torch.repeat_interleave(r.to(DEV), output_size=3)
+
+
+@pytest.mark.parametrize("p", [2.0, 1.0, 3.0, float("inf")])
+def test_embedding_renorm(p):
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(6, 5, generator=g) * 2
+    idx = torch.tensor([[1, 4], [1, 0]])
+    wn = w.to(DEV)
+    before = dict(STATS.fallbacks)
+    torch.embedding_renorm_(wn, idx.to(DEV), 1.5, p)
+    _no_fallback(before)
+    # float64 reference: rows 0, 1, 4 scaled once if their norm exceeds 1.5; others untouched
+    want = w.double().clone()
+    for j in (0, 1, 4):
+        norm = want[j].norm(p)
+        if norm > 1.5:
+            want[j] *= 1.5 / (norm + 1e-7)
+    torch.testing.assert_close(wn.cpu().double(), want, atol=0, rtol=4e-7)
+    emb = torch.nn.Embedding(10, 3, max_norm=1.0).to(DEV)
+    out = emb(torch.tensor([1, 2, 1]).to(DEV))
+    assert bool((out.detach().norm(dim=1) <= 1.0 + 1e-6).all())
+    _no_fallback(before)

@@ -193,7 +193,29 @@ def lower_psw_backward(func, a, outs):
            bytes_moved=2 * indices.shape[0] * grad.shape[1] * grad.element_size())
 
 
+def lower_embedding_renorm(func, a, outs):
+    w, idx = outs[0], a["indices"]
+    if w.dtype not in _FLOAT or w.dim() != 2:
+        raise NotImplementedError(f"embedding_renorm_ on a {w.dim()}-d {w.dtype} weight")
+    if idx.dtype not in _INDEX:
+        raise NotImplementedError(f"embedding_renorm_ with {idx.dtype} indices")
+    wv = _np(w)
+    if not wv.flags.c_contiguous and not (wv.ndim == 2 and wv.strides[1] == wv.itemsize):
+        raise NotImplementedError("embedding_renorm_ on a weight with strided rows")
+    err = np.zeros(2, np.int64)
+    seen = np.zeros(w.shape[0], np.uint8)
+    ix = _contig(idx).reshape(-1)
+    launch(("embedding_bag", "renorm", VERSION), lambda: keb.render("renorm"),
+           (wv, ix, seen, float(a["max_norm"]), float(a["norm_type"]), err),
+           flops=2 * ix.shape[0] * w.shape[1], engine="vector",
+           bytes_moved=2 * ix.shape[0] * w.shape[1] * w.element_size())
+    if err[0]:
+        raise IndexError(f"embedding_renorm_: index {int(err[1])} is out of bounds for a "
+                         f"weight with {w.shape[0]} rows")
+
+
 LOWERINGS = {
+    "aten::embedding_renorm_": lower_embedding_renorm,
     "aten::_embedding_bag": lower_embedding_bag,
     "aten::_embedding_bag_forward_only": lower_embedding_bag_forward_only,
     "aten::_embedding_bag_backward": lower_embedding_bag_backward,
