@@ -9,7 +9,7 @@ meta. PyTorch's choices that later ops read back are kept: `_linalg_solve_ex`, `
 and `_linalg_slogdet` factor A^T when A is contiguous (their backward formulas assume it), and
 `_linalg_check_errors` raises torch.linalg.LinAlgError with the CPU's messages.
 
-Longer than the ~500-line guide (by ~40): part two imports the batching helpers defined here,
+Longer than the ~500-line guide (by ~60): part two imports the batching helpers defined here,
 and splitting the LU/Cholesky/triangular lowerings further would scatter one pattern.
 
 >>> import torch, eager_neuron
@@ -19,6 +19,8 @@ and splitting the LU/Cholesky/triangular lowerings further would scatter one pat
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -92,13 +94,30 @@ def zero(t: torch.Tensor) -> None:
         cast(torch.zeros((), dtype=t.dtype).expand(t.shape), t)
 
 
+class BatchKernel(NamedTuple):
+    """The key of a batch kernel of kernels/linalg.py: every field its source depends on, and the
+    render that reads nothing else (a tuple: launch appends the argument types to it).
+
+    >>> BatchKernel("linalg", "lu_factor", VERSION, False).render()[1].startswith("linalg_lu")
+    True
+    """
+
+    family: str      # "linalg": the renderer module
+    kind: str        # which batch kernel: a key of kernels/linalg._KERNELS
+    version: int     # VERSION: bump when this family's rendered source changes
+    parallel: bool   # prange over the batch, else range
+
+    def render(self) -> tuple[str, str]:
+        return klin.render(self.kind, self.parallel)
+
+
 def run(kind: str, arrays: tuple, scalars: tuple = (), flops: float = 0.0) -> None:
     """Launch kernel `kind` of kernels/linalg.py over numpy `arrays` (+ runtime flags)."""
     batch = arrays[0].shape[0]
     parallel = batch > 1 and flops >= PARALLEL_MIN and kc.parallel_allowed()
-    key = ("linalg", kind, VERSION, parallel)
+    key = BatchKernel("linalg", kind, VERSION, parallel)
     nbytes = sum(a.nbytes for a in arrays)
-    launch(key, lambda: klin.render(kind, parallel), tuple(arrays) + tuple(scalars),
+    launch(key, key.render, tuple(arrays) + tuple(scalars),
            flops=flops, bytes_moved=nbytes, engine="vector")
 
 

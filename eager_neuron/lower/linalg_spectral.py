@@ -13,6 +13,8 @@ and allocate their outputs themselves, with the CPU's shapes and (column-major) 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from ..kernels import compile as kc
@@ -241,8 +243,8 @@ def lower_matrix_exp(func, a, outs):
     cast(A.detach(), x)
     o = torch.empty(A.shape, dtype=dtype)
     parallel = x.numel() > n * n and x.numel() * n >= 1 << 16 and kc.parallel_allowed()
-    key = ("linalg", "matrix_exp", VERSION, np_type, parallel)
-    launch(key, lambda: klin.render_matrix_exp(np_type, parallel), (b3(x), b3(o)),
+    key = MatrixExpKernel("linalg", "matrix_exp", VERSION, np_type, parallel)
+    launch(key, key.render, (b3(x), b3(o)),
            flops=20.0 * x.numel() * n, bytes_moved=2 * x.numel() * x.element_size(),
            engine="tensor")
     put(o, out)
@@ -316,6 +318,19 @@ def dynamic_lstsq(func, a, index):
     if driver in ("gelsd", "gelss") and svals.numel():
         put(sv, svals)
     return [(solution, sb), (residuals, rb), (rank_out, kb), (svals, vb)]
+
+
+class MatrixExpKernel(NamedTuple):
+    """The key of the matrix exponential kernel (kernels/linalg_mexp.py) and its render."""
+
+    family: str      # "linalg": the renderer module
+    kind: str        # "matrix_exp"
+    version: int     # VERSION: bump when this family's rendered source changes
+    np_type: str     # "np.float32" | "np.float64": the precision it computes in
+    parallel: bool   # prange over the batch, else range
+
+    def render(self) -> tuple[str, str]:
+        return klin.render_matrix_exp(self.np_type, self.parallel)
 
 
 LOWERINGS = {
