@@ -55,3 +55,8 @@ FUZZ_N ?= 2000
 fuzz: fuzz-adaptive
 fuzz-adaptive: $(TSTAMP)
 	$(VPY) tools/fuzz_adaptive.py --programs $(FUZZ_N)
+
+# 2 ranks on loopback: DDP and FSDP2 losses next to one CPU process, plus a 64 MB all-reduce row
+.PHONY: ddp
+ddp: $(STAMP)
+	$(VENV)/bin/torchrun --standalone --nproc-per-node 2 tools/distributed_demo.py --bench
