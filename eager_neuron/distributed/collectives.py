@@ -187,7 +187,25 @@ def charge(kind: str, nbytes: int, world_size: int, index: int, blocking: bool) 
         COUNTERS.count[kind] += 1
         COUNTERS.bytes[kind] += nbytes
         COUNTERS.time_us[kind] += t
+    _to_profiler(kind, nbytes, t, index)
     return t
+
+
+def _to_profiler(kind: str, nbytes: int, t: float, index: int) -> None:
+    """One `collective:<kind>` entry on the profiler's timeline (the launch hooks' event form)."""
+    from .. import launch
+
+    if not launch.HOOKS:
+        return
+    event = {"key": ("collective", kind), "outcome": "collective", "compile_s": 0.0,
+             "host_us": 0.0, "device_us": t, "bytes": nbytes, "flops": 0.0, "engine": "dma"}
+    prev = launch._current_core[0]
+    launch._current_core[0] = index   # the hook reads the core from here
+    try:
+        for hook in list(launch.HOOKS):
+            hook(event)
+    finally:
+        launch._current_core[0] = prev
 
 
 def _bytes(x) -> int:
