@@ -13,15 +13,58 @@ _OVERLOAD = {"List": "Tensor", "Scalar": "Scalar", "ScalarList": "Scalar", "Tens
 _BASE: dict = {}
 
 
+def _inplace_binary(op):
+    """`maximum_`/`minimum_` have no aten in-place overload: compute, then write self."""
+    def run(self, other):
+        return self.copy_(op(self, other))
+    return run
+
+
 def _per_tensor_op(func):
-    """(per-element OpOverload, which schema args are lists) for a _foreach_ overload."""
+    """(per-element op, argument spec, returns) for a _foreach_ overload.
+
+    The spec says, per foreach argument, whether it is a per-element list, whether it is the
+    `Tensor scalars` of a `.Tensor` overload (one scalar per element, on the CPU), and the
+    keyword it must go under: per-element ops take some arguments keyword-only
+    (`addcmul_(self, t1, t2, *, value)`) or name them differently (`norm`'s dtype)."""
     hit = _BASE.get(func)
     if hit is not None:
         return hit
     schema = func._schema
     base = schema.name.split("::")[1][len("_foreach_"):]          # "add_" / "add"
-    packet = getattr(torch.ops.aten, base)
     ov = schema.overload_name or "default"
+    if base in ("maximum_", "minimum_") and ov == "List":
+        per = _inplace_binary(getattr(torch.ops.aten, base[:-1]).default)
+        per_args = None
+    else:
+        per = _lookup(base, ov)
+        per_args = per._schema.arguments
+    spec = []
+    keyword = False
+    for j, a in enumerate(schema.arguments):
+        if a.kwarg_only:
+            break                   # the caller passes these by name already
+        is_list = isinstance(a.type, torch._C.ListType)
+        scalars = a.name == "scalars" and str(a.type) == "Tensor"
+        name = None
+        if per_args is not None:
+            names = [p.name for p in per_args]
+            if a.name in names:
+                target = per_args[names.index(a.name)]
+                if target.kwarg_only or names.index(a.name) != j:
+                    name = a.name
+            elif j < len(per_args) and per_args[j].kwarg_only:
+                name = per_args[j].name
+        keyword = keyword or name is not None
+        if keyword and name is None:
+            name = per_args[j].name if per_args is not None and j < len(per_args) else a.name
+        spec.append((is_list, scalars, name))
+    _BASE[func] = (per, tuple(spec), bool(schema.returns))
+    return _BASE[func]
+
+
+def _lookup(base, ov):
+    packet = getattr(torch.ops.aten, base)
     candidates = [_OVERLOAD.get(ov, ov), "Tensor", "default", "Scalar", "Tensor_Scalar",
                   "Tensor_Tensor", "Scalar_Tensor"]
     if base.startswith("norm"):
@@ -43,24 +86,17 @@ def _per_tensor_op(func):
         candidates = ["default"]
     if base in ("addcmul", "addcmul_", "addcdiv", "addcdiv_"):
         candidates = ["default"]
-    per = None
+    if base in ("div", "div_", "mul", "mul_", "add", "add_", "sub", "sub_") and ov == "List":
+        candidates = ["Tensor"]
     for c in candidates:
         if c in packet.overloads():
-            per = getattr(packet, c)
-            break
-    if per is None:
-        raise NotImplementedError(f"no per-tensor op for {schema.name}.{ov}")
-    lists = tuple(i for i, a in enumerate(schema.arguments)
-                  if str(a.type).startswith(("Tensor[]", "Tensor(a!)[]", "Tensor(a)[]",
-                                             "List[Tensor]", "float[]", "Scalar[]", "complex[]",
-                                             "List[float]", "List[Scalar]")))
-    _BASE[func] = (per, lists, schema.returns and len(schema.returns) > 0)
-    return _BASE[func]
+            return getattr(packet, c)
+    raise NotImplementedError(f"no per-tensor op for _foreach_{base}.{ov}")
 
 
 def run_foreach(func, plan, args, kwargs, mode):
     try:
-        per, lists, returns = _per_tensor_op(func)
+        per, spec, returns = _per_tensor_op(func)
     except NotImplementedError as exc:
         from ..dispatch import run_fallback
 
@@ -68,10 +104,15 @@ def run_foreach(func, plan, args, kwargs, mode):
     n = len(args[0])
     results = []
     for i in range(n):
-        call = tuple(a[i] if j in lists else a for j, a in enumerate(args))
-        call_kw = {}
-        for k, v in kwargs.items():
-            call_kw[k] = v
+        call, call_kw = [], dict(kwargs)
+        for (is_list, scalars, name), a in zip(spec, args):
+            v = a[i] if is_list else a
+            if scalars:
+                v = a[i].item()     # `.Tensor` overloads: one scalar per element, a CPU tensor
+            if name is None:
+                call.append(v)
+            else:
+                call_kw[name] = v
         if mode is not None:
             with mode:
                 results.append(per(*call, **call_kw))
