@@ -28,7 +28,6 @@
 from __future__ import annotations
 
 import ast
-import builtins
 import hashlib
 import inspect
 import math
@@ -41,10 +40,10 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from . import errors
-from . import launch as _launch
+from .. import errors
+from .. import launch as _launch
 
-__all__ = ["kernel", "Kernel", "set_debug", "privateuse1_impl", "KernelTypingError"]
+__all__ = ["kernel", "Kernel", "set_debug", "KernelTypingError"]
 
 _DEBUG = [False]
 _HALF = (torch.bfloat16, torch.float16)
@@ -283,7 +282,7 @@ class Kernel:
     # -- rendering -------------------------------------------------------------------------------
 
     def _mode(self) -> tuple[bool, bool]:
-        from .kernels import compile as kc
+        from ..kernels import compile as kc
 
         debug = _DEBUG[0] if self._debug is None else bool(self._debug)
         src = self._rendered(False, debug)
@@ -405,8 +404,8 @@ class Kernel:
 
     def _run_device(self, *args, **kwargs):
         """neuron tensors (and CPU tensors under NeuronMode): allocate, launch, charge."""
-        from . import dispatch as _d
-        from .tensor import NeuronTensor
+        from .. import dispatch as _d
+        from ..tensor import NeuronTensor
 
         _d.flush(f"custom kernel {self.name}")
         values = self._bind(args, kwargs)
@@ -480,7 +479,7 @@ class Kernel:
 
     def _compiled(self, parallel, debug, arrays, args, kwargs):
         """The dispatcher for these argument types from the same caches launch() uses."""
-        from .cache import FORMAT_VERSION
+        from ..cache import FORMAT_VERSION
 
         key = self._key(parallel, debug)
         full = (FORMAT_VERSION,) + key + _launch.arg_types(arrays)
@@ -498,7 +497,7 @@ class Kernel:
     def _guarded(self, run, arrays, args, kwargs):
         """Run a compile/launch; turn Numba's errors into one that names the op, the kernel's
         line, the argument types, the caller's line and the fix."""
-        from .kernels.compile import KernelCompileError
+        from ..kernels.compile import KernelCompileError
 
         types_key = _launch.arg_types(arrays)
         failed = self._failed.get(types_key)
@@ -521,7 +520,7 @@ class Kernel:
                 f"{errors.where()}\n  args: {errors.describe_args(args, kwargs)}") from None
 
     def _typing_error(self, exc: Exception, arrays) -> Exception:
-        from .kernels.compile import numba
+        from ..kernels.compile import numba
 
         nb = numba()
         cause = exc.__cause__ or exc
@@ -607,32 +606,3 @@ def kernel(name: str, *, outputs: Callable | None = None, mutates: Sequence[str]
                       fastmath)
 
     return deco
-
-
-# ---------------------------------------------------------------------------------------------
-# honouring Library.impl(..., "PrivateUse1") registrations
-# ---------------------------------------------------------------------------------------------
-
-def privateuse1_impl(func):
-    """For dispatch's classification of an op with no neuron kernel: a kernel registered for
-    PrivateUse1 from Python (`torch.library.Library(ns, ...).impl(name, fn, "PrivateUse1")`) on a
-    non-aten op, as a callable that runs it with the neuron tensors, or None.
-
-    >>> import torch
-    >>> privateuse1_impl(torch.ops.aten.add.Tensor) is None
-    True
-    """
-    name = func._schema.name
-    if name.startswith(("aten::", "prims::", "_")):
-        return None
-    if not torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "PrivateUse1"):
-        return None
-    key = torch._C.DispatchKey.PrivateUse1
-
-    def run(*args, **kwargs):
-        return func._op_dk(key, *args, **kwargs)
-
-    return run
-
-
-_ = builtins   # builtins are resolved by Numba itself (range, len, min, abs, ...)
