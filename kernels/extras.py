@@ -113,8 +113,89 @@ def unique_rows_fill(x, perm, group, values, inverse, counts):
         counts[g] += 1
 """
 
+# histogramdd: per-dim min/max (NaN propagates, as aminmax), edges by linspace's formula in the
+# input dtype (start + step*i below the halfway point, end - step*(n-1-i) above), and counts by
+# binary search over each dim's edges (the last bin closed; a sample outside any dim's edges,
+# or NaN, is not counted), accumulated in float64
+_HDD_MINMAX = """\
+def hdd_minmax(x, lo, hi):
+    for d in range(x.shape[1]):
+        mn = x[0, d]
+        mx = x[0, d]
+        for i in range(1, x.shape[0]):
+            v = x[i, d]
+            if v != v or mn != mn:
+                mn = v if v != v else mn
+            elif v < mn:
+                mn = v
+            if v != v or mx != mx:
+                mx = v if v != v else mx
+            elif v > mx:
+                mx = v
+        lo[d] = mn
+        hi[d] = mx
+"""
+
+_HDD_EDGES = """\
+def hdd_edges(out, left, right):
+    steps = out.shape[0]
+    step = (right - left) / out.dtype.type(steps - 1)
+    half = steps // 2
+    for i in range(steps):
+        if i < half:
+            out[i] = left + step * out.dtype.type(i)
+        else:
+            out[i] = right - step * out.dtype.type(steps - i - 1)
+"""
+
+_HDD_COUNT = """\
+def hdd_count(x, edges, eoff, nbins, w, use_w, density, acc, hist):
+    n = x.shape[0]
+    nd = x.shape[1]
+    for i in range(n):
+        flat = 0
+        ok = True
+        for d in range(nd):
+            v = x[i, d]
+            e0 = eoff[d]
+            nb = nbins[d]
+            lo = edges[e0]
+            hi = edges[e0 + nb]
+            if not (v >= lo and v <= hi):
+                ok = False
+                break
+            # largest b with edges[b] <= v, the last bin closed
+            a = 0
+            b = nb
+            while b - a > 1:
+                m = (a + b) // 2
+                if edges[e0 + m] <= v:
+                    a = m
+                else:
+                    b = m
+            flat = flat * nb + a
+        if ok:
+            acc[flat] += np.float64(w[i]) if use_w else 1.0
+    if density:
+        total = 0.0
+        for k in range(acc.shape[0]):
+            total += acc[k]
+        for k in range(acc.shape[0]):
+            r = k
+            vol = 1.0
+            for d in range(nd - 1, -1, -1):
+                nb = nbins[d]
+                b = r % nb
+                r = r // nb
+                vol *= np.float64(edges[eoff[d] + b + 1]) - np.float64(edges[eoff[d] + b])
+            acc[k] = acc[k] / total / vol
+    for k in range(acc.shape[0]):
+        hist[k] = acc[k]
+"""
+
 _SOURCES = {"repeat_count": _REPEAT_COUNT, "repeat_fill": _REPEAT_FILL,
-            "unique_rows": _UNIQUE_ROWS, "unique_rows_fill": _UNIQUE_FILL}
+            "unique_rows": _UNIQUE_ROWS, "unique_rows_fill": _UNIQUE_FILL,
+            "hdd_minmax": _HDD_MINMAX, "hdd_edges": _HDD_EDGES, "hdd_count": _HDD_COUNT}
 
 
 def render(which: str) -> tuple[str, str]:

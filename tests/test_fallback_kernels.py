@@ -162,3 +162,29 @@ def test_embedding_renorm(p):
     out = emb(torch.tensor([1, 2, 1]).to(DEV))
     assert bool((out.detach().norm(dim=1) <= 1.0 + 1e-6).all())
     _no_fallback(before)
+
+
+def test_histogramdd():
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(40, 2, generator=g, dtype=torch.float64)
+    w = torch.rand(40, generator=g, dtype=torch.float64)
+    before = dict(STATS.fallbacks)
+    got = torch.histogramdd(x.to(DEV), bins=[3, 4], weight=w.to(DEV))
+    _no_fallback(before)
+    # reference: edges from min/max, each sample's bin by explicit comparison with the edges
+    edges = [torch.linspace(float(x[:, d].min()), float(x[:, d].max()), n + 1,
+                            dtype=torch.float64) for d, n in enumerate((3, 4))]
+    for e, want in zip(got.bin_edges, edges):
+        torch.testing.assert_close(e.cpu(), want)
+    want = torch.zeros(3, 4, dtype=torch.float64)
+    for (a, b), wi in zip(x.tolist(), w.tolist()):
+        i = min(int((edges[0] <= a).sum()) - 1, 2)
+        j = min(int((edges[1] <= b).sum()) - 1, 3)
+        want[i, j] += wi
+    torch.testing.assert_close(got.hist.cpu(), want)
+    # explicit edges, a sample on the last edge counts, outside ones do not; density
+    bins = [torch.tensor([-1.0, 0.0, 2.0]), torch.tensor([0.0, 1.0])]
+    pts = torch.tensor([[2.0, 1.0], [-1.0, 0.0], [3.0, 0.5], [0.5, -0.1]])
+    h = torch.histogramdd(pts.to(DEV), bins=[b.to(DEV) for b in bins], density=True).hist
+    torch.testing.assert_close(h.cpu(), torch.tensor([[0.5], [0.25]]))
+    _no_fallback(before)

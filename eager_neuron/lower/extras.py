@@ -101,8 +101,136 @@ def dynamic_unique_dim(func, a, index=-1):
     return [(values, vblock), (inverse, iblock), (counts, cblock)]
 
 
+# ---------------------------------------------------------------------------------------------
+# histogramdd: _histogramdd_bin_edges, _histogramdd_from_bin_cts, _histogramdd_from_bin_tensors
+# (no meta kernels in PyTorch: DYNAMIC, they allocate their own outputs)
+# ---------------------------------------------------------------------------------------------
+
+_HDD_FLOAT = frozenset({torch.float32, torch.float64})
+
+
+def _hdd_input(x: torch.Tensor, weight, nd: int):
+    """x as a contiguous (N, D) array (a device copy when strided), weight as (N,)."""
+    from .cast import cast
+
+    if x.dtype not in _HDD_FLOAT:
+        raise NotImplementedError(f"histogramdd on {x.dtype}")
+    if x.dim() < 1 or x.shape[-1] != nd:
+        raise RuntimeError(f"torch.histogramdd: expected input to have {nd} as its innermost "
+                           f"dimension (one per bin specification), got shape {tuple(x.shape)}")
+    n = x.numel() // nd if nd else 0
+    xs = x if x.is_contiguous() else None
+    if xs is None:
+        xs = torch.empty(x.shape, dtype=x.dtype)
+        cast(x, xs)
+    x2 = xs.numpy().reshape(n, nd)
+    if weight is not None:
+        if weight.dtype != x.dtype or weight.numel() != n:
+            raise RuntimeError("torch.histogramdd: weight should have the same dtype as input "
+                               f"and one element per sample ({n}), got {weight.dtype} "
+                               f"{tuple(weight.shape)}")
+        ws = weight if weight.is_contiguous() else None
+        if ws is None:
+            ws = torch.empty(weight.shape, dtype=weight.dtype)
+            cast(weight, ws)
+        w = ws.numpy().reshape(-1)
+    else:
+        w = np.zeros(1, x2.dtype)
+    return x2, w
+
+
+def _hdd_outer(x2: np.ndarray, rng, nd: int) -> tuple[list, list]:
+    """The leftmost and rightmost edge of each dim: `range`, else the data's min and max (0 and
+    1 for no data); equal ones widened by 0.5 either way; not finite -> the CPU's error."""
+    if rng is not None:
+        if len(rng) != 2 * nd:
+            raise RuntimeError(f"torch.histogramdd: for a {nd}-dimensional histogram, range "
+                               f"should have {2 * nd} elements, but got {len(rng)}")
+        left = [float(rng[2 * d]) for d in range(nd)]
+        right = [float(rng[2 * d + 1]) for d in range(nd)]
+    elif x2.shape[0]:
+        lo = np.empty(nd, x2.dtype)
+        hi = np.empty(nd, x2.dtype)
+        launch(("extras", "hdd_minmax", VERSION), lambda: kex.render("hdd_minmax"),
+               (x2, lo, hi), flops=x2.size, bytes_moved=x2.nbytes)
+        left, right = [float(v) for v in lo], [float(v) for v in hi]
+    else:
+        left, right = [0.0] * nd, [1.0] * nd
+    for d in range(nd):
+        if not (np.isfinite(left[d]) and np.isfinite(right[d])):
+            raise ValueError(f"torch.histogramdd: range of [{left[d]}, {right[d]}] is not finite")
+        if left[d] > right[d]:
+            raise ValueError(f"torch.histogramdd: min should not exceed max, but got min "
+                             f"{left[d]} max {right[d]} for dimension {d}")
+        if left[d] == right[d]:
+            left[d] -= 0.5
+            right[d] += 0.5
+    return left, right
+
+
+def _hdd_edges(x2, bins, rng, dtype, index) -> list:
+    nd = len(bins)
+    if any(b <= 0 for b in bins):
+        raise RuntimeError(f"torch.histogramdd: bins must be > 0, got {list(bins)}")
+    left, right = _hdd_outer(x2, rng, nd)
+    npt = x2.dtype.type
+    out = []
+    for d in range(nd):
+        e, block = _alloc(index, (bins[d] + 1,), dtype)
+        launch(("extras", "hdd_edges", VERSION), lambda: kex.render("hdd_edges"),
+               (e.numpy(), npt(left[d]), npt(right[d])), flops=bins[d] + 1,
+               bytes_moved=e.numpy().nbytes)
+        out.append((e, block))
+    return out
+
+
+def _hdd_count(x2, w, use_w, edges: list, density: bool, dtype, index):
+    nbins = np.array([e.numel() - 1 for e in edges], np.int64)
+    eoff = np.zeros(len(edges), np.int64)
+    if len(edges) > 1:
+        eoff[1:] = np.cumsum([e.numel() for e in edges])[:-1]
+    flat_edges = np.concatenate([np.ascontiguousarray(e.numpy()) for e in edges]) \
+        if edges else np.zeros(0, x2.dtype)
+    hist, block = _alloc(index, tuple(int(b) for b in nbins), dtype)
+    acc = np.zeros(max(hist.numel(), 1), np.float64)
+    hv = hist.numpy().reshape(-1) if hist.numel() else np.zeros(1, x2.dtype)
+    launch(("extras", "hdd_count", VERSION), lambda: kex.render("hdd_count"),
+           (x2, flat_edges, eoff, nbins, w, bool(use_w), bool(density), acc, hv),
+           flops=float(x2.size * max(1, np.log2(max(int(nbins.max(initial=1)), 2)))),
+           bytes_moved=float(x2.nbytes + hv.nbytes))
+    return [(hist, block)]
+
+
+def dynamic_hdd_bin_edges(func, a, index=-1):
+    x, bins = a["self"], list(a["bins"])
+    x2, _ = _hdd_input(x, None, len(bins))
+    return _hdd_edges(x2, bins, a.get("range"), x.dtype, index)
+
+
+def dynamic_hdd_from_bin_cts(func, a, index=-1):
+    x, bins, weight = a["self"], list(a["bins"]), a.get("weight")
+    x2, w = _hdd_input(x, weight, len(bins))
+    edges = [e for e, _b in _hdd_edges(x2, bins, a.get("range"), x.dtype, index)]
+    return _hdd_count(x2, w, weight is not None, edges, bool(a.get("density")), x.dtype, index)
+
+
+def dynamic_hdd_from_bin_tensors(func, a, index=-1):
+    x, bins, weight = a["self"], list(a["bins"]), a.get("weight")
+    x2, w = _hdd_input(x, weight, len(bins))
+    edges = []
+    for d, e in enumerate(bins):
+        if e.dtype != x.dtype or e.dim() != 1 or e.numel() < 1:
+            raise RuntimeError(f"torch.histogramdd: bins[{d}] should be a 1-d {x.dtype} tensor "
+                               f"with at least one edge, got {e.dtype} {tuple(e.shape)}")
+        edges.append(e)
+    return _hdd_count(x2, w, weight is not None, edges, bool(a.get("density")), x.dtype, index)
+
+
 LOWERINGS: dict = {}
 DYNAMIC = {
     "aten::repeat_interleave.Tensor": dynamic_repeat_interleave,
     "aten::unique_dim": dynamic_unique_dim,
+    "aten::_histogramdd_bin_edges": dynamic_hdd_bin_edges,
+    "aten::_histogramdd_from_bin_cts": dynamic_hdd_from_bin_cts,
+    "aten::_histogramdd_from_bin_tensors": dynamic_hdd_from_bin_tensors,
 }
