@@ -236,6 +236,8 @@ def _dispatch_plan(func, plan, args, kwargs, mode, gated=False):
     if kind == "kernel":
         return _run_kernel(func, plan, args, kwargs, mode)
     if kind == "decomp":
+        if plan.mutates and mode is None:
+            _check_decomp_written(func, plan, args, kwargs)
         return _run_decomp(func, plan, plan.decomp, args, kwargs, mode)
     if kind == "host":
         if plan.out_args and mode is None:
@@ -306,6 +308,8 @@ def _device_index(device) -> int:
 
 def _run_kernel(func, plan, args, kwargs, mode):
     uargs, ukw, index = unwrap_args(args, kwargs)   # index None: CPU in, CPU out (the mode)
+    if plan.mutates:   # ATen's result-type check first (PyTorch's meta functions word it else)
+        _check_decomp_written(func, plan, uargs, ukw)
     # 1. output metadata (validates shapes and dtypes exactly as PyTorch would)
     leaves, spec = meta_outputs(func, uargs, ukw)
     a = bind(func, uargs, ukw)
@@ -332,7 +336,7 @@ def _run_kernel(func, plan, args, kwargs, mode):
             outs.append(leaf)
             blocks.append(None)
     if plan.mutates:   # in-place / out=: ATen's checks on the written tensors
-        _check_written(func, plan, a, outs, uargs, ukw)
+        _check_written(plan, a)
         if plan.lower in _fusible():
             _check_partial_overlap(a, outs)
     # 3. run the lowering (half types computed in float32, rounded to nearest even) under the
@@ -478,32 +482,50 @@ def _capture_host_operands(a: dict, blocks: dict) -> None:
 _CAN_CAST: dict = {}   # (func, argument types) -> the functional op's result dtype or None
 
 
-def _check_written(func, plan, a: dict, outs: list, uargs, ukw) -> None:
-    """ATen's checks on a tensor an op writes (in-place self, out=): no element may be shared
-    by two indices (an expanded or stride-0 view), and the op's result type must cast to it
-    (`torch.arange(5).mul_(1.5)`: "result type Float can't be cast to ... Long")."""
-    for name in plan.mutates:
-        t = a.get(name)
-        if isinstance(t, torch.Tensor) and t.numel() > 1 and 0 in t.stride() and \
-                torch._debug_has_internal_overlap(t) == 1:
-            raise RuntimeError(
-                "unsupported operation: more than one element of the written-to tensor refers "
-                "to a single memory location. Please clone() the tensor before performing the "
-                f"operation.\n{errors.where()}\n  op: {plan.name}")
-    if len(outs) != 1 or not isinstance(outs[0], torch.Tensor):
-        return
+def _check_written(plan, a: dict) -> None:
+    """ATen's check on a tensor a TensorIterator op (the elementwise and cast families) writes:
+    no element may be shared by two indices (an expanded or stride-0 view). The result-type
+    check is _check_decomp_written's, made earlier."""
+    if plan.lower in _fusible() and plan.name not in _NO_OVERLAP_CHECK:
+        for name in plan.mutates:
+            t = a.get(name)
+            if isinstance(t, torch.Tensor) and t.numel() > 1 and 0 in t.stride() and \
+                    torch._debug_has_internal_overlap(t) == 1:
+                raise RuntimeError(
+                    "unsupported operation: more than one element of the written-to tensor "
+                    "refers to a single memory location. Please clone() the tensor before "
+                    f"performing the operation.\n{errors.where()}\n  op: {plan.name}")
+
+
+def _check_result_type(func, plan, args, kwargs, out_dtype) -> None:
     key = (func, *(v.dtype if isinstance(v, torch.Tensor) else type(v)
-                   for v in (*uargs, *ukw.values())))
+                   for v in (*args, *kwargs.values())))
     result = _CAN_CAST.get(key, False)
     if result is False:
-        result = _CAN_CAST[key] = _functional_dtype(func, plan, uargs, ukw)
-    out = outs[0]
-    if result is not None and not torch.can_cast(result, out.dtype):
+        result = _CAN_CAST[key] = _functional_dtype(func, plan, args, kwargs)
+    if result is not None and not torch.can_cast(result, out_dtype):
         raise RuntimeError(
             f"result type {_TYPE_NAMES.get(result, result)} can't be cast to the desired output "
-            f"type {_TYPE_NAMES.get(out.dtype, out.dtype)}\n{errors.where()}\n  op: {plan.name}")
+            f"type {_TYPE_NAMES.get(out_dtype, out_dtype)}\n{errors.where()}\n"
+            f"  op: {plan.name}")
 
 
+def _check_decomp_written(func, plan, args, kwargs) -> None:
+    """The result-type check for an in-place/out= op with one written tensor, made before
+    PyTorch's meta function or decomposition runs (their wrappers word it otherwise)."""
+    if len(plan.mutates) != 1:
+        return
+    try:
+        t = _original(func, args, kwargs, plan.mutates[0])
+    except (KeyError, IndexError):
+        return
+    if isinstance(t, torch.Tensor):
+        _check_result_type(func, plan, args, kwargs, t.dtype)
+
+
+# ATen's fill_/zero_ write expanded tensors without complaint (masked_fill_ only warns)
+_NO_OVERLAP_CHECK = ("aten::fill_.Scalar", "aten::fill_.Tensor", "aten::zero_",
+                     "aten::masked_fill_.Scalar", "aten::masked_fill_.Tensor")
 _TYPE_NAMES = {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half",
                torch.bfloat16: "BFloat16", torch.int64: "Long", torch.int32: "Int",
                torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte", torch.bool: "Bool",
