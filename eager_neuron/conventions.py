@@ -19,9 +19,10 @@ def install() -> None:
     if _installed:
         return
     _installed = True
-    from . import amp, devapi, pinned, storage
+    from . import amp, devapi, optim, pinned, storage
 
     storage.install()
+    optim.install()
     pinned.install()
     devapi.install()
     amp.install()
