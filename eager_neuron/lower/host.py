@@ -268,6 +268,60 @@ HOST_COMPUTE = [
     "aten::rrelu_with_noise",   # draws into `noise` (a device buffer) and returns the output
 ]
 
+# -- sparse and quantized tensors: refused with the fix, before any half-built device tensor ------
+# A sparse CPU tensor's .to("neuron") moves its dense parts (indices, values) to the device, then
+# builds the sparse tensor with one of these constructors (COO failed in a copy_, CSR made a
+# tensor that could not be printed or moved back); a quantized one asks the QuantizedPrivateUse1
+# backend for empty_quantized, which does not exist. Both get the README's UnsupportedTensorError.
+
+def _refuse_layout(layout, what: str):
+    from .. import errors
+
+    name = {torch.sparse_coo: "sparse COO", torch.sparse_csr: "sparse CSR",
+            torch.sparse_csc: "sparse CSC", torch.sparse_bsr: "sparse BSR",
+            torch.sparse_bsc: "sparse BSC"}.get(layout, str(layout))
+    return errors.UnsupportedTensorError(
+        f"{name} tensors are not supported on neuron ({what})\n{errors.where()}\n"
+        "  fix: densify first: x.to_dense().to('neuron'), or keep the sparse tensor on the CPU")
+
+
+def sparse_constructor(func, args, kwargs, mode):
+    """aten::_sparse_coo_tensor_unsafe & co. with a neuron device: UnsupportedTensorError."""
+    layout = kwargs.get("layout")
+    if layout is None:
+        name = func.__name__ if hasattr(func, "__name__") else str(func)
+        layout = torch.sparse_coo if "coo" in name else torch.sparse_csr
+    raise _refuse_layout(layout, f"{func} with a neuron device")
+
+
+def refuse_quantized(*args, **kwargs):
+    """aten::empty_quantized on the QuantizedPrivateUse1 key (x_quantized.to('neuron'))."""
+    from .. import errors
+
+    raise errors.UnsupportedTensorError(
+        "quantized tensors are not supported on neuron (quantized .to('neuron'))\n"
+        f"{errors.where()}\n"
+        "  fix: x.dequantize().to('neuron'), or keep the quantized tensor on the CPU")
+
+
+_SPARSE_CONSTRUCTORS = (
+    "aten::_sparse_coo_tensor_unsafe", "aten::_sparse_coo_tensor_with_dims_and_tensors",
+    "aten::_sparse_coo_tensor_with_dims", "aten::sparse_coo_tensor",
+    "aten::_sparse_compressed_tensor_unsafe", "aten::sparse_compressed_tensor",
+    "aten::_sparse_compressed_tensor_with_dims", "aten::_sparse_csr_tensor_unsafe",
+    "aten::_sparse_csc_tensor_unsafe", "aten::_sparse_bsr_tensor_unsafe",
+    "aten::_sparse_bsc_tensor_unsafe", "aten::sparse_csr_tensor", "aten::sparse_csc_tensor",
+    "aten::sparse_bsr_tensor", "aten::sparse_bsc_tensor")
+
+_QLIB = torch.library.Library("aten", "IMPL")
+for _name in ("empty_quantized", "_empty_affine_quantized",
+              "_empty_per_channel_affine_quantized"):
+    try:
+        _QLIB.impl(_name, refuse_quantized, "QuantizedPrivateUse1")
+    except Exception:   # noqa: BLE001 - an op this torch build lacks: nothing to refuse
+        pass
+
+
 HOST = {
     "aten::_to_copy": to_copy,
     "aten::copy_": copy_,
@@ -280,4 +334,5 @@ HOST = {
     "aten::_efficientzerotensor": efficient_zeros,
     **{name: rng_inplace for name in RNG_INPLACE},
     **{name: host_compute for name in HOST_COMPUTE},
+    **{name: sparse_constructor for name in _SPARSE_CONSTRUCTORS},
 }

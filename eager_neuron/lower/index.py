@@ -460,5 +460,22 @@ def one_hot_checked(self: torch.Tensor, num_classes: int = -1) -> torch.Tensor:
     return _ONE_HOT._op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, self, num_classes)
 
 
+def _arg_reduction_checked(op, name: str):
+    """argmax/argmin with no dim of an empty tensor: the CPU raises IndexError, torch's meta
+    function (which dispatch runs first) RuntimeError; the CPU's type wins."""
+    def impl(self, dim=None, keepdim=False):
+        if dim is None and self.numel() == 0:
+            raise IndexError(f"{name}(): Expected reduction dim to be specified for "
+                             "input.numel() == 0.")
+        with torch._C._AutoDispatchBelowAutograd():
+            return op(self, dim, keepdim)
+
+    impl.__name__ = f"{name}_checked"
+    return impl
+
+
 _LIB = torch.library.Library("aten", "IMPL")
 _LIB.impl("one_hot", one_hot_checked, "AutogradPrivateUse1")
+for _name in ("argmax", "argmin"):
+    _LIB.impl(_name, _arg_reduction_checked(getattr(torch.ops.aten, _name).default, _name),
+              "AutogradPrivateUse1")
