@@ -433,5 +433,60 @@ def test_faults_give_every_survivor_a_clear_error(ranks):
         seen0[2]
 
 
+# -- pipeline parallelism and distributed checkpoint ---------------------------------------------------
+def _pipeline_dcp_body(rank, store_dir, results):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    dev = torch.device("neuron", rank)
+    _init(rank, store_dir, "pp")
+    eager_neuron.reset_stats()
+    # 2 stages (one Linear each), GPipe over 2 micro-batches; the last stage reports the losses
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(4, 4) for _ in range(WORLD)]
+    ref = torch.nn.Sequential(*[torch.nn.Linear(4, 4).double() for _ in range(WORLD)])
+    for a, b in zip(ref, layers):
+        a.load_state_dict({k: v.double() for k, v in b.state_dict().items()})
+    x = torch.randn(4, 4, generator=torch.Generator().manual_seed(5))
+    target = torch.zeros(4, 4)
+
+    def loss_fn(out, tgt):
+        return ((out - tgt) ** 2).mean()
+
+    stage = PipelineStage(layers[rank].to(dev), rank, WORLD, dev)
+    schedule = ScheduleGPipe(stage, n_microbatches=2, loss_fn=loss_fn)
+    pp = None
+    if rank == 0:
+        schedule.step(x.to(dev))
+    else:
+        losses = []
+        schedule.step(target=target.to(dev), losses=losses)
+        want = [loss_fn(ref(c.double()), t.double()).item()
+                for c, t in zip(x.chunk(2), target.chunk(2))]
+        got = [v.item() for v in losses]
+        assert got == pytest.approx(want, rel=1e-5), (got, want)
+        pp = got
+    # DCP: save a sharded DTensor, load it into a fresh one
+    mesh = init_device_mesh("neuron", (WORLD,))
+    saved = distribute_tensor(torch.arange(8.0).to(dev), mesh, [Shard(0)])
+    ckpt = os.path.join(store_dir, "ckpt")
+    dcp.save({"t": saved}, checkpoint_id=ckpt)
+    state = {"t": distribute_tensor(torch.zeros(8).to(dev), mesh, [Shard(0)])}
+    dcp.load(state, checkpoint_id=ckpt)
+    assert state["t"].to_local().device == dev
+    assert state["t"].full_tensor().cpu().tolist() == [float(i) for i in range(8)]
+    s = eager_neuron.stats()
+    assert not any("c10d" in k for k in s["fallbacks"]), s["fallbacks"]
+    return pp
+
+
+def test_pipeline_and_distributed_checkpoint(ranks):
+    assert _result(ranks, "pipeline_dcp", 0) is None
+    assert len(_result(ranks, "pipeline_dcp", 1)) == 2
+
+
 PARTS = [("collectives", _collectives_body), ("ddp_fsdp", _ddp_fsdp_body),
-         ("dtensor", _dtensor_body), ("faults", _faults_body)]   # faults last: rank 1 dies
+         ("dtensor", _dtensor_body), ("pipeline_dcp", _pipeline_dcp_body),
+         ("faults", _faults_body)]   # faults last: rank 1 dies
