@@ -223,8 +223,9 @@ def test_typing_error_shows_kernel_line_types_and_fix():
     assert "x: array(float32, 1d, C)" in text                              # argument types
     assert "the calling line" in text                                      # the caller's line
     assert "fix:" in text and "Traceback" not in text and len(text.splitlines()) < 10
-    with pytest.raises(custom.KernelTypingError):                          # remembered, fast
-        bad_kernel(x)
+    with pytest.raises(custom.KernelTypingError) as again:                 # remembered, fast
+        bad_kernel(x)  # a second call
+    assert "a second call" in str(again.value)                             # at its own line
 
 
 def test_out_of_range_index_in_debug_mode_names_op_and_line_and_process_continues():

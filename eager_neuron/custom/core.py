@@ -501,14 +501,13 @@ class Kernel:
 
         types_key = _launch.arg_types(arrays)
         failed = self._failed.get(types_key)
-        if failed is not None:
-            raise failed
+        if failed is not None:   # Numba already refused these types: no second compile
+            raise self._typing_error(failed, arrays) from None
         try:
             return run()
         except KernelCompileError as exc:
-            err = self._typing_error(exc, arrays)
-            self._failed[types_key] = err
-            raise err from None
+            self._failed[types_key] = exc
+            raise self._typing_error(exc, arrays) from None
         except IndexError as exc:
             raise IndexError(
                 f"{self.name}: index out of range inside the kernel ({exc})\n{errors.where()}\n"
