@@ -557,7 +557,7 @@ def _special_prelude(src: str) -> str:
     from .lower import elementwise as ew
 
     special = getattr(ew, "SPECIAL_PRELUDE", "")
-    return special if special and getattr(ew, "_SPECIAL_RE").search(src) else ""
+    return special if special and ew._SPECIAL_RE.search(src) else ""
 
 
 

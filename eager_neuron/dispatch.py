@@ -19,15 +19,15 @@ import torch
 from torch.utils._pytree import tree_unflatten
 
 from . import backward as _backward
-from . import errors
 from . import context as _context
+from . import errors
 from . import tensor as _tensor_mod
 from .adaptive import MODULE as _adaptive
 from .config import config
 from .context import OpContext
-from .launch import launch
 from .fallback import log_op, run_fallback
 from .inplace import resize_out, resize_outs, run_inplace_view
+from .launch import launch
 from .lower.common import COMPLEX, DEVICE_DTYPES, HALF, bind, schema_args
 from .plan import _PLANS, Plan, _plan, _to_meta, meta_outputs  # noqa: F401 -- API
 from .simulator import SIM

@@ -19,8 +19,8 @@ from typing import Callable
 
 import numpy as np
 
-from .cache import FORMAT_VERSION, MemoryCache
 from . import context as _context
+from .cache import FORMAT_VERSION, MemoryCache
 from .config import config
 from .kernels import compile as kc
 from .stats import STATS

@@ -325,9 +325,9 @@ def test_issue11_item1_strided_views_are_not_keyed_by_start_and_length():
 
 
 def test_issue11_item1_interleaved_views_do_not_conflict_but_strided_spans_do():
-    from eager_neuron.adaptive import MODULE as ad
-
     import numpy as np
+
+    from eager_neuron.adaptive import MODULE as ad
 
     x = np.zeros(16, np.float32)
     bufs = [ad._Buf(v, v.__array_interface__["data"][0], None)

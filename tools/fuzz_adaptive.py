@@ -40,7 +40,7 @@ def generate(seed: int, n_ops: int | None = None) -> list:
     steps = []
     # tensors known to the generator: name -> (base, index tensor into the base, writable)
     env = {}
-    for b, (dtype, n) in BASES.items():
+    for b, (_dtype, n) in BASES.items():
         env[b] = (b, torch.arange(n), True)
     counter = [0]
     dt = {b: v[0] for b, v in BASES.items()}   # base or derived tensor -> dtype
@@ -291,11 +291,7 @@ def execute(steps: list, dev: str) -> list:
                     env[name] = getattr(torch, op)(x, y)
             elif kind == "unary":
                 _, name, op, a, c = step
-                x = env[a]
-                env[name] = {"neg": lambda: -x, "abs": lambda: x.abs(),
-                             "relu": lambda: x.relu(), "floor": lambda: x.floor(),
-                             "sqrt_abs": lambda: x.abs().sqrt(),
-                             "scalar_mul": lambda: x * c, "scalar_add": lambda: x + c}[op]()
+                env[name] = _UNARY[op](env[a], c)
             elif kind == "clone":
                 env[step[1]] = env[step[2]].clone()
             elif kind == "inplace":
@@ -349,6 +345,11 @@ def execute(steps: list, dev: str) -> list:
         obs.append(("v", cpu(env[name])))
         names.append(name)
     return obs
+
+
+_UNARY = {"neg": lambda x, c: -x, "abs": lambda x, c: x.abs(), "relu": lambda x, c: x.relu(),
+          "floor": lambda x, c: x.floor(), "scalar_mul": lambda x, c: x * c,
+          "scalar_add": lambda x, c: x + c}
 
 
 def _kind(exc: Exception) -> str:

@@ -53,7 +53,7 @@ def cast(src: torch.Tensor, dst: torch.Tensor) -> None:
 
 def _cast_half(src: torch.Tensor, dst: torch.Tensor) -> None:
     if src.dtype == torch.float16 or dst.dtype == torch.float16:
-        from .half import cast_f16   # float16 bit casts live with the half path (lower/half.py)
+        from .half import cast_f16  # float16 bit casts live with the half path (lower/half.py)
 
         return cast_f16(src, dst)
     if src.dtype == torch.bfloat16 and dst.dtype == torch.bfloat16:

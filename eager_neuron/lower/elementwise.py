@@ -542,7 +542,7 @@ def _build_spec(op_name: str, template: str, rule: str, arg_casts: dict, a: dict
     scalars = tuple(nm for nm in names if nm not in tensors)
     loads = tuple("np.bool_" if arg_casts.get(nm) == "bool" else T for nm in tensors)
     scalar_casts = []
-    for i, nm in enumerate(names):
+    for nm in names:
         if nm in tensors:
             continue
         v = a[nm]
