@@ -81,7 +81,9 @@ def _plan(func) -> Plan:
             return Plan("decomp", decomp=decomp, **kw)
     if lower is not None:
         return Plan("kernel", lower=lower, **kw)
-    impl = _custom_op_impl(name)
+    from .custom.privateuse1 import privateuse1_impl
+
+    impl = _custom_op_impl(name) or privateuse1_impl(func)
     if impl is not None:
         return Plan("decomp", decomp=impl, **kw)
     return Plan("fallback", **kw)
