@@ -193,9 +193,68 @@ def hdd_count(x, edges, eoff, nbins, w, use_w, density, acc, hist):
         hist[k] = acc[k]
 """
 
+# linalg_eig of real matrices: LAPACK ?geev (Numba's binding to SciPy's LAPACK), as PyTorch's
+# CPU does, then eigenvalue pairs and their vectors assembled as complex (column i + i*column
+# i+1 and its conjugate); complex matrices: Numba's np.linalg.eig (?geev too). status[b] > 0:
+# no convergence; the last status slot keeps the LAPACK work arrays alive past the call.
+_EIG_REAL = """\
+from numba.np.linalg import _LAPACK as _LP
+from numba import types as _nbt
+_rgeev = _LP().numba_ez_rgeev(_nbt.{ftype})
+
+
+@njit(error_model="numpy", nogil=True)
+def eig_real(a, w, v, status):
+    n = a.shape[1]
+    keep = 0
+    for b in range(a.shape[0]):
+        at = np.ascontiguousarray(a[b].T)
+        wr = np.empty(n, a.dtype)
+        wi = np.empty(n, a.dtype)
+        vl = np.empty((n, 1), a.dtype)
+        vr = np.empty((n, n), a.dtype)
+        r = _rgeev({kind}, 78, 86, n, at.ctypes, n, wr.ctypes, wi.ctypes, vl.ctypes, 1,
+                   vr.ctypes, n)
+        status[b] = r
+        i = 0
+        while i < n:
+            if wi[i] == 0.0:
+                w[b, i] = complex(wr[i], 0.0)
+                for j in range(n):
+                    v[b, j, i] = complex(vr[i, j], 0.0)
+                i += 1
+            else:
+                w[b, i] = complex(wr[i], wi[i])
+                w[b, i + 1] = complex(wr[i + 1], wi[i + 1])
+                for j in range(n):
+                    v[b, j, i] = complex(vr[i, j], vr[i + 1, j])
+                    v[b, j, i + 1] = complex(vr[i, j], -vr[i + 1, j])
+                i += 2
+        keep += at.size + wr.size + wi.size + vl.size + vr.size
+    status[a.shape[0]] = keep
+"""
+
+_EIG_COMPLEX = """\
+@njit(error_model="numpy", nogil=True)
+def eig_complex(a, w, v, status):
+    for b in range(a.shape[0]):
+        ev, vec = np.linalg.eig(np.ascontiguousarray(a[b]))
+        w[b, :] = ev
+        v[b, :, :] = vec
+        status[b] = 0
+"""
+
 _SOURCES = {"repeat_count": _REPEAT_COUNT, "repeat_fill": _REPEAT_FILL,
             "unique_rows": _UNIQUE_ROWS, "unique_rows_fill": _UNIQUE_FILL,
             "hdd_minmax": _HDD_MINMAX, "hdd_edges": _HDD_EDGES, "hdd_count": _HDD_COUNT}
+
+
+def render_eig(real: bool, double: bool) -> tuple[str, str]:
+    """(source, name) of the batched eigen-solver for real or complex matrices."""
+    if not real:
+        return _EIG_COMPLEX, "eig_complex"
+    return (_EIG_REAL.replace("{ftype}", "float64" if double else "float32")
+            .replace("{kind}", str(ord("d" if double else "s"))), "eig_real")
 
 
 def render(which: str) -> tuple[str, str]:

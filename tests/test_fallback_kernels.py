@@ -188,3 +188,25 @@ def test_histogramdd():
     h = torch.histogramdd(pts.to(DEV), bins=[b.to(DEV) for b in bins], density=True).hist
     torch.testing.assert_close(h.cpu(), torch.tensor([[0.5], [0.25]]))
     _no_fallback(before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex128])
+def test_linalg_eig(dtype):
+    g = torch.Generator().manual_seed(6)
+    a = torch.randn(3, 5, 5, generator=g, dtype=torch.float64).to(dtype)
+    before = dict(STATS.fallbacks)
+    w, v = torch.linalg.eig(a.to(DEV))
+    _no_fallback(before)
+    cdt = torch.complex64 if dtype == torch.float32 else torch.complex128
+    assert w.dtype == cdt and v.dtype == cdt and w.shape == (3, 5) and v.shape == (3, 5, 5)
+    # the definition, in float64: A v = v diag(w), unit-norm eigenvectors
+    a64, w64, v64 = (t.cpu().to(torch.complex128) for t in (a, w, v))
+    tol = 1e-4 if dtype == torch.float32 else 1e-10
+    torch.testing.assert_close(a64 @ v64, v64 * w64.unsqueeze(-2), atol=tol, rtol=tol)
+    torch.testing.assert_close(v64.abs().pow(2).sum(-2), torch.ones(3, 5, dtype=torch.float64),
+                               atol=tol, rtol=tol)
+    if dtype != torch.complex128:   # real input: conjugate pairs, as LAPACK returns them
+        torch.testing.assert_close(torch.sort(w64.imag, dim=-1).values,
+                                   torch.sort(-w64.imag, dim=-1).values, atol=tol, rtol=0)
+    with pytest.raises(RuntimeError, match="infs or NaNs"):
+        torch.linalg.eig(torch.full((2, 2), float("nan")).to(DEV))

@@ -226,7 +226,51 @@ def dynamic_hdd_from_bin_tensors(func, a, index=-1):
     return _hdd_count(x2, w, weight is not None, edges, bool(a.get("density")), x.dtype, index)
 
 
-LOWERINGS: dict = {}
+# ---------------------------------------------------------------------------------------------
+# linalg_eig: the general eigen-solver (linalg.eig / eigvals)
+# ---------------------------------------------------------------------------------------------
+
+_EIG_IN = {torch.float32: (True, False), torch.float64: (True, True),
+           torch.complex64: (False, False), torch.complex128: (False, True)}
+
+
+def lower_linalg_eig(func, a, outs):
+    from .cast import cast
+
+    x = a["self"]
+    if x.dtype not in _EIG_IN:
+        raise NotImplementedError(f"linalg_eig on {x.dtype}")
+    real, double = _EIG_IN[x.dtype]
+    w, v = outs
+    n = x.shape[-1]
+    batch = int(np.prod(x.shape[:-2])) if x.dim() > 2 else 1
+    if w.numel() == 0 or batch == 0:
+        return
+    xs = torch.empty(x.shape, dtype=x.dtype)
+    cast(x, xs) if real else xs.copy_(x)   # complex: a host copy of the operand's elements
+    xa = xs.numpy().reshape(batch, n, n)
+    if not np.isfinite(xa).all():
+        raise RuntimeError("torch.linalg.eig: input tensor should not contain infs or NaNs.")
+    wt = w if w.is_contiguous() else torch.empty(w.shape, dtype=w.dtype)
+    vt = v if v.is_contiguous() else torch.empty(v.shape, dtype=v.dtype)
+    status = np.zeros(batch + 1, np.int64)
+    launch(("extras", "eig", real, double, VERSION), lambda: kex.render_eig(real, double),
+           (xa, wt.numpy().reshape(batch, n), vt.numpy().reshape(batch, n, n), status),
+           flops=float(batch * 10 * n ** 3), bytes_moved=float(xa.nbytes * 3))
+    if (status[:batch] != 0).any():
+        raise torch.linalg.LinAlgError(
+            "torch.linalg.eig: The algorithm failed to converge because the input matrix is "
+            "ill-conditioned or has too many repeated eigenvalues (error code: "
+            f"{int(status[:batch].max())}).")
+    if wt is not w:
+        w.copy_(wt)
+    if vt is not v:
+        v.copy_(vt)
+
+
+lower_linalg_eig.handles_complex = True
+
+LOWERINGS: dict = {"aten::linalg_eig": lower_linalg_eig}
 DYNAMIC = {
     "aten::repeat_interleave.Tensor": dynamic_repeat_interleave,
     "aten::unique_dim": dynamic_unique_dim,
