@@ -326,19 +326,32 @@ def _ddp_fsdp_body(rank, store_dir, results):
             fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     fsdp_losses = _train(model, rank, dev)
+    # FSDP2 with bfloat16 parameters for compute, float32 gradient reduction
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    bf = _model().to(dev)
+    for layer in bf:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(bf, mesh=mesh, mp_policy=policy)
+    bf16_losses = _train(bf, rank, dev)
     s = eager_neuron.stats()
     assert s["fallbacks"] == {}, s["fallbacks"]
     assert s["collectives"]["reduce_scatter"] >= 10 and s["collectives"]["all_gather"] >= 10
-    return ddp_losses, fsdp_losses, str(next(ddp.parameters()).device)
+    return ddp_losses, fsdp_losses, bf16_losses, str(next(ddp.parameters()).device)
 
 
 def test_ddp_and_fsdp2_match_one_cpu_process(ranks):
     ref = _cpu_losses()
     for rank in range(WORLD):
-        ddp_losses, fsdp_losses, device = _result(ranks, "ddp_fsdp", rank)
+        ddp_losses, fsdp_losses, bf16_losses, device = _result(ranks, "ddp_fsdp", rank)
         assert device == f"neuron:{rank}"
         for got in (ddp_losses, fsdp_losses):
             assert got == pytest.approx(ref, rel=1e-5), (got, ref)
+        # bfloat16 compute: a few roundings of 2**-8 relative each, far below a wrong answer
+        assert bf16_losses == pytest.approx(ref, rel=2 ** -5), (bf16_losses, ref)
+        assert bf16_losses != ddp_losses   # the policy really computed in bfloat16
 
 
 # -- DTensor and tensor parallel -------------------------------------------------------------------------
