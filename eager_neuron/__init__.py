@@ -67,5 +67,5 @@ __all__ = [
     "UnsupportedTensorError", "KernelError", "profile", "__version__", "check_numerics",
 ]
 from .custom import kernel  # noqa: E402,F401 -- custom kernels (docs/KERNELS.md)
-from . import distributed as _distributed  # noqa: E402,F401 -- c10d backend "neuron" (docs/DISTRIBUTED.md)
+from . import distributed as _distributed  # noqa: E402,F401 -- c10d "neuron" (DISTRIBUTED.md)
 from . import compile as _compile  # noqa: E402,F401 -- torch.compile backend "neuron" (docs/COMPILE.md)
