@@ -97,7 +97,7 @@ def _init(rank, store_dir, name="pg", backend=None, seconds=30):
                             world_size=WORLD, timeout=datetime.timedelta(seconds=seconds), **kw)
 
 
-# -- in-process: registration and the cost model -----------------------------------------------------
+# -- in-process: registration and the cost model ---------------------------------------------------
 def test_backend_is_registered_as_the_neuron_default():
     assert dist.Backend.default_device_backend_map["neuron"] == "neuron"
     assert "neuron" in dist.Backend.backend_list
@@ -131,7 +131,7 @@ def test_cost_model():
         dcost.allreduce_time_us(big, 16, dcost.link_for(trn2, 16, 16))
 
 
-# -- collectives --------------------------------------------------------------------------------------
+# -- collectives -----------------------------------------------------------------------------------
 def _collectives_body(rank, store_dir, results):
     import torch.distributed._functional_collectives as funcol
 
@@ -254,7 +254,7 @@ def test_collectives(ranks):
         assert not any("c10d" in k for k in fallbacks), fallbacks
 
 
-# -- DDP and FSDP2 against one CPU process on the global batch -----------------------------------------
+# -- DDP and FSDP2 against one CPU process on the global batch -------------------------------------
 def _model(dtype=torch.float32):
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
@@ -354,7 +354,7 @@ def test_ddp_and_fsdp2_match_one_cpu_process(ranks):
         assert bf16_losses != ddp_losses   # the policy really computed in bfloat16
 
 
-# -- DTensor and tensor parallel -------------------------------------------------------------------------
+# -- DTensor and tensor parallel -------------------------------------------------------------------
 class _MLP(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -368,8 +368,11 @@ class _MLP(torch.nn.Module):
 def _dtensor_body(rank, store_dir, results):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
-    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
-                                                   parallelize_module)
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
 
     dev = torch.device("neuron", rank)
     _init(rank, store_dir, "dtensor")
@@ -405,7 +408,7 @@ def test_dtensor_and_tensor_parallel(ranks):
         assert _result(ranks, "dtensor", rank) > 0
 
 
-# -- faults ---------------------------------------------------------------------------------------------
+# -- faults ----------------------------------------------------------------------------------------
 def _faults_body(rank, store_dir, results):
     dev = torch.device("neuron", rank)
     _init(rank, store_dir, "faults", seconds=10)
@@ -446,7 +449,7 @@ def test_faults_give_every_survivor_a_clear_error(ranks):
         seen0[2]
 
 
-# -- pipeline parallelism and distributed checkpoint ---------------------------------------------------
+# -- pipeline parallelism and distributed checkpoint -----------------------------------------------
 def _pipeline_dcp_body(rank, store_dir, results):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.device_mesh import init_device_mesh

@@ -24,6 +24,7 @@ def install() -> None:
         return
     _installed = True
     import eager_neuron
+
     from .. import ops
 
     backend.register()

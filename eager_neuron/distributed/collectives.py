@@ -40,7 +40,8 @@ _KIND = {
     "all_gather_into_tensor_out": "all_gather",
     "reduce_scatter_": "reduce_scatter", "_reduce_scatter_base_": "reduce_scatter",
     "reduce_scatter_tensor_coalesced_": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
-    "reduce_scatter_tensor_coalesced": "reduce_scatter", "reduce_scatter_tensor_out": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "reduce_scatter_tensor_out": "reduce_scatter",
     "alltoall_": "all_to_all", "alltoall_base_": "all_to_all", "all_to_all_single": "all_to_all",
     "gather_": "gather", "scatter_": "scatter",
     "send": "p2p", "recv_": "p2p", "recv_any_source_": "p2p", "isend": "p2p", "irecv": "p2p",
@@ -237,7 +238,7 @@ def _world_size(pg) -> int:
     return pg.size() if pg is not None else 1
 
 
-# -- unwrap / stage / rewrap ------------------------------------------------------------------------
+# -- unwrap / stage / rewrap -----------------------------------------------------------------------
 def _unwrap(x, index, originals, staged):
     from ..tensor import NeuronTensor
 
