@@ -501,3 +501,23 @@ def test_adaptive_states_are_named_and_per_thread():
         assert y.sum().item() == 16.0
         assert ad.STATE.name == ad.IDLE
     assert ad.STATE.name == ad.OFF and seen["other"] == ad.IDLE
+
+
+def test_set_and_data_assignment_inside_a_group_keep_pending_memory():
+    # re-pointing a tensor (set_, .data =) while ops on its old memory are pending, and pooled
+    # (>= 64 KiB) temporaries dying while pending: nothing lands in memory a group still uses
+    def prog(dev):
+        a = torch.arange(20000., device=dev)
+        b = torch.ones(20000, device=dev)
+        t = a * 2
+        u = t + 1
+        t.set_(b)
+        v = t * 3
+        w = torch.zeros(20000, device=dev)
+        w.data = u * 1
+        x = w + 1
+        del u
+        y = torch.arange(20000., device=dev) * 0 + 5
+        return [z.cpu() for z in (a, b, t, v, w, x, y)]
+    want, plain, got = _both_modes(prog)
+    _same(want, plain, got)
