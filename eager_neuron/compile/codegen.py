@@ -33,7 +33,7 @@ aten = torch.ops.aten
 _REDUCE = {"aten::sum": "sum", "aten::sum.dim_IntList": "sum", "aten::mean.dim": "mean",
            "aten::mean": "mean"}
 _FUSIBLE_DTYPES = frozenset({torch.float32, torch.float64, torch.int64, torch.int32, torch.bool})
-MAX_GROUP_NODES = 64   # Numba compile time grows with the kernel body
+MAX_GROUP_NODES = 512  # Numba compile time grows with the kernel body (split() keeps kernels small)
 
 
 class LoweringError(Exception):
@@ -127,15 +127,23 @@ def _classify(node: Node):
     a = _bind(func, node)
     if name in _REDUCE:
         return _classify_reduce(node, name, a, val)
+    if name == "aten::full_like":
+        return _classify_full_like(node, a, val)
     entry = ew.OPS.get(name) or ew.OPS.get(name.split(".")[0])
     if entry is None or len(entry) > 3:
         return None
     size = _sizes_key(val)
     fake = {}
+    cpu_scalars: set = set()
     for nm, v in a.items():
         if isinstance(v, Node):
             mv = v.meta.get("val")
             if isinstance(mv, torch.Tensor):
+                if mv.device.type == "cpu" and mv.dim() == 0 and mv.dtype in _FUSIBLE_DTYPES:
+                    # a CPU scalar tensor (an optimizer's bias correction): a kernel scalar
+                    fake[nm] = torch.empty((), dtype=mv.dtype, device="meta")
+                    cpu_scalars.add(nm)
+                    continue
                 if mv.device != val.device or mv.dtype not in _FUSIBLE_DTYPES:
                     return None
                 one = _sizes_key(mv) == (1,)
@@ -163,7 +171,7 @@ def _classify(node: Node):
     names = ew._template_names(template, tuple(fake))
     try:
         spec = ew._build_spec(name, template, rule, entry[2] if len(entry) > 2 else {}, fake,
-                              names, tuple(False for _ in names), val.dtype)
+                              names, tuple(nm in cpu_scalars for nm in names), val.dtype)
     except NotImplementedError:
         return None
     tensors = tuple(a[nm] for nm in spec.tensors)
@@ -171,6 +179,28 @@ def _classify(node: Node):
         return None   # (fill, full_like: no operand to take the size from; eager allocates)
     scalars = tuple(a[nm] for nm in spec.scalars)
     return _Elementwise(node, name, spec, tensors, scalars)
+
+
+_NP = {torch.float32: "np.float32", torch.float64: "np.float64", torch.int64: "np.int64",
+       torch.int32: "np.int32"}
+
+
+def _classify_full_like(node, a, val):
+    """full_like(x, v): a constant of x's size. x is an operand the expression never loads, so
+    the node stays in x's loop (lerp's decomposition builds its weight this way)."""
+    x, v = a.get("self"), a.get("fill_value")
+    t = _NP.get(val.dtype)
+    if t is None or not isinstance(x, Node) or isinstance(v, Node):
+        return None
+    xv = x.meta.get("val")
+    if not isinstance(xv, torch.Tensor) or xv.device != val.device or tuple(xv.shape) != tuple(
+            val.shape) or not _is_contig(xv) or not isinstance(v, (int, float, bool)):
+        return None
+
+    class _S:
+        expr, loads, scalar_casts, store, flops, special = "c0", (t,), (t,), t + "({})", 1, False
+
+    return _Elementwise(node, "aten::full_like", _S, (x,), (v,))
 
 
 def _classify_reduce(node, name, a, val):
@@ -213,21 +243,62 @@ class Group:
     def add(self, el: _Elementwise) -> None:
         size = _sizes_key(el.tensors[0].meta["val"]) if el.reduce else _sizes_key(
             el.node.meta["val"])
-        # a node reading a value only known after a loop finishes (a reduction result, or a
-        # value of another size) starts a new loop after it
-        dep_loops = [self.loop_of[t] for t in el.tensors if t in self.loop_of]
-        last = len(self.loops) - 1
-        needs_new = (last < 0 or self.loops[last][0] != size
-                     or any(t in self.reduced for t in el.tensors)
-                     or any(d != last for d in dep_loops))
-        if needs_new:
-            self.loops.append([size, []])
-            last += 1
-        self.loops[last][1].append(len(self.members))
-        self.loop_of[el.node] = last
+        # the earliest loop the node may run in: with an operand of its size computed in loop
+        # L it may join L (the value stays in a register); a reduction's result or a value of
+        # another size is complete only after its loop, so the node runs in a later one
+        lo = 0
+        for t in el.tensors:
+            li = self.loop_of.get(t)
+            if li is None:
+                continue
+            same = t not in self.reduced and _sizes_key(t.meta["val"]) == size
+            lo = max(lo, li if same else li + 1)
+        # join a loop of its size that it is related to (computes an operand or reads the same
+        # input): unrelated chains (one per parameter) stay separate loops, then kernels
+        ins = set(el.tensors)
+        target = next((i for i in range(lo, len(self.loops)) if self.loops[i][0] == size
+                       and (self.loops[i][2] & ins)), None)
+        if target is None:
+            self.loops.append([size, [], set()])
+            target = len(self.loops) - 1
+        self.loops[target][1].append(len(self.members))
+        self.loops[target][2].update(ins)
+        self.loops[target][2].add(el.node)
+        self.loop_of[el.node] = target
         if el.reduce:
             self.reduced.add(el.node)
         self.members.append(el)
+
+    def split(self) -> list:
+        """Independent loops as separate groups: the per-parameter chains of an optimizer step
+        then have one spec (one Numba compile) instead of one long kernel per model."""
+        parent = list(range(len(self.loops)))
+
+        def find(i):
+            while parent[i] != i:
+                parent[i] = parent[parent[i]]
+                i = parent[i]
+            return i
+
+        for el in self.members:
+            a = self.loop_of[el.node]
+            for t in el.tensors:
+                b = self.loop_of.get(t)
+                if b is not None and b != a:
+                    parent[find(a)] = find(b)
+        comps: dict = {}
+        for el in self.members:
+            comps.setdefault(find(self.loop_of[el.node]), []).append(el)
+        if len(comps) == 1:
+            return [self]
+        out = []
+        for root in sorted(comps, key=lambda r: min(i for i in range(len(self.loops))
+                                                    if find(i) == r)):
+            g = Group()
+            for el in comps[root]:
+                g.add(el)
+            out.append(g)
+        return out
 
 
 def partition(gm: GraphModule) -> list:
@@ -246,7 +317,7 @@ def partition(gm: GraphModule) -> list:
         steps.extend(("node", n) for n in hoisted)
         hoisted.clear()
         if group is not None:
-            steps.append(("group", group))
+            steps.extend(("group", g) for g in group.split())
             group = None
 
     for node in gm.graph.nodes:

@@ -70,7 +70,7 @@ class FusedStep:
         node_id = {el.node: k for k, el in enumerate(members)}
         self.out_meta = []               # (buf index, node, dtype, device index, shape source)
         shape_src: dict = {}
-        for li, (size, idxs) in enumerate(group.loops):
+        for li, (size, idxs, _) in enumerate(group.loops):
             nodes, size_buf = [], None
             for k in idxs:
                 el = members[k]
@@ -298,7 +298,9 @@ def _run_fused(step: FusedStep, env: dict) -> None:
     scalars = []
     for a in step.scalar_args:
         v = env[a] if isinstance(a, Node) else a
-        if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        if isinstance(v, torch.Tensor):   # a CPU scalar tensor operand
+            v = v.item()
+        elif isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
             v = v.node.pytype(v)
         elif isinstance(v, bool) or v is None:
             v = bool(v)
