@@ -93,6 +93,10 @@ def launch(key: tuple, render: Callable[[], tuple[str, str]], args: tuple,
     the kernel cannot be built (nothing has run: the caller may take another route).
     """
     full_key = (FORMAT_VERSION,) + key + arg_types(args)
+    if config.cache_verify:   # debugging: the key must hold all that changes the source
+        from .cache import verify
+
+        verify.seen(full_key, render)
     kernel = MEMORY.get(full_key)
     if kernel is not None:
         STATS.memory_hits += 1
