@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -210,3 +211,41 @@ def test_linalg_eig(dtype):
                                    torch.sort(-w64.imag, dim=-1).values, atol=tol, rtol=0)
     with pytest.raises(RuntimeError, match="infs or NaNs"):
         torch.linalg.eig(torch.full((2, 2), float("nan")).to(DEV))
+
+
+_CPLX = {
+    "acos": (torch.acos, np.arccos), "acosh": (torch.acosh, np.arccosh),
+    "asin": (torch.asin, np.arcsin), "asinh": (torch.asinh, np.arcsinh),
+    "atan": (torch.atan, np.arctan), "atanh": (torch.atanh, np.arctanh),
+    "sinh": (torch.sinh, np.sinh), "cosh": (torch.cosh, np.cosh), "tan": (torch.tan, np.tan),
+    "log10": (torch.log10, np.log10), "log2": (torch.log2, np.log2),
+    "log1p": (torch.log1p, np.log1p), "expm1": (torch.expm1, np.expm1),
+    "rsqrt": (torch.rsqrt, lambda z: 1 / np.sqrt(z)),
+    "sigmoid": (torch.sigmoid, lambda z: 1 / (1 + np.exp(-z))),
+    "pow": (lambda z: torch.pow(z, 1.5 - 0.5j), lambda z: z ** (1.5 - 0.5j)),
+    "addcmul": (lambda z: torch.addcmul(z, z, z.conj(), value=0.5), lambda z: z + 0.5 * z * z.conj()),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_CPLX))
+def test_complex_elementwise(name):
+    # numpy's complex128 (C99 branch cuts) as the reference, at complex64 resolution
+    g = torch.Generator().manual_seed(8)
+    z = torch.complex(torch.randn(64, generator=g), torch.randn(64, generator=g)) * 0.8
+    t_fn, np_fn = _CPLX[name]
+    before = dict(STATS.fallbacks)
+    got = t_fn(z.to(DEV)).cpu()
+    _no_fallback(before)
+    want = torch.from_numpy(np.asarray(np_fn(z.to(torch.complex128).numpy())))
+    assert got.dtype == torch.complex64
+    torch.testing.assert_close(got.to(torch.complex128), want, atol=2e-6, rtol=2e-6)
+
+
+def test_complex_logical():
+    z = torch.tensor([0j, 1 + 0j, 1j, 0j]).to(DEV)
+    w = torch.tensor([0j, 0j, 2j, 3 + 0j]).to(DEV)
+    assert torch.logical_and(z, w).cpu().tolist() == [False, False, True, False]
+    assert torch.logical_or(z, w).cpu().tolist() == [False, True, True, True]
+    assert torch.logical_xor(z, w).cpu().tolist() == [False, True, False, True]
+    assert torch.logical_not(z).cpu().tolist() == [True, False, False, True]
+    assert torch.isreal(z).cpu().tolist() == [True, True, False, True]

@@ -56,6 +56,31 @@ OPS: dict = {
     "aten::reciprocal": "_cdiv(1.0, self)",
     "aten::square": "self * self",
     "aten::sgn": "(0j if self == 0 else self / abs(self))",
+    # inverse and hyperbolic functions: C99's complex branch cuts (cmath), as std::complex
+    "aten::acos": "cmath.acos(self)",
+    "aten::acosh": "cmath.acosh(self)",
+    "aten::asin": "cmath.asin(self)",
+    "aten::asinh": "cmath.asinh(self)",
+    "aten::atan": "cmath.atan(self)",
+    "aten::atanh": "cmath.atanh(self)",
+    "aten::sinh": "cmath.sinh(self)",
+    "aten::cosh": "cmath.cosh(self)",
+    "aten::tan": "cmath.tan(self)",
+    "aten::log10": "cmath.log10(self)",
+    "aten::log2": "cmath.log(self) / math.log(2.0)",
+    "aten::log1p": "cmath.log(1.0 + self)",
+    "aten::expm1": "cmath.exp(self) - 1.0",
+    "aten::exp2": "cmath.exp(self * math.log(2.0))",
+    "aten::rsqrt": "_cdiv(1.0, cmath.sqrt(self))",
+    "aten::sigmoid": "_cdiv(1.0, 1.0 + cmath.exp(-self))",
+    "aten::addcmul": "self + value * tensor1 * tensor2",
+    "aten::addcdiv": "self + value * _cdiv(tensor1, tensor2)",
+    "aten::logical_not": "self == 0",
+    "aten::logical_and": "(self != 0) and (other != 0)",
+    "aten::logical_or": "(self != 0) or (other != 0)",
+    "aten::logical_xor": "(self != 0) != (other != 0)",
+    "aten::isreal": "self.imag == 0",
+    "aten::pow": "(1 + 0j) if exponent == 0 else self ** exponent",
     "aten::abs": "abs(self)",
     "aten::angle": "math.atan2(self.imag, self.real)",
     "aten::isnan": "self != self",
@@ -81,7 +106,8 @@ OPS: dict = {
 }
 # the expression's value is real (or bool) even for complex operands
 _REAL_OUT = {"aten::abs", "aten::angle", "aten::isnan", "aten::isinf", "aten::isfinite",
-             "aten::eq", "aten::ne"}
+             "aten::eq", "aten::ne", "aten::logical_not", "aten::logical_and",
+             "aten::logical_or", "aten::logical_xor", "aten::isreal"}
 # ... and complex even for real operands
 _COMPLEX_OUT = {"aten::complex", "aten::polar", "aten::zero", "aten::zeros_like",
                 "aten::ones_like"}
