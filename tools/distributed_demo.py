@@ -6,7 +6,8 @@ Each rank trains on neuron:<local_rank> (forward and backward) on its half of ev
 rank 0 also trains the same model in one CPU process on the whole global batch and prints the
 three loss curves side by side, the largest relative difference, the collectives each run issued
 (all on the device: no CPU fallback) and their simulated time. `--bench` adds a 64 MB all-reduce
-row: neuron tensors through the "neuron" backend against gloo on plain CPU tensors.
+row: neuron tensors through the "neuron" backend against gloo on plain CPU tensors. With 4 ranks
+(EAGER_NEURON_CORES=4 ... --nproc-per-node 4) it also checks a 2-D (dp, tp) mesh.
 """
 
 from __future__ import annotations
@@ -88,6 +89,38 @@ def bench_allreduce(device, nbytes: int = 64 << 20, reps: int = 5) -> dict:
     return out
 
 
+def mesh_2d_check(world: int, device) -> str:
+    """4 ranks: a (dp, tp) = (2, 2) mesh, tensor parallel inside FSDP2, against float64 CPU."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    mesh = init_device_mesh("neuron", (2, world // 2), mesh_dim_names=("dp", "tp"))
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
+                              torch.nn.Linear(32, 16)).double()
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(3))
+    y_ref = ref(x.double())
+    y_ref.sum().backward()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
+                                torch.nn.Linear(32, 16)).to(device)
+    model = parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(),
+                                                   "2": RowwiseParallel()})
+    fully_shard(model, mesh=mesh["dp"])
+    y = model(x.to(device))
+    y.sum().backward()
+    y_err = (y.cpu().double() - y_ref).abs().max().item()
+    g_err = (model[0].weight.grad.full_tensor().cpu().double() -
+             ref[0].weight.grad).abs().max().item()
+    return (f"2-D mesh (dp=2, tp={world // 2}), TP inside FSDP2: max |output - float64| "
+            f"{y_err:.1e}, max |grad - float64| {g_err:.1e}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=5)
@@ -118,6 +151,7 @@ def main() -> None:
     fsdp_losses = train(model, ids, rank, world, device)
     fsdp_stats = eager_neuron.stats()
 
+    mesh_line = mesh_2d_check(world, device) if world == 4 else None
     bench = bench_allreduce(device) if args.bench else None
     if rank == 0:
         cpu_losses = train(build_model(), ids, 0, 1, torch.device("cpu"))
@@ -135,6 +169,8 @@ def main() -> None:
             sim = sum(s["collective_us"].values())
             print(f"{name} rank 0: collectives {coll}; simulated {sim:.1f} us; "
                   f"CPU fallbacks {sum(s['fallbacks'].values())} {s['fallbacks'] or ''}")
+        if mesh_line:
+            print(mesh_line)
         if bench:
             mb = 64
             n, c = bench["neuron"], bench["cpu (gloo)"]
