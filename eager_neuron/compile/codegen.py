@@ -234,6 +234,8 @@ class Group:
         self.loops: list[list] = []       # [size_key, [member index...]]
         self.loop_of: dict = {}           # node -> loop index
         self.reduced: set = set()         # nodes that are a reduction's result in this group
+        self.pos: dict = {}               # node -> position in its loop
+        self.writeback: dict = {}         # src node -> (graph input node, copy_ node)
 
     def accepts(self, el: _Elementwise) -> bool:
         if len(self.members) >= MAX_GROUP_NODES:
@@ -261,6 +263,7 @@ class Group:
         if target is None:
             self.loops.append([size, [], set()])
             target = len(self.loops) - 1
+        self.pos[el.node] = len(self.loops[target][1])
         self.loops[target][1].append(len(self.members))
         self.loops[target][2].update(ins)
         self.loops[target][2].add(el.node)
@@ -297,8 +300,45 @@ class Group:
             g = Group()
             for el in comps[root]:
                 g.add(el)
+                if el.node in self.writeback:
+                    g.writeback[el.node] = self.writeback[el.node]
             out.append(g)
         return out
+
+    def absorb_copy(self, node: Node, order: dict) -> bool:
+        """copy_(input, value) at the end of a functional graph (an optimizer's new parameter):
+        the kernel stores `value` straight into the input's memory instead of a new buffer
+        plus a copy kernel. Only when nothing reads the input's old value after the store:
+        every other reader is a member of an earlier loop, or of the same loop before it."""
+        if len(node.args) != 2 or node.kwargs:
+            return False
+        dst, src = node.args
+        if not isinstance(dst, Node) or dst.op != "placeholder" or src not in self.loop_of:
+            return False
+        if src in self.reduced or src in self.writeback or any(
+                d is dst for d, _ in self.writeback.values()):
+            return False
+        dv, sv = dst.meta.get("val"), src.meta.get("val")
+        if not (isinstance(dv, torch.Tensor) and isinstance(sv, torch.Tensor)):
+            return False
+        if dv.dtype != sv.dtype or dv.device != sv.device or tuple(dv.shape) != tuple(
+                sv.shape) or not _is_contig(dv):
+            return False
+        ls = self.loop_of[src]
+        for u in dst.users:
+            if u is node:
+                continue
+            if order.get(u, 1 << 30) > order[node]:
+                return False            # read after the copy in program order
+            if u in self.loop_of:
+                lu = self.loop_of[u]
+                if lu > ls or (lu == ls and self.pos[u] > self.pos[src]):
+                    return False
+        for u in src.users:
+            if u is not node and u not in self.loop_of:
+                return False            # the value is also read outside the kernel
+        self.writeback[src] = (dst, node)
+        return True
 
 
 def partition(gm: GraphModule) -> list:
@@ -320,8 +360,12 @@ def partition(gm: GraphModule) -> list:
             steps.extend(("group", g) for g in group.split())
             group = None
 
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "output"):
+            continue
+        if (group is not None and node.target is aten.copy_.default
+                and group.absorb_copy(node, order)):
             continue
         el = _classify(node) if node.op == "call_function" else None
         if el is not None:
@@ -331,14 +375,29 @@ def partition(gm: GraphModule) -> list:
                 group = Group()
             group.add(el)
             continue
-        if group is not None and _movable(node) and not any(
-                n in group.loop_of for n in node.all_input_nodes):
+        if group is not None and not any(n in group.loop_of for n in node.all_input_nodes) and (
+                _movable(node) or _movable_copy(node, group)):
             hoisted.append(node)
             continue
         close()
         steps.append(("node", node))
     close()
     return steps
+
+
+def _movable_copy(node: Node, group: Group) -> bool:
+    """A copy_ into memory the open group neither reads nor writes (an optimizer's CPU step
+    counter) may run before the group."""
+    if node.target is not aten.copy_.default or not node.args:
+        return False
+    dst = node.args[0]
+    if not isinstance(dst, Node):
+        return False
+    touched = set()
+    for el in group.members:
+        touched.update(el.tensors)
+    touched.update(d for d, _ in group.writeback.values())
+    return dst not in touched
 
 
 def _movable(node: Node) -> bool:

@@ -55,10 +55,13 @@ class FusedStep:
 
         # 1. which member values are stored: read after the group, by another loop, as one
         #    element, or a reduction's result
-        stored = set()
+        stored = set(group.writeback)
         for el in members:
             if el.reduce or users_outside(el.node, member_set):
                 stored.add(el.node)
+        # an absorbed copy_: the value is stored into the graph input's own memory
+        self.absorbed = [(src, dst, cp) for src, (dst, cp) in group.writeback.items()]
+        into = {src: dst for src, dst, _ in self.absorbed}
         for el in members:
             li = group.loop_of[el.node]
             for t in el.tensors:
@@ -82,7 +85,8 @@ class FusedStep:
                     if t in member_set and group.loop_of[t] == li and t not in group.reduced:
                         operands.append(("val", node_id[t]))
                     else:
-                        j = buf("out" if t in member_set else "in", t)
+                        j = buf("in", into[t]) if t in into else buf(
+                            "out" if t in member_set else "in", t)
                         operands.append(("one" if one else "buf", j))
                         if not one and size_buf is None:
                             size_buf = j
@@ -93,7 +97,10 @@ class FusedStep:
                 base = len(scalar_casts)
                 scalar_casts.extend(spec.scalar_casts)
                 self.scalar_args.extend(el.scalars)
-                out_buf = buf("out", el.node) if el.node in stored else None
+                if el.node in into:
+                    out_buf = buf("in", into[el.node])
+                else:
+                    out_buf = buf("out", el.node) if el.node in stored else None
                 if el.reduce is None and out_buf is not None and size_buf is None:
                     size_buf = out_buf
                 nodes.append((spec.expr, spec.loads, spec.store, tuple(operands),
@@ -115,6 +122,7 @@ class FusedStep:
                 if el.reduce or all(isinstance(s, int) for s in val.shape):
                     static = tuple(int(s) for s in val.shape)
                 self.out_meta.append((j, node, val.dtype, val.device.index or 0, src, static))
+        self.nodes += [cp for _, _, cp in self.absorbed]   # (an eager rerun copies)
         self.n_nodes = len(members)
         self.stores = [node for kind, node in bufs if kind == "out"]
         self.ops = sorted({el.op for el in members})
@@ -122,8 +130,10 @@ class FusedStep:
     def describe(self) -> str:
         lines = [f"  kernel: {self.n_nodes} ops in {len(self.spec[0])} loop(s), "
                  f"{len(self.stores)} stored, {len(self.bufs) - len(self.stores)} read"]
-        for n in self.nodes:
+        for n in self.nodes[:self.n_nodes]:
             lines.append(f"    | {n.name} = {n.target}  # {_stack_line(n)}")
+        for src, dst, _ in self.absorbed:
+            lines.append(f"    | {src.name} stored into input {dst.name} (its copy_ absorbed)")
         return "\n".join(lines)
 
 
@@ -158,7 +168,7 @@ class Program:
             if kind == "fused":
                 reads = [node for k, node in x.bufs if k == "in"] + [
                     a for a in x.scalar_args if isinstance(a, Node)]
-                for step_node in x.stores:
+                for step_node in x.stores + [n for a in x.absorbed for n in (a[0], a[2])]:
                     last.setdefault(step_node, i)
             else:
                 reads = x.all_input_nodes
@@ -323,3 +333,5 @@ def _run_fused(step: FusedStep, env: dict) -> None:
     CSTATS.fused_kernel_launches += 1
     CSTATS.fused_nodes += step.n_nodes
     env.update(outs)
+    for src, dst, cp in step.absorbed:
+        env[src] = env[cp] = env[dst]
