@@ -29,9 +29,10 @@ def _create(opts, backend_options=None):
     creator that builds its own group (distributed_c10d._new_process_group_helper): it is the
     only way one backend string can also serve the group's CPU tensors.
     """
-    from . import fsdp
+    from . import ddp, fsdp
 
     fsdp.install()   # FSDP2's reshard frees neuron memory through the host-backed storage
+    ddp.install()    # refuse find_unused_parameters on neuron up front (see ddp.py)
     store, rank, size = opts.store, opts.group_rank, opts.group_size
     timeout = opts.timeout if opts.timeout is not None else datetime.timedelta(minutes=30)
     gloo = dist.ProcessGroupGloo(store, rank, size, timeout=timeout)
