@@ -361,3 +361,13 @@ def test_check_placement():
         check_placement(mm, (x, torch.ones(4, 4)), {}, 0)
     with pytest.raises(RuntimeError, match="argument tensors"):
         check_placement(torch.ops.aten.cat.default, ([x, torch.ones(4, 4)],), {}, 0)
+
+
+def test_channels_last_survives_to_neuron():
+    conv = torch.nn.Conv2d(3, 4, 3).to("neuron", memory_format=torch.channels_last)
+    assert conv.weight.is_contiguous(memory_format=torch.channels_last)
+    x = torch.randn(2, 3, 6, 6)
+    xd = x.to("neuron", memory_format=torch.channels_last)
+    assert xd.is_contiguous(memory_format=torch.channels_last) and torch.equal(xd.cpu(), x)
+    want = torch.nn.functional.conv2d(x, conv.weight.detach().cpu(), conv.bias.detach().cpu())
+    torch.testing.assert_close(conv(xd).detach().cpu(), want, rtol=1e-5, atol=1e-5)

@@ -38,7 +38,9 @@ def _charge(index: int, t: torch.Tensor) -> None:
 def to_device(host: torch.Tensor, index: int) -> NeuronTensor:
     """Copy a CPU tensor into a fresh device buffer on core `index` (keeps its strides)."""
     d = _d()
-    if not host.is_contiguous():
+    # dense layouts (channels_last, x.t()) keep their strides: .to("neuron",
+    # memory_format=torch.channels_last) and module.to(...) keep the format, as on CUDA
+    if not host.is_contiguous() and not d._dense(host):
         host = host.contiguous()
     data, block = d.alloc(index, host.shape, host.stride(), host.dtype)
     data.copy_(host)
