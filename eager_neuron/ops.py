@@ -47,6 +47,7 @@ TABLE = {
     "distance":        (),   # _pdist / _cdist forward and backward
     "embedding_bag":   (),   # _embedding_bag (+ dense / per-sample-weight backward)
     "extras":          (),   # DYNAMIC: repeat_interleave.Tensor, unique_dim
+    "ctc":             (),   # DYNAMIC: _ctc_loss and its backward
 }
 # lowerings that no family lists as its own (the mask family only serves DYNAMIC ops)
 DYNAMIC_ONLY = ("mask",)

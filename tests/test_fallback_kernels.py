@@ -249,3 +249,36 @@ def test_complex_logical():
     assert torch.logical_xor(z, w).cpu().tolist() == [False, True, False, True]
     assert torch.logical_not(z).cpu().tolist() == [True, False, False, True]
     assert torch.isreal(z).cpu().tolist() == [True, True, False, True]
+
+
+@pytest.mark.parametrize("targets_2d", [True, False], ids=["padded", "concatenated"])
+def test_ctc_loss_forward_backward(targets_2d):
+    # float64 on both sides: the recursions are the CPU's, so the results agree to rounding
+    g = torch.Generator().manual_seed(9)
+    T, B, C = 12, 3, 5
+    lp = torch.randn(T, B, C, generator=g, dtype=torch.float64).log_softmax(2)
+    tl, il = torch.tensor([3, 0, 5]), torch.tensor([12, 7, 10])
+    tg = torch.randint(1, C, (B, 5), generator=g) if targets_2d else \
+        torch.randint(1, C, (int(tl.sum()),), generator=g)
+    x = lp.clone().requires_grad_()
+    want = F.ctc_loss(x, tg, il, tl, reduction="sum")
+    (gw,) = torch.autograd.grad(want, x)
+    xn = lp.to(DEV).requires_grad_()
+    before = dict(STATS.fallbacks)
+    got = F.ctc_loss(xn, tg.to(DEV), il.to(DEV), tl.to(DEV), reduction="sum")
+    (gg,) = torch.autograd.grad(got, xn)
+    _no_fallback(before)
+    torch.testing.assert_close(got.cpu(), want, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(gg.cpu(), gw, atol=1e-12, rtol=1e-12)
+
+
+def test_ctc_loss_impossible_alignment():
+    lp = torch.randn(2, 1, 3, dtype=torch.float64).log_softmax(2)
+    tg = torch.tensor([[1, 1, 1]])   # needs 5 frames, has 2
+    for zero_inf, loss in ((False, float("inf")), (True, 0.0)):
+        xn = lp.to(DEV).requires_grad_()
+        got = F.ctc_loss(xn, tg.to(DEV), [2], [3], zero_infinity=zero_inf, reduction="sum")
+        assert got.item() == loss
+        if zero_inf:
+            (gg,) = torch.autograd.grad(got, xn)
+            assert bool((gg.cpu() == 0).all())
