@@ -86,3 +86,25 @@ def _coerce_tangent(self, expected_meta=None, expected_type=None):
     if expected_type in (None, torch.Tensor) and expected_meta is None:
         return self
     return None
+
+
+def run_outside_fake(fn, *args, **kwargs):
+    """Run the neuron runtime for real while a tracer's FakeTensorMode is active.
+
+    `torch.tensor(data, device="neuron")` traced by dynamo reaches the PrivateUse1 copy impls
+    (dispatch.install_privateuse1_impls) with the Python key excluded but the fake mode still
+    current: the runtime's host allocations then become FakeTensors inside a real NeuronTensor
+    (dynamo fails on its data_ptr). A CUDA copy allocates real memory there; so does this, and
+    the tracer fakeifies the result as a constant. One dict lookup when no fake mode is active.
+
+    >>> import torch
+    >>> run_outside_fake(lambda: 3)
+    3
+    """
+    mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+    if mode is None:
+        return fn(*args, **kwargs)
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        return fn(*args, **kwargs)
