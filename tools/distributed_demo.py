@@ -71,22 +71,23 @@ def train(model, ids_all, rank: int, world: int, device) -> list[float]:
     return losses
 
 
-def bench_allreduce(device, nbytes: int = 64 << 20, reps: int = 5) -> dict:
-    """Median seconds of an all-reduce of nbytes: neuron tensors vs plain CPU tensors (gloo)."""
-    out = {}
-    for label, dev in (("neuron", device), ("cpu (gloo)", torch.device("cpu"))):
-        x = torch.ones(nbytes // 4, device=dev)
+def bench_allreduce(device, nbytes: int = 64 << 20, reps: int = 7) -> dict:
+    """Median seconds of an all-reduce of nbytes: neuron tensors vs plain CPU tensors (gloo).
+
+    The two alternate rep by rep, so a load spike on a shared machine hits both alike."""
+    xs = {"neuron": torch.ones(nbytes // 4, device=device), "cpu (gloo)": torch.ones(nbytes // 4)}
+    for x in xs.values():
         dist.all_reduce(x)   # warm-up (connections, pages)
-        times = []
-        for _ in range(reps):
+    times: dict = {k: [] for k in xs}
+    for _ in range(reps):
+        for label, x in xs.items():
             dist.barrier()
             t0 = time.perf_counter()
             dist.all_reduce(x)
-            if dev.type == "neuron":
+            if x.device.type == "neuron":
                 torch.neuron.synchronize()
-            times.append(time.perf_counter() - t0)
-        out[label] = statistics.median(times)
-    return out
+            times[label].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def mesh_2d_check(world: int, device) -> str:
