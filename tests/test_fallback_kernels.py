@@ -223,7 +223,10 @@ _CPLX = {
     "rsqrt": (torch.rsqrt, lambda z: 1 / np.sqrt(z)),
     "sigmoid": (torch.sigmoid, lambda z: 1 / (1 + np.exp(-z))),
     "pow": (lambda z: torch.pow(z, 1.5 - 0.5j), lambda z: z ** (1.5 - 0.5j)),
-    "addcmul": (lambda z: torch.addcmul(z, z, z.conj(), value=0.5), lambda z: z + 0.5 * z * z.conj()),
+    "addcmul": (lambda z: torch.addcmul(z, z, z.conj(), value=0.5),
+                lambda z: z + 0.5 * z * z.conj()),
+    "silu": (torch.nn.functional.silu, lambda z: z / (1 + np.exp(-z))),
+    "lerp": (lambda z: torch.lerp(z, z * 2j, 0.3), lambda z: z + 0.3 * (z * 2j - z)),
 }
 
 

@@ -81,6 +81,10 @@ OPS: dict = {
     "aten::logical_xor": "(self != 0) != (other != 0)",
     "aten::isreal": "self.imag == 0",
     "aten::pow": "(1 + 0j) if exponent == 0 else self ** exponent",
+    "aten::silu": "self * _cdiv(1.0, 1.0 + cmath.exp(-self))",
+    # the CPU's two-sided form (exact at weight 0 and 1), chosen by |weight|
+    "aten::lerp": "(self + weight * (end - self)) if abs(weight) < 0.5 else "
+                  "(end - (end - self) * (1.0 - weight))",
     "aten::abs": "abs(self)",
     "aten::angle": "math.atan2(self.imag, self.real)",
     "aten::isnan": "self != self",
