@@ -333,3 +333,46 @@ def test_second_process_compiles_zero_numba_kernels():
     assert int(line[2]) == 0, "the second process compiled Numba kernels"
     assert int(line[3]) == 1
     assert float(line[1]) == ns["out"].item()
+
+
+# -- input mutations: copy_ absorbed into the kernel that computes the new value --------------
+
+def _m1(p, g):
+    p.mul_(2).add_(g)
+    return p * 3
+
+
+def _m2(p, g):
+    y = p * 2           # reads the old value, in the kernel that stores the new one
+    p.add_(1)
+    return y + p
+
+
+def _m3(p, g):
+    p.copy_(g * 2)
+    g.add_(p)
+    return p.sum() + g.sum()
+
+
+def _m4(p, g):
+    s = p.sum()         # a reduction over the old value, then the store in a later loop
+    p.sub_(s)
+    return p
+
+
+def _m5(p, g):
+    p.view(2, 4).add_(1)
+    return p.exp()
+
+
+@pytest.mark.parametrize("fn", [_m1, _m2, _m3, _m4, _m5], ids=lambda f: f.__name__)
+def test_input_mutations_equal_eager(fn):
+    g0 = torch.Generator().manual_seed(5)
+    p0, q0 = torch.randn(8, generator=g0), torch.randn(8, generator=g0)
+    pe, qe = p0.to("neuron"), q0.to("neuron")
+    pc, qc = p0.to("neuron"), q0.to("neuron")
+    ref = fn(pe, qe)
+    out = torch.compile(fn, backend="neuron")(pc, qc)
+    _close(out, ref)
+    _close(pc, pe)
+    _close(qc, qe)
