@@ -453,6 +453,29 @@ def render_histc() -> tuple[str, str]:
     return s.text(), name
 
 
+def render_histc_int() -> tuple[str, str]:
+    """`k(hist, x, info, lo, hi, bins, auto)`: histc of an integer tensor as CUDA computes it
+    (the CPU has no integer histc): bounds truncated to int64, bin = (v - lo) * bins // (hi - lo)
+    in integer arithmetic, the last bin closed; `auto` (min == max given): x's min/max. An empty
+    range widens by 1 each side. info = [lo, hi, bad]: bad = 1 when lo >= hi (the lowering
+    raises)."""
+    name = kernel_name("histc_int")
+    s = _Src(name, ["hist", "x", "info", "lo", "hi", "bins", "auto"])
+    s.add("n = x.shape[0]",
+          "if auto and n > 0:", "    lo = np.int64(x[0])", "    hi = np.int64(x[0])",
+          "    for j in range(n):", "        lo = min(lo, np.int64(x[j]))",
+          "        hi = max(hi, np.int64(x[j]))",
+          "if lo == hi:", "    lo -= 1", "    hi += 1",
+          "info[0] = lo", "info[1] = hi",
+          "if not lo < hi:", "    info[2] = 1", "    return",
+          "for b in range(bins):", "    hist[b] = 0",
+          "for j in range(n):", "    v = np.int64(x[j])",
+          "    if v >= lo and v <= hi:", "        pos = (v - lo) * bins // (hi - lo)",
+          "        if pos == bins:", "            pos -= 1",
+          "        hist[pos] += 1")
+    return s.text(), name
+
+
 def render_bincount(weighted: bool) -> tuple[str, str]:
     """`k(out, x, w, info, phase)`: phase 0: info = [min, max] of x; phase 1: out[x[j]] +=
     w[j] (or 1), sequentially as the CPU adds."""

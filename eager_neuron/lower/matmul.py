@@ -280,6 +280,62 @@ def lower_trilinear(func, a, outs):
             [out])
 
 
+def dynamic_grouped_mm(func, a, index=-1):
+    """_grouped_mm (MoE experts: transformers' grouped experts, F.grouped_mm): one gemm per
+    group of `offs` (cumulative ends, read on the host as CUDA's kernel does per group).
+
+    2-D x 3-D: rows [s, e) of self times mat2[g]; 2-D x 2-D (its weight gradient): out[g] =
+    self[:, s:e] @ mat2[s:e]; 3-D x 2-D: columns [s, e) of out = self[g] @ mat2[:, s:e];
+    3-D x 3-D: bmm. Rows or columns past offs[-1] and empty groups are zero (the CPU leaves
+    them unwritten). DYNAMIC only because torch's meta kernel demands CUDA's bfloat16; here
+    float32/float64 run too (what a float32 MoE model sends).
+    """
+    from .. import ops
+    from ..dispatch import alloc
+    from .mask import core_index
+
+    x, w, offs = a["self"], a["mat2"], a.get("offs")
+    if a.get("bias") is not None:
+        raise NotImplementedError("_grouped_mm with a bias")
+    dtype = a.get("out_dtype") or x.dtype
+    if x.dtype != dtype or w.dtype != dtype or dtype not in _BLAS:
+        raise NotImplementedError(f"_grouped_mm: {x.dtype} x {w.dtype} -> {dtype}")
+    if x.dim() not in (2, 3) or w.dim() not in (2, 3) or x.shape[-1] != w.shape[-2] \
+            or (offs is None) != (x.dim() == 3 and w.dim() == 3):
+        raise RuntimeError(f"_grouped_mm: operands {tuple(x.shape)} x {tuple(w.shape)} with "
+                           f"offs {None if offs is None else tuple(offs.shape)}: expected 2-D "
+                           "or 3-D operands, offs exactly when one of them is 2-D")
+    if x.dim() == 2 and w.dim() == 3:
+        shape = (x.shape[0], w.shape[2])
+    elif x.dim() == 2:
+        shape = (offs.shape[0], x.shape[0], w.shape[1])
+    elif w.dim() == 2:
+        shape = (x.shape[1], w.shape[1])
+    else:
+        shape = (x.shape[0], x.shape[1], w.shape[2])
+    stride = tuple(int(np.prod(shape[i + 1:])) for i in range(len(shape)))
+    out, block = alloc(core_index(index), shape, stride, dtype)
+    if offs is None:
+        gemm("_grouped_mm", out, x, w, batch="bmm")
+        return [(out, block)]
+    ends = [int(v) for v in _np(offs).tolist()]
+    ops.KERNELS["aten::zero_"](torch.ops.aten.zero_.default, {"self": out}, [out])
+    start = 0
+    for g, end in enumerate(ends):
+        if end > start:
+            if x.dim() == 2 and w.dim() == 3:
+                gemm("_grouped_mm", out[start:end], x[start:end], w[g])
+            elif x.dim() == 2:
+                gemm("_grouped_mm", out[g], x[:, start:end], w[start:end])
+            else:
+                gemm("_grouped_mm", out[:, start:end], x[g], w[:, start:end])
+        start = max(start, end)
+    return [(out, block)]
+
+
+DYNAMIC = {"aten::_grouped_mm": dynamic_grouped_mm}
+
+
 LOWERINGS = {
     "aten::_trilinear": lower_trilinear,
     "aten::mm": lower_mm,

@@ -246,6 +246,8 @@ def dynamic_unique_consecutive(func, a, index=-1):
 
 def lower_histc(func, a, outs):
     x, out = a["self"], outs[0]
+    if not x.is_floating_point() and x.dtype != torch.bool:
+        return _histc_int(x, out, int(a["bins"]), a["min"], a["max"])
     if not x.is_floating_point() or x.dtype == torch.float64 or x.dtype == torch.float16:
         raise NotImplementedError(f"histc of {x.dtype}")
     bins = int(a["bins"])
@@ -269,6 +271,19 @@ def lower_histc(func, a, outs):
 
 
 lower_histc.handles_half = True
+
+
+def _histc_int(x, out, bins, lo, hi):
+    """Integer histc (the CPU refuses it; CUDA's semantics, which MoE routers rely on:
+    transformers' grouped experts count tokens per expert with histc of int32 ids)."""
+    info = np.zeros(3, np.int64)
+    flat = _flat_f(x)
+    lo, hi = int(lo), int(hi)   # CUDA: Scalar.to<int64_t>() truncates
+    launch(("sort", "histc_int"), kso.render_histc_int,
+           (out.numpy(), flat.numpy(), info, lo, hi, bins, lo == hi and x.numel() > 0),
+           flops=float(4 * x.numel()), bytes_moved=float(nbytes(x, out)))
+    if info[2]:
+        raise RuntimeError("torch.histc: max must be larger than min")
 
 
 def dynamic_histogram(func, a, index=-1):
