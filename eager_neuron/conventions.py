@@ -19,9 +19,10 @@ def install() -> None:
     if _installed:
         return
     _installed = True
-    from . import amp, devapi, optim, pinned, storage
+    from . import amp, devapi, hf, optim, pinned, storage
 
     storage.install()
+    hf.install()
     optim.install()
     pinned.install()
     devapi.install()

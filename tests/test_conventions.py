@@ -371,3 +371,30 @@ def test_channels_last_survives_to_neuron():
     assert xd.is_contiguous(memory_format=torch.channels_last) and torch.equal(xd.cpu(), x)
     want = torch.nn.functional.conv2d(x, conv.weight.detach().cpu(), conv.bias.detach().cpu())
     torch.testing.assert_close(conv(xd).detach().cpu(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_accelerate_and_trainer_use_neuron(tmp_path):
+    accelerate = pytest.importorskip("accelerate")
+    transformers = pytest.importorskip("transformers")
+    assert accelerate.PartialState().device.type == "neuron"
+    cfg = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=32, n_positions=16)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(cfg)
+    before = model.lm_head.weight.detach().clone()
+
+    class Data(torch.utils.data.Dataset):
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            ids = (torch.arange(8) + i) % 32
+            return {"input_ids": ids, "labels": ids}
+
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path), max_steps=3, per_device_train_batch_size=4, use_cpu=False,
+        report_to=[], save_strategy="no", learning_rate=1e-2, disable_tqdm=True)
+    assert args.device.type == "neuron"
+    result = transformers.Trainer(model=model, args=args, train_dataset=Data()).train()
+    assert result.global_step == 3 and torch.isfinite(torch.tensor(result.training_loss))
+    assert model.lm_head.weight.device.type == "neuron"
+    assert not torch.equal(model.lm_head.weight.detach().cpu(), before)   # it trained
