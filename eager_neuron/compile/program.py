@@ -126,6 +126,8 @@ class FusedStep:
         self.n_nodes = len(members)
         self.stores = [node for kind, node in bufs if kind == "out"]
         self.ops = sorted({el.op for el in members})
+        # for profiler hooks: the user's lines this kernel computes
+        self.lines = sorted({_stack_line(el.node) for el in members})
 
     def describe(self) -> str:
         lines = [f"  kernel: {self.n_nodes} ops in {len(self.spec[0])} loop(s), "
@@ -321,7 +323,8 @@ def _run_fused(step: FusedStep, env: dict) -> None:
     try:
         launch(("fused", step.spec, parallel), _renderer(step.spec, parallel),
                (*args, *scalars), flops=float(numel * step.n_nodes), bytes_moved=nbytes,
-               engine="vector", extra={"group_ops": step.n_nodes, "graph": True})
+               engine="vector", extra={"group_ops": step.n_nodes, "graph": True,
+                                       "graph_ops": step.ops, "source_lines": step.lines})
     except Exception as exc:
         CSTATS.group_fallbacks[f"kernel failed: {type(exc).__name__}"] += 1
         if "graphs" in config.log:
