@@ -294,6 +294,21 @@ def _async_flag(func, args, kwargs) -> bool:
 
 
 # -- the handlers ----------------------------------------------------------------------------------
+_PATCHED = [False]
+
+
+def _patch_libraries() -> None:
+    """FSDP2/DDP adjustments (fsdp.py, ddp.py) for groups not made by the neuron backend (e.g.
+    init_process_group("gloo") used with neuron tensors): installed at the first collective."""
+    if _PATCHED[0]:
+        return
+    _PATCHED[0] = True
+    from . import ddp, fsdp
+
+    fsdp.install()
+    ddp.install()
+
+
 def c10d_op(func, args, kwargs, mode):
     """A c10d op (dist.all_reduce & co., DDP's reducer): gloo runs it on the device memory."""
     if mode is not None:
@@ -301,6 +316,7 @@ def c10d_op(func, args, kwargs, mode):
     from ..dispatch import flush
 
     flush("collective")
+    _patch_libraries()
     name = func._schema.name.split("::")[1]
     pg = _group(args)
     _agree(name, args, pg)
@@ -343,6 +359,7 @@ def functional_op(func, args, kwargs, mode):
     name = func._schema.name.split("::")[1]
     if name == "wait_tensor":
         return args[0]   # the work completed when the collective returned
+    _patch_libraries()
     pg = _group(args)
     _agree(name, args, pg)
     index, originals, staged = [None], {}, []
