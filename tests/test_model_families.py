@@ -9,8 +9,10 @@ per mode (plain eager, adaptive eager) must give: the forward of the CPU, the lo
 of the CPU after one AdamW step, for decoders the CPU's greedy `generate()` tokens, and not one
 CPU fallback (the fallback is set to raise, so a missing kernel fails with its op name).
 
-Tolerances: float32 throughout, compared with rtol 1e-4 / atol 1e-5 (about 1000 float32 ulps:
-the CPU's vectorised kernels and ours sum in different orders), never bit for bit.
+Tolerances: float32 on both devices, judged against a float64 copy of the model on the CPU:
+neuron must be within rtol 1e-4 / atol 1e-5 of float64 plus twice the CPU float32's own error,
+element by element (never bit for bit: the CPU's vectorised kernels and ours sum in different
+orders).
 """
 
 from __future__ import annotations
@@ -103,7 +105,7 @@ class TinyUNet(nn.Module):
         self.out = nn.Sequential(nn.GroupNorm(4, ch), nn.SiLU(), nn.Conv2d(ch, 3, 3, padding=1))
 
     def forward(self, x, t):
-        temb = self.tmlp(timestep_embedding(t, self.tdim))
+        temb = self.tmlp(timestep_embedding(t, self.tdim).to(x.dtype))
         h0 = self.down1(self.inp(x), temb)
         h = self.downsample(h0) + self.pool_skip(h0)
         h = self.mid_attn(self.mid1(h, temb))
@@ -282,10 +284,19 @@ def _fallback_raises():
         neuron_config.fallback = prev
 
 
-def _close(got, ref, what):
+def _close(got, ref, ref64, what):
+    """got (neuron) is the CPU's float32 result up to rounding: within rtol/atol of the float64
+    reference plus twice the CPU's own distance from it. NOTE: the slack matters after an AdamW
+    step, which divides a gradient by sqrt(v) + eps: a weight whose gradient cancels to ~1e-4
+    has its float32 rounding noise (either device's) magnified ~100x."""
     assert got.device.type == "neuron", what
-    torch.testing.assert_close(got.cpu(), ref, rtol=RTOL, atol=ATOL,
-                               msg=lambda m: f"{what}: {m}")
+    got, ref64 = got.detach().cpu().double(), ref64.detach().double()
+    slack = 2 * (ref.detach().double() - ref64).abs() + ATOL + RTOL * ref64.abs()
+    bad = (got - ref64).abs() > slack
+    assert not bad.any(), (
+        f"{what}: {int(bad.sum())}/{bad.numel()} elements off, worst |neuron - float64| "
+        f"{(got - ref64).abs().max():.3g} where the CPU's float32 is "
+        f"{(ref.double() - ref64).abs().max():.3g} off")
 
 
 @pytest.mark.models
@@ -295,21 +306,27 @@ def test_family_matches_cpu(name, mode, stats_delta):
     """Forward, one AdamW step and (decoders) greedy generate() equal the CPU; no fallback."""
     ctx = contextlib.nullcontext if mode == "plain" else eager_neuron.adaptive
     model, inputs = build(name)
+    model64 = copy.deepcopy(model).double()
+    if name == "mixtral":  # the CPU's _grouped_mm has no float64: the per-expert loop instead
+        model64.set_experts_implementation("eager")
+    inputs64 = {k: v.double() if torch.is_tensor(v) and v.is_floating_point() else v
+                for k, v in inputs.items()}
     eager_neuron.reset_stats()
     with _fallback_raises():
         ref = forward(model, inputs, "cpu")
         with ctx():
             got = forward(copy.deepcopy(model).to("neuron"), inputs, "neuron")
-        _close(got, ref, f"{name} forward")
+        _close(got, ref, forward(model64, inputs64, "cpu"), f"{name} forward")
 
         c_loss, c_model = train_step(copy.deepcopy(model), inputs, "cpu")
+        r_loss, r_model = train_step(model64, inputs64, "cpu")
         with ctx():
             n_loss, n_model = train_step(copy.deepcopy(model), inputs, "neuron")
-        _close(n_loss, c_loss, f"{name} loss")
-        c_state, n_state = c_model.state_dict(), n_model.state_dict()
+        _close(n_loss, c_loss, r_loss, f"{name} loss")
+        c_state, n_state, r_state = c_model.state_dict(), n_model.state_dict(), r_model.state_dict()
         assert n_state.keys() == c_state.keys()
         for key, ref in c_state.items():
-            _close(n_state[key], ref, f"{name} {key} after one AdamW step")
+            _close(n_state[key], ref, r_state[key], f"{name} {key} after one AdamW step")
 
         if name in DECODERS:
             ref = generate(model, inputs, "cpu")
