@@ -10,7 +10,6 @@ import copy
 import os
 import subprocess
 import sys
-import textwrap
 import warnings
 
 import pytest

@@ -29,8 +29,9 @@ def _decompositions() -> dict:
     aten = torch.ops.aten
     wanted = [aten.silu, aten.silu_backward, aten.sigmoid_backward, aten.tanh_backward,
               aten.threshold_backward, aten.addcmul, aten.addcdiv, aten.lerp, aten.hardswish,
-              aten.hardsigmoid, aten.mish, aten.elu, aten.softplus, aten.mse_loss, aten.mse_loss_backward,
-              aten.gelu_backward, aten.leaky_relu_backward, aten.hardtanh_backward]
+              aten.hardsigmoid, aten.mish, aten.elu, aten.softplus, aten.mse_loss,
+              aten.mse_loss_backward, aten.gelu_backward, aten.leaky_relu_backward,
+              aten.hardtanh_backward]
     return get_decompositions(wanted)
 
 
@@ -39,10 +40,10 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str = "graph")
 
     The fallback is correct by construction (the graph module itself, each op through neuron
     dispatch); it warns once per graph and counts the reason."""
+    from torch._functorch.aot_autograd import make_boxed_func
+
     from .codegen import LoweringError
     from .program import Program
-
-    from torch._functorch.aot_autograd import make_boxed_func
 
     name = f"{kind}_{next(_ids)}"
     try:

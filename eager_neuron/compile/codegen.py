@@ -20,14 +20,9 @@
 from __future__ import annotations
 
 import operator
-import sys
-import warnings
 
 import torch
 from torch.fx import GraphModule, Node
-
-from ..config import config
-from .stats import CSTATS
 
 aten = torch.ops.aten
 _REDUCE = {"aten::sum": "sum", "aten::sum.dim_IntList": "sum", "aten::mean.dim": "mean",
