@@ -131,6 +131,25 @@ def test_cost_model():
         dcost.allreduce_time_us(big, 16, dcost.link_for(trn2, 16, 16))
 
 
+def test_one_rank_group_in_process_counts_and_profiles(tmp_path):
+    """A 1-rank neuron group in this process: the result, the counters, the profiler row."""
+    dist.init_process_group(init_method=f"file://{tmp_path}/one", rank=0, world_size=1)
+    try:
+        eager_neuron.reset_stats()
+        x = torch.arange(4.0, device="neuron")
+        with eager_neuron.profile() as prof:
+            dist.all_reduce(x)
+        assert x.cpu().tolist() == [0.0, 1.0, 2.0, 3.0]
+        s = eager_neuron.stats()
+        assert s["collectives"] == {"all_reduce": 1} and s["collective_bytes"]["all_reduce"] == 16
+        assert s["fallbacks"] == {}
+        assert "c10d::allreduce_" in str(prof)
+        eager_neuron.reset_stats()
+        assert eager_neuron.stats()["collectives"] == {}
+    finally:
+        dist.destroy_process_group()
+
+
 # -- collectives -----------------------------------------------------------------------------------
 def _collectives_body(rank, store_dir, results):
     import torch.distributed._functional_collectives as funcol
