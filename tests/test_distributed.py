@@ -471,7 +471,7 @@ def test_faults_give_every_survivor_a_clear_error(ranks):
         seen0[2]
 
 
-# -- pipeline parallelism and distributed checkpoint -----------------------------------------------
+# -- pipeline parallelism, distributed checkpoint, ZeRO --------------------------------------------
 def _pipeline_dcp_body(rank, store_dir, results):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.device_mesh import init_device_mesh
@@ -515,12 +515,31 @@ def _pipeline_dcp_body(rank, store_dir, results):
     dcp.load(state, checkpoint_id=ckpt)
     assert state["t"].to_local().device == dev
     assert state["t"].full_tensor().cpu().tolist() == [float(i) for i in range(8)]
+    # ZeroRedundancyOptimizer: each rank steps its shard of the optimizer state, then broadcasts
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 3)
+    ref = torch.nn.Linear(4, 3).double()
+    ref.load_state_dict({k: v.double() for k, v in lin.state_dict().items()})
+    lin = lin.to(dev)
+    zero = ZeroRedundancyOptimizer(lin.parameters(), optimizer_class=torch.optim.Adam, lr=0.1)
+    xs = torch.randn(WORLD, 2, 4, generator=torch.Generator().manual_seed(6))
+    lin(xs[rank].to(dev)).square().sum().backward()
+    for p_ in lin.parameters():
+        dist.all_reduce(p_.grad, op=dist.ReduceOp.AVG)
+    zero.step()
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=0.1)
+    (sum(ref(x.double()).square().sum() for x in xs) / WORLD).backward()
+    ref_opt.step()
+    for a, b in zip(lin.parameters(), ref.parameters()):
+        assert torch.allclose(a.detach().cpu().double(), b.detach(), rtol=1e-5, atol=1e-6)
     s = eager_neuron.stats()
     assert not any("c10d" in k for k in s["fallbacks"]), s["fallbacks"]
     return pp
 
 
-def test_pipeline_and_distributed_checkpoint(ranks):
+def test_pipeline_checkpoint_and_zero(ranks):
     assert _result(ranks, "pipeline_dcp", 0) is None
     assert len(_result(ranks, "pipeline_dcp", 1)) == 2
 

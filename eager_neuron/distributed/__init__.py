@@ -29,6 +29,7 @@ def install() -> None:
 
     backend.register()
     collectives.install(ops.HOST)
+    _jit_builtin_factories()
     # NOTE: eager_neuron.stats()/reset_stats() live in eager_neuron/__init__.py (not ours): they
     # are wrapped here, so the collective counters show and reset with the rest
     base_stats, base_reset = eager_neuron.stats, eager_neuron.reset_stats
@@ -44,6 +45,25 @@ def install() -> None:
 
     stats.__doc__, reset_stats.__doc__ = base_stats.__doc__, base_reset.__doc__
     eager_neuron.stats, eager_neuron.reset_stats = stats, reset_stats
+
+
+def _jit_builtin_factories() -> None:
+    """TorchScript resolves torch.tensor & co. as builtins by object identity; eager_neuron's
+    pin_memory wrappers (pinned.py) are Python functions it cannot compile, which broke
+    `import torch.distributed.optim` (its functional optimizers are scripted; ZeroRedundancy-
+    Optimizer lives there). Register each wrapper as the aten builtin it stands for.
+    NOTE: belongs in pinned.py beside the wrapping; here until its owner moves it."""
+    import torch
+    from torch.jit import _builtins
+
+    for name in dir(torch):
+        fn = getattr(torch, name, None)
+        wrapped = getattr(fn, "__wrapped__", None)
+        if type(fn).__name__ == "function" and wrapped is not None and \
+                type(wrapped).__name__ == "builtin_function_or_method":
+            op = _builtins._get_builtin_table().get(id(wrapped))
+            if op is not None:
+                _builtins._register_builtin(fn, op)
 
 
 install()
