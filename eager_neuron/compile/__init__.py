@@ -92,17 +92,25 @@ class _DynamoHook(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
         if name != "torch._dynamo":
             return None
-        sys.meta_path.remove(self)
         import importlib.util
 
-        spec = importlib.util.find_spec(name)
+        # NOTE: stay installed until the module really executes: a bare find_spec() probe
+        # (no import) must not use the hook up
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            sys.meta_path.insert(0, self)
         if spec is None or spec.loader is None:
             return spec
         loader = spec.loader
         orig = loader.exec_module
+        hook = self
 
         def exec_module(module):
             orig(module)
+            if hook in sys.meta_path:
+                sys.meta_path.remove(hook)
             _on_dynamo()
 
         loader.exec_module = exec_module
