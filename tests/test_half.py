@@ -131,3 +131,23 @@ def test_float16_casts_are_kernels_bit_exact():
     assert torch.equal(i.to(DEV).half().cpu(), i.double().half())
     assert torch.equal(h[:2000].nan_to_num().to(DEV).to(torch.int64).cpu(),
                        h[:2000].nan_to_num().double().to(torch.int64))
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_addr_rounds_every_step_as_the_cpu(dtype):
+    # the CPU's half addr rounds after each multiply and add: bf(bf(b*s) + bf(bf(a*v1)*v2));
+    # the reference composes exactly those roundings in float64 (each step exact before it)
+    g = torch.Generator().manual_seed(11)
+    s = torch.randn(6, 7, generator=g).to(dtype)
+    v1, v2 = torch.randn(6, generator=g).to(dtype), torch.randn(7, generator=g).to(dtype)
+
+    def r(t):
+        return t.to(dtype).double()
+
+    b, a = _h(0.2, dtype), _h(0.6, dtype)
+    want = r(r(b * s.double()) + r(r(a * v1.double())[:, None] * v2.double()[None])).to(dtype)
+    got = torch.addr(s.to(DEV), v1.to(DEV), v2.to(DEV), beta=0.2, alpha=0.6).cpu()
+    assert torch.equal(got, want)
+    x = s.to(DEV)
+    x.addr_(v1.to(DEV), v2.to(DEV), beta=0.2, alpha=0.6)   # in place: no CPU fallback
+    assert torch.equal(x.cpu(), want)

@@ -270,7 +270,65 @@ def lower_linalg_eig(func, a, outs):
 
 lower_linalg_eig.handles_complex = True
 
-LOWERINGS: dict = {"aten::linalg_eig": lower_linalg_eig}
+# ---------------------------------------------------------------------------------------------
+# addr: beta * self + (alpha * vec1) * vec2 with the CPU's rounding points for half types
+# (they round after every multiply and add: ATen's Vectorized<BFloat16/Half> arithmetic does;
+# bit-identical with the CPU). float32/float64: the CPU goes through BLAS ger, whose order
+# varies with the BLAS; ours is within an ulp of it.
+# ---------------------------------------------------------------------------------------------
+
+_ADDR_FLOAT = frozenset({torch.float32, torch.float64, torch.bfloat16, torch.float16})
+
+
+def lower_addr(func, a, outs):
+    from .. import ops
+    from .half import _half_round, _up
+
+    x, v1, v2, out = a["self"], a["vec1"], a["vec2"], outs[0]
+    dt = out.dtype
+    if dt not in _ADDR_FLOAT or any(t.dtype != dt for t in (x, v1, v2)):
+        raise NotImplementedError(f"addr on {[t.dtype for t in (x, v1, v2)]} -> {dt}")
+    beta, alpha = a["beta"], a["alpha"]
+    if isinstance(beta, complex) or isinstance(alpha, complex) or isinstance(beta, bool):
+        raise NotImplementedError("addr with complex or bool scalars")
+    half = dt in HALF
+    work = torch.float32 if half else dt
+    mul, add = ops.KERNELS["aten::mul"], ops.KERNELS["aten::add"]
+    mul_t, add_t = torch.ops.aten.mul.Tensor, torch.ops.aten.add.Tensor
+
+    def rounded(t):
+        """t rounded to the half dtype and back (exact float32 values of half numbers)."""
+        if not half:
+            return t
+        h = torch.empty(t.shape, dtype=dt)
+        cast(t, h)
+        return _up(h, h)
+
+    from .cast import cast
+
+    up = (lambda t: _up(t, t)) if half else (lambda t: t)
+    if half:
+        beta, alpha = _half_round(float(beta), dt), _half_round(float(alpha), dt)
+    n, m = out.shape
+    av1 = torch.empty((n,), dtype=work)
+    mul(mul_t, {"self": up(v1), "other": alpha}, [av1])
+    prod = torch.empty((n, m), dtype=work)
+    mul(mul_t, {"self": rounded(av1).view(n, 1), "other": up(v2).view(1, m)}, [prod])
+    prod = rounded(prod)
+    if beta == 0:   # the CPU ignores self then (a NaN in it does not propagate)
+        res = prod
+    else:
+        bs = torch.empty((n, m), dtype=work)
+        mul(mul_t, {"self": up(x).expand(n, m), "other": beta}, [bs])
+        res = torch.empty((n, m), dtype=work)
+        add(add_t, {"self": rounded(bs), "other": prod, "alpha": 1}, [res])
+    cast(res, out)
+
+
+lower_addr.handles_half = True
+
+LOWERINGS: dict = {"aten::linalg_eig": lower_linalg_eig, "aten::addr": lower_addr,
+                   "aten::addr_": lower_addr}   # addr_ had no decomposition: the CPU fallback
 DYNAMIC = {
     "aten::repeat_interleave.Tensor": dynamic_repeat_interleave,
     "aten::unique_dim": dynamic_unique_dim,
