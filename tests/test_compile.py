@@ -155,13 +155,14 @@ def test_default_backend_and_module_compile():
     m = _Net().to("neuron")
     x = torch.randn(4, 8, device="neuron")
     ref = m(x)
+    before = torch.compiler.get_default_backend()
     torch.compiler.set_default_backend("neuron")
     try:
         m.compile()
         eager_neuron.compile.reset_stats()
         out = m(x)
     finally:
-        torch.compiler.set_default_backend("inductor")
+        torch.compiler.set_default_backend(before)
     assert cstats()["graph_launches"] >= 1
     _close(out, ref)
 
