@@ -420,9 +420,39 @@ def _dtensor_body(rank, store_dir, results):
     for name in ("up", "down"):
         g = getattr(tp, name).weight.grad.full_tensor().cpu().double()
         assert torch.allclose(g, getattr(ref, name).weight.grad, rtol=1e-5, atol=1e-6), name
+    # sequence parallel LayerNorm feeding the TP pair, a residual block in DTensors throughout
+    from torch.distributed.tensor.parallel import SequenceParallel
+
+    torch.manual_seed(0)
+    ref_b = _Block().double()
+    xb = torch.randn(2, 4, 8, generator=torch.Generator().manual_seed(1))
+    yb_ref = ref_b(xb.double())
+    yb_ref.sum().backward()
+    torch.manual_seed(0)
+    blk = parallelize_module(_Block().to(dev), mesh, {
+        "norm": SequenceParallel(), "up": ColwiseParallel(input_layouts=Shard(1)),
+        "down": RowwiseParallel(output_layouts=Shard(1), use_local_output=False)})
+    yb = blk(distribute_tensor(xb.to(dev), mesh, [Shard(1)]))
+    yb.sum().backward()
+    assert torch.allclose(yb.full_tensor().cpu().double(), yb_ref, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(blk.norm.weight.grad.full_tensor().cpu().double(),
+                          ref_b.norm.weight.grad, rtol=1e-5, atol=1e-6)
     s = eager_neuron.stats()
     assert s["fallbacks"] == {}, s["fallbacks"]
     return sum(s["collectives"].values())
+
+
+class _Block(torch.nn.Module):
+    """LayerNorm -> Linear -> ReLU -> Linear with a residual: a transformer MLP block."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(8)
+        self.up = torch.nn.Linear(8, 16)
+        self.down = torch.nn.Linear(16, 8)
+
+    def forward(self, x):
+        return x + self.down(torch.relu(self.up(self.norm(x))))
 
 
 def test_dtensor_and_tensor_parallel(ranks):
