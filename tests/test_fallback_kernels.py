@@ -285,3 +285,21 @@ def test_ctc_loss_impossible_alignment():
         if zero_inf:
             (gg,) = torch.autograd.grad(got, xn)
             assert bool((gg.cpu() == 0).all())
+
+
+def test_complex_variance_and_truthiness():
+    # var(z) = E|z - E z|^2, against float64 on the CPU; any/all by z != 0
+    g = torch.Generator().manual_seed(12)
+    z = torch.complex(torch.randn(4, 6, generator=g), torch.randn(4, 6, generator=g))
+    z64 = z.to(torch.complex128)
+    zn = z.to(DEV)
+    before = dict(STATS.fallbacks)
+    want = ((z64 - z64.mean(1, keepdim=True)).abs() ** 2).sum(1) / 5
+    torch.testing.assert_close(zn.var(1).cpu().double(), want, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(zn.conj().std(1).cpu().double(), want.sqrt(), atol=1e-6, rtol=1e-6)
+    v, m = torch.var_mean(zn, 1, correction=0)
+    torch.testing.assert_close(v.cpu().double(), want * 5 / 6, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(m.cpu().to(torch.complex128), z64.mean(1), atol=1e-6, rtol=1e-6)
+    w = torch.tensor([[0j, 1j], [0j, 0j]]).to(DEV)
+    assert w.any(1).cpu().tolist() == [True, False] and w.all(0).cpu().tolist() == [False, False]
+    _no_fallback(before)

@@ -151,6 +151,14 @@ def run_complex(func, plan, a: dict, outs: list) -> None:
         mag = torch.empty(x.shape, dtype=outs[0].dtype)
         elementwise("aten::abs", {"self": x}, mag)
         return plan.lower(func, dict(a, self=mag), outs)
+    if base in ("aten::any", "aten::all") and _is_complex(a.get("self")):
+        # truthiness of z is z != 0: the real lowering over that mask
+        x = a["self"]
+        mask = torch.empty(x.shape, dtype=torch.bool)
+        elementwise("aten::ne", {"self": x, "other": 0}, mask)
+        return plan.lower(func, dict(a, self=mask), outs)
+    if base in _VARIANCE and _is_complex(a.get("self")):
+        return _variance(base, a, outs)
     if base not in OPS and base in SPLIT and _split(func, plan, a, outs):
         return
     if base not in OPS or (base == "aten::div" and a.get("rounding_mode") is not None):
@@ -363,6 +371,47 @@ def _sum(base: str, a: dict, outs: list) -> None:
                  "dtype": None}, [torch.view_as_real(out)])
     if conj:
         elementwise("aten::conj_physical", {"self": out}, out)
+
+
+def _is_complex(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.dtype in COMPLEX and t.dtype != torch.complex32
+
+
+_VARIANCE = frozenset({"aten::var", "aten::std", "aten::var_mean", "aten::std_mean"})
+
+
+def _variance(base: str, a: dict, outs: list) -> None:
+    """var/std(_mean) of a complex tensor: var(z) = var(re z) + var(im z) (the real lowering on
+    each part; a conj or neg view changes signs only, not variances); std is its square root;
+    the mean is the complex mean."""
+    from .. import ops
+
+    x = a["self"]
+    raw = x.conj() if x.is_conj() else x
+    if raw.is_neg():
+        raise NotImplementedError(f"complex {base} of a negative-bit view")
+    pair = torch.view_as_real(raw)
+    var_lower = ops.KERNELS.get("aten::var.correction")
+    if var_lower is None:
+        raise errors.UnsupportedOpError(f"{base}: no real variance kernel to pair with")
+    out = outs[0]
+    parts = []
+    for i in (0, 1):
+        tmp = torch.empty(out.shape, dtype=out.dtype)
+        var_lower(torch.ops.aten.var.correction,
+                  {"self": pair[..., i], "dim": a.get("dim"), "correction": a.get("correction"),
+                   "keepdim": bool(a.get("keepdim"))}, [tmp])
+        parts.append(tmp)
+    add = ops.KERNELS["aten::add"]
+    if base.startswith("aten::std"):
+        total = torch.empty(out.shape, dtype=out.dtype)
+        add(torch.ops.aten.add.Tensor, {"self": parts[0], "other": parts[1], "alpha": 1}, [total])
+        ops.KERNELS["aten::sqrt"](torch.ops.aten.sqrt.default, {"self": total}, [out])
+    else:
+        add(torch.ops.aten.add.Tensor, {"self": parts[0], "other": parts[1], "alpha": 1}, [out])
+    if base.endswith("_mean"):
+        _sum("aten::mean", {"self": x, "dim": a.get("dim"), "keepdim": a.get("keepdim")},
+             [outs[1]])
 
 
 # products: base op -> (left, right, added tensor or None); all become (B, M, K) @ (B, K, N)
