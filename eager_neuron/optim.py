@@ -6,11 +6,12 @@ host and back each step). Here each fused op is written with the same math as Py
 CPU/CUDA kernels in neuron ops: the step then runs on the device (one launch per element-wise
 op; adaptive eager fuses the run of them).
 
-Default: parameters on neuron are `NeuronTensor`s, which torch.optim's heuristic
-(`_default_to_fused_or_foreach`) treats as non-native, so the for-loop is the default, as for any
-tensor subclass. We keep that: the for-loop and foreach paths launch the same element-wise ops
-here (foreach runs per element, see lower/foreach.py), so foreach buys no fewer launches on
-this device; pass foreach=True or fused=True to choose.
+Default: as on CUDA, optimizers (and clip_grad_norm_) default to foreach=True for neuron
+parameters. torch.optim only defaults to foreach for tensor types it lists, which left a
+`NeuronTensor` on the for-loop; install() lists it. Measured (8 Linear(64, 64) layers, one AdamW
+step, tools-style script in the session report): plain eager launches the same 128 kernels either
+way (1928 us simulated) with less host time for foreach (22.7 ms vs 28.7 ms); adaptive eager
+fuses the foreach step into 1 launch (19 us) against the loop's 2 (34 us).
 
 >>> import torch, eager_neuron
 >>> p = torch.nn.Parameter(torch.ones(3, device="neuron"))
@@ -41,12 +42,21 @@ def _grad(g, grad_scale, maximize):
     return g.neg() if maximize else g
 
 
+def _steps(state_steps) -> list:
+    # NOTE: one host read for the group's step counts (per-parameter .item() would flush
+    # adaptive eager once per parameter)
+    if len(state_steps) == 1:
+        return [state_steps[0].item()]
+    return torch.stack([s.reshape(()) for s in state_steps]).tolist()
+
+
 def _adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, lr, beta1,
           beta2, weight_decay, eps, amsgrad, maximize, grad_scale=None, found_inf=None,
           decoupled=False):
     if _skip(found_inf):
         return
     lr = lr.item() if isinstance(lr, torch.Tensor) else lr
+    steps = _steps(state_steps)
     for i, p in enumerate(params):
         g = _grad(grads[i], grad_scale, maximize)
         if weight_decay != 0:
@@ -54,7 +64,7 @@ def _adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *,
                 p.mul_(1 - lr * weight_decay)
             else:
                 g = g.add(p, alpha=weight_decay)
-        step = state_steps[i].item()
+        step = steps[i]
         exp_avgs[i].lerp_(g, 1 - beta1)
         exp_avg_sqs[i].mul_(beta2).addcmul_(g, g, value=1 - beta2)
         bias1 = 1 - beta1 ** step
@@ -96,11 +106,12 @@ def _adagrad(params, grads, state_sums, state_steps, *, lr, lr_decay, weight_dec
     if _skip(found_inf):
         return
     lr = lr.item() if isinstance(lr, torch.Tensor) else lr
+    steps = _steps(state_steps)
     for i, p in enumerate(params):
         g = _grad(grads[i], grad_scale, maximize)
         if weight_decay != 0:
             g = g.add(p, alpha=weight_decay)
-        step = state_steps[i].item()
+        step = steps[i]
         clr = lr / (1 + (step - 1) * lr_decay)
         state_sums[i].addcmul_(g, g, value=1)
         std = state_sums[i].sqrt().add_(eps)
@@ -112,9 +123,19 @@ FUSED = {"_fused_adam_": _adam, "_fused_adamw_": _adamw, "_fused_sgd_": _sgd,
 
 
 def install() -> None:
-    """Run every overload of the fused optimizer ops as the decompositions above."""
+    """Run every overload of the fused optimizer ops as the decompositions above; make
+    foreach the default for neuron parameters, as for CUDA ones."""
+    from torch.optim import optimizer as _optimizer
+    from torch.utils import _foreach_utils
+
     from .amp import decomp_plan
     from .plan import _PLANS
+    from .tensor import NeuronTensor
+
+    for types_list in (_optimizer._foreach_supported_types,
+                       _foreach_utils._foreach_supported_types):
+        if NeuronTensor not in types_list:
+            types_list.append(NeuronTensor)
 
     for name, fn in FUSED.items():
         packet = getattr(aten, name, None)
