@@ -52,6 +52,7 @@ def skip_runtime() -> int:
     (Numba's typing, numpy): the neuron runtime is entered from C++ (__torch_dispatch__, the
     PrivateUse1 fallback, autograd hooks) while a dynamo callback may be active. A flag on the
     code objects, so the eager hot path pays nothing. Returns the number of code objects."""
+    import os
     import types
 
     from torch._C._dynamo.eval_frame import _FrameAction as A
@@ -59,6 +60,11 @@ def skip_runtime() -> int:
     from torch._C._dynamo.eval_frame import set_code_exec_strategy
 
     seen = set()
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # ours only: kernels/ and cache/ install as eager_neuron.kernels/.cache from the repo top;
+    # never a code object shared with torch (a decorator's wrapper)
+    ours = (pkg + os.sep, os.path.join(os.path.dirname(pkg), "kernels") + os.sep,
+            os.path.join(os.path.dirname(pkg), "cache") + os.sep)
 
     def mark(obj, depth=0):
         if isinstance(obj, (staticmethod, classmethod)):
@@ -69,7 +75,8 @@ def skip_runtime() -> int:
                     mark(f, depth)
             return
         code = getattr(obj, "__code__", None)
-        if isinstance(code, types.CodeType) and id(code) not in seen:
+        if isinstance(code, types.CodeType) and id(code) not in seen and \
+                os.path.abspath(code.co_filename).startswith(ours):
             seen.add(id(code))
             set_code_exec_strategy(code, S(A.SKIP, A.SKIP))
         elif isinstance(obj, type) and depth == 0:
