@@ -113,7 +113,9 @@ def _guard_post_acc_hook(hook):
             return hook(tensor)
         except Exception as exc:
             stash(exc)
-            return POISON  # the engine TORCH_CHECKs that these hooks return None
+            # not POISON: a non-tensor result is a TypeError raised with a pending Python error
+            # (the abort again); a tensor of another dtype/size fails a C++ check cleanly
+            return _wrong_grad(tensor)
 
     return guarded
 
@@ -142,6 +144,38 @@ def _guarded_register_post_acc(orig):
     register_post_accumulate_grad_hook.__doc__ = orig.__doc__
     register_post_accumulate_grad_hook.__wrapped__ = orig
     return register_post_accumulate_grad_hook
+
+
+def _any_neuron(x) -> bool:
+    if isinstance(x, (list, tuple)):
+        return any(_any_neuron(v) for v in x)
+    return _is_neuron(x)
+
+
+def _guard_node_hook(hook):
+    """A hook on a custom Function's node (module full backward hooks are such): called with
+    (grad_inputs, grad_outputs) or (grad_outputs,); a tuple of the wrong length fails the
+    engine's check with a C++ std::runtime_error."""
+    @functools.wraps(hook)
+    def guarded(*args):
+        if not in_backward() or not _any_neuron(args):
+            return hook(*args)
+        try:
+            return hook(*args)
+        except Exception as exc:
+            stash(exc)
+            return tuple(args[0]) + (None,)
+
+    return guarded
+
+
+def _guarded_node_register(orig):
+    def register(self, hook):
+        return orig(self, _guard_node_hook(hook))
+
+    register.__doc__ = orig.__doc__
+    register.__wrapped__ = orig
+    return register
 
 
 def _guarded_backward_apply(orig):
@@ -202,3 +236,7 @@ def install() -> None:
         T.register_post_accumulate_grad_hook)
     bcf = torch.autograd.function.BackwardCFunction
     bcf.apply = _guarded_backward_apply(bcf.apply)
+    # NOTE: C++ nodes' (MulBackward0 ...) register_hook cannot be patched (immutable types): a
+    # hook raising on one of those during a neuron backward still aborts (torch 2.13)
+    bcf.register_hook = _guarded_node_register(torch._C._FunctionBase.register_hook)
+    bcf.register_prehook = _guarded_node_register(torch._C._FunctionBase.register_prehook)

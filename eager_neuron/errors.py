@@ -110,10 +110,10 @@ _KEEP_TYPE = (IndexError, ValueError, TypeError, NotImplementedError, torch.lina
 
 # Ops whose out-of-range index is a RuntimeError on the CPU (ATen's gather/scatter checks use
 # TORCH_CHECK), while index_select/embedding/x[i]/index_* raise IndexError (TORCH_CHECK_INDEX).
+# (nll_loss/cross_entropy's "Target 9 is out of bounds." is an IndexError on the CPU too.)
 _INDEX_IS_RUNTIME = frozenset({
     "gather", "scatter", "scatter_add", "scatter_reduce", "take_along_dim", "one_hot",
-    "nll_loss", "nll_loss_forward", "nll_loss2d_forward", "nll_loss_backward",
-    "nll_loss2d_backward", "cross_entropy", "multi_margin_loss", "multilabel_margin_loss_forward"})
+    "multi_margin_loss", "multilabel_margin_loss_forward"})
 # A reduction over a wholly empty tensor with no dim given: RuntimeError on the CPU
 # ("Expected reduction dim to be specified for input.numel() == 0"), except argmax/argmin,
 # which raise IndexError (as every reduction does for an empty *given* dim).
@@ -150,7 +150,8 @@ def cpu_error_type(name: str, exc: BaseException) -> type:
         return NotImplementedError
     if isinstance(exc, ZeroDivisionError):
         return RuntimeError
-    if isinstance(exc, IndexError) and base in _INDEX_IS_RUNTIME:
+    if isinstance(exc, IndexError) and base in _INDEX_IS_RUNTIME and \
+            "Dimension out of range" not in str(exc):
         return RuntimeError
     if "numel() == 0" in str(exc) and isinstance(exc, (IndexError, RuntimeError)):
         return IndexError if base in _EMPTY_IS_INDEX else RuntimeError

@@ -68,3 +68,146 @@ def test_complex32_tensors_get_a_clear_error():
     z = torch.zeros(3, dtype=torch.complex32)   # complex64/complex128 are supported
     with pytest.raises((eager_neuron.UnsupportedTensorError, RuntimeError), match="complex32"):
         z.to("neuron") + 1
+
+
+# -- errors as PyTorch's CPU gives them (issue 13) ------------------------------------------------
+
+def _cpu_and_neuron(fn):
+    """(exception the CPU raises, exception neuron raises) for fn(device)."""
+    got = []
+    for dev in ("cpu", "neuron"):
+        try:
+            r = fn(dev)
+            if isinstance(r, torch.Tensor):
+                r.cpu()
+            got.append(None)
+        except Exception as exc:   # noqa: BLE001 - the type is what is compared
+            got.append(exc)
+    return got
+
+
+ERROR_CASES = {
+    "int_floor_divide_by_zero": lambda d: torch.tensor([1, 2], device=d) // torch.tensor(
+        [0, 1], device=d),
+    "int_remainder_by_zero": lambda d: torch.tensor([1, 2], device=d) % torch.tensor(
+        [0, 1], device=d),
+    "gather_out_of_range": lambda d: torch.ones(2, device=d).gather(
+        0, torch.tensor([5], device=d)),
+    "scatter_out_of_range": lambda d: torch.zeros(3, device=d).scatter(
+        0, torch.tensor([5], device=d), torch.ones(1, device=d)),
+    "scatter_add_negative": lambda d: torch.zeros(3, device=d).scatter_add(
+        0, torch.tensor([-9], device=d), torch.ones(1, device=d)),
+    "max_of_empty": lambda d: torch.tensor([], device=d).max(),
+    "min_of_empty": lambda d: torch.tensor([], device=d).min(),
+    "amax_of_empty": lambda d: torch.tensor([], device=d).amax(),
+    "argmax_of_empty": lambda d: torch.tensor([], device=d).argmax(),
+    "argmin_of_empty": lambda d: torch.tensor([], device=d).argmin(),
+    "max_over_empty_dim": lambda d: torch.zeros(0, 3, device=d).max(0),
+    "index_select_out_of_range": lambda d: torch.zeros(3, device=d).index_select(
+        0, torch.tensor([5], device=d)),
+    "index_select_bad_dim_0d": lambda d: torch.tensor(1.0, device=d).index_select(
+        99, torch.tensor([0], device=d)),
+    "nll_loss_target_out_of_range": lambda d: torch.nn.functional.nll_loss(
+        torch.zeros(3, 4, device=d), torch.tensor([0, 9, 1], device=d)),
+    "one_hot_too_large": lambda d: torch.nn.functional.one_hot(
+        torch.tensor([0, 5], device=d), 3),
+    "one_hot_negative": lambda d: torch.nn.functional.one_hot(
+        torch.tensor([0, -1], device=d), 3),
+    "float_bitwise_and": lambda d: torch.ones(2, device=d) & torch.ones(2, device=d),
+    "float_gcd": lambda d: torch.gcd(torch.ones(2, device=d), torch.ones(2, device=d)),
+    "half_bitwise_or": lambda d: torch.ones(2, device=d).half() | torch.ones(2, device=d).half(),
+    "bool_gcd": lambda d: torch.gcd(torch.ones(2, device=d).bool(), torch.ones(2, device=d).bool()),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ERROR_CASES))
+def test_error_type_is_the_cpus(case):
+    """The CPU's exception type: an `except RuntimeError` written for the CPU still catches it
+    (and an IndexError where the CPU raises one)."""
+    cpu, ours = _cpu_and_neuron(ERROR_CASES[case])
+    assert cpu is not None, "the case must be an error on the CPU"
+    assert ours is not None, f"neuron returned a result where the CPU raises {cpu!r}"
+    assert isinstance(ours, type(cpu)), f"CPU: {type(cpu).__name__}, neuron: {ours!r}"
+    if isinstance(cpu, RuntimeError):
+        assert not isinstance(ours, (IndexError, ZeroDivisionError))
+
+
+def test_integer_division_by_zero_keeps_context():
+    x = torch.tensor([1, 2], device="neuron")
+    with pytest.raises(RuntimeError) as info:
+        x // torch.tensor([0, 1], device="neuron")
+    text = str(info.value)
+    assert "ZeroDivisionError" in text and "floor_divide" in text and "test_errors.py" in text
+
+
+def test_float_bitwise_refused_before_any_compile():
+    """The CPU's message, at once: no kernel compiled, no Numba typing dump."""
+    eager_neuron.reset_stats()
+    for dt in (torch.float32, torch.float64):
+        a = torch.ones(3, device="neuron", dtype=dt)
+        name = "Float" if dt == torch.float32 else "Double"
+        with pytest.raises(NotImplementedError,
+                           match=f'"bitwise_and_cpu" not implemented for \'{name}\''):
+            a & a
+        with pytest.raises(NotImplementedError, match=f'"gcd_cpu" not implemented for \'{name}\''):
+            torch.gcd(a, a)
+    st = eager_neuron.stats()
+    assert st["compiles"] == 0
+    with pytest.raises(NotImplementedError) as info:
+        torch.ones(3, device="neuron") ^ torch.ones(3, device="neuron")
+    assert "numba" not in str(info.value).lower() and len(str(info.value)) < 600
+
+
+def test_one_hot_in_range_matches_cpu():
+    x = torch.tensor([[0, 2], [1, 1]])
+    assert torch.equal(torch.nn.functional.one_hot(x.to("neuron"), 3).cpu(),
+                       torch.nn.functional.one_hot(x, 3))
+    assert torch.equal(torch.nn.functional.one_hot(x.to("neuron")).cpu(),
+                       torch.nn.functional.one_hot(x))
+
+
+# -- silent wrong values ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16, torch.int8])
+def test_int_min_floor_divided_by_minus_one_wraps_as_cpu(dtype):
+    lo = torch.iinfo(dtype).min
+    x = torch.tensor([lo, 7, -7, lo + 1], dtype=dtype)
+    m1 = torch.tensor([-1, -1, -1, -1], dtype=dtype)
+    xd, m1d = x.to("neuron"), m1.to("neuron")
+    want = x // m1                                  # the CPU: MIN // -1 == MIN (two's complement)
+    assert int(want[0]) == lo
+    assert torch.equal((xd // m1d).cpu(), want)
+    assert torch.equal((xd // -1).cpu(), want)
+    assert torch.equal(torch.div(xd, m1d, rounding_mode="floor").cpu(), want)
+    # trunc: the CPU's int64 kernel dies of SIGFPE here; ours wraps as floor does
+    assert torch.equal(torch.div(xd, m1d, rounding_mode="trunc").cpu(),
+                       torch.tensor([lo, -7, 7, -(lo + 1)], dtype=dtype))
+    assert torch.equal((xd % m1d).cpu(), torch.zeros(4, dtype=dtype))
+
+
+def test_relu_keeps_negative_zero_and_nan():
+    x = torch.tensor([-0.0, 0.0, -1.0, 2.0, float("nan")])
+    want = torch.relu(x)
+    assert bool(want[0].signbit())                  # what the CPU actually returns
+    for got in (torch.relu(x.to("neuron")), torch.nn.functional.relu(x.to("neuron")),
+                x.to("neuron").relu_()):
+        got = got.cpu()
+        torch.testing.assert_close(got, want, equal_nan=True)
+        assert torch.equal(got.signbit(), want.signbit())
+
+
+# -- sparse and quantized tensors ------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["coo", "csr", "csc", "quantized"])
+def test_sparse_and_quantized_to_neuron_name_the_fix(kind):
+    x = torch.eye(3)
+    t = {"coo": x.to_sparse(), "csr": x.to_sparse_csr(), "csc": x.to_sparse_csc(),
+         "quantized": torch.quantize_per_tensor(x, 0.1, 0, torch.quint8)}[kind]
+    with pytest.raises(eager_neuron.UnsupportedTensorError) as info:
+        t.to("neuron")
+    text = str(info.value)
+    assert "not supported on neuron" in text and "fix:" in text and "test_errors.py" in text
+    assert ("dequantize()" if kind == "quantized" else "to_dense()") in text
+    # and the fix works
+    fixed = t.dequantize() if kind == "quantized" else t.to_dense()
+    torch.testing.assert_close(fixed.to("neuron").cpu(), fixed)

@@ -131,7 +131,11 @@ def _flat_index(index: torch.Tensor, op: str) -> torch.Tensor:
 def _dim(a: dict, t: torch.Tensor) -> int:
     if not isinstance(a["dim"], int):   # the Dimname overloads share the op name
         raise NotImplementedError("named dimensions")
-    return a["dim"] % t.dim()
+    d, n = a["dim"], t.dim()
+    if not -n <= d < n:   # as the CPU (a 0-d self counts as 1-d): never wrap silently
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], "
+                         f"but got {d})")
+    return d % n
 
 
 def _at_least_1d(*ts):

@@ -1,0 +1,147 @@
+"""No crash from Python: errors during a neuron backward and bad arguments to any op end in a
+Python exception or a result, never a signal, and leave no half-written state.
+
+Each case runs in a subprocess (a crash must fail the test, not end the session): the process
+must exit normally and report what it saw.
+
+    .venv/bin/python -m pytest tests/test_crashes.py -q
+    .venv/bin/python tools/crash_hunt.py          # the full crash hunt (make fuzz-crash)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+
+import crash_hunt  # noqa: E402
+
+
+def run_script(src: str, timeout: float = 300) -> dict:
+    """Run `src` in a fresh interpreter; it prints one JSON line (its last output line)."""
+    p = subprocess.run([sys.executable, "-c", src], cwd=ROOT, capture_output=True, text=True,
+                       timeout=timeout)
+    assert p.returncode == 0, (f"exit {p.returncode} (a negative code is a signal)\n"
+                               f"{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+BACKWARD_CASES = r'''
+import json, torch, eager_neuron
+out = {}
+
+def grad_list(t):
+    return None if t.grad is None else t.grad.cpu().tolist()
+
+# 1. a tensor hook raising during a neuron backward: catchable, as on the CPU
+x = torch.ones(3, device="neuron", requires_grad=True)
+y = x * 2
+y.register_hook(lambda g: 1 / 0)
+try:
+    y.sum().backward()
+    out["hook"] = "no error"
+except ZeroDivisionError as e:
+    out["hook"] = ["ZeroDivisionError", grad_list(x)]
+
+# 2. a custom Function whose backward raises
+class Boom(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a):
+        return a * 1
+
+    @staticmethod
+    def backward(ctx, g):
+        raise ValueError("boom in backward")
+
+x = torch.ones(4, device="neuron", requires_grad=True)
+x.grad = torch.ones(4, device="neuron")
+try:
+    Boom.apply(x).sum().backward()
+    out["function"] = "no error"
+except ValueError as e:
+    out["function"] = ["ValueError", "boom in backward" in str(e), grad_list(x)]
+
+# 3. a kernel error inside backward (an out-of-range gather in a backward formula): the CPU's
+#    RuntimeError; an already-accumulated .grad stays [1, 1, 1, 1]; opt.step() writes no NaN
+bad = torch.tensor([0, 1, 2, 9], device="neuron")
+
+class Gather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a):
+        return a * 1
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.gather(0, bad)
+
+w = torch.nn.Parameter(torch.ones(4, device="neuron"))
+w.grad = torch.ones(4, device="neuron")
+opt = torch.optim.SGD([w], lr=0.5)
+try:
+    (Gather.apply(w) * 3).sum().backward()
+    out["kernel"] = "no error"
+except RuntimeError as e:
+    opt.step()
+    out["kernel"] = [type(e).__name__, "gather" in str(e), grad_list(w), w.detach().cpu().tolist()]
+
+# 4. a post-accumulate-grad hook raising
+p = torch.ones(2, device="neuron", requires_grad=True)
+p.register_post_accumulate_grad_hook(lambda t: 1 / 0)
+try:
+    (p * 2).sum().backward()
+    out["post_acc"] = "no error"
+except ZeroDivisionError:
+    out["post_acc"] = "ZeroDivisionError"
+
+# 5. torch.autograd.grad takes the same path
+x = torch.ones(3, device="neuron", requires_grad=True)
+y = x * 2
+y.register_hook(lambda g: [][1])
+try:
+    torch.autograd.grad(y.sum(), x)
+    out["grad"] = "no error"
+except IndexError:
+    out["grad"] = "IndexError"
+
+# 6. the engine still works: a clean backward after all of the above
+x = torch.arange(3.0, device="neuron", requires_grad=True)
+(x * x).sum().backward()
+out["after"] = grad_list(x)
+print(json.dumps(out))
+'''
+
+
+def test_errors_during_backward_are_raised_to_the_caller_and_leave_grad_unchanged():
+    r = run_script(BACKWARD_CASES)
+    assert r["hook"] == ["ZeroDivisionError", None]
+    assert r["function"] == ["ValueError", True, [1.0] * 4]
+    assert r["kernel"] == ["RuntimeError", True, [1.0] * 4, [0.5] * 4]   # step used grad 1
+    assert r["post_acc"] == "ZeroDivisionError"
+    assert r["grad"] == "IndexError"
+    assert r["after"] == [0.0, 2.0, 4.0]
+
+
+def test_crash_hunt_finds_a_signal_and_names_its_call():
+    """The hunt itself can fail: a call that kills its worker is reported by name, and the
+    calls after it still run (in a new worker)."""
+    s = crash_hunt.hunt(pattern=r"^(gather|index_select)$",
+                        mutations=["cpu_arg", "selftest:segv", "dim:99"], timeout=120)
+    assert s["signals"] and s["signals"][0].startswith(
+        "gather selftest:segv (exit -11, SIGSEGV)"), s["signals"]
+    assert len(s["signals"]) == 2 and s["signals"][1].startswith("index_select selftest:segv")
+    # the calls around the dead ones ran (cpu_arg and dim:99 of both ops)
+    assert s["ops"] == 2 and s["calls"] == 6 and s["results"] + s["exceptions"] == 4, s
+
+
+def test_crash_hunt_bounded():
+    """Every 20th op of op_db with bad arguments (tools/crash_hunt.py --quick): each call ends in
+    a Python exception or a result; none wrote to its tensors and then raised."""
+    s = crash_hunt.hunt(quick=True, timeout=240)
+    print(f"crash hunt (quick): {s['ops']} ops, {s['calls']} calls, {s['exceptions']} exceptions,"
+          f" signals {s['signals']}, hangs {s['hangs']}, wrote {s['wrote']}")
+    assert s["ops"] >= 30 and s["calls"] >= 60
+    assert s["signals"] == [] and s["hangs"] == [] and s["wrote"] == []
