@@ -60,3 +60,13 @@ fuzz-adaptive: $(TSTAMP)
 .PHONY: ddp
 ddp: $(STAMP)
 	$(VENV)/bin/torchrun --standalone --nproc-per-node 2 tools/distributed_demo.py --bench
+
+# crash hunt: every op of op_db with bad arguments in worker processes (no signal, no hang, no
+# write-then-raise); the bounded form runs in tests/test_crashes.py. isa: the ISA-sensitive
+# tests under every ATEN_CPU_CAPABILITY this CPU has (also part of `make test`: tests/test_isa.py)
+.PHONY: fuzz-crash isa
+fuzz: fuzz-crash
+fuzz-crash: $(TSTAMP)
+	$(VPY) tools/crash_hunt.py -v
+isa: $(TSTAMP)
+	$(VPY) -m pytest tests/test_isa.py
