@@ -54,9 +54,7 @@ def loss_of(model, ids: torch.Tensor) -> torch.Tensor:
 
 
 def train(model, ids_all, rank: int, world: int, device) -> list[float]:
-    # NOTE: foreach=False: the _foreach_addcmul_ lowering (DTensor params pick foreach) is being
-    # fixed elsewhere (lower/foreach.py); the per-tensor path is the same arithmetic
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     losses = []
     for ids in ids_all:
         local = ids.chunk(world)[rank].to(device)
