@@ -72,7 +72,15 @@ def install() -> None:
     _LIB = torch.library.Library("aten", "IMPL")
     _LIB.impl("_pin_memory", _pin_memory, "CPU")
     _LIB.impl("is_pinned", _is_pinned, "CPU")
+    from torch.jit import _builtins
+
     for name in _FACTORIES:
         fn = getattr(torch, name)
         if not hasattr(fn, "__wrapped__"):
-            setattr(torch, name, _pinning_factory(fn))
+            wrapper = _pinning_factory(fn)
+            setattr(torch, name, wrapper)
+            # TorchScript resolves torch.empty & co. as builtins by identity and cannot compile
+            # the wrapper (scripted code such as torch.distributed.optim failed to import)
+            op = _builtins._get_builtin_table().get(id(fn))
+            if op is not None:
+                _builtins._register_builtin(wrapper, op)
