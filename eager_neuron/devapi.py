@@ -1,4 +1,4 @@
-"""The rest of the device API libraries read: capability, memory snapshots, torch.accelerator.memory.
+"""The rest of the device API libraries read: capability, snapshots, torch.accelerator.memory.
 
 PyTorch's generic `torch.accelerator.memory.*` functions call a C++ caching allocator that a
 Python backend does not have (an internal assert), and `empty_host_cache()` dereferenced a null

@@ -45,8 +45,9 @@ def empty_host_cache() -> None:
 
 # NOTE: factories given pin_memory=True reach PyTorch's C++ pinned allocator before any kernel
 # we could register: wrap the four factories people pin with (one extra Python call each: 2.8 ->
-# 3.4 us for torch.empty(4) on a loaded machine; empty_strided, *_like, tensor and the RNG factories stay PyTorch's own: the dispatch hot
-# path allocates with empty_strided). Their C++ warnings now name this line as their origin.
+# 3.4 us for torch.empty(4) on a loaded machine). empty_strided, *_like, tensor and the RNG
+# factories stay PyTorch's own (the dispatch hot path allocates with empty_strided). C++ warnings
+# raised inside a wrapped factory name this file as their origin.
 _FACTORIES = ("empty", "zeros", "ones", "full")
 
 

@@ -398,3 +398,14 @@ def test_accelerate_and_trainer_use_neuron(tmp_path):
     assert result.global_step == 3 and torch.isfinite(torch.tensor(result.training_loss))
     assert model.lm_head.weight.device.type == "neuron"
     assert not torch.equal(model.lm_head.weight.detach().cpu(), before)   # it trained
+
+
+@torch.jit.script
+def _scripted_factories(n: int):
+    return torch.zeros(n) + torch.empty(n).fill_(1.0) + torch.full([n], 2.0) + torch.ones(n)
+
+
+def test_pinning_factories_still_script():
+    # the pin_memory wrappers stand for the aten builtins in TorchScript (torch.distributed.optim
+    # scripts its functional optimizers at import)
+    assert _scripted_factories(3).tolist() == [4.0, 4.0, 4.0]
