@@ -421,8 +421,9 @@ def render_search(c: int, store: str) -> tuple[str, str]:
 def render_histc() -> tuple[str, str]:
     """`k(hist, x, info, lo, hi, bins, auto, bf, chunk)`: ATen's histc (linear interpolation,
     no local search) in the input's type: float32, or bfloat16 emulated (`bf`: every operation
-    rounded as c10::BFloat16 arithmetic does). Counts accumulate per `chunk` of x (the CPU's per-thread
-    histograms, bfloat16 ones rounding every add), summed in float32, rounded once by the caller.
+    rounded as c10::BFloat16 arithmetic does). Counts accumulate per `chunk` of x (the CPU's
+    per-thread histograms, bfloat16 ones rounding every add), summed in float32, rounded once by
+    the caller.
     `auto` (min == max given): the range is x's min/max.
     info = [lo, hi, bad]: bad = 1 when the range is not finite or empty (the lowering raises)."""
     name = kernel_name("histc")

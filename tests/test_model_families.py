@@ -299,41 +299,104 @@ def _close(got, ref, ref64, what):
         f"{(ref.double() - ref64).abs().max():.3g} off")
 
 
-@pytest.mark.models
-@pytest.mark.parametrize("mode", ["plain", "adaptive"])
-@pytest.mark.parametrize("name", list(MODELS))
-def test_family_matches_cpu(name, mode, stats_delta):
-    """Forward, one AdamW step and (decoders) greedy generate() equal the CPU; no fallback."""
-    ctx = contextlib.nullcontext if mode == "plain" else eager_neuron.adaptive
-    model, inputs = build(name)
+def check_family(name, model, inputs, ctx, generate_too=True):
+    """Assert forward, one AdamW step and (decoders) greedy generate() on neuron under `ctx`
+    (plain: nullcontext, or eager_neuron.adaptive) equal the CPU's (see _close)."""
     model64 = copy.deepcopy(model).double()
     if name == "mixtral":  # the CPU's _grouped_mm has no float64: the per-expert loop instead
         model64.set_experts_implementation("eager")
     inputs64 = {k: v.double() if torch.is_tensor(v) and v.is_floating_point() else v
                 for k, v in inputs.items()}
+    ref = forward(model, inputs, "cpu")
+    with ctx():
+        got = forward(copy.deepcopy(model).to("neuron"), inputs, "neuron")
+    _close(got, ref, forward(model64, inputs64, "cpu"), f"{name} forward")
+
+    c_loss, c_model = train_step(copy.deepcopy(model), inputs, "cpu")
+    r_loss, r_model = train_step(model64, inputs64, "cpu")
+    with ctx():
+        n_loss, n_model = train_step(copy.deepcopy(model), inputs, "neuron")
+    _close(n_loss, c_loss, r_loss, f"{name} loss")
+    c_state, n_state, r_state = c_model.state_dict(), n_model.state_dict(), r_model.state_dict()
+    assert n_state.keys() == c_state.keys()
+    for key, ref in c_state.items():
+        _close(n_state[key], ref, r_state[key], f"{name} {key} after one AdamW step")
+
+    if generate_too and name in DECODERS:
+        ref = generate(model, inputs, "cpu")
+        with ctx():
+            got = generate(copy.deepcopy(model).to("neuron"), inputs, "neuron")
+        assert got.device.type == "neuron"
+        assert got.cpu().tolist() == ref.tolist(), f"{name} generate"
+
+
+@pytest.mark.models
+@pytest.mark.parametrize("mode", ["plain", "adaptive"])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_family_matches_cpu(name, mode, stats_delta):
+    """Forward, one AdamW step and (decoders) greedy generate() equal the CPU; no fallback."""
+    model, inputs = build(name)
     eager_neuron.reset_stats()
     with _fallback_raises():
-        ref = forward(model, inputs, "cpu")
-        with ctx():
-            got = forward(copy.deepcopy(model).to("neuron"), inputs, "neuron")
-        _close(got, ref, forward(model64, inputs64, "cpu"), f"{name} forward")
-
-        c_loss, c_model = train_step(copy.deepcopy(model), inputs, "cpu")
-        r_loss, r_model = train_step(model64, inputs64, "cpu")
-        with ctx():
-            n_loss, n_model = train_step(copy.deepcopy(model), inputs, "neuron")
-        _close(n_loss, c_loss, r_loss, f"{name} loss")
-        c_state, n_state, r_state = c_model.state_dict(), n_model.state_dict(), r_model.state_dict()
-        assert n_state.keys() == c_state.keys()
-        for key, ref in c_state.items():
-            _close(n_state[key], ref, r_state[key], f"{name} {key} after one AdamW step")
-
-        if name in DECODERS:
-            ref = generate(model, inputs, "cpu")
-            with ctx():
-                got = generate(copy.deepcopy(model).to("neuron"), inputs, "neuron")
-            assert got.device.type == "neuron"
-            assert got.cpu().tolist() == ref.tolist(), f"{name} generate"
+        check_family(name, model, inputs,
+                     contextlib.nullcontext if mode == "plain" else eager_neuron.adaptive)
     stats = stats_delta()
     assert stats["launches"] > 0
     assert not stats["fallbacks"], f"{name}: CPU fallbacks {stats['fallbacks']}"
+
+
+# ---------------------------------------------------------------------------------------------
+# the kernels MoE routing needed (transformers' grouped experts): _grouped_mm, integer histc
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("layout", ["2d3d", "2d2d", "3d2d", "3d3d"])
+def test_grouped_mm_matches_float64_loop(layout, strict_fallback):
+    g = torch.Generator().manual_seed(0)
+    ends = [3, 3, 7]   # an empty group, and rows/columns past the last end (zero here)
+    offs = torch.tensor(ends, dtype=torch.int32)
+    shapes = {"2d3d": ((8, 4), (3, 4, 5)), "2d2d": ((5, 8), (8, 6)),
+              "3d2d": ((3, 4, 5), (5, 8)), "3d3d": ((3, 4, 5), (3, 5, 2))}[layout]
+    x, w = (torch.randn(s, generator=g, dtype=torch.float64) for s in shapes)
+    offs = None if layout == "3d3d" else offs
+
+    def reference(x, w):
+        if layout == "3d3d":
+            return x @ w
+        parts, start = [], 0
+        for i, end in enumerate(ends):
+            if layout == "2d3d":
+                parts.append(x[start:end] @ w[i])
+            elif layout == "2d2d":
+                parts.append(x[:, start:end] @ w[start:end])
+            else:
+                parts.append(x[i] @ w[:, start:end])
+            start = end
+        if layout == "2d3d":
+            return torch.cat(parts + [torch.zeros(8 - ends[-1], w.shape[2], dtype=x.dtype)])
+        if layout == "2d2d":
+            return torch.stack(parts)
+        return torch.cat(parts + [torch.zeros(x.shape[1], 8 - ends[-1], dtype=x.dtype)], dim=1)
+
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    ref = reference(xr, wr)
+    grad = torch.randn(ref.shape, generator=g, dtype=torch.float64)
+    ref.backward(grad)
+    xn = x.float().to("neuron").requires_grad_()
+    wn = w.float().to("neuron").requires_grad_()
+    got = torch._grouped_mm(xn, wn, None if offs is None else offs.to("neuron"))
+    tol = {"rtol": 1e-5, "atol": 1e-5}
+    torch.testing.assert_close(got.cpu().double(), ref.detach(), **tol)
+    if layout in ("2d3d", "3d3d"):   # the layouts torch differentiates (2d2d/3d2d: its backward)
+        got.backward(grad.float().to("neuron"))
+        torch.testing.assert_close(wn.grad.cpu().double(), wr.grad, **tol)
+        torch.testing.assert_close(xn.grad.cpu().double(), xr.grad, **tol)
+
+
+def test_integer_histc_counts_like_float_histc(strict_fallback):
+    x = torch.tensor([0, 0, 1, 3, 3, 3, 2, 7, -1, 5], dtype=torch.int32)
+    for kwargs in ({"bins": 4, "min": 0, "max": 3}, {"bins": 3}, {"bins": 5, "min": 1, "max": 6}):
+        got = torch.histc(x.to("neuron"), **kwargs)
+        assert got.dtype == torch.int32
+        assert got.cpu().tolist() == torch.histc(x.float(), **kwargs).int().tolist(), kwargs
+    with pytest.raises(RuntimeError, match="max must be larger than min"):
+        torch.histc(x.to("neuron"), bins=2, min=3, max=1)

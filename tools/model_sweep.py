@@ -1,10 +1,13 @@
 """Real models on neuron: one table row per (model, mode) — correct? fallbacks? launches? speed?
 
-Models: the tiny Hugging Face models of tests/test_hf_models.py (GPT-2, BERT, Llama, T5, ViT)
-and the MLP, CNN and LSTM of tests/test_models.py, built the same way (same seeds and batches).
+Models: the tiny Hugging Face models of tests/test_hf_models.py (GPT-2, BERT, Llama, T5, ViT),
+the MLP, CNN and LSTM of tests/test_models.py, and the families of tests/test_model_families.py
+(Mamba, Mixtral, CLIP, Whisper, a diffusion UNet), built the same way (same seeds and batches).
 Per model and mode (plain eager, adaptive eager):
-  fwd      eval-mode forward output matches the CPU (rtol 1e-4, atol 1e-5)
-  train    3 AdamW steps: losses and final parameters match the CPU
+  fwd      eval-mode forward output matches the CPU (rtol 1e-4, atol 1e-5; the families: within
+           that of a float64 CPU copy plus twice the CPU float32's own error)
+  train    3 AdamW steps (the families: 1): losses and final parameters match the CPU
+  gen      decoders: greedy generate() gives the CPU's tokens ("-": not a decoder)
   fallbk   CPU fallback calls during those steps (must be 0)
   launch   kernel launches per training step (steady state: compiled, cached)
   cpu ms / neuron ms   wall time per training step, median of --steps timed steps
@@ -90,8 +93,57 @@ def _small(name):
     return model, batches, loss, forward, train
 
 
+def _family(name):
+    import test_model_families as fam
+
+    model, inputs = fam.build(name)
+
+    def loss(m, batch, device):
+        return m(**fam.to_device(batch, device)).loss
+
+    def forward(m, batch, device):
+        return fam._logits(m(**fam.to_device(batch, device)))
+
+    def train(m, batches, device):
+        loss_value, m = fam.train_step(m, batches[0], device)
+        return [loss_value.item()], m
+
+    return model, [inputs], loss, forward, train
+
+
+def _check_family(name, model, batches, ctx) -> tuple[bool, bool, int]:
+    """(fwd ok, train ok, fallbacks): the test's own float64-referenced judgement."""
+    import test_model_families as fam
+
+    eager_neuron.reset_stats()
+    try:
+        fam.check_family(name, model, batches[0], ctx, generate_too=False)
+        ok = (True, True)
+    except AssertionError as exc:
+        ok = (" forward" not in str(exc).split(":")[0], False)
+    return ok + (sum(eager_neuron.stats()["fallbacks"].values()),)
+
+
+def _check_generate(name, model, batches, ctx):
+    """True/False: greedy generate() equals the CPU's; None: not a decoder."""
+    import test_model_families as fam
+
+    if name == "gpt2":
+        batch = {"input_ids": batches[0]["input_ids"]}
+    elif name in fam.DECODERS:
+        batch = batches[0]
+    else:
+        return None
+    ref = fam.generate(copy.deepcopy(model), batch, "cpu")
+    with ctx():
+        got = fam.generate(copy.deepcopy(model).to("neuron"), batch, "neuron")
+    return got.cpu().tolist() == ref.tolist()
+
+
+FAMILIES = ("mamba", "mixtral", "clip", "whisper", "unet")
 MODELS = {"gpt2": _hf, "bert": _hf, "llama": _hf, "t5": _hf, "vit": _hf,
-          "mlp": _small, "cnn": _small, "lstm": _small}
+          "mlp": _small, "cnn": _small, "lstm": _small,
+          **dict.fromkeys(FAMILIES, _family)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -161,8 +213,15 @@ def sweep(names, modes, steps):
             ctx = contextlib.nullcontext if mode == "plain" else eager_neuron.adaptive
             row = {"model": name, "mode": mode, "cpu_ms": cpu_ms}
             try:
-                row["fwd"] = _check_forward(model, batches, forward, ctx)
-                row["train"], row["fallbacks"] = _check_train(model, batches, train, ctx)
+                if name in FAMILIES:
+                    row["fwd"], row["train"], row["fallbacks"] = _check_family(
+                        name, model, batches, ctx)
+                else:
+                    row["fwd"] = _check_forward(model, batches, forward, ctx)
+                    row["train"], row["fallbacks"] = _check_train(model, batches, train, ctx)
+                eager_neuron.reset_stats()
+                row["gen"] = _check_generate(name, model, batches, ctx)
+                row["fallbacks"] += sum(eager_neuron.stats()["fallbacks"].values())
                 row["neuron_ms"], row["launches"], row["dev_us"] = _time_steps(
                     model, batches, loss, "neuron", ctx, steps)
             except Exception as exc:  # noqa: BLE001 (a crash is a row, not the end of the sweep)
@@ -172,18 +231,19 @@ def sweep(names, modes, steps):
     return rows
 
 
-HEADER = (f"{'model':6} {'mode':8} {'fwd':4} {'train':5} {'fallbk':>6} {'launch':>6} "
+HEADER = (f"{'model':7} {'mode':8} {'fwd':4} {'train':5} {'gen':4} {'fallbk':>6} {'launch':>6} "
           f"{'cpu ms':>8} {'neuron ms':>9} {'dev us':>8}")
 
 
 def _format(row) -> str:
     if "error" in row:
-        return f"{row['model']:6} {row['mode']:8} ERROR {row['error']}"
+        return f"{row['model']:7} {row['mode']:8} ERROR {row['error']}"
 
     def yn(v):
         return "ok" if v else "FAIL"
 
-    return (f"{row['model']:6} {row['mode']:8} {yn(row['fwd']):4} {yn(row['train']):5} "
+    gen = "-" if row["gen"] is None else yn(row["gen"])
+    return (f"{row['model']:7} {row['mode']:8} {yn(row['fwd']):4} {yn(row['train']):5} {gen:4} "
             f"{row['fallbacks']:6d} {row['launches']:6.0f} {row['cpu_ms']:8.1f} "
             f"{row['neuron_ms']:9.1f} {row['dev_us']:8.0f}")
 
@@ -207,7 +267,8 @@ def main(argv=None) -> int:
     transformers.logging.set_verbosity_error()
     print(HEADER, flush=True)
     rows = sweep(names, args.modes.split(","), args.steps)
-    bad = [r for r in rows if "error" in r or not (r["fwd"] and r["train"]) or r["fallbacks"]]
+    bad = [r for r in rows if "error" in r or not (r["fwd"] and r["train"]) or r["fallbacks"]
+           or r["gen"] is False]
     print(f"{len(rows) - len(bad)} rows ok, {len(bad)} failing")
     return 1 if bad else 0
 
