@@ -336,8 +336,14 @@ def _run_kernel(func, plan, args, kwargs, mode):
             blocks.append(None)
     if plan.mutates:   # in-place / out=: ATen's checks on the written tensors
         _check_written(plan, a)
+
         if plan.lower in _fusible():
             _check_partial_overlap(a, outs)
+    dtypes = {v.dtype for v in a.values() if isinstance(v, torch.Tensor)}
+    dtypes.update(o.dtype for o in outs if isinstance(o, torch.Tensor))
+    if plan.mutates and not dtypes.isdisjoint(COMPLEX):
+        # a complex operand into a real written tensor (the float fast path skipped it)
+        _check_decomp_written(func, plan, uargs, ukw, real_too=True)
     # 3. run the lowering (half types computed in float32, rounded to nearest even) under the
     #    op's context: its core, its mode, whether adaptive eager may record it
     if _adaptive.STATE.enabled and mode is None and index is not None:
@@ -364,8 +370,6 @@ def _run_kernel(func, plan, args, kwargs, mode):
     tls.ctx = ctx
     try:
         lower = plan.lower
-        dtypes = {v.dtype for v in a.values() if isinstance(v, torch.Tensor)}
-        dtypes.update(o.dtype for o in outs if isinstance(o, torch.Tensor))
         if plan.prepare is not None and dtypes.isdisjoint(_WIDENED):
             # the hot path: the lowering hands back its launch; dispatch -> here -> launch
             req = plan.prepare(func, a, outs)
@@ -485,15 +489,19 @@ def _check_written(plan, a: dict) -> None:
     """ATen's check on a tensor a TensorIterator op (the elementwise and cast families) writes:
     no element may be shared by two indices (an expanded or stride-0 view). The result-type
     check is _check_decomp_written's, made earlier."""
-    if plan.lower in _fusible() and plan.name not in _NO_OVERLAP_CHECK:
-        for name in plan.mutates:
-            t = a.get(name)
-            if isinstance(t, torch.Tensor) and t.numel() > 1 and 0 in t.stride() and \
-                    torch._debug_has_internal_overlap(t) == 1:
-                raise RuntimeError(
-                    "unsupported operation: more than one element of the written-to tensor "
-                    "refers to a single memory location. Please clone() the tensor before "
-                    f"performing the operation.\n{errors.where()}\n  op: {plan.name}")
+    names = _OVERLAP_CHECKED.get(id(plan))
+    if names is None:
+        names = _OVERLAP_CHECKED[id(plan)] = (
+            plan.mutates if plan.lower in _fusible() and plan.name not in _NO_OVERLAP_CHECK
+            else ())
+    for name in names:
+        t = a.get(name)
+        if isinstance(t, torch.Tensor) and 0 in t.stride() and t.numel() > 1 and \
+                torch._debug_has_internal_overlap(t) == 1:
+            raise RuntimeError(
+                "unsupported operation: more than one element of the written-to tensor "
+                "refers to a single memory location. Please clone() the tensor before "
+                f"performing the operation.\n{errors.where()}\n  op: {plan.name}")
 
 
 def _check_result_type(func, plan, args, kwargs, out_dtype) -> None:
@@ -509,19 +517,37 @@ def _check_result_type(func, plan, args, kwargs, out_dtype) -> None:
             f"  op: {plan.name}")
 
 
-def _check_decomp_written(func, plan, args, kwargs) -> None:
+def _check_decomp_written(func, plan, args, kwargs, real_too: bool = False) -> None:
     """The result-type check for an in-place/out= op with one written tensor, made before
     PyTorch's meta function or decomposition runs (their wrappers word it otherwise)."""
-    if len(plan.mutates) != 1:
+    pos = _WRITTEN.get(id(func))   # NOTE: id: OpOverload.__hash__ is Python code
+    if pos is None:
+        pos = _WRITTEN[id(func)] = _written_position(func, plan)
+    if not pos:
         return
-    try:
-        t = _original(func, args, kwargs, plan.mutates[0])
-    except (KeyError, IndexError):
+    t = args[pos[0]] if pos[0] < len(args) else kwargs.get(pos[1])
+    if not isinstance(t, torch.Tensor):
         return
-    if isinstance(t, torch.Tensor):
+    if real_too or t.dtype not in _FLOATING:
+        # NOTE: a float written tensor (the hot case: optimizers' add_/mul_) takes any real
+        # result; a complex operand into it is refused by PyTorch's meta function
         _check_result_type(func, plan, args, kwargs, t.dtype)
 
 
+_WRITTEN: dict = {}   # func -> (position, name) of its one written argument, or ()
+_FLOATING = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16})
+
+
+def _written_position(func, plan) -> tuple:
+    if len(plan.mutates) != 1:
+        return ()
+    for i, (name, _d, _k) in enumerate(schema_args(func)):
+        if name == plan.mutates[0]:
+            return (i, name)
+    return ()
+
+
+_OVERLAP_CHECKED: dict = {}   # id(plan) -> the written args _check_written judges (plans live on)
 # ATen's fill_/zero_ write expanded tensors without complaint (masked_fill_ only warns)
 _NO_OVERLAP_CHECK = ("aten::fill_.Scalar", "aten::fill_.Tensor", "aten::zero_",
                      "aten::masked_fill_.Scalar", "aten::masked_fill_.Tensor")

@@ -450,6 +450,10 @@ def test_issue11_item7_integer_inplace_with_float_result_raises(adaptive):
             i.mul_(1.5)
         with pytest.raises(RuntimeError, match="can't be cast"):   # via PyTorch's out= wrapper
             torch.mul(i, 0.5, out=torch.empty(5, dtype=torch.long, device="neuron"))
+        with pytest.raises(RuntimeError, match="result type ComplexFloat can't be cast to "
+                                               "the desired output type Float"):
+            torch.ones(3, device="neuron").add_(torch.ones(3, dtype=torch.complex64,
+                                                           device="neuron"))
         i.add_(2)                                        # Long result: fine
         f = torch.zeros(5, device="neuron").add_(i)      # Long into Float: fine
     assert i.tolist() == [2, 3, 4, 5, 6] and f.tolist() == [2., 3., 4., 5., 6.]
