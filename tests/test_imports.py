@@ -39,6 +39,7 @@ ALLOWED = {
     (_L + "sort", _E + "dispatch"),
     (_L + "linalg_spectral", _E + "dispatch"),
     (_L + "extras", _E + "dispatch"),
+    (_L + "ctc", _E + "dispatch"),
     # -- lowerings that reach another family's lowering through the op table: import the
     #    family module instead (from .reduce import LOWERINGS)
     (_L + "half", _E + "ops"),

@@ -281,7 +281,7 @@ _ADDR_FLOAT = frozenset({torch.float32, torch.float64, torch.bfloat16, torch.flo
 
 
 def lower_addr(func, a, outs):
-    from .. import ops
+    from .elementwise import LOWERINGS as EW   # not the op table: lower/ never imports ops
     from .half import _half_round, _up
 
     x, v1, v2, out = a["self"], a["vec1"], a["vec2"], outs[0]
@@ -293,7 +293,7 @@ def lower_addr(func, a, outs):
         raise NotImplementedError("addr with complex or bool scalars")
     half = dt in HALF
     work = torch.float32 if half else dt
-    mul, add = ops.KERNELS["aten::mul"], ops.KERNELS["aten::add"]
+    mul, add = EW["aten::mul"], EW["aten::add"]
     mul_t, add_t = torch.ops.aten.mul.Tensor, torch.ops.aten.add.Tensor
 
     def rounded(t):
