@@ -128,20 +128,19 @@ def test_errors_during_backward_are_raised_to_the_caller_and_leave_grad_unchange
 def test_crash_hunt_finds_a_signal_and_names_its_call():
     """The hunt itself can fail: a call that kills its worker is reported by name, and the
     calls after it still run (in a new worker)."""
-    s = crash_hunt.hunt(pattern=r"^(gather|index_select)$",
-                        mutations=["cpu_arg", "selftest:segv", "dim:99"], timeout=120)
-    assert s["signals"] and s["signals"][0].startswith(
-        "gather selftest:segv (exit -11, SIGSEGV)"), s["signals"]
-    assert len(s["signals"]) == 2 and s["signals"][1].startswith("index_select selftest:segv")
-    # the calls around the dead ones ran (cpu_arg and dim:99 of both ops)
-    assert s["ops"] == 2 and s["calls"] == 6 and s["results"] + s["exceptions"] == 4, s
+    s = crash_hunt.hunt(pattern=r"^gather$", mutations=["cpu_arg", "selftest:segv", "dim:99"],
+                        timeout=120)
+    assert s["signals"] == ["gather selftest:segv (exit -11, SIGSEGV)"], s["signals"]
+    # the calls around the dead one ran: before it in the first worker, after it in a new one
+    assert s["ops"] == 1 and s["calls"] == 3 and s["results"] + s["exceptions"] == 2, s
+    assert s["by_type"]["IndexError"] == 1   # dim:99
 
 
 def test_crash_hunt_bounded():
-    """Every 20th op of op_db with bad arguments (tools/crash_hunt.py --quick): each call ends in
+    """Every 25th op of op_db with bad arguments (tools/crash_hunt.py --quick): each call ends in
     a Python exception or a result; none wrote to its tensors and then raised."""
     s = crash_hunt.hunt(quick=True, timeout=240)
     print(f"crash hunt (quick): {s['ops']} ops, {s['calls']} calls, {s['exceptions']} exceptions,"
           f" signals {s['signals']}, hangs {s['hangs']}, wrote {s['wrote']}")
-    assert s["ops"] >= 30 and s["calls"] >= 60
+    assert s["ops"] >= 25 and s["calls"] >= 50
     assert s["signals"] == [] and s["hangs"] == [] and s["wrote"] == []

@@ -42,14 +42,14 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
 # the bounded run (tests/test_crashes.py): mutations that reach argument checks, dispatch and
-# index/shape kernels without compiling a kernel per dtype; every 20th op of op_db
+# index/shape kernels without compiling a kernel per dtype; every 25th op of op_db
 QUICK_MUTATIONS = ("cpu_arg", "dim:99", "dim:-99", "index:+", "index:-", "negsize", "rank0",
                    "out:shape", "out:dtype")
 ALL_MUTATIONS = ("dtype:int64", "dtype:bool", "dtype:float64", "dtype:complex64",
                  "dtype:bfloat16", "rank+1", "rank0", "empty", "noncontig", "cpu_arg", "dim:99",
                  "dim:-99", "index:+", "index:-", "negsize", "nan", "out:shape", "out:dtype",
                  "out:alias", "inplace:int64", "inplace:float64")
-QUICK_STRIDE = 20
+QUICK_STRIDE = 25
 
 
 # ---------------------------------------------------------------------------------------------
