@@ -40,6 +40,7 @@ ALLOWED = {
     (_L + "linalg_spectral", _E + "dispatch"),
     (_L + "extras", _E + "dispatch"),
     (_L + "ctc", _E + "dispatch"),
+    (_L + "matmul", _E + "dispatch"),
     # -- lowerings that reach another family's lowering through the op table: import the
     #    family module instead (from .reduce import LOWERINGS)
     (_L + "half", _E + "ops"),

@@ -45,6 +45,9 @@ def _on_dynamo() -> None:
     # graph break runs user code eagerly: it runs outside graphs, as a CUDA driver does
     tr.add("eager_neuron")
     skip_runtime()
+    custom = sys.modules.get("eager_neuron.custom.core")
+    if custom is not None:          # loaded later, it applies this itself
+        custom.trace_into_call()
 
 
 def skip_runtime() -> int:

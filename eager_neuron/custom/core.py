@@ -343,9 +343,6 @@ class Kernel:
     def __call__(self, *args, **kwargs):
         return self.op(*args, **kwargs)
 
-    # NOTE: torch.compile skips frames under eager_neuron/; calling the op is what it must see
-    if hasattr(torch._dynamo, "dont_skip_tracing"):
-        __call__ = torch._dynamo.dont_skip_tracing(__call__)
 
     def _bind(self, args, kwargs) -> list:
         bound = self._signature.bind(*args, **kwargs)
@@ -605,3 +602,20 @@ def kernel(name: str, *, outputs: Callable | None = None, mutates: Sequence[str]
                       fastmath)
 
     return deco
+
+
+def trace_into_call() -> None:
+    """torch.compile skips frames under eager_neuron/; the op call in Kernel.__call__ is what
+    it must see. Applied once torch._dynamo is imported (eager_neuron.compile's import hook, or
+    here when dynamo came first): importing dynamo ourselves would cost ~1.7 s per process."""
+    dynamo = sys.modules.get("torch._dynamo")
+    call = Kernel.__call__
+    if dynamo is None or getattr(call, "_en_traced", False):
+        return
+    if hasattr(dynamo, "dont_skip_tracing"):
+        call = dynamo.dont_skip_tracing(call)
+        call._en_traced = True
+        Kernel.__call__ = call
+
+
+trace_into_call()
