@@ -181,6 +181,8 @@ def main() -> None:
     sys.stdout.flush()
     extra("bench_cache.py")
     extra("bench_profiler.py")
+    extra("bench_kernels.py")
+    extra("bench_compile.py")
 
 
 if __name__ == "__main__":
