@@ -19,7 +19,10 @@ COMPLEX = frozenset({torch.complex64, torch.complex128, torch.complex32})
 # host); ops computing on them have no kernel: the counted CPU fallback, or an error under
 # EAGER_NEURON_FALLBACK=error
 UNSIGNED = frozenset({torch.uint16, torch.uint32, torch.uint64})
-DEVICE_DTYPES = KERNEL_DTYPES | HALF | COMPLEX | UNSIGNED
+# float8 (e4m3fn, e5m2 and the fnuz variants): storage, casts and _scaled_mm (lower/fp8.py)
+FP8 = frozenset({torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz,
+                 torch.float8_e5m2fnuz})
+DEVICE_DTYPES = KERNEL_DTYPES | HALF | COMPLEX | UNSIGNED | FP8
 
 _SCHEMA_CACHE: dict = {}
 
