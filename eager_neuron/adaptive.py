@@ -350,10 +350,17 @@ def flush(reason: str) -> None:
     counted and logged."""
     if not PENDING:
         return
+    if reason in _DEVICE_WIDE:
+        flush_all(reason)
+        return
     key = stream_key()
     if key in PENDING:
         with _lock:
             _flush_locked(key, reason)
+
+
+# waits for all work on the device: every thread's group launches, not only the caller's
+_DEVICE_WIDE = frozenset({"synchronize", "stream synchronize", "event synchronize"})
 
 
 def flush_all(reason: str) -> None:

@@ -525,3 +525,20 @@ def test_set_and_data_assignment_inside_a_group_keep_pending_memory():
         return [z.cpu() for z in (a, b, t, v, w, x, y)]
     want, plain, got = _both_modes(prog)
     _same(want, plain, got)
+
+
+def test_synchronize_launches_every_threads_group():
+    import threading
+
+    from eager_neuron.adaptive import MODULE as ad
+
+    x = torch.ones(16, device="neuron")
+    made = {}
+    with eager_neuron.adaptive():
+        t = threading.Thread(target=lambda: made.setdefault("y", x * 3))
+        t.start()
+        t.join()
+        assert len(ad.PENDING) == 1 and ad.STATE.name == ad.IDLE   # the other thread's group
+        torch.neuron.synchronize()
+        assert not ad.PENDING
+    assert made["y"].sum().item() == 48.0
