@@ -48,6 +48,7 @@ TABLE = {
     "embedding_bag":   (),   # _embedding_bag (+ dense / per-sample-weight backward)
     "extras":          (),   # DYNAMIC: repeat_interleave.Tensor, unique_dim
     "ctc":             (),   # DYNAMIC: _ctc_loss and its backward
+    "fp8":             (),   # _scaled_mm (float8 operands, per-tensor / row-wise scales)
 }
 # lowerings that no family lists as its own (the mask family only serves DYNAMIC ops)
 DYNAMIC_ONLY = ("mask",)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from . import elementwise as ew
+from .common import FP8
 
 # NOTE: every NaN becomes the quiet NaN 0x7FC0, as c10::round_to_nearest_even does (the CPU's
 # AVX2 path writes 0xFFFF for contiguous inputs; either is NaN, the payload is not observable)
@@ -45,6 +46,10 @@ def _f32(t: torch.Tensor) -> torch.Tensor:
 
 def cast(src: torch.Tensor, dst: torch.Tensor) -> None:
     """dst[...] = src, converting dtype and broadcasting src to dst's shape."""
+    if src.dtype in FP8 or dst.dtype in FP8:
+        from .fp8 import cast_fp8  # float8 bit casts: lower/fp8.py (numpy has no fp8 dtype)
+
+        return cast_fp8(src, dst)
     if src.dtype == torch.bfloat16 or dst.dtype == torch.bfloat16 or \
             src.dtype == torch.float16 or dst.dtype == torch.float16:
         return _cast_half(src, dst)
