@@ -182,15 +182,18 @@ def _lm_inputs(g):
 
 
 def _clip_inputs(g):
-    ids = _ids(g)
+    # NOTE: 5 text tokens = 4 patches + the class token: both towers run the same shapes, so
+    # adaptive eager compiles one set of fused kernels for the two
+    ids = _ids(g, 5)
     ids[:, -1] = 1  # eos: CLIP pools the text at the eos position
     return {"input_ids": ids, "pixel_values": torch.randn(BATCH, 3, 16, 16, generator=g),
             "return_loss": True}
 
 
 def _whisper_inputs(g):
-    # 2 * max_source_positions frames: the encoder's stride-2 conv halves them
-    return {"input_features": torch.randn(BATCH, 8, 16, generator=g), "labels": _ids(g, 5)}
+    # 2 * max_source_positions frames: the encoder's stride-2 conv halves them; 8 labels, as
+    # many as encoder positions: encoder and decoder layers share their kernels' shapes
+    return {"input_features": torch.randn(BATCH, 8, 16, generator=g), "labels": _ids(g, 8)}
 
 
 def _unet_inputs(g):
