@@ -47,13 +47,24 @@ def _f32(t: torch.Tensor) -> torch.Tensor:
 def cast(src: torch.Tensor, dst: torch.Tensor) -> None:
     """dst[...] = src, converting dtype and broadcasting src to dst's shape."""
     if src.dtype in FP8 or dst.dtype in FP8:
-        from .fp8 import cast_fp8  # float8 bit casts: lower/fp8.py (numpy has no fp8 dtype)
-
-        return cast_fp8(src, dst)
+        return _cast_fp8(src, dst)
     if src.dtype == torch.bfloat16 or dst.dtype == torch.bfloat16 or \
             src.dtype == torch.float16 or dst.dtype == torch.float16:
         return _cast_half(src, dst)
     ew.lower_elementwise(None, {"self": src}, [dst], "aten::_to_copy")
+
+
+# float8 casts live in lower/fp8.py (numpy has no fp8 dtype): that module imports this one and
+# installs its cast_fp8 here when imported (by ops.py's family table, at import eager_neuron);
+# importing it from here would be an import cycle
+FP8_CAST: list = [None]
+
+
+def _cast_fp8(src: torch.Tensor, dst: torch.Tensor) -> None:
+    if FP8_CAST[0] is None:
+        raise RuntimeError(f"cast from {src.dtype} to {dst.dtype}: the fp8 family "
+                           "(eager_neuron/lower/fp8.py) is not loaded (see the import warning)")
+    FP8_CAST[0](src, dst)
 
 
 def _cast_half(src: torch.Tensor, dst: torch.Tensor) -> None:

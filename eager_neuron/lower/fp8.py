@@ -108,3 +108,4 @@ def lower_scaled_mm(func, a, outs) -> None:
 lower_scaled_mm.handles_half = True   # bf16/fp16 out_dtype and bias: handled above, not upcast
 
 LOWERINGS = {"aten::_scaled_mm": lower_scaled_mm}
+_cast.FP8_CAST[0] = cast_fp8   # lower/cast.py's cast() routes every fp8 cast here
