@@ -149,3 +149,17 @@ def meta_outputs(func, args, kwargs):
             _META.clear()
         _META[key] = result
     return result
+
+
+_FUSIBLE = None
+
+
+def fusible_lowerings() -> frozenset:
+    """Lowerings whose launches adaptive eager may record (the elementwise and cast families)."""
+    global _FUSIBLE
+    if _FUSIBLE is None:
+        from . import ops
+
+        _FUSIBLE = frozenset(fn for name, fn in ops.KERNELS.items()
+                             if name in ops.FUSIBLE_OPS)
+    return _FUSIBLE
