@@ -183,3 +183,21 @@ def test_fp8_linear_trains_like_cpu():
     # accumulation order, which can move one fp8 rounding: bound by one e4m3 step (2**-3)
     assert torch.allclose(torch.tensor(dev_losses), torch.tensor(cpu_losses), rtol=2 ** -3)
     assert torch.allclose(dev_w, cpu_w, rtol=2 ** -3, atol=2 ** -3 * cpu_w.abs().max().item())
+
+
+def test_adaptive_eager_flushes_before_fp8_kernels():
+    # the cast's operand is the output of a recorded (not yet launched) group: it must be
+    # computed before the fp8 encoder reads it, and the fp8 result usable by later recorded ops
+    x = torch.randn(100) * 300
+    with eager_neuron.adaptive():
+        for dt in (torch.float8_e4m3fn, torch.float8_e5m2):
+            xd = x.to("neuron")
+            q = (xd * 2 + 1).to(dt)
+            r = (q.float() * 3 + 1).cpu()
+            assert torch.equal(r, (x * 2 + 1).to(dt).float() * 3 + 1)
+            d = torch.empty(100, dtype=dt, device="neuron")
+            d.copy_(xd * 5)
+            assert torch.equal(d.cpu().view(torch.uint8), (x * 5).to(dt).view(torch.uint8))
+        dev_losses, _ = _train("neuron")
+    cpu_losses, _ = _train("cpu")
+    assert torch.allclose(torch.tensor(dev_losses), torch.tensor(cpu_losses), rtol=2 ** -3)

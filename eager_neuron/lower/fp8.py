@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..adaptive import MODULE as _adaptive
 from ..kernels import fp8 as kfp8
 from ..launch import launch
 from . import cast as _cast
@@ -36,6 +37,13 @@ def _table(dtype: torch.dtype) -> np.ndarray:
     return t
 
 
+def _unfused(why: str) -> None:
+    """These launches run now, never recorded by adaptive eager: flush what is pending first
+    (the operands may be outputs of a recorded group), and launch the helper casts directly."""
+    _adaptive.ARMED[0] = False
+    _adaptive.flush(why)
+
+
 def _decode(src: torch.Tensor) -> np.ndarray:
     """float32 values of an fp8 tensor (a contiguous numpy array of src's shape)."""
     codes = np.ascontiguousarray(src.view(torch.uint8).numpy()).reshape(-1)
@@ -49,6 +57,7 @@ def cast_fp8(src: torch.Tensor, dst: torch.Tensor) -> None:
     """dst[...] = src where src or dst is an fp8 dtype (called by lower/cast.py's cast)."""
     if src.is_complex() or dst.is_complex():
         raise NotImplementedError(f"cast between {src.dtype} and {dst.dtype}")
+    _unfused("fp8 cast")
     if src.dtype == dst.dtype:      # same format: the bit patterns, copied by the uint8 kernel
         _cast.cast(src.view(torch.uint8), dst.view(torch.uint8))
         return
@@ -78,6 +87,7 @@ def _scales(s: torch.Tensor, n: int, rowwise_shape: tuple, which: str) -> np.nda
 
 def lower_scaled_mm(func, a, outs) -> None:
     x, w, out = a["self"], a["mat2"], outs[0]
+    _unfused("fp8 _scaled_mm")
     if a.get("scale_result") is not None:
         # NOTE: declined (NotImplementedError): dispatch takes the counted route, not a guess
         raise NotImplementedError("_scaled_mm with scale_result")
