@@ -23,12 +23,14 @@ from . import context as _context
 from . import errors
 from . import tensor as _tensor_mod
 from .adaptive import MODULE as _adaptive
+from .compile.tracing import run_outside_fake
 from .config import config
 from .context import OpContext
 from .fallback import log_op, run_fallback
 from .inplace import resize_out, resize_outs, run_inplace_view
 from .launch import launch
 from .lower.common import COMPLEX, DEVICE_DTYPES, HALF, bind, schema_args
+from .placement import check_placement
 from .plan import _PLANS, Plan, _plan, _to_meta, meta_outputs  # noqa: F401 -- API
 from .plan import fusible_lowerings as _fusible
 from .simulator import SIM
@@ -314,6 +316,8 @@ def _device_index(device) -> int:
 
 def _run_kernel(func, plan, args, kwargs, mode):
     uargs, ukw, index = unwrap_args(args, kwargs)   # index None: CPU in, CPU out (the mode)
+    if index is not None:   # CUDA's rule: no non-scalar CPU tensor next to device ones
+        check_placement(func, args, kwargs, index)
     if plan.mutates:   # ATen's result-type check first (PyTorch's meta functions word it else)
         _check_decomp_written(func, plan, uargs, ukw)
     # 1. output metadata (validates shapes and dtypes exactly as PyTorch would)
@@ -454,6 +458,8 @@ def _run_dynamic(func, plan, args, kwargs, mode):
     """Ops whose output size depends on the data (nonzero, masked_select, x[mask]): the
     lowering counts first, then allocates and fills; it returns [(data, block), ...]."""
     uargs, ukw, index = unwrap_args(args, kwargs)
+    if index is not None:
+        check_placement(func, args, kwargs, index)
     a = bind(func, uargs, ukw)
     prev = _context.swap(OpContext(index or 0, mode))
     try:
@@ -533,6 +539,8 @@ def install_privateuse1_impls() -> None:
         op = getattr(aten, name).default
 
         def impl(*args, _op=op, **kwargs):
-            return dispatch(_op, args, kwargs)
+            # under a tracer's fake mode (dynamo tracing torch.tensor(..., device="neuron")),
+            # the copy still allocates real device memory, as a CUDA copy does
+            return run_outside_fake(dispatch, _op, args, kwargs)
 
         _IMPL_LIB.impl(name, impl, "PrivateUse1")

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import eager_neuron
-from eager_neuron.device import check_placement
+from eager_neuron.placement import check_placement
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -232,7 +232,7 @@ def test_shape_ops():
 def test_cat_mixed_dtypes_and_legacy_empty():
     a, b = torch.randn(2, 3), torch.arange(6).view(2, 3)
     same(lambda a, b: torch.cat([a, b, b > 2], 1), a, b)
-    same(lambda a, b: torch.cat([torch.empty(0), a, b], 0), a, b)
+    same(lambda a, b: torch.cat([a.new_empty(0), a, b], 0), a, b)
     same(lambda a: torch.cat([a[:, :0], a], 1), a)
 
 
