@@ -10,9 +10,9 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from . import device as _device  # noqa: E402
 from .config import config  # noqa: E402
 from .stats import STATS  # noqa: E402
-from . import device as _device  # noqa: E402
 
 _device.register()
 
@@ -23,13 +23,13 @@ _dispatch.install_privateuse1_impls()
 from . import backward as _backward  # noqa: E402
 
 _backward.install()
-from .errors import KernelError, UnsupportedOpError, UnsupportedTensorError  # noqa: E402
+from . import numerics  # noqa: E402
 from .adaptive import adaptive, set_adaptive  # noqa: E402
+from .errors import KernelError, UnsupportedOpError, UnsupportedTensorError  # noqa: E402
 from .mode import NeuronMode  # noqa: E402
+from .numerics import check_numerics  # noqa: E402
 from .profiler import profile  # noqa: E402
 from .tensor import NeuronTensor  # noqa: E402
-from . import numerics  # noqa: E402
-from .numerics import check_numerics  # noqa: E402
 
 numerics.install_from_env()   # EAGER_NEURON_CHECK=1|nan: the numerics debugger for the process
 
@@ -63,9 +63,10 @@ def reset_stats() -> None:
 
 
 __all__ = [
-    "NeuronMode", "NeuronTensor", "adaptive", "set_adaptive", "stats", "reset_stats", "config", "UnsupportedOpError",
+    "NeuronMode", "NeuronTensor", "adaptive", "set_adaptive", "stats", "reset_stats", "config",
+    "UnsupportedOpError",
     "UnsupportedTensorError", "KernelError", "profile", "__version__", "check_numerics",
 ]
-from .custom import kernel  # noqa: E402,F401 -- custom kernels (docs/KERNELS.md)
-from . import distributed as _distributed  # noqa: E402,F401 -- c10d "neuron" (DISTRIBUTED.md)
 from . import compile as _compile  # noqa: E402,F401 -- torch.compile backend "neuron" (docs/COMPILE.md)
+from . import distributed as _distributed  # noqa: E402,F401 -- c10d "neuron" (DISTRIBUTED.md)
+from .custom import kernel  # noqa: E402,F401 -- custom kernels (docs/KERNELS.md)

@@ -79,8 +79,8 @@ class NotImplementedForDtype(Exception):
     CPU's NotImplementedError. (A NotImplementedError raised by a lowering means "declined, try
     a decomposition or the fallback", so lowerings raise this instead.)
 
-    >>> str(NotImplementedForDtype("bitwise_and_cpu", torch.float32))
-    '"bitwise_and_cpu" not implemented for \'Float\''
+    >>> print(NotImplementedForDtype("bitwise_and_cpu", torch.float32))
+    "bitwise_and_cpu" not implemented for 'Float'
     """
 
     def __init__(self, kernel: str, dtype) -> None:

@@ -52,7 +52,7 @@ def run_fallback(func, plan, args, kwargs, mode, why: str = ""):
 
     def back(x):
         if isinstance(x, torch.Tensor) and not isinstance(x, NeuronTensor):
-            for i, target in enumerate(plan.ret_alias):
+            for target in plan.ret_alias:
                 if target is not None:
                     orig = _d._original(func, args, kwargs, target)
                     if isinstance(orig, NeuronTensor) and orig._data is x:

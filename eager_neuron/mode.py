@@ -15,7 +15,7 @@ from .dispatch import dispatch
 
 
 class NeuronMode(TorchDispatchMode):
-    """Every aten op on CPU tensors inside the block runs through neuron kernels; CPU in, CPU out."""
+    """Every aten op on CPU tensors inside the block runs through neuron kernels; CPU in/out."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         return dispatch(func, args, kwargs or {}, mode=self)

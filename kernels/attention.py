@@ -9,7 +9,8 @@ path). Rows whose every score is -inf give a zero output and logsumexp -inf, as 
 Scores, softmax and products accumulate in float64; one rounding at each store.
 
 Forward `k(out, lse, seed, offset, q, k, v, mask, scale)`: per query row, scores -> max ->
-exp -> weighted sum of values; `lse` (B, H, L) keeps m + log(sum) so the backward recomputes probabilities.
+exp -> weighted sum of values; `lse` (B, H, L) keeps m + log(sum) so the backward recomputes
+probabilities.
 Backward `k(gq, gk, gv, gm, go, q, k, v, mask, out, lse, scale)`: with p = exp(s - lse),
 dv += p go, dp = go . v, ds = p (dp - sum(go * out)), dq = scale ds k, dk += scale ds q,
 dmask += ds (accumulated into the broadcast view: a broadcast mask gets the summed gradient).

@@ -7,7 +7,8 @@ same precision (float32 in float32, as the CPU) and operation order, so results 
 an ulp or two; the coefficient tables are Cephes' published constants. `T(` is the float type and
 `_SUF` its name (`_bessel_j0_float32`); `_polevl_SUF` / `_chbevl_SUF` come from kernels/special.py.
 
->>> "_bessel_j0_float64" in prelude()
+>>> from eager_neuron.kernels.orthopoly import for_type
+>>> "_bessel_j0_float64" in prelude(for_type)
 True
 """
 
@@ -349,7 +350,8 @@ def _sph_bessel_j0_SUF(x):
     return math.sin(x) / x
 '''
 
-HELPERS = ("_i0", "_i0e", "_i1", "_i1e", "_mod_i1", "_bessel_k", "_bessel_j0", "_bessel_j1", "_bessel_y0", "_bessel_y1", "_airy_ai",
+HELPERS = ("_i0", "_i0e", "_i1", "_i1e", "_mod_i1", "_bessel_k", "_bessel_j0", "_bessel_j1",
+           "_bessel_y0", "_bessel_y1", "_airy_ai",
            "_sph_bessel_j0")
 
 

@@ -1,4 +1,6 @@
-"""Compile rendered kernel source with Numba. The only module that imports numba.
+r"""Compile rendered kernel source with Numba: the one place kernels are compiled (numba is also
+imported by cache/keys.py for its version, cache/rebuild.py to rebuild cached entries, and the
+kernels written with the custom-kernel API, which need `prange` and `njit`).
 
 >>> from eager_neuron.kernels.compile import compile_kernel
 >>> k = compile_kernel("@njit\ndef k(x):\n    return x + 1\n", "k")

@@ -4,8 +4,9 @@ The spec is plain data: an expression over loaded operands `x0..xn` and scalars 
 operand's kind ('flat': same shape and contiguous, 'one': a single element, 'nd': broadcast
 view), the rank of the loop, the load casts and the store cast.
 
->>> src, name = render("x0 + c0", ("flat",), 1, ("np.float32",), ("np.float32",), "np.float32")
->>> "for i in range(n)" in src
+>>> src, name = render("x0 + c0", ("flat",), 1, ("np.float32",), ("np.float32",),
+...                    "np.float32({})")
+>>> "for i0 in range(out.shape[0])" in src
 True
 """
 

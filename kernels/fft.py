@@ -180,13 +180,15 @@ _HELPERS: list = []
 
 
 def helpers():
-    """(_plan, _fft_line, _twiddles, _unpack): Numba dispatchers shared by every FFT kernel of the process, so each
-    kernel's own compile is its line loop only (a kernel's source fetches them by import)."""
+    """(_plan, _fft_line, _twiddles, _unpack): Numba dispatchers shared by every FFT kernel of
+    the process, so each kernel's own compile is its line loop only (a kernel's source fetches
+    them by import)."""
     if not _HELPERS:
         from . import compile as kc
 
-        _HELPERS.append(kc.compile_kernel(f"DFT_MAX = {DFT_MAX}\n" + PRELUDE
-                                          + "HELPERS = (_plan, _fft_line, _twiddles, _unpack)\n", "HELPERS"))
+        source = (f"DFT_MAX = {DFT_MAX}\n" + PRELUDE
+                  + "HELPERS = (_plan, _fft_line, _twiddles, _unpack)\n")
+        _HELPERS.append(kc.compile_kernel(source, "HELPERS"))
     return _HELPERS[0]
 
 

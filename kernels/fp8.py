@@ -8,7 +8,7 @@ and their overflow rules (those of PyTorch's c10 conversions, which the CPU uses
   e4m3fnuz  bias 8,  max 240,   one NaN (0x80), no -0: overflow, inf and NaN -> 0x80
   e5m2fnuz  bias 16, max 57344, as e4m3fnuz
 
->>> FORMATS["e4m3fn"].max, decode_table("e5m2")[0x7C]
+>>> FORMATS["e4m3fn"].max, float(decode_table("e5m2")[0x7C])
 (448.0, inf)
 >>> src, name = render_encode("e4m3fn")
 >>> name

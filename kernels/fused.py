@@ -41,8 +41,9 @@ def render(spec: tuple, parallel: bool) -> tuple[str, str]:
                     names.append(f"{cast}(v{ref})")
                 else:
                     names.append(f"{cast}(b{ref}[i])")
-            e = _X.sub(lambda m: f"({names[int(m.group(1))]})", expr)
-            e = _C.sub(lambda m: f"c{scalars[int(m.group(1))]}", e)
+            # the closures run inside this iteration (re.sub calls them at once)
+            e = _X.sub(lambda m: f"({names[int(m.group(1))]})", expr)  # noqa: B023
+            e = _C.sub(lambda m: f"c{scalars[int(m.group(1))]}", e)  # noqa: B023
             if reduce:
                 pre.append(f"    acc{k} = 0.0")
                 body.append(f"        acc{k} += {e}")

@@ -717,7 +717,8 @@ _VERIFY_PASS = """
 import json, sys, torch, eager_neuron
 from torch.testing._internal.common_methods_invocations import op_db
 from eager_neuron.cache import verify
-NAMES = {"add", "sub", "mul", "div", "clamp", "pow", "where", "lerp", "addcmul", "nn.functional.leaky_relu",
+NAMES = {"add", "sub", "mul", "div", "clamp", "pow", "where", "lerp", "addcmul",
+         "nn.functional.leaky_relu",
          "nn.functional.hardtanh", "nn.functional.elu", "nn.functional.softplus", "sum", "mean",
          "amax", "cumsum", "softmax", "gather", "index_select", "cat", "nn.functional.pad",
          "masked_fill", "rsub", "remainder", "fmod", "nn.functional.threshold", "logsumexp"}

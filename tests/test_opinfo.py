@@ -34,10 +34,9 @@ from __future__ import annotations
 import collections
 import json
 import os
-import sys
 import re
+import sys
 import time
-import traceback
 import warnings
 import zlib
 from dataclasses import dataclass, field
@@ -46,7 +45,6 @@ import pytest
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-import eager_neuron
 from eager_neuron.stats import STATS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -473,7 +471,7 @@ def run_op(op, dtypes=DTYPES, max_samples: int | None = MAX_SAMPLES,
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     res = run_sample(op, sample, dtype, do_bwd, atol, rtol,
-                                     lambda phase: progress(name, phase, taken - 1))
+                                     lambda phase: progress(name, phase, taken - 1))  # noqa: B023
                 for phase, outcome in (("fwd", fwd), ("bwd", bwd)):
                     if outcome is not None and phase in res:
                         ok, reason, fb = res[phase]
@@ -694,9 +692,6 @@ def opinfo_sweep(request):
     if JOBS == 0:
         yield None
         return
-    ops = [item.callspec.params["op"] for item in request.session.items
-           if getattr(item, "originalname", None) == "test_op" and hasattr(item, "callspec")
-           and item.module is sys.modules[__name__]]
     yield from _session_sweep(request, "test_op", adaptive=False)
 
 

@@ -1,4 +1,5 @@
-"""eager_neuron.profile(): ops and kernels tied to source lines; table, Chrome trace, Parquet, CLI."""
+"""eager_neuron.profile(): ops and kernels tied to source lines; table, Chrome trace, Parquet,
+CLI."""
 
 from __future__ import annotations
 
@@ -217,7 +218,8 @@ def test_record_flush_marks_fused_group_members_and_passes_launch_keys_through()
         ("7", "host read"), ("7", "host read"), ("8", "synchronize")]
     flush = next(e for e in prof.events if e.type == "flush")
     assert (flush.name, flush.n_ops, flush.group) == ("host read", 2, "7")
-    line = _line("flush", test_record_flush_marks_fused_group_members_and_passes_launch_keys_through)
+    test = test_record_flush_marks_fused_group_members_and_passes_launch_keys_through
+    line = _line("flush", test)
     assert flush.line == line
     kernel = next(e for e in prof.events if e.type == "kernel")
     assert kernel.group == "7" and kernel.extra == {"ops": ["add", "mul"]}

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import scipy.special as sp
 import torch
+
 from eager_neuron.kernels.compile import compile_kernel
 from eager_neuron.kernels.vmath import MATH_TO_VMATH, VMATH_PRELUDE, needs_vmath, vectorize_math
 

@@ -39,8 +39,8 @@ def main(argv=None) -> int:
     ap.add_argument("-v", "--verbose", action="store_true", help="print every failure")
     args = ap.parse_args(argv)
 
-    import torch
     import test_opinfo as T
+    import torch
 
     dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]
     for d in dtypes:

@@ -23,6 +23,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     import torch
+
     import eager_neuron  # noqa: F401
     from eager_neuron.numerics import check_numerics
 

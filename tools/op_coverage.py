@@ -40,7 +40,7 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
 def worker(out_path: str, op_ids: list, skip: list, samples, max_numel) -> None:
     sys.path.insert(0, TESTS)
-    import test_opinfo as T   # imports torch and eager_neuron (after the env is set)
+    import test_opinfo as T  # imports torch and eager_neuron (after the env is set)
 
     by_id = {T.op_id(op): op for op in T.all_ops()}
     skip_set = {tuple(x) for x in skip}
@@ -227,7 +227,7 @@ def main(argv=None) -> int:
 
     sys.path.insert(0, TESTS)
     os.environ.setdefault("EAGER_NEURON_ADAPTIVE", "0")
-    import test_opinfo as T   # the op list and the xfail file (the parent runs no op)
+    import test_opinfo as T  # the op list and the xfail file (the parent runs no op)
 
     op_ids = [T.op_id(op) for op in T.all_ops()]
     if args.ops:

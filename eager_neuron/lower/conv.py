@@ -3,7 +3,8 @@
 Every operand is viewed with three spatial dims (a 2-d convolution gets D = 1, a 1-d one
 D = H = 1), so one kernel set serves all ranks. Stride, padding, dilation, groups, bias and
 output_padding (transposed) are covered; float32/float64 forward and backward, integer types
-forward (a loop gemm), half types in float32 (bfloat16 transposed rounded per step, as the CPU). A transposed convolution runs the grad_input kernel forward and the
+forward (a loop gemm), half types in float32 (bfloat16 transposed rounded per step, as the
+CPU). A transposed convolution runs the grad_input kernel forward and the
 forward/grad_weight kernels backward (the same patch walk with input and output swapped).
 Every op is one launch per needed gradient, plus cast-kernel copies for operands a kernel
 cannot read in place.

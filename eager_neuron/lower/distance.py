@@ -2,7 +2,8 @@
 torch.cdist and nn.functional.pdist), float32/float64, one launch each.
 
 cdist operands are viewed as (B1, B2, rows, M): batch dims coalesced into at most two
-(broadcast batch dims are stride-0 views, never copies). The p-norm kernel is chosen by the class of p:
+(broadcast batch dims are stride-0 views, never copies). The p-norm kernel is chosen by the
+class of p:
 0, 1, 2, inf or general (and 0 < p < 2 in backward), as PyTorch's CPU kernels split it.
 
 >>> import torch, eager_neuron

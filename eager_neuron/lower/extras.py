@@ -281,7 +281,7 @@ _ADDR_FLOAT = frozenset({torch.float32, torch.float64, torch.bfloat16, torch.flo
 
 
 def lower_addr(func, a, outs):
-    from .elementwise import LOWERINGS as EW   # not the op table: lower/ never imports ops
+    from .elementwise import LOWERINGS as EW  # not the op table: lower/ never imports ops
     from .half import _half_round, _up
 
     x, v1, v2, out = a["self"], a["vec1"], a["vec2"], outs[0]

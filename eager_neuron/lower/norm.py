@@ -1,4 +1,4 @@
-"""Normalization lowerings: softmax/log_softmax (+ backward), layer norm and batch norm (+ backward).
+"""Normalization lowerings: softmax/log_softmax (+ backward), layer and batch norm (+ backward).
 
 Views come from `reduce.split`: the normalized dims last, everything else first, coalesced. Batch
 norm's running statistics are updated in place in the running buffers (their host-backed memory
