@@ -34,6 +34,12 @@ class NeuronTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        # another tensor subclass among the operands (AsyncCollectiveTensor, ...) goes first: it
+        # unwraps itself and calls again with plain neuron tensors (the subclass convention)
+        if len(types) > 1 or types[0] is not cls:
+            for t in types:
+                if not issubclass(cls, t):
+                    return NotImplemented
         return _dispatch(func, args, kwargs or {})
 
     def __repr__(self, *, tensor_contents=None) -> str:
