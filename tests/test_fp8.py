@@ -150,6 +150,12 @@ class _FP8Linear(torch.autograd.Function):
         sx = 448.0 / x.abs().amax().clamp(min=1e-12)
         sw = 448.0 / w.abs().amax().clamp(min=1e-12)
         xq, wq = (x * sx).to(e4), (w * sw).to(e4)
+        if x.device.type == "cpu":
+            # the CPU reference: the definition in float64, rounded once. torch's CPU
+            # _scaled_mm goes through oneDNN, which has no fp8 matmul below AVX-512 (a test
+            # of one CPU otherwise); neuron's kernel computes the same definition
+            return _ref_scaled_mm(xq, wq.t(), sx.reciprocal(), sw.reciprocal(), None,
+                                  torch.float32).float()
         return torch._scaled_mm(xq, wq.t(), sx.reciprocal(), sw.reciprocal(),
                                 out_dtype=torch.float32)
 
