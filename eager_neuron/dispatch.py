@@ -23,6 +23,8 @@ from . import context as _context
 from . import errors
 from . import tensor as _tensor_mod
 from .adaptive import MODULE as _adaptive
+from .buffers import _ITEMSIZE, _POOLED_BYTES, _span, alloc, to_host  # noqa: F401 -- API
+from .buffers import device_index as _device_index
 from .compile.tracing import run_outside_fake
 from .config import config
 from .context import OpContext
@@ -33,9 +35,8 @@ from .lower.common import COMPLEX, DEVICE_DTYPES, HALF, bind, schema_args
 from .placement import check_placement
 from .plan import _PLANS, Plan, _plan, _to_meta, meta_outputs  # noqa: F401 -- API
 from .plan import fusible_lowerings as _fusible
-from .simulator import SIM
 from .stats import STATS
-from .tensor import NeuronTensor
+from .tensor import NeuronTensor, wrap
 from .written import (
     _check_decomp_written,
     _check_partial_overlap,
@@ -59,14 +60,6 @@ def _spans(args, kwargs) -> list:
         elif isinstance(x, (list, tuple)):
             spans.extend(_span(v._data) for v in x if type(v) is NeuronTensor)
     return spans
-
-
-def _span(t: torch.Tensor) -> tuple:
-    lo = t.data_ptr()
-    if t.numel() == 0:
-        return lo, lo
-    return lo, lo + (1 + sum((sz - 1) * st for sz, st in zip(t.shape, t.stride())
-                             if sz > 1)) * t.element_size()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -122,63 +115,6 @@ def unwrap_args(args, kwargs):
     uargs = tuple(uargs)
     ukw = {k: _unwrap(v, state) for k, v in kwargs.items()} if kwargs else {}
     return uargs, ukw, state[0]
-
-
-def alloc(index: int | None, shape, stride, dtype) -> tuple[torch.Tensor, object]:
-    """A fresh device buffer: (host-backed view, block). index None means plain CPU (the mode)."""
-    if index is None:
-        return torch.empty_strided(shape, stride, dtype=dtype), None
-    if dtype not in DEVICE_DTYPES:
-        raise errors.UnsupportedTensorError(
-            f"{dtype} tensors are not supported on neuron (supported: float32, float64, "
-            f"bfloat16, float16, int64, int32, int16, int8, uint8, bool, complex64, "
-            f"complex128; uint16/uint32/uint64 as storage)\n{errors.where()}\n"
-            "  fix: keep this tensor on the CPU, or convert it (e.g. complex32 -> "
-            "x.to(torch.complex64)) before moving it to neuron")
-    numel = 1
-    for s in shape:
-        numel *= s
-    if numel == 0:
-        extent = 0
-    else:
-        extent = 1 + sum((sz - 1) * st for sz, st in zip(shape, stride))
-    itemsize = _ITEMSIZE.get(dtype) or _ITEMSIZE.setdefault(dtype, dtype.itemsize)
-    nbytes = extent * itemsize
-    if nbytes < _POOLED_BYTES:
-        # small: the host allocator is cheap; the block only accounts the bytes
-        block = SIM.core(index).alloc(nbytes, want_storage=False)
-        return torch.empty_strided(shape, stride, dtype=dtype), block
-    try:
-        block = SIM.core(index).alloc(nbytes)
-    except torch.OutOfMemoryError:
-        if not _adaptive.PENDING:
-            raise
-        # pending groups pin the blocks they touch (dead temporaries included): launch them,
-        # which frees those, and try once more
-        _adaptive.flush_all("memory pressure")
-        block = SIM.core(index).alloc(nbytes)
-    data = torch.empty(0, dtype=dtype).set_(block.storage, 0, shape, stride)
-    return data, block
-
-
-_ITEMSIZE: dict = {}
-_POOLED_BYTES = 1 << 16   # from here up, buffers come from the core's caching pool
-
-
-def wrap(data: torch.Tensor, block, index: int | None):
-    if index is None:
-        return data
-    return NeuronTensor(data, block, index)
-
-
-def to_host(t: NeuronTensor, reason: str = "host read") -> torch.Tensor:
-    """Copy a neuron tensor to a fresh CPU tensor (a DMA transfer on the simulated device)."""
-    if _adaptive.PENDING:
-        _adaptive.flush_others([_span(t._data)])
-        flush(reason)
-    host = t._data.clone()
-    SIM.cores[t.device.index].transfer(host.numel() * host.element_size())
-    return host
 
 
 # ---------------------------------------------------------------------------------------------
@@ -303,15 +239,6 @@ def _run_alloc(func, args, kwargs, mode):
     shape, stride, dtype = leaves[0]
     data, block = alloc(index, shape, stride, dtype)
     return wrap(data, block, index)
-
-
-def _device_index(device) -> int:
-    if device is None:
-        return torch.neuron.current_device() if hasattr(torch, "neuron") else 0
-    device = torch.device(device)
-    if device.type != "neuron":
-        return None
-    return device.index if device.index is not None else torch.neuron.current_device()
 
 
 def _run_kernel(func, plan, args, kwargs, mode):

@@ -57,9 +57,9 @@ def host_of(storage):
 
 def new_storage(nbytes: int, device) -> torch.UntypedStorage:
     """A fresh neuron storage of `nbytes` bytes on `device` (uninitialized, as on CUDA)."""
-    from .dispatch import _device_index, alloc
+    from .buffers import alloc, device_index
 
-    index = _device_index(device)
+    index = device_index(device)
     data, block = alloc(index, (int(nbytes),), (1,), torch.uint8)
     return neuron_storage(data.untyped_storage(), index, block, int(nbytes))
 
@@ -100,7 +100,7 @@ def _reduce_for_process(t):
     """Sending a neuron tensor to another process (DataLoader workers, mp.Queue): its bytes go
     through CPU shared memory and the receiver puts them on its own simulated device. (A
     neuron storage cannot be shared by file descriptor: that is CPU-only in PyTorch.)"""
-    from .dispatch import to_host
+    from .buffers import to_host
 
     return (_rebuild_from_host, (to_host(t, reason="send to another process"), str(t.device),
                                  t.requires_grad))

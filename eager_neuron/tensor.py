@@ -43,7 +43,7 @@ class NeuronTensor(torch.Tensor):
         return _dispatch(func, args, kwargs or {})
 
     def __repr__(self, *, tensor_contents=None) -> str:
-        from .dispatch import to_host
+        from .buffers import to_host
 
         host = to_host(self, reason="print")
         text = torch._tensor_str._str(host)[:-1]
@@ -60,7 +60,7 @@ class NeuronTensor(torch.Tensor):
 
     # NOTE: these read memory directly in C++ and a wrapper has no storage: go through the host.
     def tolist(self):
-        from .dispatch import to_host
+        from .buffers import to_host
 
         return to_host(self, reason="tolist").tolist()
 
@@ -69,7 +69,7 @@ class NeuronTensor(torch.Tensor):
             raise TypeError(
                 f"can't convert {self.device} device type tensor to numpy. Use Tensor.cpu() to "
                 "copy the tensor to host memory first.")
-        from .dispatch import to_host
+        from .buffers import to_host
 
         return to_host(self, reason="numpy").numpy()
 
@@ -111,7 +111,7 @@ class NeuronTensor(torch.Tensor):
     def __reduce_ex__(self, protocol):
         from collections import OrderedDict
 
-        from .dispatch import flush
+        from .adaptive import flush
 
         flush("serialize")
         # NOTE: PyTorch's own storage-based rebuild, as for a CUDA tensor: views of one buffer
@@ -149,7 +149,7 @@ class NeuronTensor(torch.Tensor):
                 "(CUDA can swap devices through .data; the neuron wrapper cannot).\n"
                 "  fix: t.data = new.to(t.device), or rebuild the parameter with "
                 "torch.nn.Parameter(new)")
-        from .dispatch import flush
+        from .adaptive import flush
 
         flush("set data")
         _DATA.__set__(self, new)
@@ -158,6 +158,14 @@ class NeuronTensor(torch.Tensor):
 
 
 _DATA = torch._C.TensorBase.data
+
+
+def wrap(data: torch.Tensor, block, index: int | None):
+    """The tensor an op returns for a buffer from buffers.alloc: a NeuronTensor on core
+    `index`, or `data` itself when index is None (NeuronMode: CPU in, CPU out)."""
+    if index is None:
+        return data
+    return NeuronTensor(data, block, index)
 
 
 def _rebuild_neuron(host: torch.Tensor, index: int, requires_grad: bool):

@@ -25,22 +25,15 @@ ALLOWED = {
     (_E + "adaptive", _L + "elementwise"),
     (_E + "fallback", _E + "dispatch"),
     (_E + "inplace", _E + "dispatch"),
-    # -- other helpers' files that call back into the funnel (dispatch.alloc/wrap/flush/Plan):
-    #    they go once allocation has its own module
+    # -- files that call back into the funnel itself (not only its allocation, which lives in
+    #    eager_neuron/buffers.py): lower/host runs copies through dispatch._run_kernel with its
+    #    Plans; lower/foreach reaches run_fallback through dispatch; lower/index sizes x[mask]
+    #    with plan.meta_outputs (via dispatch: plan imports ops, which imports lower/index)
     (_L + "host", _E + "dispatch"),
     (_L + "foreach", _E + "dispatch"),
-    (_E + "tensor", _E + "dispatch"),
-    (_E + "storage", _E + "dispatch"),
-    (_E + "storage", _E + "tensor"),
-    # -- DYNAMIC lowerings that allocate their outputs with dispatch.alloc (one line each to
-    #    change, `from ..<buffers module> import alloc`, once allocation leaves dispatch)
     (_L + "index", _E + "dispatch"),
-    (_L + "mask", _E + "dispatch"),
-    (_L + "sort", _E + "dispatch"),
-    (_L + "linalg_spectral", _E + "dispatch"),
-    (_L + "extras", _E + "dispatch"),
-    (_L + "ctc", _E + "dispatch"),
-    (_L + "matmul", _E + "dispatch"),
+    # storage wraps buffers in NeuronTensor; tensor.untyped_storage() calls storage back
+    (_E + "storage", _E + "tensor"),
     # -- lowerings that reach another family's lowering through the op table: import the
     #    family module instead (from .reduce import LOWERINGS)
     (_L + "half", _E + "ops"),

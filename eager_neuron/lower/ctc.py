@@ -24,7 +24,7 @@ _FLOAT = frozenset({torch.float32, torch.float64})
 
 
 def _alloc(index, shape, dtype):
-    from ..dispatch import alloc
+    from ..buffers import alloc
     from .mask import core_index
 
     stride = torch.empty(shape, device="meta").stride()

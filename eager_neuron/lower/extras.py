@@ -24,7 +24,7 @@ VERSION = 1
 
 
 def _alloc(index, shape, dtype):
-    from ..dispatch import alloc
+    from ..buffers import alloc
     from .mask import core_index
 
     stride = torch.empty(shape, device="meta").stride()

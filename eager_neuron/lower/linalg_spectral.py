@@ -63,7 +63,7 @@ def _fcontig_strides(shape: tuple) -> tuple:
 # ---------------------------------------------------------------------------------------------
 
 def dynamic_geqrf(func, a, index):
-    from ..dispatch import alloc
+    from ..buffers import alloc
 
     A = a["self"]
     if A.dim() < 2:
@@ -258,7 +258,7 @@ _DRIVERS = ("gels", "gelsy", "gelsd", "gelss")
 
 
 def dynamic_lstsq(func, a, index):
-    from ..dispatch import alloc
+    from ..buffers import alloc
 
     A, B = a["self"], a["b"]
     driver = a["driver"] or "gelsy"

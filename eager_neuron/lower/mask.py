@@ -88,7 +88,7 @@ def lower_masked_scatter(func, a, outs):
 # fn(func, a, index) -> [(data, block), ...] allocated here on core `index` (None: the CPU).
 
 def dynamic_nonzero(func, a, index=-1):
-    from ..dispatch import alloc
+    from ..buffers import alloc
 
     x = a["self"]
     n = count_nonzero(x)
@@ -99,7 +99,7 @@ def dynamic_nonzero(func, a, index=-1):
 
 
 def dynamic_masked_select(func, a, index=-1):
-    from ..dispatch import alloc
+    from ..buffers import alloc
 
     self, mask = a["self"], a["mask"]
     if mask.dtype != torch.bool:

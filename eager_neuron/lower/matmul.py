@@ -291,7 +291,7 @@ def dynamic_grouped_mm(func, a, index=-1):
     float32/float64 run too (what a float32 MoE model sends).
     """
     from .. import ops
-    from ..dispatch import alloc
+    from ..buffers import alloc
     from .mask import core_index
 
     x, w, offs = a["self"], a["mat2"], a.get("offs")

@@ -192,7 +192,7 @@ def _store(tmp: torch.Tensor, out: torch.Tensor) -> None:
 def unique_flat(func, x, index, *, consecutive: bool, want_inv: bool, want_counts: bool,
                 n_out: int = 3) -> list:
     """[(values, block), (inverse, block), (counts, block)][:n_out] of the flattened x."""
-    from ..dispatch import alloc
+    from ..buffers import alloc
     from .mask import core_index
 
     core = core_index(index)
@@ -289,7 +289,7 @@ def _histc_int(x, out, bins, lo, hi):
 def dynamic_histogram(func, a, index=-1):
     """histogram.bin_ct of a float32 tensor (optional weight, range, density). DYNAMIC only
     because the op has no meta kernel: the shapes are (bins,) and (bins + 1,)."""
-    from ..dispatch import alloc
+    from ..buffers import alloc
     from .mask import core_index
     from .shape import copy
 
@@ -323,7 +323,7 @@ def dynamic_histogram(func, a, index=-1):
 
 
 def dynamic_bincount(func, a, index=-1):
-    from ..dispatch import alloc
+    from ..buffers import alloc
     from .mask import core_index
 
     x, w, minlength = a["self"], a["weights"], int(a["minlength"])

@@ -1,0 +1,93 @@
+"""Device buffers: allocate one on a simulated core, copy one back to the host.
+
+A device buffer is a pair (data, block): `data` a CPU tensor whose memory *is* the device memory
+(host-backed), `block` the simulated HBM allocation that accounts for it. The funnel allocates
+every op's outputs here; lowerings whose output sizes depend on the data (DYNAMIC) allocate here
+too, after counting. `wrap` (the NeuronTensor around a buffer) lives next to the type, in
+tensor.py: this module sits below it, so that tensor.py can read buffers back (`to_host`).
+
+>>> import torch, eager_neuron
+>>> from eager_neuron.buffers import alloc
+>>> data, block = alloc(0, (2, 3), (3, 1), torch.float32)
+>>> data.shape, block.nbytes >= 2 * 3 * 4   # rounded up to the allocator's granule
+(torch.Size([2, 3]), True)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import errors
+from .adaptive import MODULE as _adaptive
+from .lower.common import DEVICE_DTYPES
+from .simulator import SIM
+
+_ITEMSIZE: dict = {}
+_POOLED_BYTES = 1 << 16   # from here up, buffers come from the core's caching pool
+
+
+def alloc(index: int | None, shape, stride, dtype) -> tuple[torch.Tensor, object]:
+    """A fresh device buffer: (host-backed view, block). index None means plain CPU (the mode)."""
+    if index is None:
+        return torch.empty_strided(shape, stride, dtype=dtype), None
+    if dtype not in DEVICE_DTYPES:
+        raise errors.UnsupportedTensorError(
+            f"{dtype} tensors are not supported on neuron (supported: float32, float64, "
+            f"bfloat16, float16, int64, int32, int16, int8, uint8, bool, complex64, "
+            f"complex128; uint16/uint32/uint64 as storage)\n{errors.where()}\n"
+            "  fix: keep this tensor on the CPU, or convert it (e.g. complex32 -> "
+            "x.to(torch.complex64)) before moving it to neuron")
+    numel = 1
+    for s in shape:
+        numel *= s
+    if numel == 0:
+        extent = 0
+    else:
+        extent = 1 + sum((sz - 1) * st for sz, st in zip(shape, stride))
+    itemsize = _ITEMSIZE.get(dtype) or _ITEMSIZE.setdefault(dtype, dtype.itemsize)
+    nbytes = extent * itemsize
+    if nbytes < _POOLED_BYTES:
+        # small: the host allocator is cheap; the block only accounts the bytes
+        block = SIM.core(index).alloc(nbytes, want_storage=False)
+        return torch.empty_strided(shape, stride, dtype=dtype), block
+    try:
+        block = SIM.core(index).alloc(nbytes)
+    except torch.OutOfMemoryError:
+        if not _adaptive.PENDING:
+            raise
+        # pending groups pin the blocks they touch (dead temporaries included): launch them,
+        # which frees those, and try once more
+        _adaptive.flush_all("memory pressure")
+        block = SIM.core(index).alloc(nbytes)
+    data = torch.empty(0, dtype=dtype).set_(block.storage, 0, shape, stride)
+    return data, block
+
+
+def device_index(device) -> int | None:
+    """The core a factory's `device=` argument names (None: the current core; None back for a
+    device that is not neuron)."""
+    if device is None:
+        return torch.neuron.current_device() if hasattr(torch, "neuron") else 0
+    device = torch.device(device)
+    if device.type != "neuron":
+        return None
+    return device.index if device.index is not None else torch.neuron.current_device()
+
+
+def to_host(t, reason: str = "host read") -> torch.Tensor:
+    """Copy a neuron tensor to a fresh CPU tensor (a DMA transfer on the simulated device)."""
+    if _adaptive.PENDING:
+        _adaptive.flush_others([_span(t._data)])
+        _adaptive.flush(reason)
+    host = t._data.clone()
+    SIM.cores[t.device.index].transfer(host.numel() * host.element_size())
+    return host
+
+
+def _span(t: torch.Tensor) -> tuple:
+    """The byte span (lo, hi) a buffer view touches (its extent, not nbytes)."""
+    lo = t.data_ptr()
+    if t.numel() == 0:
+        return lo, lo
+    return lo, lo + (1 + sum((sz - 1) * st for sz, st in zip(t.shape, t.stride())
+                             if sz > 1)) * t.element_size()
