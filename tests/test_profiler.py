@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import json
+import os
 import threading
 import types
 import warnings
@@ -328,17 +329,124 @@ def test_launch_outside_any_op_is_attributed_to_the_caller():
 
 # -- torch.profiler and the command line ---------------------------------------------------------
 
-def test_torch_profiler_shows_neuron_kernels_inside_an_eager_neuron_profile():
+def _torch_profile(activities, body):
+    from torch.profiler import profile
+
+    with profile(activities=activities) as tp, eager_neuron.profile() as ours:
+        body()
+    return tp, ours
+
+
+def _mlp_step():
+    torch.manual_seed(0)
+    model = Net().to("neuron")
+    x = torch.randn(5, 8, device="neuron")
+
+    def body():
+        with torch.profiler.record_function("my_forward"):
+            loss = model(x).pow(2).mean()
+        with torch.profiler.record_function("my_backward"):
+            loss.backward()
+    body()                                     # compile (or load) every kernel first
+    return body
+
+
+def _forward_kernels(ours):
+    """Kernels of the ops inside record_function("my_forward") (loss.backward()'s ones_like is
+    a forward-phase op of the my_backward block)."""
+    return [k for k in ours.events if k.type == "kernel" and k.phase == "forward"
+            and k.source != "loss.backward()"]
+
+
+@pytest.fixture(scope="module")
+def torch_prof(tmp_path_factory):
     from torch.profiler import ProfilerActivity
+
+    tp, ours = _torch_profile([ProfilerActivity.CPU, ProfilerActivity.PrivateUse1], _mlp_step())
+    path = tmp_path_factory.mktemp("tp") / "trace.json"
+    tp.export_chrome_trace(str(path))
+    return tp, ours, json.loads(path.read_text())
+
+
+def test_torch_profiler_privateuse1_lists_every_kernel_with_its_device_time(torch_prof):
+    from torch.autograd import DeviceType
+
+    tp, ours, _ = torch_prof
+    kernels = [e for e in ours.events if e.type == "kernel"]
+    device = [e for e in tp.events() if e.device_type == DeviceType.PrivateUse1]
+    assert kernels and sorted(e.name for e in device) == sorted(k.name for k in kernels)
+    assert sum(e.device_time_total for e in device) == pytest.approx(
+        sum(k.device_us for k in kernels), rel=1e-9)
+    assert all(e.device_index == 0 and e.device_time_total > 0 for e in device)
+    assert not any(e.name.startswith("neuron::profiler_clock") for e in tp.events())
+    # each aten op carries the kernels it launched: linear's addmm, relu, the backward mm
+    rows = {e.key: e for e in tp.key_averages()}
+    for op, family in (("aten::addmm", "matmul"), ("aten::relu", "elementwise"),
+                       ("aten::threshold_backward", "elementwise")):
+        mine = [k for k in kernels if ours.events[k.parent].name.startswith(op + ".")
+                or ours.events[k.parent].name == op]
+        assert mine and all(k.name.startswith(family) for k in mine), op
+        assert rows[op].self_device_time_total == pytest.approx(
+            sum(k.device_us for k in mine), rel=1e-9), op
+    table = tp.key_averages().table(sort_by="self_device_time_total", row_limit=200)
+    assert "Self NEURON" in table and "elementwise:aten::relu" in table
+    assert "neuron::elementwise:aten::relu" in table     # the launch, on the CPU side
+
+
+def test_torch_profiler_record_function_labels_carry_the_kernels_they_cover(torch_prof):
+    tp, ours, _ = torch_prof
+    fwd = _forward_kernels(ours)
+    label = next(e for e in tp.events() if e.name == "my_forward")
+    assert fwd and label.device_time_total == pytest.approx(sum(k.device_us for k in fwd),
+                                                            rel=1e-9)
+
+
+def test_torch_profiler_chrome_trace_has_a_device_track(torch_prof):
+    tp, ours, trace = torch_prof
+    evs = trace["traceEvents"]
+    kernels = [e for e in ours.events if e.type == "kernel"]
+    dev = [e for e in evs if e.get("ph") == "X" and e.get("cat") == "kernel"]
+    assert len(dev) == len(kernels) and {e["pid"] for e in dev} == {0}
+    labels = {e["args"]["labels"] for e in evs if e.get("name") == "process_labels"
+              and e.get("pid") == 0}
+    assert labels == {"neuron:0 (simulated NeuronCore)"}
+    spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in dev)
+    assert all(a[1] <= b[0] + 1e-3 for a, b in itertools.pairwise(spans))
+    # a flow arrow from each launch (host) to its kernel (device), never backwards in time
+    starts = {e["id"]: e for e in evs if e.get("ph") == "s" and e.get("cat") == "ac2g"}
+    ends = {e["id"]: e for e in evs if e.get("ph") == "f" and e.get("cat") == "ac2g"}
+    assert len(starts) == len(ends) == len(dev)
+    for i, s in starts.items():
+        assert s["pid"] == os.getpid() and s["ts"] <= ends[i]["ts"] + 1e-3
+    launches = [e for e in evs if e.get("cat") == "neuron_runtime"]
+    assert len(launches) == len(dev) and all(e["dur"] > 0 for e in launches)
+    # the record_function label is on the device track too, spanning its forward kernels
+    fwd = {k.name for k in _forward_kernels(ours)}
+    ann = next(e for e in evs if e.get("cat") == "gpu_user_annotation"
+               and e["name"] == "my_forward")
+    inside = [e for e in dev if ann["ts"] <= e["ts"] and
+              e["ts"] + e["dur"] <= ann["ts"] + ann["dur"] + 1e-3]
+    assert {e["name"] for e in inside} >= fwd
+    assert len(inside) == len(_forward_kernels(ours))
+    assert not any(e.get("name", "").startswith("neuron::profiler_clock") for e in evs)
+
+
+def test_torch_profiler_cpu_only_and_legacy_forms():
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
 
     x = torch.ones(32, device="neuron")
     _ = x * 5
-    with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]
-                                ) as tp, eager_neuron.profile():
+    with profile(activities=[ProfilerActivity.CPU]) as tp:    # CPU only: as on CUDA, no kernels
         _ = x * 5
     names = {e.key for e in tp.key_averages()}
-    assert "aten::mul" in names                                   # the op, on the CPU timeline
-    assert "neuron::elementwise:aten::mul" in names               # our marker for the kernel
+    assert "aten::mul" in names and "elementwise:aten::mul" not in names
+    # the autograd profiler's use_device form (legacy use_kineto=False is upgraded)
+    with torch.autograd.profiler.profile(use_device="neuron") as ap:
+        _ = x * 5
+    rows = {e.key: e for e in ap.key_averages()}
+    assert rows["aten::mul"].device_time_total > 0
+    assert any(e.device_type == DeviceType.PrivateUse1 for e in ap.function_events)
 
 
 def test_cli_runs_a_script_and_writes_table_and_trace(tmp_path, capsys):

@@ -12,6 +12,7 @@ attribution.py (steps 2-3), views.py (step 4); every name is re-exported here.
     3. materialize at exit: `Event`s with inclusive and self times, and the device time that no
        kernel explains (DMA transfers) as `transfer` events cut from the simulated clock
     4. views: table(), export_chrome_trace(), to_dataframe(), to_parquet()
+    5. kineto.py: torch.profiler (ProfilerActivity.PrivateUse1) gets the device kernels too
 
 >>> import torch, eager_neuron
 >>> with eager_neuron.profile() as prof:
@@ -21,6 +22,7 @@ attribution.py (steps 2-3), views.py (step 4); every name is re-exported here.
 
 from __future__ import annotations
 
+from . import kineto as _kineto
 from .attribution import FIELDS, Event, _materialize, _transfer  # noqa: F401
 from .recording import (  # noqa: F401
     _ERRORS,
@@ -36,6 +38,8 @@ from .recording import (  # noqa: F401
     record_flush,
 )
 from .views import Profile, Table, chrome_trace, profile, read_parquet  # noqa: F401
+
+_kineto.install()   # torch.profiler with ProfilerActivity.PrivateUse1 shows neuron kernels
 
 __all__ = ["Profile", "Table", "Event", "FIELDS", "profile", "read_parquet", "chrome_trace",
            "record_flush"]

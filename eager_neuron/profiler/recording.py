@@ -62,11 +62,12 @@ class _Op:
 
 
 class _Kernel:
-    __slots__ = ("clock", "core", "event", "group", "loc", "op", "t", "thread")
+    __slots__ = ("clock", "core", "event", "group", "loc", "marked", "op", "t", "thread")
 
     def __init__(self, event, op, t, core, clock, thread, loc, group):
         self.event, self.op, self.t, self.core = event, op, t, core
         self.clock, self.thread, self.loc, self.group = clock, thread, loc, group
+        self.marked = False       # a neuron::<kernel> range went to torch.profiler (kineto.py)
 
 
 class _Flush:
@@ -204,10 +205,11 @@ def _launch_hook(event: dict) -> None:
             group = _implicit_flush(event, op, thread, loc)
         elif _PENDING and group is None:
             _PENDING.clear()  # a plain launch: whatever launched nothing before was no recording
-        _RECORDS.append(
-            _Kernel(event, op, t, core, SIM.cores[core].clock_us, thread, loc, group))
+        k = _Kernel(event, op, t, core, SIM.cores[core].clock_us, thread, loc, group)
+        _RECORDS.append(k)
         if _torch_prof._is_profiler_enabled:
             _annotate_torch_profiler(event, core)
+            k.marked = True
     except Exception:  # noqa: BLE001 - a profiler bug must not fail the user's kernel
         _ERRORS[0] += 1
 
@@ -216,7 +218,8 @@ def _annotate_torch_profiler(event: dict, core: int) -> None:
     """A `neuron::<family>:<op>` marker in torch.profiler's CPU timeline, right after the kernel.
 
     NOTE: a Python backend cannot add device-side activity to Kineto (that needs a C++ profiler
-    plugin), and launch.HOOKS fire after the kernel ran, so this is a marker, not a range.
+    plugin), and launch.HOOKS fire after the kernel ran, so Kineto records a marker; kineto.py
+    matches it to this launch, widens it to the kernel's host run and adds the device event.
     """
     key = event["key"]
     with torch._C._profiler._RecordFunctionFast(
