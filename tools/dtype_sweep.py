@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import os
 import re
 import sys
@@ -37,7 +38,13 @@ def main(argv=None) -> int:
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--no-bwd", action="store_true")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every failure")
+    ap.add_argument("--shard", default="0/1", help="k/n: only every n-th op from the k-th "
+                    "(run n processes, one per core, then --merge their --json files)")
+    ap.add_argument("--json", help="write {table, failures} here (for --merge)")
+    ap.add_argument("--merge", nargs="+", help="print the table of these --json files")
     args = ap.parse_args(argv)
+    if args.merge:
+        return _merge(args.merge)
 
     import test_opinfo as T
     import torch
@@ -46,12 +53,13 @@ def main(argv=None) -> int:
     for d in dtypes:
         T.DTYPE_NAMES.setdefault(d, str(d).split(".")[1])
     rx = re.compile(args.ops)
+    k, n = (int(v) for v in args.shard.split("/"))
     table = collections.defaultdict(lambda: [0, 0])
     reasons = collections.Counter()
-    for op in T.all_ops():
+    failures = []
+    ops = [op for op in T.all_ops() if rx.search(T.op_id(op)) and T.comparable(op)]
+    for op in ops[k::n]:
         oid = T.op_id(op)
-        if not rx.search(oid) or not T.comparable(op):
-            continue
         supported = op.supported_dtypes("cpu")
         for dtype in dtypes:
             if dtype not in supported:
@@ -89,8 +97,18 @@ def main(argv=None) -> int:
                     row[0] += 1
                 else:
                     reasons[T._short(Exception(verdict[phase]))[11:70]] += 1
+                    failures.append([oid, name, phase, verdict[phase][:300]])
                     if args.verbose:
                         print(f"FAIL {oid} {name} {phase}: {verdict[phase][:160]}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"table": [[nm, ph, ok, tot] for (nm, ph), (ok, tot) in table.items()],
+                       "failures": failures}, f)
+    _print(table, reasons)
+    return 0
+
+
+def _print(table, reasons) -> None:
     print(f"{'dtype':10} {'phase':5} {'pass/total':>12} {'%':>6}")
     for (name, phase), (ok, tot) in sorted(table.items()):
         print(f"{name:10} {phase:5} {ok:>5}/{tot:<6} {100 * ok / max(tot, 1):6.1f}")
@@ -98,6 +116,20 @@ def main(argv=None) -> int:
         print("top reasons:")
         for r, c in reasons.most_common(10):
             print(f"  {c:4} {r}")
+
+
+def _merge(paths) -> int:
+    table = collections.defaultdict(lambda: [0, 0])
+    reasons = collections.Counter()
+    for p in paths:
+        with open(p) as f:
+            d = json.load(f)
+        for nm, ph, ok, tot in d["table"]:
+            table[(nm, ph)][0] += ok
+            table[(nm, ph)][1] += tot
+        for _oid, _nm, _ph, why in d["failures"]:
+            reasons[why[:60]] += 1
+    _print(table, reasons)
     return 0
 
 

@@ -9,8 +9,7 @@ meta. PyTorch's choices that later ops read back are kept: `_linalg_solve_ex`, `
 and `_linalg_slogdet` factor A^T when A is contiguous (their backward formulas assume it), and
 `_linalg_check_errors` raises torch.linalg.LinAlgError with the CPU's messages.
 
-Longer than the ~500-line guide (by ~60): part two imports the batching helpers defined here,
-and splitting the LU/Cholesky/triangular lowerings further would scatter one pattern.
+The scratch/launch/error helpers live in `linalg_base.py` (re-exported here).
 
 >>> import torch, eager_neuron
 >>> A = torch.tensor([[4.0, 1.0], [2.0, 3.0]], device="neuron")
@@ -20,173 +19,33 @@ and splitting the LU/Cholesky/triangular lowerings further would scatter one pat
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
-import numpy as np
 import torch
 
-from ..kernels import compile as kc
-from ..kernels import linalg as klin
-from ..launch import launch
 from .cast import cast
-
-VERSION = 1              # bump when this family's rendered source changes (disk cache key)
-PARALLEL_MIN = 1 << 24   # flops below which a prange over the batch costs more than it saves
-F64 = torch.float64
-I32 = torch.int32
-
-
-# ---------------------------------------------------------------------------------------------
-# scratch in, kernel, results out
-# ---------------------------------------------------------------------------------------------
-
-def f64(t: torch.Tensor, shape=None) -> torch.Tensor:
-    """A float64 C-contiguous scratch copy of t, broadcast to `shape` (t's own by default)."""
-    shape = tuple(t.shape) if shape is None else tuple(shape)
-    buf = torch.empty(shape, dtype=F64)
-    if buf.numel():
-        cast(t.detach().expand(shape), buf)
-    return buf
-
-
-def nbatch(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
-
-
-def b3(t: torch.Tensor) -> np.ndarray:
-    """(B, rows, cols) numpy view of a C-contiguous scratch."""
-    return t.numpy().reshape((nbatch(t.shape[:-2]),) + tuple(t.shape[-2:]))
-
-
-def b2(t: torch.Tensor) -> np.ndarray:
-    """(B, n) numpy view of a C-contiguous scratch."""
-    return t.numpy().reshape((nbatch(t.shape[:-1]), t.shape[-1]))
-
-
-def b1(t: torch.Tensor) -> np.ndarray:
-    return t.numpy().reshape(-1)
-
-
-def put(buf: torch.Tensor, out: torch.Tensor) -> None:
-    """out[...] = buf (same shape), converting dtype and layout."""
-    if out.numel():
-        cast(buf.reshape(out.shape), out)
-
-
-def int_scratch(out: torch.Tensor | None, shape: tuple, dtype=I32) -> torch.Tensor:
-    """out itself when it is a C-contiguous `dtype` tensor of `shape`, else a fresh scratch."""
-    if out is not None and out.dtype == dtype and out.is_contiguous() and \
-            tuple(out.shape) == tuple(shape):
-        return out
-    return torch.empty(shape, dtype=dtype)
-
-
-def put_int(buf: torch.Tensor, out: torch.Tensor) -> None:
-    if buf is not out and out.numel():
-        cast(buf.reshape(out.shape), out)
-
-
-def zero(t: torch.Tensor) -> None:
-    if t.numel():
-        cast(torch.zeros((), dtype=t.dtype).expand(t.shape), t)
-
-
-class BatchKernel(NamedTuple):
-    """The key of a batch kernel of kernels/linalg.py: every field its source depends on, and the
-    render that reads nothing else (a tuple: launch appends the argument types to it).
-
-    >>> BatchKernel("linalg", "lu_factor", VERSION, False).render()[1].startswith("linalg_lu")
-    True
-    """
-
-    family: str      # "linalg": the renderer module
-    kind: str        # which batch kernel: a key of kernels/linalg._KERNELS
-    version: int     # VERSION: bump when this family's rendered source changes
-    parallel: bool   # prange over the batch, else range
-
-    def render(self) -> tuple[str, str]:
-        return klin.render(self.kind, self.parallel)
-
-
-def run(kind: str, arrays: tuple, scalars: tuple = (), flops: float = 0.0) -> None:
-    """Launch kernel `kind` of kernels/linalg.py over numpy `arrays` (+ runtime flags)."""
-    batch = arrays[0].shape[0]
-    parallel = batch > 1 and flops >= PARALLEL_MIN and kc.parallel_allowed()
-    key = BatchKernel("linalg", kind, VERSION, parallel)
-    nbytes = sum(a.nbytes for a in arrays)
-    launch(key, key.render, tuple(arrays) + tuple(scalars),
-           flops=flops, bytes_moved=nbytes, engine="vector")
-
-
-def batch_of(*shapes) -> tuple:
-    return tuple(torch.broadcast_shapes(*(tuple(s) for s in shapes)))
-
-
-# ---------------------------------------------------------------------------------------------
-# errors: PyTorch's _linalg_check_errors, on the info the kernels wrote
-# ---------------------------------------------------------------------------------------------
-
-def check_info(info: torch.Tensor, api: str, is_matrix: bool) -> None:
-    """Raise what the CPU raises for a non-zero LAPACK info (first failing batch element)."""
-    flat = info.detach().numpy().reshape(-1)
-    bad = np.flatnonzero(flat)
-    if bad.size == 0:
-        return
-    i = int(bad[0])
-    code = int(flat[i])
-    where = "" if is_matrix else f": (Batch element {i})"
-    if code < 0:
-        raise RuntimeError(f"{api}{where}: Argument {-code} has illegal value.")
-    if "inv" in api:
-        msg = (f": The diagonal element {code} is zero, the inversion could not be completed "
-               "because the input matrix is singular.")
-    elif "solve" in api:
-        msg = ": The solver failed because the input matrix is singular."
-    elif "cholesky" in api:
-        msg = (": The factorization could not be completed because the input is not "
-               f"positive-definite (the leading minor of order {code} is not "
-               "positive-definite).")
-    elif "svd" in api:
-        msg = (": The algorithm failed to converge because the input matrix is ill-conditioned "
-               f"or has too many repeated singular values (error code: {code}).")
-    elif "eig" in api or "syevd" in api:
-        msg = (": The algorithm failed to converge because the input matrix is ill-conditioned "
-               f"or has too many repeated eigenvalues (error code: {code}).")
-    elif "lstsq" in api:
-        msg = (": The least squares solution could not be computed because the input matrix "
-               f"does not have full rank (error code: {code}).")
-    elif "lu_factor" in api:
-        raise RuntimeError(
-            f"{api}{where}: U[{code},{code}] is zero and using it on lu_solve would result in a "
-            "division by zero. If you still want to perform the factorization, consider "
-            "calling linalg.lu(A, pivot) or linalg.lu_factor_ex(A, pivot)")
-    else:
-        msg = f": Unknown error code: {code}."
-    raise torch.linalg.LinAlgError(api + where + msg)
-
-
-def lower_check_errors(func, a, outs):
-    info = a["info"]
-    if info.numel():
-        check_info(info, a["api_name"], bool(a["is_matrix"]))
-
-
-def check_status(status: torch.Tensor, op: str, what: str) -> None:
-    """A kernel's per-matrix status flag (1 = bad input it skipped) as a clear error."""
-    flat = status.numpy().reshape(-1)
-    bad = np.flatnonzero(flat)
-    if bad.size:
-        raise torch.linalg.LinAlgError(
-            f"{op}: (Batch element {int(bad[0])}): {what}")
-
-
-def _no_pivot(op: str):
-    raise RuntimeError(f"{op}: LU without pivoting is not implemented on the CPU or on neuron; "
-                       "fix: call it with pivot=True")
-
+from .linalg_base import (  # noqa: F401 - re-exported for importers of lower.linalg
+    C128,
+    F64,
+    I32,
+    PARALLEL_MIN,
+    VERSION,
+    BatchKernel,
+    _functional_only,
+    _no_pivot,
+    b1,
+    b2,
+    b3,
+    batch_of,
+    check_info,
+    check_status,
+    f64,
+    int_scratch,
+    lower_check_errors,
+    nbatch,
+    put,
+    put_int,
+    run,
+    zero,
+)
 
 # ---------------------------------------------------------------------------------------------
 # LU
@@ -519,21 +378,6 @@ def lower_cross(func, a, outs):
 
 
 lower_cross.handles_half = True
-
-
-def _functional_only(fn):
-    """out= overloads (linalg_inv_ex.inverse, ...) may need their outputs resized, which a
-    lowering cannot do: they decline (NotImplementedError) and take the counted fallback."""
-    def lower(func, a, outs):
-        if any(r.alias_info is not None and r.alias_info.is_write
-               for r in func._schema.returns):
-            raise NotImplementedError(f"{func._schema.name}: out= variant")
-        return fn(func, a, outs)
-
-    lower.__name__ = fn.__name__
-    lower.__doc__ = fn.__doc__
-    lower.handles_half = getattr(fn, "handles_half", False)
-    return lower
 
 
 LOWERINGS = {

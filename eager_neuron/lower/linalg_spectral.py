@@ -1,6 +1,6 @@
 """Linear-algebra lowerings, part two: QR (geqrf, orgqr, ormqr), eigh, SVD, pinv, lstsq and
 matrix_exp. Same pattern as `linalg.py` (float64 scratch in, one batched kernel, cast out);
-`linalg.py` merges these into its LOWERINGS / DYNAMIC tables.
+its own family (helpers from `linalg_base.py`).
 
 geqrf and linalg_lstsq have no meta kernel in PyTorch, so they are DYNAMIC lowerings: they size
 and allocate their outputs themselves, with the CPU's shapes and (column-major) strides.
@@ -21,7 +21,7 @@ from ..kernels import compile as kc
 from ..kernels import linalg as klin
 from ..launch import launch
 from .cast import cast
-from .linalg import (
+from .linalg_base import (
     F64,
     I32,
     VERSION,
