@@ -449,6 +449,64 @@ def test_torch_profiler_cpu_only_and_legacy_forms():
     assert any(e.device_type == DeviceType.PrivateUse1 for e in ap.function_events)
 
 
+def test_record_function_blocks_enclose_their_kernels_in_eager_neuron_profile(tmp_path):
+    torch.manual_seed(0)
+    model = Net().to("neuron")
+    x = torch.randn(5, 8, device="neuron")
+    model(x).sum().backward()
+    with eager_neuron.profile() as prof:
+        with torch.profiler.record_function("step"):
+            with torch.profiler.record_function("fwd"):
+                y = model(x).sum()
+            with torch.profiler.record_function("bwd"):
+                y.backward()               # runs on autograd's thread: still inside "bwd"
+        _ = x * 2                          # outside every block
+    kernels = [e for e in prof.events if e.type == "kernel"]
+    labels = {e.name: e for e in prof.events if e.type == "label"}
+    assert set(labels) == {"step", "fwd", "bwd"}
+    assert labels["fwd"].parent == labels["bwd"].parent == labels["step"].id
+    by = {n: [k for k in kernels if k.label == n] for n in ("fwd", "bwd")}
+    assert by["fwd"] and by["bwd"] and any(k.phase == "backward" for k in by["bwd"])
+    assert [k for k in kernels if k.label is None] == [kernels[-1]]     # z = x * 2
+    for name in ("fwd", "bwd"):
+        lab = labels[name]
+        assert lab.n_ops == len(by[name])
+        assert lab.device_us == pytest.approx(sum(k.device_us for k in by[name]))
+        # the block spans exactly its kernels on the device clock
+        assert lab.device_start_us == pytest.approx(min(k.device_start_us for k in by[name]))
+        assert lab.extra["device_end_us"] == pytest.approx(
+            max(k.device_start_us + k.device_us for k in by[name]))
+    assert labels["step"].n_ops == len(by["fwd"]) + len(by["bwd"])
+    rows = {r["label"]: r for r in prof.summary(group_by="label")}
+    assert rows["bwd"]["kernels"] == len(by["bwd"]) and "label" in prof.table(group_by="label")
+    # the line table does not count blocks; the Chrome trace shows them on host and device
+    assert sum(r["kernels"] for r in prof.summary()) == len(kernels)
+    trace = chrome_trace_json(prof, tmp_path)
+    dev = [e for e in trace if e.get("cat") == "user_annotation" and e["pid"] >= 100]
+    host = [e for e in trace if e.get("cat") == "user_annotation" and e["pid"] == 1]
+    assert {e["name"] for e in dev} == {e["name"] for e in host} == {"step", "fwd", "bwd"}
+    # the text timeline and the picture name every kernel with its block and source line
+    text = prof.timeline()
+    assert len(text.splitlines()) == 2 + len(kernels) and "backward of test_profiler.py" in text
+    path = tmp_path / "t.html"
+    prof.export_timeline(str(path))
+    page = path.read_text()
+    import xml.etree.ElementTree as ET
+
+    svg = ET.fromstring(page[page.index("<svg"):page.index("</svg>") + 6])
+    boxes = [g for g in svg.iter("{http://www.w3.org/2000/svg}g")]
+    tips = [g.find("{http://www.w3.org/2000/svg}title").text for g in boxes]
+    assert sum(1 for t in tips if not t.startswith("record_function")) >= len(kernels)
+    assert sum(1 for t in tips if t.startswith("record_function")) == 3
+    assert any("y = model(x).sum()" in t for t in tips)
+
+
+def chrome_trace_json(prof, tmp_path):
+    path = tmp_path / "labels.json"
+    prof.export_chrome_trace(str(path))
+    return json.loads(path.read_text())["traceEvents"]
+
+
 def test_cli_runs_a_script_and_writes_table_and_trace(tmp_path, capsys):
     from eager_neuron.tools.profile import main
 
@@ -457,8 +515,12 @@ def test_cli_runs_a_script_and_writes_table_and_trace(tmp_path, capsys):
                       "x = torch.ones(4, device='neuron')\n"
                       "y = x * float(sys.argv[1])\n"
                       "sys.exit(3 if y.sum().item() == 8.0 else 0)\n")
-    status = main(["--out-dir", str(tmp_path), "--group-by", "line,kernel", str(script), "2"])
+    out = tmp_path / "new" / "dir"                  # created by the tool
+    status = main(["--out-dir", str(out), "--timeline", "--group-by", "line,kernel", str(script),
+                   "2"])
     assert status == 3
+    assert "tiny.py:3 in &lt;module&gt;" in (out / "tiny.timeline.html").read_text()
+    tmp_path = out
     table = (tmp_path / "tiny.profile.txt").read_text()
     assert "tiny.py:3 in <module>" in table and "elementwise:aten::mul" in table
     assert table.strip() in capsys.readouterr().out

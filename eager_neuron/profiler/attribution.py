@@ -17,12 +17,13 @@ import linecache
 import os
 from collections import defaultdict
 
-from .recording import _Kernel, _kernel_name, _Op
+from .recording import _Kernel, _kernel_name, _Label, _Op
 
 
 @dataclasses.dataclass(slots=True)
 class Event:
-    """One row of a profile. `type` is op | kernel | transfer | flush; times are microseconds.
+    """One row of a profile. `type` is op | kernel | transfer | flush | label (a
+    `torch.profiler.record_function` block); times are microseconds.
 
     Host times are relative to the profile's start (perf_counter); device times are on the
     core's simulated clock, also relative to the start. `parent` is the id of the op that ran
@@ -63,6 +64,7 @@ class Event:
     location: str = "<unknown>"
     grad_fn: str | None = None
     extra: dict | None = None        # launch-event keys the profiler does not know, passed on
+    label: str | None = None         # innermost record_function block around an op or kernel
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(Event))
@@ -106,9 +108,20 @@ def _materialize(raw: list, t0: int, t_end: int, clk0: list, clk1: list) -> list
     op_clocks: dict = {}
     keys: dict = {}                  # kernel key -> (name, repr): keys repeat, launch after launch
     places: dict = {}                # raw location -> its Event fields
+    labels = []                      # (label event, raw label)
     for r in raw:
         ev = Event(id=len(events), type="", name="")
-        if type(r) is _Op:
+        if type(r) is _Label:
+            ids[id(r)] = ev.id
+            parent = ids.get(id(r.parent)) if r.parent is not None else None
+            ev.type, ev.name, ev.parent = "label", r.name, parent
+            ev.depth = events[parent].depth + 1 if parent is not None else 0
+            ev.host_start_us = (r.t0 - t0) / 1e3
+            ev.host_us = ev.self_host_us = ((r.t1 or t_end) - r.t0) / 1e3
+            ev.device_us, ev.n_ops = 0.0, 0
+            ev.label = events[parent].name if parent is not None else None
+            labels.append(ev)
+        elif type(r) is _Op:
             ids[id(r)] = ev.id
             parent = ids.get(id(r.parent)) if r.parent is not None else None
             c0, c1 = r.clk0, r.clk1 if r.clk1 is not None else r.clk0
@@ -120,6 +133,7 @@ def _materialize(raw: list, t0: int, t_end: int, clk0: list, clk1: list) -> list
             ev.host_start_us = (r.t0 - t0) / 1e3
             ev.host_us = ((r.t1 or t_end) - r.t0) / 1e3
             ev.device_us = sum(c1) - sum(c0) if len(c0) == len(c1) else 0.0
+            ev.label = r.label.name if r.label is not None else None
             moved = [i for i in range(min(len(c0), len(c1))) if c1[i] != c0[i]]
             ev.core = moved[0] if moved else None
             if r.group is not None:
@@ -141,7 +155,15 @@ def _materialize(raw: list, t0: int, t_end: int, clk0: list, clk1: list) -> list
             ev.device_us = ev.self_device_us = e["device_us"]
             ev.core = r.core
             base = clk0[r.core] if r.core < len(clk0) else 0.0
-            ev.device_start_us = r.clock - e["device_us"] - base
+            ev.device_start_us = max(r.clock - e["device_us"] - base, 0.0)
+            if r.label is not None:
+                ev.label = r.label.name
+                lab = r.label                   # every enclosing block counts the kernel
+                while lab is not None:
+                    lid = ids.get(id(lab))
+                    if lid is not None:
+                        _cover(events[lid], ev)
+                    lab = lab.parent
             ev.bytes, ev.flops, ev.engine = float(e["bytes"]), float(e["flops"]), e["engine"]
             if r.group is not None:
                 ev.group, ev.flush_reason, ev.n_ops = str(r.group), e.get("flush_reason"), e.get(
@@ -157,6 +179,8 @@ def _materialize(raw: list, t0: int, t_end: int, clk0: list, clk1: list) -> list
             ev.group = str(r.group) if r.group is not None else None
             ev.host_start_us, ev.host_us = (r.t - t0) / 1e3, 0.0
         ev.thread = r.thread
+        if ev.type == "label":
+            ev.self_device_us = None
         place = places.get(r.loc)
         if place is None:
             place = places[r.loc] = _place(r.loc)
@@ -197,6 +221,21 @@ def _materialize(raw: list, t0: int, t_end: int, clk0: list, clk1: list) -> list
                                             lo - cursor))
                 cursor = max(cursor, hi)
     return events
+
+
+def _cover(label: Event, k: Event) -> None:
+    """A kernel launched inside a record_function block: the block's kernel count (n_ops),
+    device time, and its span on the device (device_start_us .. extra["device_end_us"], on the
+    core of its first kernel)."""
+    label.device_us += k.device_us
+    label.n_ops += 1
+    end = k.device_start_us + k.device_us
+    if label.core is None:
+        label.core, label.device_start_us, label.extra = k.core, k.device_start_us, {
+            "device_end_us": end}
+    elif k.core == label.core:
+        label.device_start_us = min(label.device_start_us, k.device_start_us)
+        label.extra["device_end_us"] = max(label.extra["device_end_us"], end)
 
 
 def _transfer(eid: int, events: list, op_id, core: int, start: float, dur: float) -> Event:

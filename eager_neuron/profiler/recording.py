@@ -43,8 +43,8 @@ _SKIP_PREFIXES = (*_SKIP, *(os.path.dirname(sys.modules[m].__file__)
 
 
 class _Op:
-    __slots__ = ("clk0", "clk1", "flush_reason", "group", "inputs", "kind", "launches", "loc",
-                 "name", "parent", "t0", "t1", "thread")
+    __slots__ = ("clk0", "clk1", "flush_reason", "group", "inputs", "kind", "label", "launches",
+                 "loc", "name", "parent", "t0", "t1", "thread")
 
     def __init__(self, name, kind, inputs, parent, thread, loc, clk0):
         self.name = name
@@ -59,15 +59,45 @@ class _Op:
         self.launches = 0
         self.group = None
         self.flush_reason = None
+        self.label = parent.label if parent is not None else _open_label()
+
+
+class _Label:
+    """A `torch.profiler.record_function` block: ops and kernels inside it carry it."""
+
+    __slots__ = ("loc", "name", "parent", "t0", "t1", "thread")
+
+    def __init__(self, name, parent, thread, loc, t0):
+        self.name, self.parent, self.thread, self.loc, self.t0 = name, parent, thread, loc, t0
+        self.t1 = None
+
+
+_OPEN_LABELS: list = []   # every thread's open labels, innermost last
+
+
+def _open_label():
+    """The label an op belongs to: its thread's innermost open record_function block; on
+    autograd's device thread (no Python frames of its own) the newest one of any thread, which
+    is the block around `loss.backward()`."""
+    labels = getattr(_TLS, "labels", None)
+    while labels and labels[-1].t1 is not None:   # left open when a session ended inside it
+        labels.pop()
+    if labels:
+        return labels[-1]
+    if _OPEN_LABELS and _current_node() is not None:
+        return _OPEN_LABELS[-1]
+    return None
 
 
 class _Kernel:
-    __slots__ = ("clock", "core", "event", "group", "loc", "marked", "op", "t", "thread")
+    __slots__ = ("clock", "core", "event", "group", "label", "loc", "marked", "op", "t",
+                 "thread")
 
     def __init__(self, event, op, t, core, clock, thread, loc, group):
         self.event, self.op, self.t, self.core = event, op, t, core
         self.clock, self.thread, self.loc, self.group = clock, thread, loc, group
         self.marked = False       # a neuron::<kernel> range went to torch.profiler (kineto.py)
+        self.label = op.label if op is not None else _open_label()
 
 
 class _Flush:
@@ -191,7 +221,7 @@ def _op_hook(plan, args, kwargs):
 def _launch_hook(event: dict) -> None:
     t = perf_counter_ns()
     try:
-        core = _launch._current_core[0]
+        core = _launch.current_core()
         stack, thread = _thread_state()
         op = stack[-1] if stack else None
         if op is not None:
@@ -272,6 +302,41 @@ def record_flush(reason: str, n_ops: int, group_id=None) -> None:
     _RECORDS.append(_Flush(reason, n_ops, group_id, op, perf_counter_ns(), thread, loc))
 
 
+# -- record_function blocks ----------------------------------------------------------------------
+_RF = _torch_prof.record_function
+_RF_ENTER, _RF_EXIT = _RF.__enter__, _RF.__exit__
+
+
+def _rf_enter(self):
+    out = _RF_ENTER(self)
+    try:
+        labels = getattr(_TLS, "labels", None)
+        if labels is None:
+            _thread_state()
+            labels = _TLS.labels = []
+        lab = _Label(self.name, labels[-1] if labels else None, _TLS.thread, _user_frame(),
+                     perf_counter_ns())
+        labels.append(lab)
+        _OPEN_LABELS.append(lab)
+        _RECORDS.append(lab)
+    except Exception:  # noqa: BLE001 - a profiler bug must not fail the user's block
+        _ERRORS[0] += 1
+    return out
+
+
+def _rf_exit(self, *exc):
+    try:
+        labels = getattr(_TLS, "labels", None)
+        if labels and labels[-1].name == self.name:
+            lab = labels.pop()
+            lab.t1 = perf_counter_ns()
+            if lab in _OPEN_LABELS:
+                _OPEN_LABELS.remove(lab)
+    except Exception:  # noqa: BLE001
+        _ERRORS[0] += 1
+    return _RF_EXIT(self, *exc)
+
+
 # -- sessions ------------------------------------------------------------------------------------
 
 def _start() -> int:
@@ -282,6 +347,7 @@ def _start() -> int:
             _PENDING.clear()
             _dispatch.OP_HOOKS.insert(0, _op_hook)
             _launch.HOOKS.append(_launch_hook)
+            _RF.__enter__, _RF.__exit__ = _rf_enter, _rf_exit
         _SESSIONS[0] += 1
         return len(_RECORDS)
 
@@ -293,6 +359,11 @@ def _stop(first: int) -> list:
         if _SESSIONS[0] == 0:
             _dispatch.OP_HOOKS.remove(_op_hook)
             _launch.HOOKS.remove(_launch_hook)
+            _RF.__enter__, _RF.__exit__ = _RF_ENTER, _RF_EXIT
+            t = perf_counter_ns()
+            for lab in _OPEN_LABELS:
+                lab.t1 = lab.t1 or t
+            _OPEN_LABELS.clear()
             _RECORDS.clear()
             _SEQ_LOC.clear()
             _PENDING.clear()

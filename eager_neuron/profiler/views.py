@@ -1,5 +1,6 @@
 """Profiler, step 4: the session object and its views: table(), summary(), rows(),
-export_chrome_trace(), to_dataframe(), to_parquet(), read_parquet().
+export_chrome_trace(), timeline(), export_timeline() (timeline.py), to_dataframe(),
+to_parquet(), read_parquet().
 
 >>> from eager_neuron.profiler.views import Table
 >>> Table("a | b")
@@ -15,6 +16,7 @@ from time import perf_counter_ns
 from ..simulator import SIM
 from .attribution import FIELDS, Event, _materialize
 from .recording import _ERRORS, _start, _stop
+from .timeline import html_timeline, text_timeline
 
 # -- the session and its views -------------------------------------------------------------------
 
@@ -26,6 +28,7 @@ _GROUPS = {
            "self_device_us", "dma_us"),
     "kernel": ("kernel", "launches", "memory", "disk", "compiles", "compile_ms", "host_us",
                "device_us", "mbytes", "engine", "group"),
+    "label": ("label", "calls", "kernels", "host_ms", "device_us", "location"),
 }
 class Table(str):
     """The table text; shown as a table, not a quoted string, when a REPL echoes it."""
@@ -143,7 +146,8 @@ class Profile:
 
     def table(self, sort_by: str = "device_us", group_by: str = "line",
               row_limit: int = 30) -> Table:
-        """A readable table: per source line (default), per aten op, or per kernel.
+        """A readable table: per source line (default), per aten op, per kernel, or per
+        `torch.profiler.record_function` block (group_by="label").
 
         >>> import torch, eager_neuron
         >>> with eager_neuron.profile() as prof: _ = torch.ones(8, device="neuron") + 1
@@ -161,8 +165,8 @@ class Profile:
                 + (f", {t['dropped']} records DROPPED" if t["dropped"] else ""))
         cells = [[_cell(row.get(c), c) for c in columns] for row in rows[:row_limit]]
         widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
-        numeric = [c not in ("location", "name", "kernel", "ops", "source", "engine", "group")
-                   for c in columns]
+        numeric = [c not in ("location", "name", "kernel", "ops", "source", "engine", "group",
+                             "label") for c in columns]
 
         def fmt(values):
             return "  ".join(v.rjust(w) if num else v.ljust(w)
@@ -188,6 +192,27 @@ class Profile:
         """
         with open(path, "w") as f:
             json.dump(chrome_trace(self.events), f)
+
+    def timeline(self, limit: int = 200) -> Table:
+        """Kernels and DMA in device order, each with its core, simulated start and duration,
+        its record_function block and your source line.
+
+        >>> import torch, eager_neuron
+        >>> with eager_neuron.profile() as prof: _ = torch.ones(8, device="neuron") + 1
+        >>> print(prof.timeline())  # doctest: +SKIP
+        """
+        return Table(text_timeline(self.events, limit))
+
+    def export_timeline(self, path: str, title: str = "eager_neuron profile") -> None:
+        """Write the picture: a self-contained HTML page with one timeline per NeuronCore
+        (record_function blocks, kernels coloured by family, DMA), tooltips with source lines.
+
+        >>> import torch, eager_neuron
+        >>> with eager_neuron.profile() as prof: _ = torch.ones(8, device="neuron") + 1
+        >>> prof.export_timeline("/tmp/timeline.html")
+        """
+        with open(path, "w") as f:
+            f.write(html_timeline(self.events, title))
 
     def to_dataframe(self):
         """A pandas DataFrame, one row per event (needs pandas: pip install eager_neuron[profile]).
@@ -272,6 +297,8 @@ def _arrow_schema(pa):
 
 def _by_line(groups: dict, e: Event, own: dict) -> dict | None:
     # top-level ops, kernels, transfers and flushes count at the line they ran for
+    if e.type == "label":
+        return None
     key = (e.file, e.line, e.function, e.phase, e.location)
     row = groups.get(key)
     if row is None:
@@ -340,7 +367,22 @@ def _by_kernel(groups: dict, e: Event, own: dict) -> dict | None:
     return row
 
 
-_AGGREGATE = {"line": _by_line, "op": _by_op, "kernel": _by_kernel}
+def _by_label(groups: dict, e: Event, own: dict) -> dict | None:
+    # record_function blocks: inclusive kernels and simulated device time
+    if e.type != "label":
+        return None
+    row = groups.get(e.name)
+    if row is None:
+        row = groups[e.name] = {"label": e.name, "calls": 0, "kernels": 0, "host_ms": 0.0,
+                                "device_us": 0.0, "location": e.location}
+    row["calls"] += 1
+    row["kernels"] += e.n_ops or 0
+    row["host_ms"] += e.host_us / 1e3
+    row["device_us"] += e.device_us
+    return row
+
+
+_AGGREGATE = {"line": _by_line, "op": _by_op, "kernel": _by_kernel, "label": _by_label}
 
 
 def _short_key(e: Event) -> str:
@@ -370,7 +412,8 @@ def chrome_trace(events: list[Event]) -> dict:
             tids[e.thread] = len(tids) + 1
         if e.phase == "backward":
             backward_threads.add(e.thread)
-    cores = sorted({e.core for e in events if e.core is not None and e.type != "op"})
+    cores = sorted({e.core for e in events if e.core is not None and e.type != "op"
+                    and e.type != "label"})
     # 1. metadata: process and track names, host first
     trace.append({"ph": "M", "name": "process_name", "pid": host_pid, "tid": 0,
                   "args": {"name": "host (wall clock)"}})
@@ -397,6 +440,11 @@ def chrome_trace(events: list[Event]) -> dict:
         if e.group is not None:
             args["group"], args["flush_reason"] = e.group, e.flush_reason
         tid = tids.get(e.thread, 0)
+        if e.type == "label":
+            args.update(kernels=e.n_ops, device_us=e.device_us)
+            trace.append({"ph": "X", "cat": "user_annotation", "name": e.name, "pid": host_pid,
+                          "tid": tid, "ts": e.host_start_us, "dur": e.host_us, "args": args})
+            continue
         if e.type == "op":
             args.update(kind=e.kind, shapes=e.shapes, dtypes=e.dtypes, device_us=e.device_us)
             trace.append({"ph": "X", "cat": "op", "name": e.name, "pid": host_pid, "tid": tid,
@@ -427,6 +475,17 @@ def chrome_trace(events: list[Event]) -> dict:
             args.update(reason=e.flush_reason, n_ops=e.n_ops)
             trace.append({"ph": "i", "s": "t", "cat": "flush", "name": f"flush: {e.name}",
                           "pid": host_pid, "tid": tid, "ts": e.host_start_us, "args": args})
+    # 3. each record_function block again on its core's clock, spanning the kernels it launched
+    for e in events:
+        if e.type == "label" and e.core is not None:
+            trace.append({"ph": "X", "cat": "user_annotation", "name": e.name,
+                          "pid": 100 + e.core, "tid": 3, "ts": e.device_start_us,
+                          "dur": e.extra["device_end_us"] - e.device_start_us,
+                          "args": {"location": e.location, "kernels": e.n_ops,
+                                   "device_us": e.device_us}})
+    for core in cores:
+        trace.append({"ph": "M", "name": "thread_name", "pid": 100 + core, "tid": 3,
+                      "args": {"name": "record_function blocks"}})
     return {"traceEvents": trace, "displayTimeUnit": "ms",
             "otherData": {"producer": "eager_neuron.profiler",
                           "note": "host is wall time since profile start; each neuron:i process "

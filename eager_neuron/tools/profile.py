@@ -4,7 +4,9 @@
 
 Prints the table (per source line unless --group-by says otherwise) and writes
 `<script>.profile.txt` and `<script>.trace.json` (open the trace in https://ui.perfetto.dev or
-chrome://tracing); --parquet adds the raw events as Parquet (needs pyarrow).
+chrome://tracing) into --out-dir (created if missing); --timeline adds
+`<script>.timeline.html`, a picture of each core's kernels; --parquet adds the raw events as
+Parquet (needs pyarrow).
 
 >>> from eager_neuron.tools.profile import main
 >>> main(["--out-dir", "/tmp", "train.py"])  # doctest: +SKIP
@@ -33,6 +35,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", help="Chrome trace path (default: <script>.trace.json)")
     p.add_argument("--table", help="table text path (default: <script>.profile.txt)")
     p.add_argument("--parquet", help="also write the events as Parquet here (needs pyarrow)")
+    p.add_argument("--timeline", action="store_true",
+                   help="also write <script>.timeline.html: a picture of each core's kernels")
     p.add_argument("script", help="the Python script to run")
     p.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     return p
@@ -42,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the script, report, return its exit status (1 if it raised)."""
     opts = _parser().parse_args(argv)
     groups = [g.strip() for g in opts.group_by.split(",") if g.strip()]
+    os.makedirs(opts.out_dir, exist_ok=True)
     stem = os.path.join(opts.out_dir, os.path.splitext(os.path.basename(opts.script))[0])
     trace_path = opts.trace or stem + ".trace.json"
     table_path = opts.table or stem + ".profile.txt"
@@ -70,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
         f.write(text + "\n")
     prof.export_chrome_trace(trace_path)
     written = [table_path, trace_path]
+    if opts.timeline:
+        prof.export_timeline(stem + ".timeline.html", title=os.path.basename(opts.script))
+        written.append(stem + ".timeline.html")
     if opts.parquet:
         prof.to_parquet(opts.parquet)
         written.append(opts.parquet)
