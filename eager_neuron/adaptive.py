@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from . import context as _context
+from .cache import FORMAT_VERSION
 from .config import config
 from .stats import STATS
 
@@ -70,10 +71,11 @@ def stream_key() -> tuple:
 class _Buf:
     """One kernel argument: a 1-D numpy view (address, length, stride, dtype). Two buffers are
     the same argument only when all four agree; whether two buffers can share an element is
-    decided by `_overlaps` (exactly for equal strides, conservatively otherwise)."""
+    decided by `_overlaps` (exactly for equal strides, conservatively otherwise), once, when the
+    buffer joins its group: `ov` holds the indices of the group's buffers it overlaps."""
 
     __slots__ = ("arr", "lo", "hi", "step", "width", "block_ref", "mem_read", "last_write",
-                 "last_read")
+                 "last_read", "ov")
 
     def __init__(self, arr: np.ndarray, ptr: int, block) -> None:
         self.arr = arr
@@ -87,6 +89,7 @@ class _Buf:
         self.mem_read = False      # some node reads it from memory (not from a register)
         self.last_write = -1       # the last loop that writes it (-1: none)
         self.last_read = -1        # the last loop that reads it (-1: none)
+        self.ov: set = set()       # indices of the other buffers of the group it overlaps
 
 
 def _overlaps(a: _Buf, b: _Buf) -> bool:
@@ -124,6 +127,14 @@ class _Group:
         self.n_nodes = 0
         self.ops: list[str] = []
         self.lines: list[str] = []    # the user's line per recorded op (for fault reports)
+        # the trace so far: a node of the trace tree (see _TNode); every op moves it one step
+        self.cursor = _ROOT[0]
+        self.descs: list = []         # per new buffer of the op being recorded: its guard
+        # buffer starts, sorted (with their indices), and the longest span: a new buffer's
+        # overlaps are found by bisection among the buffers that start before it ends
+        self.los: list = []
+        self.los_j: list = []
+        self.max_span = 0
 
     def buf_index(self, arr: np.ndarray, src, block) -> int:
         # NOTE: `arr` is a 1-D numpy view of the tensor `src` (numpy() + reshape, no copy),
@@ -148,8 +159,40 @@ class _Group:
                 self.pins[id(block)] = block
                 self.pinned_bytes += getattr(block, "nbytes", 0)
         self.index[key] = j = len(self.bufs)
-        self.bufs.append(_Buf(arr, ptr, block))
+        b = _Buf(arr, ptr, block)
+        self.bufs.append(b)
+        ov = self._overlapping(b, j)
+        # the trace guard of a new buffer: everything placement depends on (its size, stride,
+        # dtype, whether it has a block, which earlier buffers it may share bytes with)
+        self.descs.append((n, key[2], arr.dtype, block is not None, ov))
         return j
+
+    def _overlapping(self, b: _Buf, j: int) -> tuple:
+        """Record (both ways) and return the indices of earlier buffers b overlaps."""
+        lo, hi = b.lo, b.hi
+        found = ()
+        if hi > lo:
+            los = self.los
+            i0 = bisect.bisect_right(los, lo - self.max_span)
+            i1 = bisect.bisect_left(los, hi)
+            if i1 > i0:
+                bufs = self.bufs
+                hits = []
+                for t in range(i0, i1):
+                    k = self.los_j[t]
+                    kb = bufs[k]
+                    if kb.hi > lo and _overlaps(kb, b):
+                        hits.append(k)
+                        kb.ov.add(j)
+                if hits:
+                    b.ov.update(hits)
+                    found = tuple(sorted(hits))
+            i = bisect.bisect_right(los, lo)
+            los.insert(i, lo)
+            self.los_j.insert(i, j)
+            if hi - lo > self.max_span:
+                self.max_span = hi - lo
+        return found
 
     def touches(self, spans: list) -> bool:
         """Does any buffer of the group intersect one of the byte spans [(lo, hi), ...]?"""
@@ -202,6 +245,30 @@ def adaptive(enabled: bool = True):
         STATE.enabled = prev
 
 
+class _TNode:
+    """A node of the trace tree: the ops recorded into a group since it started, one edge per
+    op, labelled by the op's guard (its code, size, scalar types, which group buffers it reads
+    and writes, and each new buffer's size, stride, dtype, block and overlaps). An edge also
+    keeps where the op was placed (`step`); a node keeps the launches already built for a group
+    that ends there (`launches`, per observable-stores pattern). Equal guards from the root
+    mean equal placement decisions, so a recognised op skips the analysis and a recognised
+    group its spec, key and kernel lookup: tinygrad's TinyJit capture/replay, guarded."""
+
+    __slots__ = ("children", "step", "launches")
+
+    def __init__(self, step=None) -> None:
+        self.children: dict = {}
+        self.step = step
+        self.launches: dict = {}
+
+
+_ROOT = [_TNode()]
+_TRACE_NODES = [0]
+MAX_TRACE_NODES = 200_000     # a bound on the tree's memory: past it, the tree starts anew
+# counted work of the recording and flush paths (tests assert that a repeated step does none)
+COUNTERS = {"analyses": 0, "renders": 0, "deferred": 0}
+
+
 def record(op: str, expr: str, kinds: tuple, loads: tuple, scalar_casts: tuple, store: str,
            out: np.ndarray, operands: list, scalars: tuple, numel: int,
            reduce: str | None = None, blocks: dict | None = None, core: int | None = None
@@ -230,46 +297,44 @@ def record(op: str, expr: str, kinds: tuple, loads: tuple, scalar_casts: tuple, 
             if key[1] != -1:
                 _flush_at_end_of_backward(key)
         # 1. buffers: operands and output, by (address, length, stride, dtype)
-        op_idx = [g.buf_index(arr, src, blocks.get(id(src))) for arr, src in operands]
+        g.descs = descs = []
+        op_idx = tuple([g.buf_index(arr, src, blocks.get(id(src))) for arr, src in operands])
         out_idx = g.buf_index(out[0], out[1], blocks.get(id(out[1])))
-        # 2. place the node: after the last loop it conflicts with (reads what it writes,
-        #    writes what it reads or writes); join a loop of its size
-        barrier, aligned = _barrier(g, op_idx, out_idx, kinds, numel)
-        target = None
-        for li in range(len(g.loops) - 1, max(barrier, 0) - 1, -1):
-            loop = g.loops[li]
-            if loop.numel != numel:
-                continue
-            if li == barrier and not aligned:
-                continue
-            target = li
-            break
-        if target is None:
-            g.loops.append(_Loop(numel, out_idx if not reduce else op_idx[0]))
-            target = len(g.loops) - 1
-        loop = g.loops[target]
-        # 3. operands: a value computed earlier in this loop stays in a register
-        ops = []
-        for i, j in enumerate(op_idx):
-            if kinds[i] == "one":
-                ops.append(("one", j))
-            elif j in loop.last_writer:
-                ops.append(("val", loop.last_writer[j]))
-            else:
-                ops.append(("buf", j))
-            b = g.bufs[j]
+        # 2. the guard: a group that recorded the same guards before places this op as then
+        sig = (op, expr, kinds, loads, scalar_casts, store, reduce, numel, op_idx, out_idx,
+               tuple(map(type, scalars)), tuple(descs))
+        cursor = g.cursor
+        nxt = cursor.children.get(sig)
+        if nxt is not None:
+            target, ops = nxt.step
+            if target < 0:
+                g.loops.append(_Loop(numel, out_idx if not reduce else op_idx[0]))
+                target = len(g.loops) - 1
+            loop = g.loops[target]
+        else:
+            target, ops, new_loop = _place(g, op_idx, out_idx, kinds, numel, reduce)
+            loop = g.loops[target]
+            if _TRACE_NODES[0] >= MAX_TRACE_NODES:
+                _ROOT[0] = _TNode()
+                _TRACE_NODES[0] = 0
+            nxt = cursor.children[sig] = _TNode((-1 if new_loop else target, ops))
+            _TRACE_NODES[0] += 1
+        g.cursor = nxt
+        # 3. bookkeeping the next op's placement and the flush read
+        bufs = g.bufs
+        for (kind, _), j in zip(ops, op_idx):
+            b = bufs[j]
             if target > b.last_read:
                 b.last_read = target
-            if ops[-1][0] != "val":
-                # read from memory: keep the stores of every buffer overlapping it
-                b.mem_read = True
+            if kind != "val":
+                b.mem_read = True   # read from memory: keep the stores of buffers overlapping
         base = len(g.scalars)
         g.scalars.extend(scalars)
         g.scalar_casts.extend(scalar_casts)
         node_id = g.n_nodes
         loop.nodes.append([expr, loads, store, ops, tuple(range(base, base + len(scalars))),
                            out_idx, reduce, node_id])
-        ob = g.bufs[out_idx]
+        ob = bufs[out_idx]
         if target > ob.last_write:
             ob.last_write = target
         if not reduce:
@@ -277,6 +342,39 @@ def record(op: str, expr: str, kinds: tuple, loads: tuple, scalar_casts: tuple, 
         g.n_nodes += 1
         g.ops.append(op)
         return True
+
+
+def _place(g: _Group, op_idx: tuple, out_idx: int, kinds: tuple, numel: int, reduce) -> tuple:
+    """The analysis of a new op: (loop index, operands, whether it opened a new loop).
+
+    After the last loop it conflicts with (reads what it writes, writes what it reads or
+    writes); it joins a loop of its size; a value computed earlier in that loop is read from a
+    register ("val"), a single element ("one") and the rest from memory ("buf")."""
+    COUNTERS["analyses"] += 1
+    barrier, aligned = _barrier(g, op_idx, out_idx, kinds, numel)
+    target = None
+    for li in range(len(g.loops) - 1, max(barrier, 0) - 1, -1):
+        loop = g.loops[li]
+        if loop.numel != numel:
+            continue
+        if li == barrier and not aligned:
+            continue
+        target = li
+        break
+    new_loop = target is None
+    if new_loop:
+        g.loops.append(_Loop(numel, out_idx if not reduce else op_idx[0]))
+        target = len(g.loops) - 1
+    loop = g.loops[target]
+    ops = []
+    for i, j in enumerate(op_idx):
+        if kinds[i] == "one":
+            ops.append(("one", j))
+        elif j in loop.last_writer:
+            ops.append(("val", loop.last_writer[j]))
+        else:
+            ops.append(("buf", j))
+    return target, tuple(ops), new_loop
 
 
 def _flush_at_end_of_backward(key) -> None:
@@ -300,49 +398,48 @@ def pending_write(arr: np.ndarray, src) -> bool:
     return any(b.last_write >= 0 and _overlaps(b, probe) for b in g.bufs)
 
 
-def _barrier(g: _Group, op_idx: list, out_idx: int, kinds: tuple, numel: int) -> tuple:
+def _barrier(g: _Group, op_idx, out_idx: int, kinds: tuple, numel: int) -> tuple:
     """(the last loop the node conflicts with or -1, whether it may join that loop).
 
-    One pass over the buffers: a buffer overlapping what the node reads or writes conflicts in
-    its last writing loop; one overlapping what it writes, also in its last reading loop. The
-    node may join the barrier loop only element-aligned: every conflict there is the node's own
-    buffer, of its size, overlapping no other buffer it touches, not read as a single element."""
+    Only buffers the node touches or that overlap them (their `ov` sets) can conflict: one
+    overlapping what the node reads or writes conflicts in its last writing loop; one
+    overlapping what it writes, also in its last reading loop. The node may join the barrier
+    loop only element-aligned: every conflict there is the node's own buffer, of its size,
+    overlapping no other buffer it touches, not read as a single element."""
     bufs = g.bufs
-    ob = bufs[out_idx]
     reads = set(op_idx)
-    rbufs = [bufs[r] for r in reads]
+    wset = bufs[out_idx].ov
+    cands = reads | wset
+    cands.add(out_idx)
+    for r in reads:
+        cands |= bufs[r].ov
     barrier, conflicts = -1, []
-    for j, b in enumerate(bufs):
+    for j in cands:
+        b = bufs[j]
         lw, lr = b.last_write, b.last_read
         if lw < 0 and lr < 0:
             continue
-        hit_w = j == out_idx or _overlaps(b, ob)
-        hit = hit_w or j in reads or any(_overlaps(b, r) for r in rbufs)
-        m = lw if hit else -1
+        hit_w = j == out_idx or j in wset
+        m = lw
         if hit_w and lr > m:
             m = lr
         if m >= 0:
-            conflicts.append((j, hit, hit_w))
+            conflicts.append((j, hit_w))
             if m > barrier:
                 barrier = m
     if barrier < 0:
         return -1, True
     touched = reads | {out_idx}
-    for j, hit, hit_w in conflicts:
+    for j, hit_w in conflicts:
         b = bufs[j]
-        if hit and b.last_write == barrier:
+        if b.last_write == barrier:
             same = j in touched and b.arr.shape[0] == numel
             one_read = any(k == "one" and op_idx[i] == j for i, k in enumerate(kinds))
-            if not same or one_read or not _exact_only(g, j, touched):
+            if not same or one_read or not b.ov.isdisjoint(touched):
                 return barrier, False
         if hit_w and b.last_read == barrier and (j != out_idx or b.arr.shape[0] != numel):
             return barrier, False
     return barrier, True
-
-
-def _exact_only(g: _Group, j: int, touched: set) -> bool:
-    """True when buffer j overlaps none of `touched` except itself exactly."""
-    return all(k == j or not _overlaps(g.bufs[j], g.bufs[k]) for k in touched)
 
 
 def flush(reason: str) -> None:
@@ -440,10 +537,11 @@ def _observable(g: _Group) -> list:
     return out
 
 
-def _spec(g: _Group):
-    """Plain-data kernel spec + args; a store is dropped when nothing can observe the buffer."""
+def _spec(g: _Group, keep: list | None = None):
+    """Plain-data kernel spec; a store is dropped when nothing can observe the buffer."""
     loops = []
-    keep = _observable(g)
+    if keep is None:
+        keep = _observable(g)
     for loop in g.loops:
         nodes = []
         for expr, loads, store, ops, scal, out_idx, reduce, node_id in loop.nodes:
@@ -455,34 +553,119 @@ def _spec(g: _Group):
     return (tuple(loops), len(g.bufs), tuple(g.scalar_casts))
 
 
+# "background": a group whose fused kernel is not built yet runs op by op while the kernel
+# compiles on a background thread (eager_neuron/adaptive_compile.py); "sync": it compiles first
+COMPILE = ["background"]
+
+
+def set_compile_mode(mode: str) -> str:
+    """How a group whose fused kernel is not built yet runs: "background" (op by op now, the
+    fused kernel compiles on a background thread for the next time) or "sync" (compile, then
+    launch it). Returns the previous mode.
+
+    >>> from eager_neuron.adaptive import MODULE as ad
+    >>> prev = ad.set_compile_mode("sync"); ad.set_compile_mode(prev)
+    'sync'
+    """
+    if mode not in ("background", "sync"):
+        raise ValueError(f"adaptive compile mode must be 'background' or 'sync', not {mode!r}")
+    prev = COMPILE[0]
+    COMPILE[0] = mode
+    return prev
+
+
+class _Launch:
+    """A built launch of one trace (a node of the trace tree) and observable-stores pattern:
+    its spec, launch key and full key (with the argument types), cost, and the kernel once it
+    is built."""
+
+    __slots__ = ("spec", "key", "full_key", "flops", "bytes", "kernel")
+
+    def __init__(self, spec, key, full_key, flops, nbytes) -> None:
+        self.spec, self.key, self.full_key = spec, key, full_key
+        self.flops, self.bytes = flops, nbytes
+        self.kernel = None
+
+
+_SIM = [None]
+
+
 def _launch_group(g: _Group, reason: str) -> None:
     from .kernels import compile as kc
-    from .launch import launch
     from .lower.elementwise import PARALLEL_MIN
 
-    spec = _spec(g)
     numel = max(lp.numel for lp in g.loops)
     parallel = numel >= PARALLEL_MIN and kc.parallel_allowed()
     if len(g.loops) == 1 and len(g.loops[0].nodes) == 1 and g.loops[0].nodes[0][6] is None:
         _launch_single(g, parallel, reason)
         return
+    from . import adaptive_compile as bg
+    from . import launch as _launch
+
+    keep = _observable(g)
     args = tuple(b.arr for b in g.bufs) + tuple(g.scalars)
-    stored = sum(g.bufs[n[5]].arr.nbytes for lp in spec[0] for n in lp[1] if n[5] is not None)
-    loaded = sum(b.arr.nbytes for b in g.bufs if b.last_read >= 0)
-
-    def replay(exc: Exception) -> None:
-        # the fused kernel could not be built: nothing ran, so op by op is exact (counted)
-        STATS.fusion_fallbacks += 1
-        if "flush" in config.log:
-            print(f"[eager_neuron] fused group failed to build ({type(exc).__name__}: "
-                  f"{str(exc)[:2000]}); running its ops one by one", file=sys.stderr)
-        _run_one_by_one(g)
-
+    lkey = (tuple(keep), parallel)
+    ent = g.cursor.launches.get(lkey)
+    if ent is None:
+        # a trace not launched before: its spec, key and cost, once
+        STATS.trace_misses += 1
+        COUNTERS["analyses"] += 1
+        spec = _spec(g, keep)
+        stored = sum(g.bufs[n[5]].arr.nbytes for lp in spec[0] for n in lp[1]
+                     if n[5] is not None)
+        loaded = sum(b.arr.nbytes for b in g.bufs if b.last_read >= 0)
+        key = ("fused", spec, parallel)
+        ent = _Launch(spec, key, (FORMAT_VERSION,) + key + _launch.arg_types(args),
+                      float(numel * g.n_nodes), float(stored + loaded))
+        g.cursor.launches[lkey] = ent
+    else:
+        STATS.trace_hits += 1
+    kernel = ent.kernel
+    if kernel is None:
+        kernel = ent.kernel = _launch.MEMORY.get(ent.full_key)
+    if (kernel is None and COMPILE[0] == "background" and not _launch.HOOKS
+            and not config.cache_verify):
+        kernel = ent.kernel = _from_disk(ent, parallel, args)
+        if kernel is None:
+            # not built yet: never compile on the critical path. The ops run one by one now
+            # (exactly plain eager), the fused kernel builds in the background for next time
+            if not bg.submit(ent.full_key, _renderer(ent.spec, parallel), args):
+                STATS.fusion_fallbacks += 1   # it failed to build: op by op, counted
+            COUNTERS["deferred"] += 1
+            _run_one_by_one(g, reason)
+            return
     try:
-        launch(("fused", spec, parallel), _renderer(spec, parallel), args,
-               flops=float(numel * g.n_nodes), bytes_moved=float(stored + loaded),
-               engine="vector", extra={"group_ops": g.n_nodes, "flush_reason": reason},
-               core=g.core, on_build_error=replay)
+        if kernel is not None and not _launch.HOOKS and "kernels" not in config.log \
+                and not config.cache_verify:
+            # the replay: one call, counted and charged as launch() does on a memory hit
+            kernel(*args)
+            STATS.memory_hits += 1
+            STATS.launches += 1
+            sim = _SIM[0]
+            if sim is None:
+                from .simulator import SIM as sim
+
+                _SIM[0] = sim
+            sim.cores[g.core].launch(ent.flops, ent.bytes, "vector", "fp32")
+        else:
+            failed = []
+
+            def replay(exc: Exception) -> None:
+                # the fused kernel could not be built: nothing ran, so op by op is exact
+                STATS.fusion_fallbacks += 1
+                failed.append(exc)
+                if "flush" in config.log:
+                    print(f"[eager_neuron] fused group failed to build ({type(exc).__name__}: "
+                          f"{str(exc)[:2000]}); running its ops one by one", file=sys.stderr)
+                _run_one_by_one(g, reason)
+
+            _launch.launch(ent.key, _renderer(ent.spec, parallel), args, flops=ent.flops,
+                           bytes_moved=ent.bytes, engine="vector",
+                           extra={"group_ops": g.n_nodes, "flush_reason": reason},
+                           core=g.core, on_build_error=replay)
+            if failed:
+                return
+            ent.kernel = _launch.MEMORY.get(ent.full_key)
     except Exception as exc:
         # NOTE: ops that can fault at run time (integer division, indexing) are never
         # recorded, so this is a bug, not a user error: say which ops the group held
@@ -495,56 +678,92 @@ def _launch_group(g: _Group, reason: str) -> None:
     STATS.fused_ops += g.n_nodes
 
 
+def _from_disk(ent: _Launch, parallel: bool, args: tuple):
+    """The fused kernel from the disk tier (an earlier process built it), else None."""
+    from . import launch as _launch
+
+    disk = _launch.DISK
+    if disk is None:
+        return None
+    source, _name = _renderer(ent.spec, parallel)()
+    kernel = disk.load(ent.full_key, args, source)
+    if kernel is None:
+        return None
+    STATS.disk_hits += 1
+    _launch.MEMORY.put(ent.full_key, kernel)
+    return kernel
+
+
 def _launch_single(g: _Group, parallel: bool, reason: str) -> None:
     """A group of one elementwise node is plain eager's kernel, under plain eager's key: a
     flush after a single op (the common case before a non-fusible op) compiles nothing new.
-
-    NOTE: the key and render mirror lower/elementwise.py lower_elementwise's flat launch;
     tests/test_adaptive.py checks that such a flush compiles nothing after plain eager ran."""
+    _launch_plain(g, g.loops[0].nodes[0], g.loops[0].nodes[0][3], parallel, reason)
+    STATS.fused_launches += 1
+    STATS.fused_ops += 1
+
+
+def _launch_plain(g: _Group, node, ops, parallel: bool, reason: str) -> None:
+    """Launch one recorded elementwise node with plain eager's kernel and key.
+
+    NOTE: the key and render mirror lower/elementwise.py lower_elementwise's flat launch."""
     from .kernels import elementwise as kew
     from .kernels import vmath
     from .launch import launch
     from .lower import elementwise as ew
 
-    expr, loads, store, ops, scal, out_idx, _reduce, _ = g.loops[0].nodes[0]
+    expr, loads, store, _ops, scal, out_idx, _reduce, node_id = node
     kinds = tuple("one" if kind == "one" else "flat" for kind, _ in ops)
     casts = tuple(g.scalar_casts[i] for i in scal)
     arrays = [g.bufs[out_idx].arr] + [g.bufs[j].arr for _, j in ops]
 
     def render():
+        COUNTERS["renders"] += 1
         src, name = kew.render(expr, kinds, 1, loads, casts, store, parallel)
         vm = vmath.VMATH_PRELUDE if vmath.needs_vmath(expr) else ""
         return vm + ew.PRELUDE + src, name
 
-    launch(("elementwise", g.ops[0], expr, kinds, 1, loads, casts, store, parallel,
+    launch(("elementwise", g.ops[node_id], expr, kinds, 1, loads, casts, store, parallel,
             ew.PRELUDE_ID), render, (*arrays, *(g.scalars[i] for i in scal)),
            flops=float(arrays[0].size * max(1, expr.count("("))),
            bytes_moved=float(sum(x.nbytes for x in arrays)), engine="vector",
            extra={"group_ops": 1, "flush_reason": reason}, core=g.core)
-    STATS.fused_launches += 1
-    STATS.fused_ops += 1
 
 
-def _run_one_by_one(g: _Group) -> None:
-    """Replay the group node by node, in program order (after a fused kernel failed)."""
+def _run_one_by_one(g: _Group, reason: str = "replay") -> None:
+    """Run the group node by node, in program order, each with its own small kernel: what
+    plain eager runs (every store kept). Used while the fused kernel builds in the background
+    and when it cannot be built; nothing of the group has run before."""
+    from .kernels import compile as kc
     from .launch import launch
+    from .lower.elementwise import PARALLEL_MIN
 
-    args = tuple(b.arr for b in g.bufs) + tuple(g.scalars)
     order = sorted((n[7], li, n) for li, lp in enumerate(g.loops) for n in lp.nodes)
+    writers = {n[7]: n[5] for lp in g.loops for n in lp.nodes}
+    allowed = kc.parallel_allowed()
     for _id, li, node in order:
         expr, loads, store, ops, scal, out_idx, reduce, _ = node
         # a "val" operand refers to a node of the same loop: its buffer holds the value now
-        fixed = []
-        for kind, ref in ops:
-            if kind == "val":
-                writer = [n for n in g.loops[li].nodes if n[7] == ref][0]
-                fixed.append(("buf", writer[5]))
-            else:
-                fixed.append((kind, ref))
-        spec = (((g.loops[li].size_buf,
-                  ((expr, loads, store, tuple(fixed), scal, out_idx, reduce, 0),)),),
-                len(g.bufs), tuple(g.scalar_casts))
-        launch(("fused", spec, False), _renderer(spec, False), args, core=g.core)
+        fixed = tuple(("buf", writers[ref]) if kind == "val" else (kind, ref)
+                      for kind, ref in ops)
+        numel = g.loops[li].numel
+        parallel = numel >= PARALLEL_MIN and allowed
+        if reduce is None:
+            _launch_plain(g, node, fixed, parallel, reason)
+            continue
+        # a sum/mean epilogue: a one-node fused kernel over just its own buffers (shared by
+        # every group that reduces the same way)
+        remap: dict = {}
+        for _kind, j in fixed:
+            remap.setdefault(j, len(remap))
+        remap.setdefault(out_idx, len(remap))
+        spec = (((remap[fixed[0][1]],
+                  ((expr, loads, store, tuple((k, remap[j]) for k, j in fixed),
+                    tuple(range(len(scal))), remap[out_idx], reduce, 0),)),),
+                len(remap), tuple(g.scalar_casts[i] for i in scal))
+        args = tuple(g.bufs[j].arr for j in remap) + tuple(g.scalars[i] for i in scal)
+        launch(("fused", spec, False), _renderer(spec, False), args, core=g.core,
+               extra={"group_ops": 1, "flush_reason": reason})
 
 
 def _renderer(spec: tuple, parallel: bool):
@@ -554,6 +773,7 @@ def _renderer(spec: tuple, parallel: bool):
     from .lower.elementwise import PRELUDE
 
     def render():
+        COUNTERS["renders"] += 1
         src, name = kf.render(spec, parallel)
         vm = VMATH_PRELUDE if needs_vmath(src) else ""
         return vm + PRELUDE + _special_prelude(src) + src, name

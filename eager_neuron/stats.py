@@ -18,6 +18,7 @@ class Stats:
         "ops", "launches", "compiles", "compile_seconds", "memory_hits", "disk_hits",
         "disk_misses", "disk_errors", "fallbacks", "flushes", "decompositions", "views",
         "transfers", "transfer_bytes", "fused_launches", "fused_ops", "fusion_fallbacks",
+        "trace_hits", "trace_misses",   # adaptive eager's trace cache (eager_neuron/adaptive.py)
     )
 
     def __init__(self) -> None:
@@ -41,6 +42,8 @@ class Stats:
         self.fused_launches = 0
         self.fused_ops = 0
         self.fusion_fallbacks = 0
+        self.trace_hits = 0      # adaptive: a flushed group replayed a trace launched before
+        self.trace_misses = 0    # adaptive: a flushed group's trace was new (spec and key built)
 
     def snapshot(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
