@@ -449,7 +449,7 @@ def _original(func, args, kwargs, name):
     raise KeyError(name)
 
 
-_tensor_mod._dispatch = dispatch
+_tensor_mod.set_dispatcher(dispatch)
 
 _IMPL_LIB = None
 

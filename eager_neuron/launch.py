@@ -27,7 +27,6 @@ from .stats import STATS
 
 MEMORY = MemoryCache()
 DISK = None          # set by eager_neuron.cache.disk when the disk tier is enabled
-_current_core = [0]  # NOTE: legacy default core for launches outside an op context
 _TLS = _context._TLS
 HOOKS: list = []     # profiler callbacks: fn(event dict)
 _SIM = [None]        # the simulator (imported on first launch: it imports this module's peers)
@@ -49,7 +48,7 @@ def arg_types(args: tuple) -> tuple:
 def current_core() -> int:
     """The core the op being lowered on this thread runs on (from its OpContext)."""
     ctx = getattr(_TLS, "ctx", None)
-    return ctx.core if ctx is not None else _current_core[0]
+    return ctx.core if ctx is not None else 0   # outside an op: core 0
 
 
 def _build(key: tuple, render: Callable[[], tuple[str, str]], args: tuple):
@@ -121,7 +120,7 @@ def launch(key: tuple, render: Callable[[], tuple[str, str]], args: tuple,
         _SIM[0] = sim
     if core is None:
         ctx = getattr(_TLS, "ctx", None)
-        core = ctx.core if ctx is not None else _current_core[0]
+        core = ctx.core if ctx is not None else 0
     device_us = sim.cores[core].launch(flops, bytes_moved, engine, dtype_class)
     if t0:
         host_us = (time.perf_counter() - t0) * 1e6

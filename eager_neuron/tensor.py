@@ -175,8 +175,16 @@ def _rebuild_neuron(host: torch.Tensor, index: int, requires_grad: bool):
     return t
 
 
-def _dispatch(func, args, kwargs):  # replaced by dispatch.py at import (avoids an import cycle)
+def _dispatch(func, args, kwargs):  # the funnel until dispatch.py registers itself
     raise RuntimeError("eager_neuron.dispatch was not imported")
+
+
+def set_dispatcher(fn) -> None:
+    """Install the funnel every neuron op goes to: dispatch.py calls this at import (this module
+    sits below dispatch in the import graph, so it is handed the function instead of importing
+    it; __torch_dispatch__ reads it as one module global)."""
+    global _dispatch
+    _dispatch = fn
 
 
 torch.serialization.add_safe_globals([_rebuild_neuron])

@@ -1,4 +1,5 @@
-"""Custom kernels: `eager_neuron.kernel` (core.py) and Python PrivateUse1 registrations
+"""Custom kernels: `eager_neuron.kernel` (core.py; source.py renders the user's function as Numba
+source) and Python PrivateUse1 registrations
 (privateuse1.py). See docs/KERNELS.md.
 
 >>> from eager_neuron.custom import kernel, privateuse1_impl, set_debug

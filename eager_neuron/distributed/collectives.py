@@ -200,13 +200,11 @@ def _to_profiler(kind: str, nbytes: int, t: float, index: int) -> None:
         return
     event = {"key": ("collective", kind), "outcome": "collective", "compile_s": 0.0,
              "host_us": 0.0, "device_us": t, "bytes": nbytes, "flops": 0.0, "engine": "dma"}
-    prev = launch._current_core[0]
-    launch._current_core[0] = index   # the hook reads the core from here
-    try:
+    from ..context import OpContext, using
+
+    with using(OpContext(index)):   # the hook reads the core from the op context
         for hook in list(launch.HOOKS):
             hook(event)
-    finally:
-        launch._current_core[0] = prev
 
 
 def _bytes(x) -> int:

@@ -25,6 +25,7 @@ import warnings
 
 import torch
 
+from .. import context as _context
 from .. import errors
 from ..adaptive import MODULE as _adaptive
 from ..kernels import compile as kc
@@ -136,7 +137,9 @@ def _base(plan_name: str) -> str:
 def run_complex(func, plan, a: dict, outs: list) -> None:
     """An op with a complex operand or output (dispatch routes every such kernel call here)."""
     # NOTE: these launches are not recorded by adaptive eager: flush what is pending first
-    _adaptive.ARMED[0] = False
+    ctx = _context.current()   # these launches run now: adaptive eager may not record them
+    if ctx is not None:
+        ctx.recording = False
     _adaptive.flush(f"complex op {plan.name}")
     base = _base(plan.name)
     if _has_chalf(a, outs):

@@ -22,6 +22,7 @@ import math
 
 import torch
 
+from .. import context as _context
 from .. import errors
 from ..adaptive import MODULE as _adaptive
 from ..kernels import compile as kc
@@ -68,7 +69,9 @@ def _dims(x: torch.Tensor, dim) -> list:
 def _prepare(x: torch.Tensor) -> torch.Tensor:
     """Operand fix-ups: pending fused work is flushed; conj/neg bits are materialized by
     PyTorch's math-bits fallback before the call, which we check."""
-    _adaptive.ARMED[0] = False
+    ctx = _context.current()   # these launches run now: adaptive eager may not record them
+    if ctx is not None:
+        ctx.recording = False
     _adaptive.flush("fft")
     if x.is_conj() or x.is_neg():
         raise NotImplementedError("fft of an unresolved conj/neg view")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .. import context as _context
 from ..adaptive import MODULE as _adaptive
 from ..kernels import fp8 as kfp8
 from ..launch import launch
@@ -40,7 +41,9 @@ def _table(dtype: torch.dtype) -> np.ndarray:
 def _unfused(why: str) -> None:
     """These launches run now, never recorded by adaptive eager: flush what is pending first
     (the operands may be outputs of a recorded group), and launch the helper casts directly."""
-    _adaptive.ARMED[0] = False
+    ctx = _context.current()   # these launches run now: adaptive eager may not record them
+    if ctx is not None:
+        ctx.recording = False
     _adaptive.flush(why)
 
 
