@@ -6,6 +6,7 @@ from __future__ import annotations
 class MemoryCache:
     def __init__(self) -> None:
         self._kernels: dict = {}
+        self.on_clear: list = []   # callbacks: what holds kernels outside this dict forgets them
 
     def get(self, key):
         return self._kernels.get(key)
@@ -15,6 +16,8 @@ class MemoryCache:
 
     def clear(self) -> None:
         self._kernels.clear()
+        for callback in self.on_clear:
+            callback()
 
     def __len__(self) -> int:
         return len(self._kernels)

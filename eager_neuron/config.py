@@ -34,7 +34,7 @@ SETTINGS = frozenset({
     "EAGER_NEURON_ADAPTIVE", "EAGER_NEURON_CACHE_DIR", "EAGER_NEURON_DISK_CACHE",
     "EAGER_NEURON_CACHE_SIZE_MB", "EAGER_NEURON_FALLBACK", "EAGER_NEURON_LOG",
     "EAGER_NEURON_DEVICE", "EAGER_NEURON_CORES", "EAGER_NEURON_HBM_BYTES",
-    "EAGER_NEURON_LAUNCH_BLOCKING", "EAGER_NEURON_CACHE_VERIFY",
+    "EAGER_NEURON_LAUNCH_BLOCKING", "EAGER_NEURON_CACHE_VERIFY", "EAGER_NEURON_FASTPATH",
 })
 # every variable something in the project reads; an unknown EAGER_NEURON_* name warns
 # (tests/test_config.py fails when a source file reads a name missing here)
@@ -122,6 +122,9 @@ class Config:
             "EAGER_NEURON_DISK_CACHE=0 turns the disk tier off", whole=False, minimum=0,
             exclusive=True)
         self.cache_verify = env.flag("EAGER_NEURON_CACHE_VERIFY")
+        # repeat calls of a seen signature skip the funnel (eager_neuron/fastpath.py); 0 sends
+        # every op down the whole funnel (bisecting a suspected fast-path bug)
+        self.fastpath = env.flag("EAGER_NEURON_FASTPATH", default=True)
         fallback, name = env.get("EAGER_NEURON_FALLBACK", default="cpu")
         if fallback.lower() not in ("cpu", "error"):
             raise ValueError(

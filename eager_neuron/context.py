@@ -29,9 +29,11 @@ class OpContext:
     mode       the NeuronMode when entered through it (CPU in, CPU out), else None
     recording  adaptive eager may record this op's launch into the stream's group
     blocks     id(host buffer) -> Block for the op's device operands and outputs
+    capture    a list the launcher appends each launch (and replayable host call) to, while
+               the fast path learns the op (see fastpath.py); None otherwise
     """
 
-    __slots__ = ("core", "mode", "recording", "blocks")
+    __slots__ = ("core", "mode", "recording", "blocks", "capture")
 
     def __init__(self, core: int = 0, mode=None, recording: bool = False,
                  blocks: dict | None = None) -> None:
@@ -39,6 +41,7 @@ class OpContext:
         self.mode = mode
         self.recording = recording
         self.blocks = blocks if blocks is not None else {}
+        self.capture = None
 
     def __repr__(self) -> str:
         return (f"OpContext(core={self.core}, mode={self.mode!r}, "

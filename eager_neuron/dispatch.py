@@ -21,6 +21,7 @@ from torch.utils._pytree import tree_unflatten
 from . import backward as _backward
 from . import context as _context
 from . import errors
+from . import fastpath as _fast
 from . import tensor as _tensor_mod
 from .adaptive import MODULE as _adaptive
 from .buffers import _ITEMSIZE, _POOLED_BYTES, _span, alloc, to_host  # noqa: F401 -- API
@@ -30,8 +31,10 @@ from .config import config
 from .context import OpContext
 from .fallback import log_op, run_fallback
 from .inplace import resize_out, resize_outs, run_inplace_view
+from .launch import HOOKS as _LAUNCH_HOOKS
 from .launch import launch
-from .lower.common import COMPLEX, DEVICE_DTYPES, HALF, bind, schema_args
+from .lower.common import COMPLEX, HALF, bind
+from .operands import _check_tensor, _original, _unwrap, unwrap_args  # noqa: F401 -- API
 from .placement import check_placement
 from .plan import _PLANS, Plan, _plan, _to_meta, meta_outputs  # noqa: F401 -- API
 from .plan import fusible_lowerings as _fusible
@@ -63,71 +66,30 @@ def _spans(args, kwargs) -> list:
 
 
 # ---------------------------------------------------------------------------------------------
-# unwrap / wrap
-# ---------------------------------------------------------------------------------------------
-
-def _unwrap(x, state):
-    if type(x) is NeuronTensor:
-        idx = x.device.index
-        if state[0] is None:
-            state[0] = idx
-        elif state[0] != idx:
-            raise RuntimeError(
-                "Expected all tensors to be on the same device, but found at least two devices, "
-                f"neuron:{state[0]} and neuron:{idx}! Move one with .to('neuron:{state[0]}').")
-        return x._data
-    if isinstance(x, (list, tuple)) and x and not isinstance(x[0], (int, float, bool)):
-        return type(x)(_unwrap(v, state) for v in x)
-    if isinstance(x, torch.Tensor) and x.dtype not in DEVICE_DTYPES:
-        _check_tensor(x)
-    return x
-
-
-def _check_tensor(x: torch.Tensor) -> None:
-    if x.is_complex():
-        raise errors.UnsupportedTensorError(
-            f"{x.dtype} tensors are not supported on neuron (complex64 and complex128 are)\n"
-            f"{errors.where()}\n  fix: convert with x.to(torch.complex64)")
-    if x.layout != torch.strided:
-        raise errors.UnsupportedTensorError(
-            f"{x.layout} tensors are not supported on neuron\n{errors.where()}\n"
-            "  fix: call .to_dense() first")
-    if x.is_quantized:
-        raise errors.UnsupportedTensorError(
-            f"quantized tensors ({x.dtype}) are not supported on neuron\n{errors.where()}\n"
-            "  fix: dequantize() first")
-
-
-def unwrap_args(args, kwargs):
-    state = [None]
-    # NOTE: the common operand (a neuron tensor on the call's device) inline, not via _unwrap
-    # and a generator: this runs once per op
-    uargs = []
-    for a in args:
-        if type(a) is NeuronTensor:
-            idx = a.device.index
-            if state[0] is None:
-                state[0] = idx
-            if state[0] == idx:
-                uargs.append(a._data)
-                continue
-        uargs.append(_unwrap(a, state))
-    uargs = tuple(uargs)
-    ukw = {k: _unwrap(v, state) for k, v in kwargs.items()} if kwargs else {}
-    return uargs, ukw, state[0]
-
-
-# ---------------------------------------------------------------------------------------------
 # the funnel
 # ---------------------------------------------------------------------------------------------
 
 # Profiler hooks: each is a context-manager factory hook(plan, args, kwargs) entered around an op.
 OP_HOOKS: list = []
+_FAST_TABLES = _fast.TABLES
+_STATE = _adaptive.STATE
 
 
 def dispatch(func, args, kwargs, mode=None):
     """Run one aten op. `mode` is the NeuronMode when entered through it (CPU in, CPU out)."""
     STATS.ops += 1
+    # the fast path: a repeat of a signature a runner was left for (see fastpath.py), while
+    # nothing watches ops one by one
+    tab = _FAST_TABLES.get(func)
+    if (tab is not None and mode is None and not OP_HOOKS and not _LAUNCH_HOOKS
+            and not _STATE.enabled and not _adaptive.PENDING and not config.log
+            and not config.cache_verify and config.fastpath):
+        sig = _fast.signature(args, kwargs, tab[0])
+        run = tab[1].get(sig) if sig is not None else None
+        if run is not None:
+            out = run(args, kwargs)
+            if out is not _fast.MISS:
+                return out
     plan = _PLANS.get(func)
     if plan is None:
         plan = _PLANS[func] = _plan(func)
@@ -213,6 +175,8 @@ def _run_view(func, args, kwargs, mode):
                 base = a[0]
                 break
     block = base._block if base is not None else None
+    if base is args[0] and not _STATE.enabled and not OP_HOOKS:
+        _fast.learn_view(func, args, kwargs, out)
     if isinstance(out, torch.Tensor):
         return _view_wrap(out, block, index)
     return type(out)(_view_wrap(o, block, index) if isinstance(o, torch.Tensor) else o
@@ -298,9 +262,14 @@ def _run_kernel(func, plan, args, kwargs, mode):
             flush(f"non-fusible op {plan.name}")
             ctx.recording = False
     elif mode is None:
-        ctx = _PLAIN_CTX.get(index)
-        if ctx is None:
-            ctx = _PLAIN_CTX[index] = OpContext(index or 0)
+        if _fast.capturable(plan) and config.fastpath and not _LAUNCH_HOOKS and \
+                dtypes.isdisjoint(_WIDENED):
+            ctx = OpContext(index)   # the fast path learns this op from its launches
+            ctx.capture = []
+        else:
+            ctx = _PLAIN_CTX.get(index)
+            if ctx is None:
+                ctx = _PLAIN_CTX[index] = OpContext(index or 0)
     else:
         ctx = OpContext(index or 0, mode)
     tls = _TLS_CTX
@@ -313,6 +282,10 @@ def _run_kernel(func, plan, args, kwargs, mode):
             req = plan.prepare(func, a, outs)
             if req is not None:
                 launch(*req)
+                if ctx is _PLAIN_CTX.get(index) and not _LAUNCH_HOOKS and \
+                        getattr(lower, "fast_facts", None) is not None:
+                    _fast.learn_elementwise(func, plan, args, kwargs, index, a, outs, leaves,
+                                            req)
         elif not dtypes.isdisjoint(COMPLEX) and not getattr(lower, "handles_complex", False):
             from .lower.complex import run_complex  # complex operands: their own family
 
@@ -323,6 +296,9 @@ def _run_kernel(func, plan, args, kwargs, mode):
             run_upcast(func, plan, a, outs)
         else:
             lower(func, a, outs)
+            if ctx.capture:
+                _fast.learn_captured(func, plan, args, kwargs, index, outs, leaves, spec,
+                                     ctx.capture)
     except (errors.UnsupportedOpError, errors.UnsupportedTensorError, torch.OutOfMemoryError):
         raise
     except NotImplementedError as exc:
@@ -440,13 +416,6 @@ def _run_decomp(func, plan, decomp, args, kwargs, mode):
     if out is NotImplemented:  # some decompositions decline argument patterns on purpose
         return run_fallback(func, plan, args, kwargs, mode, why="decomposition declined")
     return out
-
-
-def _original(func, args, kwargs, name):
-    for i, (arg_name, _d, _k) in enumerate(schema_args(func)):
-        if arg_name == name:
-            return args[i] if i < len(args) else kwargs[name]
-    raise KeyError(name)
 
 
 _tensor_mod.set_dispatcher(dispatch)

@@ -45,6 +45,11 @@ def arg_types(args: tuple) -> tuple:
     return tuple(out)
 
 
+def full_key(key: tuple, args: tuple) -> tuple:
+    """The memory/disk cache key of a launch: the format, the lowering's key, the arg types."""
+    return (FORMAT_VERSION,) + key + arg_types(args)
+
+
 def current_core() -> int:
     """The core the op being lowered on this thread runs on (from its OpContext)."""
     ctx = getattr(_TLS, "ctx", None)
@@ -91,24 +96,27 @@ def launch(key: tuple, render: Callable[[], tuple[str, str]], args: tuple,
     current op context's. `on_build_error(exc)`, if given, is called instead of raising when
     the kernel cannot be built (nothing has run: the caller may take another route).
     """
-    full_key = (FORMAT_VERSION,) + key + arg_types(args)
+    fkey = (FORMAT_VERSION,) + key + arg_types(args)
     if config.cache_verify:   # debugging: the key must hold all that changes the source
         from .cache import verify
 
-        verify.seen(full_key, render)
-    kernel = MEMORY.get(full_key)
+        verify.seen(fkey, render)
+    kernel = MEMORY.get(fkey)
     if kernel is not None:
         STATS.memory_hits += 1
         outcome, seconds = "memory", 0.0
     else:
         try:
-            kernel, outcome, seconds = _build(full_key, render, args)
+            kernel, outcome, seconds = _build(fkey, render, args)
         except Exception as exc:
             if on_build_error is None:
                 raise
+            ctx = getattr(_TLS, "ctx", None)
+            if ctx is not None:
+                ctx.capture = None   # the lowering goes another way: nothing to replay
             on_build_error(exc)
             return
-        MEMORY.put(full_key, kernel)
+        MEMORY.put(fkey, kernel)
     t0 = time.perf_counter() if (HOOKS or "kernels" in config.log) else 0.0
     kernel(*args)
     STATS.launches += 1
@@ -118,10 +126,13 @@ def launch(key: tuple, render: Callable[[], tuple[str, str]], args: tuple,
         from .simulator import SIM as sim
 
         _SIM[0] = sim
+    ctx = getattr(_TLS, "ctx", None)
     if core is None:
-        ctx = getattr(_TLS, "ctx", None)
         core = ctx.core if ctx is not None else 0
     device_us = sim.cores[core].launch(flops, bytes_moved, engine, dtype_class)
+    if ctx is not None and ctx.capture is not None:   # the fast path is learning this op
+        ctx.capture.append(("launch", kernel, args, flops, bytes_moved, engine, dtype_class,
+                            core))
     if t0:
         host_us = (time.perf_counter() - t0) * 1e6
         event = {"key": key, "outcome": outcome, "compile_s": seconds, "host_us": host_us,

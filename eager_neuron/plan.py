@@ -129,7 +129,9 @@ def _to_meta(x):
 def meta_outputs(func, args, kwargs):
     """(leaf specs, treespec) of func's outputs: each leaf (shape, stride, dtype) or a value."""
     try:
-        key = (func, _spec(args), _spec(tuple(kwargs.items())) if kwargs else None)
+        # the default dtype decides a Python number's result type (int tensor + 1.5)
+        key = (func, _spec(args), _spec(tuple(kwargs.items())) if kwargs else None,
+               torch.get_default_dtype())
         hit = _META.get(key)
     except TypeError:
         key, hit = None, None

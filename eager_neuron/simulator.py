@@ -184,6 +184,26 @@ class Core:
             storage = torch.UntypedStorage(size)
         return Block(self, size, storage)
 
+    def alloc_small(self, size: int) -> Block:
+        """alloc(size, want_storage=False) for a size already rounded and below the pool's
+        threshold (the fast path's outputs): the same accounting in fewer steps."""
+        with self.lock:
+            if self._freed:
+                self._drain()
+            reserved = self.reserved + size
+            if reserved <= self.capacity:
+                self.reserved = reserved
+                if reserved > self.peak_reserved:
+                    self.peak_reserved = reserved
+                allocated = self._allocated + size
+                self._allocated = allocated
+                if allocated > self.peak:
+                    self.peak = allocated
+                self.alloc_count += 1
+                self.alloc_bytes_total += size
+                return Block(self, size, None)
+        return self.alloc(size, want_storage=False)   # the full path: pool retry, OOM error
+
     def _empty_pool(self) -> None:
         for size, storages in self.pool.items():
             self.reserved -= size * len(storages)
@@ -261,6 +281,7 @@ class Simulator:
         # NOTE: a plain Lock: nothing that runs under it (including Block.__del__ from the
         # garbage collector) takes it again.
         self.lock = threading.Lock()
+        self.on_configure: list = []   # callbacks: what caches a core forgets it
         self.configure(config.device, config.cores, config.hbm_bytes)
 
     def configure(self, device: str, cores: int, hbm_bytes: int | None = None,
@@ -285,6 +306,8 @@ class Simulator:
         self.host_us = 0.0
         self.epoch_us = 0.0
         self.cores = [Core(self, i, profile, per_core) for i in range(cores)]
+        for callback in self.on_configure:
+            callback()
 
     def core(self, index: int) -> Core:
         try:

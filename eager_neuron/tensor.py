@@ -19,6 +19,7 @@ DEVICES = [torch.device("neuron", i) for i in range(64)]
 class NeuronTensor(torch.Tensor):
     _data: torch.Tensor
     _block: object
+    _index: int   # the device index (device.index costs a torch.device per read)
 
     @staticmethod
     def __new__(cls, data: torch.Tensor, block, index: int = 0, requires_grad: bool = False):
@@ -28,6 +29,7 @@ class NeuronTensor(torch.Tensor):
         )
         r._data = data
         r._block = block
+        r._index = index
         return r
 
     __torch_function__ = torch._C._disabled_torch_function_impl
@@ -155,6 +157,7 @@ class NeuronTensor(torch.Tensor):
         _DATA.__set__(self, new)
         self._data = new._data
         self._block = new._block
+        self._index = new._index
 
 
 _DATA = torch._C.TensorBase.data

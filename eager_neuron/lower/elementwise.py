@@ -575,6 +575,38 @@ def _build_spec(op_name: str, template: str, rule: str, arg_casts: dict, a: dict
                  max(1, expr.count("(")), engine, special)
 
 
+def _spec_for(func, a: dict, n: int, out_dtype, op_name: str, armed: bool):
+    """The call's _Spec (cached per argument types) and the numpy views of its tensor operands."""
+    entry = OPS[op_name]
+    template, rule = entry[0], entry[1]
+    if callable(template):
+        template = template(a)
+    # id(func), not func: OpOverload.__hash__ is Python code
+    names = _NAMES.get((id(func), template))
+    if names is None:
+        names = _NAMES[(id(func), template)] = _template_names(template, tuple(a))
+    # A one-element tensor operand of a larger output is read once, as a kernel scalar, so
+    # `x * t` (t of one element) shares the kernel of `x * 2.0`. Not while adaptive eager
+    # records: the element may be the pending output of a recorded op.
+    one_ok = n != 1 and rule not in ("none", "common") and not armed
+    types, as_scalar, nps = [], [], {}
+    for nm in names:
+        v = a[nm]
+        if isinstance(v, torch.Tensor):
+            arr = nps[nm] = v.numpy(force=True)
+            types.append(arr.dtype)
+            as_scalar.append(one_ok and arr.size == 1)
+        else:
+            types.append(type(v))
+            as_scalar.append(False)
+    key = (id(func), op_name, template, out_dtype, tuple(types), tuple(as_scalar))
+    spec = _SPECS.get(key)
+    if spec is None:
+        spec = _SPECS[key] = _build_spec(op_name, template, rule, entry[2] if len(entry) > 2
+                                         else {}, a, names, tuple(as_scalar), out_dtype)
+    return spec, nps
+
+
 def lower_elementwise(func, a: dict, outs: list, op_name: str, defer: bool = False):
     """Run (or record) one elementwise op. defer=True returns the launch instead, as
     launch()'s positional arguments (dispatch launches it: one call less on the hot path);
@@ -587,35 +619,10 @@ def lower_elementwise(func, a: dict, outs: list, op_name: str, defer: bool = Fal
     n = out_np.size
     if n == 0:
         return
-    entry = OPS[op_name]
-    template, rule = entry[0], entry[1]
-    if callable(template):
-        template = template(a)
-    # id(func), not func: OpOverload.__hash__ is Python code
-    names = _NAMES.get((id(func), template))
-    if names is None:
-        names = _NAMES[(id(func), template)] = _template_names(template, tuple(a))
-    # 1. the spec, per argument types. A one-element tensor operand of a larger output is read
-    #    once, as a kernel scalar, so `x * t` (t of one element) shares the kernel of `x * 2.0`.
-    #    Not while adaptive eager records: the element may be the pending output of a recorded op.
+    # 1. the spec, per argument types
     ctx = getattr(_ctx_tls, "ctx", None)
     armed = ctx is not None and ctx.recording
-    one_ok = n != 1 and rule not in ("none", "common") and not armed
-    types, as_scalar, nps = [], [], {}
-    for nm in names:
-        v = a[nm]
-        if isinstance(v, torch.Tensor):
-            arr = nps[nm] = v.numpy(force=True)
-            types.append(arr.dtype)
-            as_scalar.append(one_ok and arr.size == 1)
-        else:
-            types.append(type(v))
-            as_scalar.append(False)
-    key = (id(func), op_name, template, out_np.dtype, tuple(types), tuple(as_scalar))
-    spec = _SPECS.get(key)
-    if spec is None:
-        spec = _SPECS[key] = _build_spec(op_name, template, rule, entry[2] if len(entry) > 2
-                                         else {}, a, names, tuple(as_scalar), out.dtype)
+    spec, nps = _spec_for(func, a, n, out.dtype, op_name, armed)
     tensors = spec.tensors
     # 2. operand kinds: flat (same shape, contiguous), one (single element), nd (broadcast)
     shape = out_np.shape
@@ -697,6 +704,22 @@ def lower_elementwise(func, a: dict, outs: list, op_name: str, defer: bool = Fal
     launch(*req)
 
 
+def fast_facts(func, a: dict, outs: list, op_name: str):
+    """For eager_neuron.fastpath, after a plain-eager call was prepared: (tensor operand names
+    in kernel order, kernel scalar names, scalar values change the kernel) or None when a
+    repeat must come back here (an op that can fault inside the kernel)."""
+    out = outs[0]
+    spec, _ = _spec_for(func, a, out.numel(), out.dtype, op_name, False)
+    if spec.faults:
+        return None
+    return spec.tensors, spec.scalars, op_name in _VALUE_KEYED
+
+
+# ops whose kernel depends on a number's value (pow's special exponents, round's decimals);
+# every other template reads only argument types and None-ness
+_VALUE_KEYED = frozenset({"aten::pow", "aten::round"})
+
+
 def _py_cast(v) -> str:
     if isinstance(v, bool) or v is None:
         return "np.bool_"
@@ -711,6 +734,7 @@ def _make(op_name: str):
     lower = functools.partial(lower_elementwise, op_name=op_name)
     lower.__name__ = f"lower_{op_name.split('::')[1]}"
     lower.prepare = functools.partial(lower_elementwise, op_name=op_name, defer=True)
+    lower.fast_facts = functools.partial(fast_facts, op_name=op_name)
     return lower
 
 

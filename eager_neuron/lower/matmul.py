@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..context import _TLS
 from ..kernels import compile as kc
 from ..kernels import matmul as kmm
 from ..launch import launch
@@ -84,6 +85,9 @@ class _BlasThreads:
         if self.setter is None:
             return
         want = self.default if flops_per_call >= BLAS_THREADED_MIN else 1
+        ctx = getattr(_TLS, "ctx", None)
+        if ctx is not None and ctx.capture is not None:   # the fast path replays this call
+            ctx.capture.append(("call", self, (flops_per_call,)))
         if want != self.current:
             self.setter(want)
             self.current = want

@@ -1,0 +1,221 @@
+"""The fast path (eager_neuron/fastpath.py): a repeat call of a seen signature skips the funnel.
+
+Every test compares against values computed another way (the CPU, float64, or the slow path
+with EAGER_NEURON_FASTPATH off), and checks through the counters that the runner was used.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import eager_neuron
+from eager_neuron import fastpath
+from eager_neuron.config import config
+from eager_neuron.launch import MEMORY
+from eager_neuron.stats import STATS
+
+
+def _hits() -> int:
+    return fastpath.STATS_FAST["hits"]
+
+
+def _twice(fn):
+    """Run fn twice (learn, then replay); return the second result and the hits it made."""
+    fn()
+    before = _hits()
+    out = fn()
+    return out, _hits() - before
+
+
+def test_repeat_elementwise_uses_runner_and_matches_cpu():
+    a = torch.randn(5, 3)
+    b = torch.randn(5, 3)
+    an, bn = a.to("neuron"), b.to("neuron")
+    out, hits = _twice(lambda: an * 2 + bn)
+    assert hits == 2   # mul and add
+    torch.testing.assert_close(out.cpu(), a * 2 + b, rtol=0, atol=0)
+    # new operand values, same signature: the runner reads this call's buffers
+    c = torch.randn(5, 3)
+    cn = c.to("neuron")
+    torch.testing.assert_close((cn * 2 + bn).cpu(), c * 2 + b, rtol=0, atol=0)
+
+
+def test_scalar_value_is_a_runtime_argument():
+    x = torch.arange(6, dtype=torch.float32).to("neuron")
+    x * 1.5
+    before = _hits()
+    for k in (0.5, 2.0, -3.25):
+        torch.testing.assert_close((x * k).cpu(), torch.arange(6, dtype=torch.float32) * k,
+                                   rtol=0, atol=0)
+    assert _hits() - before == 3
+
+
+def test_one_element_tensor_operand_is_read_each_call():
+    x = torch.ones(8, device="neuron")
+    t = torch.tensor([2.0], device="neuron")
+    x * t
+    t.fill_(5.0)
+    assert (x * t).cpu().tolist() == [5.0] * 8
+
+
+def test_pow_exponent_value_changes_the_kernel():
+    x = torch.tensor([4.0, 9.0, -1.0], device="neuron")
+    x ** 2.0
+    got = (x ** 0.5).cpu()
+    want = torch.tensor([4.0, 9.0, -1.0], dtype=torch.float64) ** 0.5
+    torch.testing.assert_close(got, want.float(), equal_nan=True)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.arange(4, dtype=torch.float64),            # dtype
+    lambda: torch.arange(4, dtype=torch.float32).view(2, 2),  # shape
+    lambda: torch.arange(8, dtype=torch.float32).view(4, 2)[:, 1],   # strides
+])
+def test_changed_signature_does_not_replay(make):
+    x = torch.arange(4, dtype=torch.float32).to("neuron")
+    x + x
+    x + x
+    y = make()
+    yn = y.to("neuron") if y.is_contiguous() else \
+        torch.arange(8, dtype=torch.float32, device="neuron").view(4, 2)[:, 1]
+    got = yn + yn
+    assert got.dtype == y.dtype and got.shape == y.shape
+    torch.testing.assert_close(got.cpu(), y + y, rtol=0, atol=0)
+
+
+def test_default_dtype_is_part_of_the_signature():
+    x = torch.arange(3, device="neuron")
+    assert (x + 1.5).dtype == torch.float32
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert (x + 1.5).dtype == torch.float64
+    finally:
+        torch.set_default_dtype(prev)
+
+
+def test_partial_overlap_still_raises_after_learning():
+    a = torch.arange(8, dtype=torch.float32, device="neuron")
+    b = torch.arange(8, dtype=torch.float32, device="neuron")
+    a[1:5].add_(b[:4])     # learn add_ for this signature on distinct buffers
+    a[1:5].add_(b[:4])
+    with pytest.raises(RuntimeError, match="single memory location"):
+        a[1:5].add_(a[0:4])
+
+
+def test_inplace_returns_the_same_object_and_bumps_version():
+    x = torch.zeros(4, device="neuron")
+    y = torch.ones(4, device="neuron")
+    x.add_(y)
+    v = x._version
+    r = x.add_(y)
+    assert r is x and x._version == v + 1
+    assert x.cpu().tolist() == [2.0] * 4
+
+
+def test_views_replay_and_alias():
+    x = torch.zeros(2, 3, device="neuron")
+    x.view(3, 2)
+    v, hits = _twice(lambda: x.view(3, 2))
+    assert hits == 1
+    v.fill_(7.0)
+    assert x.cpu().tolist() == [[7.0] * 3] * 2
+    parts = x.split(1)
+    parts = x.split(1)
+    assert isinstance(parts, tuple) and len(parts) == 2 and parts[1].device == x.device
+
+
+def test_matmul_and_reductions_replay_equal_cpu():
+    a = torch.randn(16, 8, dtype=torch.float64)
+    b = torch.randn(8, 4, dtype=torch.float64)
+    bias = torch.randn(4, dtype=torch.float64)
+    an, bn, cn = a.to("neuron"), b.to("neuron"), bias.to("neuron")
+    out, hits = _twice(lambda: (torch.addmm(cn, an, bn), an.sum(0), torch.log_softmax(an, 1)))
+    assert hits == 3
+    torch.testing.assert_close(out[0].cpu(), torch.addmm(bias, a, b))
+    torch.testing.assert_close(out[1].cpu(), a.sum(0))
+    torch.testing.assert_close(out[2].cpu(), torch.log_softmax(a, 1))
+    # fresh operands through the learned runners
+    a2 = torch.randn(16, 8, dtype=torch.float64)
+    torch.testing.assert_close((a2.to("neuron") @ bn).cpu(), a2 @ b)
+
+
+def test_counters_equal_the_slow_path():
+    x = torch.randn(64, device="neuron")
+    w = torch.randn(64, 64, device="neuron")
+
+    def work():
+        return ((x * 3 + 1).relu() @ w).sum()
+
+    def counts(fast: bool):
+        prev = config.fastpath
+        config.fastpath = fast
+        try:
+            work()
+            before = (STATS.ops, STATS.launches)
+            work()
+            return STATS.ops - before[0], STATS.launches - before[1]
+        finally:
+            config.fastpath = prev
+
+    assert counts(True) == counts(False)
+
+
+def test_simulated_time_equal_to_the_slow_path():
+    x = torch.randn(128, device="neuron")
+    core = eager_neuron.simulator.SIM.cores[0]
+
+    def device_us(fast: bool):
+        prev = config.fastpath
+        config.fastpath = fast
+        try:
+            x * 2
+            before = core.clock_us + sum(core.busy_us.values())
+            x * 2
+            return core.clock_us + sum(core.busy_us.values()) - before
+        finally:
+            config.fastpath = prev
+
+    assert device_us(True) == pytest.approx(device_us(False))
+
+
+def test_profiler_sees_every_op():
+    x = torch.ones(4, device="neuron")
+    x + x
+    x + x
+    before = _hits()
+    with eager_neuron.profile():
+        x + x
+    assert _hits() == before   # hooks installed: the funnel runs, and the profiler records
+
+
+def test_memory_cache_clear_forgets_runners():
+    x = torch.ones(4, device="neuron")
+    x - x
+    x - x
+    assert fastpath.TABLES
+    MEMORY.clear()
+    assert not fastpath.TABLES
+    assert (x - x).cpu().tolist() == [0.0] * 4
+
+
+def test_adaptive_mode_records_instead():
+    x = torch.ones(4, device="neuron")
+    x * 3
+    x * 3
+    before = _hits()
+    with eager_neuron.adaptive():
+        y = x * 3
+    assert _hits() == before
+    assert y.cpu().tolist() == [3.0] * 4
+
+
+def test_integer_division_by_zero_is_never_fast():
+    x = torch.tensor([4, 6], device="neuron")
+    y = torch.tensor([2, 3], device="neuron")
+    x // y
+    x // y
+    z = torch.tensor([2, 0], device="neuron")
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):   # as the CPU raises it
+        x // z
