@@ -130,9 +130,87 @@ def _accelerator_memory_shims() -> dict:
     }
 
 
+# -- torch.Generator(device="neuron") ------------------------------------------------------------
+# NOTE: the C++ Generator constructor asks PrivateUse1HooksInterface::getNewGenerator, which
+# torch 2.13's Python hooks class (torch._C._acc.PrivateUse1Hooks) does not forward: it raises
+# NotImplementedError. The device draws every random number from a CPU generator (lower/host.py),
+# so a neuron generator *is* a CPU generator that reports device neuron:i: its stream equals the
+# CPU's for the same seed, and ATen's CPU kernels accept it. torch.Generator becomes a subclass
+# of torch._C.Generator whose metaclass routes device="neuron" here and everything else to the C++
+# class; isinstance(g, torch.Generator) stays true for every generator.
+_CGenerator = torch._C.Generator
+
+
+class NeuronGenerator(_CGenerator):
+    """A generator on `neuron:i` with the CPU's mt19937 stream: a seed gives the CPU's numbers.
+
+    >>> import torch, eager_neuron
+    >>> g = torch.Generator(device="neuron").manual_seed(7)
+    >>> x = torch.randn(3, generator=g, device="neuron")
+    >>> torch.equal(x.cpu(), torch.randn(3, generator=torch.Generator().manual_seed(7)))
+    True
+    """
+
+    def __new__(cls, device=None):
+        return _CGenerator.__new__(cls)        # a CPU generator underneath (see the NOTE above)
+
+    def __init__(self, device=None) -> None:
+        self._neuron_index = _dev._index(device if device is not None else "neuron")
+        _dev.SIM.core(self._neuron_index)      # a core that does not exist raises here
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(torch._C._get_privateuse1_backend_name(), self._neuron_index)
+
+    def __repr__(self) -> str:
+        return f"<torch.Generator object on {self.device}>"
+
+    def __reduce__(self):
+        return (_new_neuron_generator, (self._neuron_index,), _CGenerator.__reduce__(self)[2])
+
+    def __deepcopy__(self, memo):
+        g = NeuronGenerator(self._neuron_index)
+        g.set_state(self.get_state())
+        return g
+
+
+def _new_neuron_generator(index: int) -> NeuronGenerator:
+    return NeuronGenerator(index)
+
+
+class _GeneratorMeta(type(_CGenerator)):
+    def __call__(cls, device=None):
+        if cls is _Generator and device is not None:
+            d = torch.device(device)
+            if d.type == torch._C._get_privateuse1_backend_name():
+                return NeuronGenerator(d)
+            return _CGenerator(d)
+        if cls is _Generator:
+            return _CGenerator()
+        return super().__call__(device)
+
+    def __instancecheck__(cls, obj) -> bool:
+        return isinstance(obj, _CGenerator)
+
+    def __subclasscheck__(cls, sub) -> bool:
+        return issubclass(sub, _CGenerator)
+
+
+class _Generator(_CGenerator, metaclass=_GeneratorMeta):
+    __doc__ = _CGenerator.__doc__
+
+
+_Generator.__name__ = _Generator.__qualname__ = "Generator"
+_Generator.__module__ = "torch"
+
+
 def install() -> None:
     """Add these to torch.neuron and point torch.accelerator(.memory) at them."""
     from . import pinned
+
+    if torch.Generator is _CGenerator:
+        torch.Generator = _Generator
+    torch.neuron.Generator = NeuronGenerator
 
     mod = torch.neuron
     mod.get_device_capability = get_device_capability

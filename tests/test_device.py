@@ -113,3 +113,74 @@ def test_rng_matches_cpu_for_the_same_seed(name):
     got = RNG[name]("neuron")
     assert got.device.type == "neuron"
     assert torch.equal(got.cpu(), expected)
+
+
+# -- torch.Generator(device="neuron") --------------------------------------------------------------
+
+_GEN_CASES = {
+    "randn": lambda g, d: torch.randn(4, 3, generator=g, device=d),
+    "rand": lambda g, d: torch.rand(7, generator=g, device=d),
+    "randint": lambda g, d: torch.randint(-5, 50, (9,), generator=g, device=d),
+    "randperm": lambda g, d: torch.randperm(13, generator=g, device=d),
+    "normal_": lambda g, d: torch.empty(6, device=d).normal_(2.0, 3.0, generator=g),
+    "uniform_": lambda g, d: torch.empty(6, device=d).uniform_(-1, 1, generator=g),
+    "bernoulli_": lambda g, d: torch.empty(8, device=d).bernoulli_(0.3, generator=g),
+    "normal": lambda g, d: torch.normal(torch.arange(5.0, device=d), 2.0, generator=g),
+    "multinomial": lambda g, d: torch.multinomial(torch.arange(1.0, 7.0, device=d), 4,
+                                                  generator=g),
+    "exponential_": lambda g, d: torch.empty(5, device=d).exponential_(generator=g),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_GEN_CASES))
+def test_neuron_generator_gives_the_cpu_stream(name):
+    fn = _GEN_CASES[name]
+    g = torch.Generator(device="neuron").manual_seed(1234)
+    c = torch.Generator().manual_seed(1234)
+    got, want = fn(g, "neuron"), fn(c, "cpu")
+    assert got.device.type == "neuron" and torch.equal(got.cpu(), want)
+    # the generator advanced as the CPU's did: the next draw matches too
+    assert torch.equal(fn(g, "neuron").cpu(), fn(c, "cpu"))
+    # and it is independent of the global stream
+    torch.manual_seed(0)
+    a = torch.randn(3, device="neuron")
+    torch.manual_seed(0)
+    fn(torch.Generator(device="neuron").manual_seed(5), "neuron")
+    assert torch.equal(torch.randn(3, device="neuron").cpu(), a.cpu())
+
+
+def test_neuron_generator_object():
+    import copy
+    import pickle
+
+    g = torch.Generator(device="neuron")
+    assert g.device == torch.device("neuron", 0) and isinstance(g, torch.Generator)
+    assert torch.Generator(device="neuron:1").device == torch.device("neuron", 1)
+    assert isinstance(torch.default_generator, torch.Generator)
+    assert torch.Generator().device == torch.device("cpu")
+    assert type(torch.Generator("cpu")) is torch._C.Generator
+    g.manual_seed(99)
+    state = g.get_state()
+    a = torch.randn(5, generator=g, device="neuron")
+    g.set_state(state)
+    assert torch.equal(torch.randn(5, generator=g, device="neuron").cpu(), a.cpu())
+    assert g.initial_seed() == 99
+    for h in (pickle.loads(pickle.dumps(g)), copy.deepcopy(g)):
+        assert h.device == g.device and torch.equal(h.get_state(), g.get_state())
+    with pytest.raises(RuntimeError, match="neuron:7 does not exist"):
+        torch.Generator(device="neuron:7")
+
+
+def test_neuron_rng_state_and_dropout_follow_the_cpu():
+    torch.neuron.manual_seed(21)
+    state = torch.neuron.get_rng_state()
+    x = torch.ones(64, 8)
+    a = F.dropout(x.to("neuron"), 0.4)
+    torch.neuron.set_rng_state(state)
+    b = F.dropout(x.to("neuron"), 0.4)
+    torch.manual_seed(21)
+    want = F.dropout(x, 0.4)
+    assert torch.equal(a.cpu(), want) and torch.equal(b.cpu(), want)
+    with torch.random.fork_rng(devices=[0], device_type="neuron"):
+        torch.randn(3, device="neuron")
+    assert torch.equal(torch.neuron.get_rng_state(), torch.get_rng_state())
