@@ -297,7 +297,9 @@ def test_log_graphs_prints_kernel_boundaries(monkeypatch, capsys):
 
     torch.compile(f, backend="neuron")(torch.ones(3, 3, device="neuron"))
     err = capsys.readouterr().err
-    assert "kernel: 3 ops in 1 loop(s)" in err and "eager: mm" in err
+    # the chain is one flat kernel; the matmul is a row kernel of its own (no epilogue)
+    assert "kernel: 3 ops in 1 loop(s)" in err and "kernel (rows, frame [3, 3]): 1 ops" in err
+    assert "mm = aten.mm.default" in err
     # each node names the user's line
     assert ', in f: return (x.exp() + 1).relu() @ x.t()' in err and "test_compile.py" in err
 

@@ -32,7 +32,60 @@ def _decompositions() -> dict:
               aten.hardsigmoid, aten.mish, aten.elu, aten.softplus, aten.mse_loss,
               aten.mse_loss_backward, aten.gelu_backward, aten.leaky_relu_backward,
               aten.hardtanh_backward]
-    return get_decompositions(wanted)
+    table = get_decompositions(wanted)
+    table.update(_row_decompositions())
+    return table
+
+
+def _row_ok(x, dim) -> bool:
+    """A last-dim float softmax/norm: its decomposition fuses into one row kernel."""
+    try:
+        return (x.dtype in (torch.float32, torch.float64) and x.dim() >= 1
+                and isinstance(dim, int) and dim % x.dim() == x.dim() - 1
+                and bool(x.is_contiguous()))
+    except Exception:    # a data-dependent stride under dynamic shapes
+        return False
+
+
+def _row_decompositions() -> dict:
+    """softmax, log_softmax, layer norm and their backwards as last-dim reductions with their
+    elementwise prologue/epilogue (compile/rows.py fuses each into one kernel). Only where the
+    row kernel applies: otherwise (another dim, half dtypes) the op stays whole, and neuron
+    eager runs its own fused kernel."""
+    from torch._decomp import get_decompositions
+
+    aten = torch.ops.aten
+    base = get_decompositions([aten._softmax, aten._log_softmax, aten._softmax_backward_data,
+                               aten._log_softmax_backward_data, aten.native_layer_norm,
+                               aten.native_layer_norm_backward])
+
+    def cond(op, check):
+        fn = base.get(op)
+        if fn is None:
+            return {}
+
+        def decomp(*args, **kwargs):
+            try:
+                ok = check(*args, **kwargs)
+            except Exception:
+                ok = False
+            return fn(*args, **kwargs) if ok else NotImplemented
+        return {op: decomp}
+
+    out: dict = {}
+    out.update(cond(aten._softmax.default, lambda x, dim, half: _row_ok(x, dim) and not half))
+    out.update(cond(aten._log_softmax.default,
+                    lambda x, dim, half: _row_ok(x, dim) and not half))
+    out.update(cond(aten._softmax_backward_data.default,
+                    lambda g, y, dim, dt: _row_ok(y, dim) and g.dtype == y.dtype == dt))
+    out.update(cond(aten._log_softmax_backward_data.default,
+                    lambda g, y, dim, dt: _row_ok(y, dim) and g.dtype == y.dtype == dt))
+    out.update(cond(aten.native_layer_norm.default,
+                    lambda x, shape, w, b, eps: len(shape) == 1 and _row_ok(x, -1)))
+    out.update(cond(aten.native_layer_norm_backward.default,
+                    lambda g, x, shape, *rest: len(shape) == 1 and _row_ok(x, -1)
+                    and g.dtype == x.dtype))
+    return out
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str = "graph"):

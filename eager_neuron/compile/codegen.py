@@ -104,8 +104,9 @@ def _bind(func, node: Node) -> dict:
     return a
 
 
-def _classify(node: Node):
-    """An _Elementwise for a fusible node, else None (runs eagerly)."""
+def _classify(node: Node, operand_ok=None):
+    """An _Elementwise for a fusible node, else None (runs eagerly). `operand_ok(node)` (row
+    regions) replaces the rule that tensor operands have the node's own size."""
     from ..lower import elementwise as ew
 
     if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
@@ -120,10 +121,10 @@ def _classify(node: Node):
     if val.device.type != "neuron" or not _is_contig(val):
         return None
     a = _bind(func, node)
-    if name in _REDUCE:
+    if name in _REDUCE and operand_ok is None:
         return _classify_reduce(node, name, a, val)
     if name == "aten::full_like":
-        return _classify_full_like(node, a, val)
+        return _classify_full_like(node, a, val) if operand_ok is None else None
     entry = ew.OPS.get(name) or ew.OPS.get(name.split(".")[0])
     if entry is None or len(entry) > 3:
         return None
@@ -142,7 +143,10 @@ def _classify(node: Node):
                 if mv.device != val.device or mv.dtype not in _FUSIBLE_DTYPES:
                     return None
                 one = _sizes_key(mv) == (1,)
-                if not one and (_sizes_key(mv) != size or not _is_contig(mv)
+                if operand_ok is not None:
+                    if not operand_ok(v):
+                        return None
+                elif not one and (_sizes_key(mv) != size or not _is_contig(mv)
                                 or tuple(mv.shape) != tuple(val.shape)):
                     return None   # broadcast or strided operand: the eager kernel handles it
                 fake[nm] = torch.empty([1] * mv.dim(), dtype=mv.dtype, device="meta")
@@ -337,19 +341,25 @@ class Group:
 
 
 def partition(gm: GraphModule) -> list:
-    """[("group", Group) | ("node", Node)] in program order.
+    """[("group", Group) | ("node", Node) | ("rows", Region)] in program order.
 
     A node that is not fusible but reads nothing the open group computes (a view, a matmul of
     other values) is hoisted before the group instead of closing it, so one chain stays one
     kernel across the views and matmuls AOTAutograd interleaves. Mutating nodes are never moved.
+    Row regions (rows.py: last-dim reductions, broadcast operands, matmul epilogues) are found
+    first; a region runs as one step where its last member stood.
     """
+    from .rows import find_regions
+
     steps: list = []
     group = None
     hoisted: list = []
+    regions = find_regions(gm)
+    region_of = {n: r for r in regions for n in r.order}
 
     def close():
         nonlocal group
-        steps.extend(("node", n) for n in hoisted)
+        steps.extend(hoisted)
         hoisted.clear()
         if group is not None:
             steps.extend(("group", g) for g in group.split())
@@ -358,6 +368,18 @@ def partition(gm: GraphModule) -> list:
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "output"):
+            continue
+        reg = region_of.get(node)
+        if reg is not None:
+            if node is reg.last:
+                reads = {n for m in reg.order for n in m.all_input_nodes
+                         if n not in reg.members}
+                if group is not None and not any(n in group.loop_of for n in reads) and not any(
+                        d in reads for d, _ in group.writeback.values()):
+                    hoisted.append(("rows", reg))
+                else:
+                    close()
+                    steps.append(("rows", reg))
             continue
         if (group is not None and node.target is aten.copy_.default
                 and group.absorb_copy(node, order)):
@@ -372,7 +394,7 @@ def partition(gm: GraphModule) -> list:
             continue
         if group is not None and not any(n in group.loop_of for n in node.all_input_nodes) and (
                 _movable(node) or _movable_copy(node, group)):
-            hoisted.append(node)
+            hoisted.append(("node", node))
             continue
         close()
         steps.append(("node", node))

@@ -16,6 +16,7 @@ from torch.fx import GraphModule, Node
 
 from ..config import config
 from .codegen import Group, LoweringError, _stack_line, expand_foreach, partition
+from .rows import RowStep, split_var_mean
 from .stats import CSTATS
 
 _PARALLEL_MIN = 1 << 18
@@ -32,6 +33,20 @@ def _renderer(spec: tuple, parallel: bool):
         vm = VMATH_PRELUDE if needs_vmath(src) else ""
         special = getattr(ew, "SPECIAL_PRELUDE", "")
         sp = special if special and ew._SPECIAL_RE.search(src) else ""
+        return vm + ew.PRELUDE + sp + src, name
+    return render
+
+
+def _renderer_src(src: str):
+    """render() for a kernel whose source is already built (row regions)."""
+    from ..kernels.vmath import VMATH_PRELUDE, needs_vmath
+    from ..lower import elementwise as ew
+
+    def render():
+        vm = VMATH_PRELUDE if needs_vmath(src) else ""
+        special = getattr(ew, "SPECIAL_PRELUDE", "")
+        sp = special if special and ew._SPECIAL_RE.search(src) else ""
+        name = src.split("def ", 1)[1].split("(", 1)[0]
         return vm + ew.PRELUDE + sp + src, name
     return render
 
@@ -146,6 +161,7 @@ class Program:
         self.gm = gm
         self.name = name
         expand_foreach(gm)
+        split_var_mean(gm)
         graph = gm.graph
         self.placeholders = [n for n in graph.nodes if n.op == "placeholder"]
         self.output = next(n for n in graph.nodes if n.op == "output")
@@ -161,6 +177,8 @@ class Program:
         for kind, x in steps:
             if kind == "group":
                 self.steps.append(("fused", FusedStep(x, users_outside)))
+            elif kind == "rows":
+                self.steps.append(("rows", RowStep(x, users_outside)))
             else:
                 self.steps.append(("node", x))
         self.frees: list = []
@@ -171,6 +189,11 @@ class Program:
                 reads = [node for k, node in x.bufs if k == "in"] + [
                     a for a in x.scalar_args if isinstance(a, Node)]
                 for step_node in x.stores + [n for a in x.absorbed for n in (a[0], a[2])]:
+                    last.setdefault(step_node, i)
+            elif kind == "rows":
+                reads = [node for k, node, _ in x.bufs if k == "in"] + [
+                    a for a in x.scalar_args if isinstance(a, Node)]
+                for step_node in x.stores:
                     last.setdefault(step_node, i)
             else:
                 reads = x.all_input_nodes
@@ -184,7 +207,7 @@ class Program:
             if i < len(self.steps) and n.op != "placeholder":
                 frees[i].append(n)
         self.frees = frees
-        self.n_kernels = sum(1 for k, _ in self.steps if k == "fused")
+        self.n_kernels = sum(1 for k, _ in self.steps if k in ("fused", "rows"))
         CSTATS.graphs_compiled += 1
         CSTATS.kernels_per_graph.append(self.n_kernels)
         if "graphs" in config.log:
@@ -195,7 +218,7 @@ class Program:
                  f"{self.n_kernels} fused kernels, "
                  f"{sum(1 for k, _ in self.steps if k == 'node')} eager nodes"]
         for kind, x in self.steps:
-            if kind == "fused":
+            if kind in ("fused", "rows"):
                 lines.append(x.describe())
             else:
                 lines.append(f"  eager: {x.name} = {x.target}  # {_stack_line(x)}")
@@ -209,6 +232,8 @@ class Program:
         for (kind, x), frees in zip(self.steps, self.frees):
             if kind == "fused":
                 _run_fused(x, env)
+            elif kind == "rows":
+                _run_rows(x, env)
             else:
                 _run_node(x, env)
             for n in frees:
@@ -216,6 +241,27 @@ class Program:
         out = self.output.args[0]
         return tuple(_load(a, env) for a in out) if isinstance(out, (list, tuple)) else \
             _load(out, env)
+
+
+def _run_rows(step, env: dict) -> None:
+    from ..adaptive import MODULE as adaptive
+    from .rows import run
+
+    adaptive.flush("compiled graph")
+    try:
+        ok = run(step, env, _run_node, _alloc, _flat)
+    except Exception as exc:      # nothing was stored into env: the nodes rerun eagerly
+        CSTATS.group_fallbacks[f"row kernel failed: {type(exc).__name__}"] += 1
+        if "graphs" in config.log:
+            print(f"[eager_neuron] row kernel failed ({type(exc).__name__}: {exc}); "
+                  "running its ops one by one", file=sys.stderr)
+        ok = False
+    else:
+        if not ok:
+            CSTATS.group_fallbacks["row operand layout at run time"] += 1
+    if not ok:
+        for node in step.nodes:
+            _run_node(node, env)
 
 
 def _load(a, env):
