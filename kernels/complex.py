@@ -95,3 +95,18 @@ def render_bmm(load_a: str, load_b: str, with_self: bool, load_s: str, store: st
         lines.append("            v += beta * " + LOADS[load_s].format("s[bb, i, j]"))
     lines.append(f"            o[bb, i, j] = {store}(v)")
     return "\n".join(lines) + "\n", name
+
+
+def render_scan(kind: str) -> tuple[str, str]:
+    """Source of `k(x, o)` over x (R, N) complex128: o (R,) the product of each row ("prod"), or
+    o (R, N) its running product ("cumprod"), left to right in complex128."""
+    name = kernel_name("cscan", kind)
+    store = "o[r] = acc" if kind == "prod" else "o[r, j] = acc"
+    body = (["        acc = np.complex128(1.0)",
+             "        for j in range(x.shape[1]):",
+             "            acc = acc * x[r, j]"]
+            + (["            " + store] if kind == "cumprod" else ["        " + store]))
+    src = ('@njit(error_model="numpy", nogil=True)\n'
+           f"def {name}(x, o):\n"
+           "    for r in range(x.shape[0]):\n" + "\n".join(body) + "\n")
+    return src, name

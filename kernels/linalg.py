@@ -21,6 +21,7 @@ True
 from __future__ import annotations
 
 from .elementwise import kernel_name
+from .linalg_complex import KERNELS as _COMPLEX_KERNELS
 from .linalg_helpers import (  # noqa: F401 - re-exported for importers of kernels.linalg
     _BF16,
     _FINITE,
@@ -330,3 +331,7 @@ def render(kind: str, parallel: bool) -> tuple[str, str]:
                  + "        if True:\n"
                  + "".join("    " + ln + "\n" for ln in body.splitlines()))
     return "\n".join(lines), name
+
+
+# the complex batch kernels ("zlu_factor", ...): same render, complex128 scratch
+_KERNELS.update(_COMPLEX_KERNELS)

@@ -128,8 +128,11 @@ def _mexp_poly(w, lo, hi):
 
 
 def render_matrix_exp(np_type: str, parallel: bool) -> tuple[str, str]:
-    """`k(a, out)`: a, out (B, n, n) C arrays of `np_type` ("np.float32" or "np.float64")."""
-    thetas = _THETAS[np_type]
+    """`k(a, out)`: a, out (B, n, n) C arrays of `np_type` ("np.float32", "np.float64",
+    "np.complex64" or "np.complex128": complex matrices use their real type's degree table and
+    a real 1-norm, as PyTorch does)."""
+    real = {"np.complex64": "np.float32", "np.complex128": "np.float64"}.get(np_type, np_type)
+    thetas = _THETAS[real]
     coef, steps, starts = _mexp_tables()
     name = kernel_name("linalg_matrix_exp", np_type, thetas, coef, steps, _MEXP, parallel)
     rng = "prange" if parallel else "range"
@@ -174,4 +177,8 @@ def {name}(a, out):
             for j in range(n):
                 out[b, i, j] = w[11, i, j]
 ''')
+    if real != np_type:   # the norm and the squaring count are real numbers
+        src = (src.replace("            s = T(0.0)\n", "            s = R(0.0)\n")
+               .replace("math.log2(T(norm) / T(th[5]))", "math.log2(R(norm) / R(th[5]))")
+               .replace(f"T = {np_type}\n", f"T = {np_type}\nR = {real}\n"))
     return src, name

@@ -318,7 +318,8 @@ def _diff_leaves(out) -> list:
     """Float tensor outputs that carry a graph (what backward starts from)."""
     leaves, _ = tree_flatten(out)
     return [i for i, v in enumerate(leaves)
-            if isinstance(v, torch.Tensor) and v.requires_grad and v.dtype.is_floating_point]
+            if isinstance(v, torch.Tensor) and v.requires_grad
+            and (v.dtype.is_floating_point or v.dtype.is_complex)]
 
 
 def _grad_inputs(inp, args, kwargs) -> list:

@@ -162,9 +162,15 @@ def run_complex(func, plan, a: dict, outs: list) -> None:
         return plan.lower(func, dict(a, self=mask), outs)
     if base in _VARIANCE and _is_complex(a.get("self")):
         return _variance(base, a, outs)
+    if base in ("aten::prod", "aten::cumprod") and _is_complex(a.get("self")):
+        return _prod(base, a, outs[0])
     if base not in OPS and base in SPLIT and _split(func, plan, a, outs):
         return
     if base not in OPS or (base == "aten::div" and a.get("rounding_mode") is not None):
+        if _decomposes(func):
+            # PyTorch's decomposition runs it as complex ops this family has (addr, cross,
+            # logsumexp, ...): dispatch takes that route on NotImplementedError
+            raise NotImplementedError(f"{plan.name}: complex operands, via the decomposition")
         raise errors.UnsupportedOpError(
             f"{plan.name} has no neuron kernel for complex tensors "
             f"({', '.join(_dtypes(a, outs))})\n{errors.where()}\n"
@@ -179,6 +185,16 @@ def run_complex(func, plan, a: dict, outs: list) -> None:
         cast(tmp, out)
         return
     elementwise(base, a, out)
+
+
+def _decomposes(func) -> bool:
+    """Whether PyTorch has a decomposition for func (dispatch runs it when we decline)."""
+    from .. import ops
+
+    try:
+        return func is not None and ops.decomposition(func) is not None
+    except Exception:   # a name lookup the table does not know: no decomposition
+        return False
 
 
 # ops that act on the real and imaginary parts independently (data movement, sums): they run as
@@ -415,6 +431,37 @@ def _variance(base: str, a: dict, outs: list) -> None:
     if base.endswith("_mean"):
         _sum("aten::mean", {"self": x, "dim": a.get("dim"), "keepdim": a.get("keepdim")},
              [outs[1]])
+
+
+def _prod(base: str, a: dict, out: torch.Tensor) -> None:
+    """prod / cumprod of a complex tensor along one dim (or all of it), in complex128."""
+    x = a["self"]
+    dim = a.get("dim")
+    if out.numel() == 0:
+        return
+    if x.dim() == 0:
+        return elementwise("aten::_to_copy", {"self": x}, out)
+    if dim is None:   # prod of everything
+        x, d = x.reshape(-1), 0
+    else:
+        d = dim % x.dim()
+    moved = x.movedim(d, -1)
+    rows = torch.empty(moved.shape, dtype=torch.complex128)
+    elementwise("aten::_to_copy", {"self": moved}, rows)
+    n = rows.shape[-1] if rows.dim() else 1
+    x2 = rows.reshape(-1, n)
+    if base == "aten::prod":
+        res = torch.empty(x2.shape[0], dtype=torch.complex128)
+        view = res.reshape(moved.shape[:-1])
+        if a.get("keepdim") and dim is not None:
+            view = view.unsqueeze(d)
+    else:
+        res = torch.empty(x2.shape, dtype=torch.complex128)
+        view = res.reshape(moved.shape).movedim(-1, d)
+    launch(("cscan", base, 1), lambda: kcx.render_scan(base.split("::")[1]),
+           (x2.numpy(), res.numpy()), flops=float(6 * x2.numel()),
+           bytes_moved=float(32 * x2.numel()))
+    elementwise("aten::_to_copy", {"self": view.reshape(out.shape)}, out)
 
 
 # products: base op -> (left, right, added tensor or None); all become (B, M, K) @ (B, K, N)

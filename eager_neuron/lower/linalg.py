@@ -19,6 +19,7 @@ The scratch/launch/error helpers live in `linalg_base.py` (re-exported here).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .cast import cast
@@ -37,6 +38,7 @@ from .linalg_base import (  # noqa: F401 - re-exported for importers of lower.li
     batch_of,
     check_info,
     check_status,
+    copy,
     f64,
     int_scratch,
     lower_check_errors,
@@ -45,6 +47,7 @@ from .linalg_base import (  # noqa: F401 - re-exported for importers of lower.li
     put_int,
     run,
     zero,
+    zkind,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -59,7 +62,7 @@ def factor(A: torch.Tensor, piv_out=None, info_out=None):
     piv = int_scratch(piv_out, batch + (min(m, n),))
     info = int_scratch(info_out, batch)
     if lu.numel():
-        run("lu_factor", (b3(lu), b2(piv), b1(info)),
+        run(zkind("lu_factor", lu), (b3(lu), b2(piv), b1(info)),
             flops=2.0 * lu.numel() * min(m, n))
     else:
         zero(info)
@@ -83,24 +86,30 @@ def lower_lu_factor_ex(func, a, outs):
 
 def lu_solve_into(lu: torch.Tensor, piv: torch.Tensor, B: torch.Tensor, out: torch.Tensor,
                   left: bool, adjoint: bool) -> None:
-    """out = A^-1 B (left) or B A^-1, A = P L U given by (lu, piv); `adjoint` solves with A^T.
-    lu: any (..., n, n) tensor (float64 scratch reused as is when its batch matches)."""
+    """out = A^-1 B (left) or B A^-1, A = P L U given by (lu, piv); `adjoint` solves with A^H.
+    lu: any (..., n, n) tensor (float64/complex128 scratch reused when its batch matches)."""
     if out.numel() == 0:
         return
-    if not left:               # X A = B  <=>  A^T X^T = B^T
-        adjoint = not adjoint
+    # op(A) for the kernel: X A = B <=> A^T X^T = B^T, X A^H = B <=> conj(A) X^T = B^T
+    trans, conj = adjoint == left, adjoint
+    if not left:
         B, out = B.mT, out.mT
     n, k = out.shape[-2:]
     batch = tuple(out.shape[:-2])
-    if not (lu.dtype == F64 and lu.is_contiguous() and tuple(lu.shape[:-2]) == batch):
+    scratch = C128 if lu.is_complex() or B.is_complex() else F64
+    if not (lu.dtype == scratch and lu.is_contiguous() and tuple(lu.shape[:-2]) == batch):
         lu = f64(lu, batch + (n, n))
     if not (piv.is_contiguous() and piv.dtype == I32 and tuple(piv.shape[:-1]) == batch):
         p = torch.empty(batch + (n,), dtype=I32)
         cast(piv.expand(batch + (n,)), p)
         piv = p
     x = f64(B, batch + (n, k))
+    if x.dtype != lu.dtype:   # a real B with a complex LU (or back): both complex
+        x = _as_c128(x)
+        lu = _as_c128(lu)
     status = torch.empty(batch, dtype=I32)
-    run("lu_solve", (b3(lu), b2(piv), b3(x), b1(status)), (bool(adjoint), False),
+    flags = (trans, conj, False) if lu.dtype == C128 else (trans, False)
+    run(zkind("lu_solve", lu), (b3(lu), b2(piv), b3(x), b1(status)), flags,
         flops=2.0 * x.numel() * n)
     check_status(status, "linalg.lu_solve", "pivots out of range [1, n]")
     put(x, out)
@@ -139,9 +148,10 @@ def lower_inv_ex(func, a, outs):
         return
     n = A.shape[-1]
     lu, piv, inf = factor(A, None, info)
-    x = torch.empty(lu.shape, dtype=F64)
+    x = torch.empty(lu.shape, dtype=lu.dtype)
     status = torch.empty(A.shape[:-2], dtype=I32)
-    run("lu_solve", (b3(lu), b2(piv), b3(x), b1(status)), (False, True),
+    flags = (False, False, True) if lu.dtype == C128 else (False, True)
+    run(zkind("lu_solve", lu), (b3(lu), b2(piv), b3(x), b1(status)), flags,
         flops=2.0 * lu.numel() * n)
     put(x, inv)
     put_int(inf, info)
@@ -150,12 +160,14 @@ def lower_inv_ex(func, a, outs):
 
 
 def _det_parts(A: torch.Tensor, LU, pivots):
-    use_t = A.is_contiguous()      # PyTorch: det(A^T) = det(A), and backward expects that LU
+    # PyTorch: det(A^T) = det(A), and backward expects that LU (real matrices only)
+    use_t = A.is_contiguous() and not A.is_complex()
     lu, piv, _info = factor(A.mT if use_t else A, pivots)
     batch = tuple(A.shape[:-2])
-    det, sign, logabs = (torch.empty(batch, dtype=F64) for _ in range(3))
+    det, sign = (torch.empty(batch, dtype=lu.dtype) for _ in range(2))
+    logabs = torch.empty(batch, dtype=F64)
     if det.numel():
-        run("lu_det", (b3(lu), b2(piv), b1(det), b1(sign), b1(logabs)),
+        run(zkind("lu_det", lu), (b3(lu), b2(piv), b1(det), b1(sign), b1(logabs)),
             flops=lu.numel())
     put(lu, LU)
     put_int(piv, pivots)
@@ -180,7 +192,7 @@ def _unpack(lu: torch.Tensor, piv: torch.Tensor, P, L, U, unpack_data: bool,
     m, n = lu.shape[-2:]
     k = min(m, n)
     batch = tuple(lu.shape[:-2])
-    if lu.dtype != F64 or not lu.is_contiguous():
+    if lu.dtype not in (F64, C128) or not lu.is_contiguous():
         lu = f64(lu)
     if not (piv.is_contiguous() and piv.dtype == I32):
         p = torch.empty(piv.shape, dtype=I32)
@@ -193,10 +205,11 @@ def _unpack(lu: torch.Tensor, piv: torch.Tensor, P, L, U, unpack_data: bool,
         return
     unpack_data = unpack_data and L.numel() + U.numel() > 0
     unpack_pivots = unpack_pivots and P.numel() > 0
-    dummy = torch.empty((nb, 1, 1), dtype=F64)
-    p64 = torch.empty(batch + (m, m), dtype=F64) if unpack_pivots else dummy
-    l64 = torch.empty(batch + (m, k), dtype=F64) if unpack_data else dummy
-    u64 = torch.empty(batch + (k, n), dtype=F64) if unpack_data else dummy
+    dt = lu.dtype   # the lu_unpack kernel is type-generic: complex128 scratch for complex LU
+    dummy = torch.empty((nb, 1, 1), dtype=dt)
+    p64 = torch.empty(batch + (m, m), dtype=dt) if unpack_pivots else dummy
+    l64 = torch.empty(batch + (m, k), dtype=dt) if unpack_data else dummy
+    u64 = torch.empty(batch + (k, n), dtype=dt) if unpack_data else dummy
     status = torch.empty((nb,), dtype=I32)
     run("lu_unpack", (b3(lu), b2(piv), b3(p64), b3(l64), b3(u64)),
         (unpack_data, unpack_pivots, b1(status)), flops=lu.numel())
@@ -234,7 +247,10 @@ def _trsm_into(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor, upper: bool,
     batch = tuple(out.shape[:-2])
     a64 = f64(A, batch + (n, n))
     x = f64(B, batch + (n, k))
-    run("trsm", (b3(a64), b3(x)), (upper, trans, unit), flops=1.0 * x.numel() * n)
+    if a64.dtype != x.dtype:
+        a64, x = _as_c128(a64), _as_c128(x)
+    flags = (upper, trans, False, unit) if x.dtype == C128 else (upper, trans, unit)
+    run(zkind("trsm", x), (b3(a64), b3(x)), flags, flops=1.0 * x.numel() * n)
     put(x, out)
 
 
@@ -253,7 +269,7 @@ def lower_triangular_solve(func, a, outs):
     b, A = a["self"], a["A"]
     solution, clone = outs
     if clone.numel():
-        cast(A.detach().expand(clone.shape), clone)
+        copy(A.detach().expand(clone.shape), clone)
     if solution.numel():
         _trsm_into(A, b, solution, bool(a["upper"]), bool(a["transpose"]),
                    bool(a["unitriangular"]))
@@ -263,6 +279,22 @@ def lower_triangular_solve(func, a, outs):
 # Cholesky
 # ---------------------------------------------------------------------------------------------
 
+def _lower_factor(L: torch.Tensor, upper) -> torch.Tensor:
+    """The lower factor of A = L L^H from the one given: U^H = conj(U).T (U.T when real)."""
+    if not upper:
+        return L
+    return L.mT.conj() if L.is_complex() else L.mT
+
+
+def _as_c128(t: torch.Tensor) -> torch.Tensor:
+    """A complex128 scratch of a float64 or complex128 one (mixed real/complex operands)."""
+    if t.dtype == C128:
+        return t
+    out = torch.empty(t.shape, dtype=C128)
+    copy(t, out)
+    return out
+
+
 def _cholesky(A: torch.Tensor, L: torch.Tensor, info_out, upper: bool) -> torch.Tensor:
     """Factor into L (or U = L^T written as the upper factor); returns the info tensor."""
     batch = tuple(A.shape[:-2])
@@ -270,9 +302,11 @@ def _cholesky(A: torch.Tensor, L: torch.Tensor, info_out, upper: bool) -> torch.
     if A.numel() == 0:
         zero(info)
         return info
-    lower = f64(A.mT if upper else A)     # potrf('U') on A = potrf('L') on A^T, transposed
+    # potrf('U') on A = potrf('L') on A^T, transposed (complex too: the lower triangle of A^T is
+    # conj of the Hermitian matrix's, whose factor conj(L) transposes to U = L^H)
+    lower = f64(A.mT if upper else A)
     n = A.shape[-1]
-    run("cholesky", (b3(lower), b1(info)), flops=lower.numel() * n / 3.0)
+    run(zkind("cholesky", lower), (b3(lower), b1(info)), flops=lower.numel() * n / 3.0)
     put(lower, L.mT if upper else L)
     return info
 
@@ -295,9 +329,17 @@ def lower_cholesky_inverse(func, a, outs):
     L, out = a["self"], outs[0]
     if out.numel() == 0:
         return
-    lower = f64(L.mT if a["upper"] else L)
+    lower = f64(_lower_factor(L, a["upper"]))
     info = torch.empty(L.shape[:-2], dtype=I32)
     n = L.shape[-1]
+    if lower.dtype == C128:
+        d = b3(lower).diagonal(axis1=1, axis2=2)
+        info.numpy().reshape(-1)[...] = [(np.flatnonzero(r == 0)[:1] + 1).sum() for r in d]
+        check_info(info, "cholesky_inverse", L.dim() == 2)
+        x = torch.empty(lower.shape, dtype=C128)
+        run("zcholesky_solve", (b3(lower), b3(x)), (True,), flops=lower.numel() * n)
+        put(x, out)
+        return
     run("cholesky_inverse", (b3(lower), b1(info)), flops=lower.numel() * n)
     check_info(info, "cholesky_inverse", L.dim() == 2)
     put(lower, out)
@@ -309,9 +351,14 @@ def lower_cholesky_solve(func, a, outs):
         return
     n, k = out.shape[-2:]
     batch = tuple(out.shape[:-2])
-    l64 = f64(L.mT if a["upper"] else L, batch + (n, n))
+    l64 = f64(_lower_factor(L, a["upper"]), batch + (n, n))
     x = f64(B, batch + (n, k))
-    run("cholesky_solve", (b3(l64), b3(x)), flops=2.0 * x.numel() * n)
+    if l64.dtype != x.dtype:
+        l64, x = _as_c128(l64), _as_c128(x)
+    if x.dtype == C128:
+        run("zcholesky_solve", (b3(l64), b3(x)), (False,), flops=2.0 * x.numel() * n)
+    else:
+        run("cholesky_solve", (b3(l64), b3(x)), flops=2.0 * x.numel() * n)
     put(x, out)
 
 
@@ -400,6 +447,12 @@ LOWERINGS = {
     "aten::linalg_ldl_factor_ex": lower_ldl_factor_ex,
     "aten::linalg_ldl_solve": lower_ldl_solve,
 }
+# complex64/complex128 operands: complex128 scratch and the "z" kernels (kernels/linalg_complex.py)
+for _fn in (lower_lu_factor_ex, lower_lu_solve, lower_solve_ex, lower_inv_ex, lower_det,
+            lower_slogdet, lower_lu_unpack, lower_linalg_lu, lower_solve_triangular,
+            lower_triangular_solve, lower_cholesky_ex, lower_cholesky, lower_cholesky_inverse,
+            lower_cholesky_solve, lower_check_errors):
+    _fn.handles_complex = True
 LOWERINGS = {name: _functional_only(fn) for name, fn in LOWERINGS.items()}
 # part two (QR, eigh, SVD, pinv, lstsq, matrix_exp) is its own family, lower/linalg_spectral.py:
 # it imports the helpers above (one direction: this module imports nothing from it)

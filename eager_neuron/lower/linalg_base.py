@@ -38,8 +38,24 @@ def f64(t: torch.Tensor, shape=None) -> torch.Tensor:
     shape = tuple(t.shape) if shape is None else tuple(shape)
     buf = torch.empty(shape, dtype=C128 if t.is_complex() else F64)
     if buf.numel():
-        cast(t.detach().expand(shape), buf)
+        copy(t.detach().expand(shape), buf)
     return buf
+
+
+def copy(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """dst[...] = src (same shape); complex operands through the complex family, which reads
+    PyTorch's conjugate and negative bits."""
+    if src.is_complex() or dst.is_complex():
+        from .complex import elementwise  # NOTE: here, not at the top: complex imports ops
+
+        elementwise("aten::_to_copy", {"self": src}, dst)
+    else:
+        cast(src, dst)
+
+
+def zkind(kind: str, t: torch.Tensor) -> str:
+    """The batch kernel for t's scratch: `kind`, or its complex form "z" + kind."""
+    return "z" + kind if t.dtype == C128 else kind
 
 
 def nbatch(shape) -> int:
@@ -66,7 +82,7 @@ def b1(t: torch.Tensor) -> np.ndarray:
 def put(buf: torch.Tensor, out: torch.Tensor) -> None:
     """out[...] = buf (same shape), converting dtype and layout."""
     if out.numel():
-        cast(buf.reshape(out.shape), out)
+        copy(buf.reshape(out.shape), out)
 
 
 def int_scratch(out: torch.Tensor | None, shape: tuple, dtype=I32) -> torch.Tensor:
@@ -193,4 +209,5 @@ def _functional_only(fn):
     lower.__name__ = fn.__name__
     lower.__doc__ = fn.__doc__
     lower.handles_half = getattr(fn, "handles_half", False)
+    lower.handles_complex = getattr(fn, "handles_complex", False)
     return lower

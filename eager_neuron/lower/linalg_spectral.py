@@ -22,6 +22,7 @@ from ..kernels import linalg as klin
 from ..launch import launch
 from .cast import cast
 from .linalg_base import (
+    C128,
     F64,
     I32,
     VERSION,
@@ -31,9 +32,11 @@ from .linalg_base import (
     b3,
     batch_of,
     check_status,
+    copy,
     f64,
     put,
     run,
+    zkind,
 )
 
 _NONFINITE = "the input matrix contains non-finite values (inf or NaN); fix: check the input"
@@ -76,8 +79,8 @@ def dynamic_geqrf(func, a, index):
     tau, tau_block = alloc(index, tshape, tuple(torch.empty(tshape).stride()), A.dtype)
     if A.numel():
         x = f64(A)
-        t64 = torch.empty(tshape, dtype=F64)
-        run("geqrf", (b3(x), b2(t64)), flops=2.0 * x.numel() * k)
+        t64 = torch.empty(tshape, dtype=x.dtype)
+        run(zkind("geqrf", x), (b3(x), b2(t64)), flops=2.0 * x.numel() * k)
         put(x, qr)
         put(t64, tau)
     return [(qr, qr_block), (tau, tau_block)]
@@ -90,7 +93,11 @@ def lower_householder_product(func, a, outs):
     k = tau.shape[-1]
     q = f64(A)
     t64 = f64(tau)
-    run("orgqr", (b3(q), t64.numpy().reshape(-1, k)), flops=4.0 * q.numel() * k)
+    if q.dtype != t64.dtype:
+        raise RuntimeError(f"torch.linalg.householder_product: input and tau must have the same "
+                           f"dtype, got {A.dtype} and {tau.dtype}")
+    run("zungqr" if q.dtype == C128 else "orgqr", (b3(q), t64.numpy().reshape(-1, k)),
+        flops=4.0 * q.numel() * k)
     put(q, out)
 
 
@@ -118,11 +125,11 @@ def lower_qr(func, a, outs):
     qc = 0 if mode == "r" else (m if mode == "complete" else k)
     rq = m if mode == "complete" else k
     x = f64(A)
-    tau = torch.empty(batch + (k,), dtype=F64)
-    q = torch.empty(batch + (m, qc), dtype=F64)
-    r = torch.empty(batch + (rq, n), dtype=F64)
+    tau = torch.empty(batch + (k,), dtype=x.dtype)
+    q = torch.empty(batch + (m, qc), dtype=x.dtype)
+    r = torch.empty(batch + (rq, n), dtype=x.dtype)
     nb = _numel(batch)
-    run("qr", (b3(x), tau.numpy().reshape(nb, k), q.numpy().reshape(nb, m, qc),
+    run(zkind("qr", x), (b3(x), tau.numpy().reshape(nb, k), q.numpy().reshape(nb, m, qc),
                r.numpy().reshape(nb, rq, n)), flops=4.0 * x.numel() * k)
     put(r, R)
     if qc:
@@ -142,11 +149,11 @@ def lower_eigh(func, a, outs):
         return
     want_v = bool(a["compute_v"]) and v.numel() > 0
     x = f64(A)
-    w64 = torch.empty(batch + (n,), dtype=F64)
-    v64 = torch.empty(batch + (n, n), dtype=F64) if want_v else torch.empty((nb, 1, 1),
-                                                                            dtype=F64)
+    w64 = torch.empty(batch + (n,), dtype=F64)   # eigenvalues are real, complex input or not
+    v64 = torch.empty(batch + (n, n), dtype=x.dtype) if want_v else torch.empty(
+        (nb, 1, 1), dtype=x.dtype)
     status = torch.empty((nb,), dtype=I32)
-    run("eigh", (b3(x), w64.numpy().reshape(nb, n), b3(v64)),
+    run(zkind("eigh", x), (b3(x), w64.numpy().reshape(nb, n), b3(v64)),
         (a["UPLO"].upper() == "L", want_v, b1(status)), flops=9.0 * x.numel() * n)
     check_status(status, "linalg.eigh", _NONFINITE)
     put(w64, w)
@@ -174,11 +181,11 @@ def lower_svd(func, a, outs):
         return
     x = f64(A)
     ur, vc = (m, n) if full else (k, k)
-    s64 = torch.empty(batch + (k,), dtype=F64)
-    u64 = torch.empty(batch + (m, ur), dtype=F64)
-    vt64 = torch.empty(batch + (vc, n), dtype=F64)
+    s64 = torch.empty(batch + (k,), dtype=F64)   # singular values are real
+    u64 = torch.empty(batch + (m, ur), dtype=x.dtype)
+    vt64 = torch.empty(batch + (vc, n), dtype=x.dtype)
     status = torch.empty((nb,), dtype=I32)
-    run("svd", (b3(x), u64.numpy().reshape(nb, m, ur), s64.numpy().reshape(nb, k),
+    run(zkind("svd", x), (b3(x), u64.numpy().reshape(nb, m, ur), s64.numpy().reshape(nb, k),
                 vt64.numpy().reshape(nb, vc, n)), (full, want_uv, b1(status)),
         flops=12.0 * x.numel() * k)
     check_status(status, "linalg.svd", _NONFINITE)
@@ -190,10 +197,10 @@ def lower_svd(func, a, outs):
 
 def _identity_into(t: torch.Tensor) -> None:
     """t = identity matrices (batched), via a zero fill and a diagonal view fill."""
-    cast(torch.zeros((), dtype=t.dtype).expand(t.shape), t)
+    copy(torch.zeros((), dtype=t.dtype).expand(t.shape), t)
     d = t.diagonal(0, -2, -1)
     if d.numel():
-        cast(torch.ones((), dtype=t.dtype).expand(d.shape), d)
+        copy(torch.ones((), dtype=t.dtype).expand(d.shape), d)
 
 
 def lower_pinv(func, a, outs):
@@ -204,10 +211,11 @@ def lower_pinv(func, a, outs):
     if out.numel() == 0:
         return
     if m == 0 or n == 0:
-        cast(torch.zeros((), dtype=out.dtype).expand(out.shape), out)
+        copy(torch.zeros((), dtype=out.dtype).expand(out.shape), out)
         return
     atol, rtol = a["atol"], a["rtol"]
-    eps = torch.finfo(A.dtype if A.dtype.is_floating_point else torch.float32).eps
+    eps = torch.finfo(A.dtype.to_real() if A.dtype.is_floating_point or A.is_complex()
+                      else torch.float32).eps
     atol64 = torch.zeros(batch or (1,), dtype=F64)
     if atol is not None:
         cast(atol.detach().expand(batch), atol64.view(batch))
@@ -218,9 +226,9 @@ def lower_pinv(func, a, outs):
         cast(torch.full((), eps * max(m, n), dtype=F64).expand(rtol64.shape), rtol64)
     zero_rtol = rtol is None and atol is not None
     x = f64(A)
-    o64 = torch.empty(batch + (n, m), dtype=F64)
+    o64 = torch.empty(batch + (n, m), dtype=x.dtype)
     status = torch.empty((nb,), dtype=I32)
-    run("pinv", (b3(x), b1(atol64), b1(rtol64), b3(o64)),
+    run(zkind("pinv", x), (b3(x), b1(atol64), b1(rtol64), b3(o64)),
         (bool(a["hermitian"]), zero_rtol, b1(status)), flops=14.0 * x.numel() * min(m, n))
     check_status(status, "linalg.pinv", _NONFINITE)
     put(o64, out)
@@ -237,10 +245,11 @@ def lower_matrix_exp(func, a, outs):
     n = A.shape[-1]
     # NOTE: in the input's precision, as PyTorch computes it: float32 results then carry the
     # CPU's own truncation and squaring errors (float64 math would differ from them by ~1e-6)
-    dtype = F64 if A.dtype == F64 else torch.float32
-    np_type = "np.float64" if dtype == F64 else "np.float32"
+    dtype = {F64: F64, torch.complex128: C128, torch.complex64: torch.complex64}.get(
+        A.dtype, torch.float32)
+    np_type = "np." + str(dtype).split(".")[1]
     x = torch.empty(A.shape, dtype=dtype)
-    cast(A.detach(), x)
+    copy(A.detach(), x)
     o = torch.empty(A.shape, dtype=dtype)
     parallel = x.numel() > n * n and x.numel() * n >= 1 << 16 and kc.parallel_allowed()
     key = MatrixExpKernel("linalg", "matrix_exp", VERSION, np_type, parallel)
@@ -342,6 +351,10 @@ LOWERINGS = {
     "aten::linalg_pinv.atol_rtol_tensor": lower_pinv,
     "aten::linalg_matrix_exp": lower_matrix_exp,
 }
+# complex64/complex128 operands: complex128 scratch and the "z" kernels (kernels/linalg_complex.py)
+for _fn in (lower_householder_product, lower_qr, lower_eigh, lower_svd, lower_pinv,
+            lower_matrix_exp):
+    _fn.handles_complex = True
 LOWERINGS = {name: _functional_only(fn) for name, fn in LOWERINGS.items()}
 
 DYNAMIC = {
