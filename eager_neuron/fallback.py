@@ -9,12 +9,14 @@ import warnings
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from . import dispatch as _d
 from . import errors
+from .adaptive import flush
+from .buffers import alloc
 from .config import config
+from .operands import _original, unwrap_args
 from .simulator import SIM
 from .stats import STATS
-from .tensor import NeuronTensor
+from .tensor import NeuronTensor, wrap
 
 _WARNED: set = set()
 
@@ -28,14 +30,14 @@ def run_fallback(func, plan, args, kwargs, mode, why: str = ""):
             f"  args: {errors.describe_args(args, kwargs)}; "
             "set EAGER_NEURON_FALLBACK=cpu to run it on the CPU")
     STATS.fallbacks[name] += 1
-    _d.flush("cpu fallback")
+    flush("cpu fallback")
     if name not in _WARNED:
         _WARNED.add(name)
         warnings.warn(
             f"{name} has no neuron kernel; running it on the CPU (counted in "
             f"eager_neuron.stats()['fallbacks']; EAGER_NEURON_FALLBACK=error makes this raise)"
             + (f" [{why}]" if why else ""), stacklevel=3)
-    uargs, ukw, index = _d.unwrap_args(args, kwargs)
+    uargs, ukw, index = unwrap_args(args, kwargs)
     if "device" in ukw and ukw["device"] is not None and torch.device(ukw["device"]).type == \
             "neuron":
         ukw["device"] = "cpu"
@@ -54,13 +56,13 @@ def run_fallback(func, plan, args, kwargs, mode, why: str = ""):
         if isinstance(x, torch.Tensor) and not isinstance(x, NeuronTensor):
             for target in plan.ret_alias:
                 if target is not None:
-                    orig = _d._original(func, args, kwargs, target)
+                    orig = _original(func, args, kwargs, target)
                     if isinstance(orig, NeuronTensor) and orig._data is x:
                         return orig
-            data, block = _d.alloc(index, x.shape, x.stride(), x.dtype)
+            data, block = alloc(index, x.shape, x.stride(), x.dtype)
             data.copy_(x)
             core.transfer(x.numel() * x.element_size())
-            return _d.wrap(data, block, index)
+            return wrap(data, block, index)
         return x
 
     leaves, spec = tree_flatten(out)

@@ -9,8 +9,10 @@ import warnings
 
 import torch
 
-from . import dispatch as _d
 from . import errors
+from .adaptive import flush
+from .buffers import alloc
+from .operands import _original, unwrap_args
 from .plan import _PLANS, _plan, _to_meta, meta_outputs
 from .tensor import NeuronTensor
 
@@ -36,8 +38,8 @@ def run_inplace_view(func, plan, args, kwargs, mode):
                 f"tensor's storage holds no host data)\n{errors.where()}\n"
                 f"  args: {errors.describe_args(args, kwargs)}\n"
                 "  fix: use x.set_(other_tensor) or allocate a new tensor")
-    _d.flush(f"in-place view {plan.name}")
-    uargs, ukw, _index = _d.unwrap_args(args, kwargs)
+    flush(f"in-place view {plan.name}")
+    uargs, ukw, _index = unwrap_args(args, kwargs)
     data, block = self._data, self._block
     storage = torch.Tensor.untyped_storage(self)
     source = args[1] if len(args) > 1 else kwargs.get("source")
@@ -96,7 +98,7 @@ def _bytes_needed(func, data, uargs, ukw) -> int:
 def _regrow(old, need, index):
     """A bigger block for a tensor that resize_ grows: (a view like `old` on it, the block),
     old's storage bytes copied in first (resize_ keeps them)."""
-    data, new_block = _d.alloc(index, (need,), (1,), torch.uint8)
+    data, new_block = alloc(index, (need,), (1,), torch.uint8)
     data[:old.untyped_storage().nbytes()].copy_(
         torch.empty(0, dtype=torch.uint8).set_(old.untyped_storage()))
     data = torch.empty(0, dtype=old.dtype).set_(
@@ -120,11 +122,11 @@ def resize_out(t, shape) -> torch.Tensor:
 
 def resize_outs(func, plan, args, kwargs) -> None:
     """Host ops (arange, RNG into out=) write the host view directly: size their out= first."""
-    uargs, ukw, _index = _d.unwrap_args(args, kwargs)
+    uargs, ukw, _index = unwrap_args(args, kwargs)
     leaves, _spec = meta_outputs(func, uargs, ukw)
     for i, target in enumerate(plan.ret_alias):
         if target in plan.out_args and i < len(leaves) and isinstance(leaves[i], tuple):
-            t = _d._original(func, args, kwargs, target)
+            t = _original(func, args, kwargs, target)
             if type(t) is NeuronTensor and t.shape != leaves[i][0]:
                 resize_out(t, leaves[i][0])
 

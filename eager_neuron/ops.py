@@ -21,6 +21,7 @@ import warnings
 
 import torch
 
+from .decomps import decomposition  # noqa: F401 -- ops.decomposition, for plan/dispatch
 from .lower import cast, elementwise, host
 
 # -- 1. the families, in the order docs/OPS.md lists them --------------------------------------
@@ -179,24 +180,6 @@ ALLOC = frozenset({
 # we refuse (they lower to prims or loop badly) go here too:
 NO_DECOMP = frozenset()
 # *** end of the fallback section ***************************************************************
-
-_DECOMP = None
-
-
-def decomposition(func):
-    """PyTorch's decomposition for func: the core ATen set first, then the global table.
-
-    >>> decomposition(torch.ops.aten.addcmul.default) is not None
-    True
-    """
-    global _DECOMP
-    if _DECOMP is None:
-        from torch._decomp import core_aten_decompositions, decomposition_table
-
-        table = dict(decomposition_table)
-        table.update(core_aten_decompositions())
-        _DECOMP = table
-    return _DECOMP.get(func)
 
 
 def family_of(name: str) -> str | None:

@@ -19,32 +19,21 @@ PACKAGES = {"eager_neuron": "eager_neuron", "kernels": "eager_neuron.kernels",
 
 _E, _L = "eager_neuron.", "eager_neuron.lower."
 ALLOWED = {
-    # -- files the dispatch owner is rewriting (dispatch/adaptive/launch/plan/inplace/fallback,
-    #    lower/elementwise, lower/cast): buffer allocation and flush move out of dispatch, and
-    #    adaptive stops importing the elementwise renderer
+    # -- the dispatch owner's files: adaptive still imports the elementwise renderer
     (_E + "adaptive", _L + "elementwise"),
-    (_E + "fallback", _E + "dispatch"),
-    (_E + "inplace", _E + "dispatch"),
-    # -- files that call back into the funnel itself (not only its allocation, which lives in
-    #    eager_neuron/buffers.py): lower/host runs copies through dispatch._run_kernel with its
-    #    Plans; lower/foreach reaches run_fallback through dispatch; lower/index sizes x[mask]
-    #    with plan.meta_outputs (via dispatch: plan imports ops, which imports lower/index)
+    # -- files that call back into the funnel itself (its allocation lives in buffers.py, the
+    #    operand unwrapping in operands.py): lower/host runs copies through
+    #    dispatch._run_kernel with its own Plans; lower/index sizes x[mask] with
+    #    plan.meta_outputs (through dispatch: plan imports ops, which imports lower/index; a
+    #    meta module below plan would free it)
     (_L + "host", _E + "dispatch"),
-    (_L + "foreach", _E + "dispatch"),
     (_L + "index", _E + "dispatch"),
     # storage wraps buffers in NeuronTensor; tensor.untyped_storage() calls storage back
     (_E + "storage", _E + "tensor"),
-    # -- lowerings that reach another family's lowering through the op table: import the
-    #    family module instead (from .reduce import LOWERINGS)
-    (_L + "half", _E + "ops"),
-    (_L + "reduce", _E + "ops"),
+    # -- lower/complex reaches other families' lowerings (sum/mean/var, add, sqrt) and the
+    #    decompositions through the op table: import the family modules and eager_neuron.decomps
+    #    instead (as lower/half, matmul, reduce, index and sort now do)
     (_L + "complex", _E + "ops"),
-    (_L + "matmul", _E + "ops"),
-    (_L + "index", _E + "ops"),
-    (_L + "sort", _E + "ops"),
-    # -- the float16 bit casts: lower/cast.py calls lower/half.py's cast_f16, which calls back into
-    #    cast's helpers (one of them should own both)
-    (_L + "half", _L + "cast"),
 }
 # work in progress of other helpers (device API, distributed): may not exist yet, so exempt from
 # the staleness check; the lead removes these when that work lands

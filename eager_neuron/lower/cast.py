@@ -1,8 +1,9 @@
 """Casts and copies, including bfloat16/float16 storage.
 
 bfloat16 <-> float32 is bit manipulation in a Numba kernel (round to nearest even, NaN kept
-quiet), exactly what PyTorch's CPU does. float16 is bit arithmetic too (lower/half.py cast_f16:
-Numba has no float16 type), bit-exact with the CPU over every float16 pattern.
+quiet), exactly what PyTorch's CPU does. float16 is bit arithmetic too (cast_f16: Numba has no
+float16 type), bit-exact with the CPU over every float16 pattern. Every bit-level cast lives
+here; lower/half.py (the float32 compute path of half-type ops) calls into this module.
 """
 
 from __future__ import annotations
@@ -22,6 +23,54 @@ _BF16_TO_F32 = "(x0 & 0xFFFF) << 16"
 ew.OPS["cast::f32_to_bf16"] = (_F32_TO_BF16.replace("x0", "(self & 0xFFFFFFFF)"), "none")
 ew.OPS["cast::bf16_to_f32"] = (_BF16_TO_F32.replace("x0", "(self & 0xFFFF)"), "none")
 ew.OPS["cast::bits"] = ("self", "none")
+
+# -- float16 <-> float32 in kernels (bit arithmetic, as bfloat16 above) ------------------------
+# float32 bits -> float16 bits, round to nearest even (c10's fp16_ieee_from_fp32_value): NaN ->
+# sign | 0x7E00; |x| >= 65520 -> inf; normals re-biased and rounded at bit 13 (a carry into the
+# exponent is the right answer); subnormals: the 24-bit significand shifted right by 126 - e,
+# rounded to even; |x| <= 2**-25 -> signed zero.
+_A = "(self & 0x7FFFFFFF)"
+_M = f"(({_A} & 0x7FFFFF) | 0x800000)"
+_SH = f"(126 - ({_A} >> 23))"
+_Q = f"({_M} >> {_SH})"
+_R = f"({_M} & ((1 << {_SH}) - 1))"
+_HALFWAY = f"(1 << ({_SH} - 1))"
+_SUBNORMAL = (f"({_Q} + (1 if ({_R} > {_HALFWAY} or ({_R} == {_HALFWAY} and ({_Q} & 1) == 1)) "
+              "else 0))")
+_NORMAL = f"((({_A} - 0x38000000) + 0xFFF + ((({_A} - 0x38000000) >> 13) & 1)) >> 13)"
+F32_TO_F16 = (f"((self >> 16) & 0x8000) | (0x7E00 if {_A} > 0x7F800000 else (0x7C00 if "
+              f"{_A} >= 0x477FF000 else ({_NORMAL} if {_A} >= 0x38800000 else (0 if "
+              f"{_A} <= 0x33000000 else {_SUBNORMAL}))))")
+# float16 bits -> float32 value (exact: every float16 is a float32)
+_E = "((self >> 10) & 0x1F)"
+F16_TO_F32 = (f"(-1.0 if (self & 0x8000) != 0 else 1.0) * ((math.inf if (self & 0x3FF) == 0 "
+              f"else math.nan) if {_E} == 31 else ((1.0 + (self & 0x3FF) / 1024.0) * "
+              f"2.0 ** ({_E} - 15) if {_E} > 0 else (self & 0x3FF) * 2.0 ** -24))")
+ew.OPS["cast::f32_to_f16"] = (F32_TO_F16.replace("self", "(self & 0xFFFFFFFF)"), "none")
+ew.OPS["cast::f16_to_f32"] = (F16_TO_F32.replace("self", "(self & 0xFFFF)"), "none")
+
+
+def cast_f16(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """dst[...] = src where either is float16: bit-exact kernels, rounding as the CPU does
+    (other dtypes pass through float32, as c10::Half's conversions do).
+
+    >>> s = torch.tensor([1.0, 65520.0, 1e-8, float("nan")])
+    >>> d = torch.empty(4, dtype=torch.float16)
+    >>> cast_f16(s, d); d.tolist()
+    [1.0, inf, 0.0, nan]
+    """
+    if src.dtype == torch.float16 and dst.dtype == torch.float16:
+        _bits("cast::bits", src.expand(dst.shape), dst, torch.int16, torch.int16)
+    elif src.dtype == torch.float16:
+        if dst.dtype == torch.float32:
+            bits = src.expand(dst.shape).view(torch.int16)
+            ew.lower_elementwise(None, {"self": bits}, [dst], "cast::f16_to_f32")
+        else:
+            cast(_f32(src), dst)
+    else:
+        if src.dtype != torch.float32:
+            src = _f32(src)
+        _bits("cast::f32_to_f16", src.expand(dst.shape), dst, torch.int32, torch.int16)
 
 
 def _dense(t: torch.Tensor) -> bool:
@@ -69,8 +118,6 @@ def _cast_fp8(src: torch.Tensor, dst: torch.Tensor) -> None:
 
 def _cast_half(src: torch.Tensor, dst: torch.Tensor) -> None:
     if src.dtype == torch.float16 or dst.dtype == torch.float16:
-        from .half import cast_f16  # float16 bit casts live with the half path (lower/half.py)
-
         return cast_f16(src, dst)
     if src.dtype == torch.bfloat16 and dst.dtype == torch.bfloat16:
         _bits("cast::bits", src.expand(dst.shape), dst, torch.int16, torch.int16)

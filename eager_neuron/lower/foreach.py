@@ -98,7 +98,7 @@ def run_foreach(func, plan, args, kwargs, mode):
     try:
         per, spec, returns = _per_tensor_op(func)
     except NotImplementedError as exc:
-        from ..dispatch import run_fallback
+        from ..fallback import run_fallback
 
         return run_fallback(func, plan, args, kwargs, mode, why=str(exc))
     n = len(args[0])

@@ -8,63 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from . import elementwise as ew
+from .cast import _dense, lower_to_copy
 from .common import HALF
-
-# -- float16 <-> float32 in kernels (bit arithmetic, as bfloat16 in lower/cast.py) -------------
-# float32 bits -> float16 bits, round to nearest even (c10's fp16_ieee_from_fp32_value): NaN ->
-# sign | 0x7E00; |x| >= 65520 -> inf; normals re-biased and rounded at bit 13 (a carry into the
-# exponent is the right answer); subnormals: the 24-bit significand shifted right by 126 - e,
-# rounded to even; |x| <= 2**-25 -> signed zero.
-_A = "(self & 0x7FFFFFFF)"
-_M = f"(({_A} & 0x7FFFFF) | 0x800000)"
-_SH = f"(126 - ({_A} >> 23))"
-_Q = f"({_M} >> {_SH})"
-_R = f"({_M} & ((1 << {_SH}) - 1))"
-_HALFWAY = f"(1 << ({_SH} - 1))"
-_SUBNORMAL = (f"({_Q} + (1 if ({_R} > {_HALFWAY} or ({_R} == {_HALFWAY} and ({_Q} & 1) == 1)) "
-              "else 0))")
-_NORMAL = f"((({_A} - 0x38000000) + 0xFFF + ((({_A} - 0x38000000) >> 13) & 1)) >> 13)"
-F32_TO_F16 = (f"((self >> 16) & 0x8000) | (0x7E00 if {_A} > 0x7F800000 else (0x7C00 if "
-              f"{_A} >= 0x477FF000 else ({_NORMAL} if {_A} >= 0x38800000 else (0 if "
-              f"{_A} <= 0x33000000 else {_SUBNORMAL}))))")
-# float16 bits -> float32 value (exact: every float16 is a float32)
-_E = "((self >> 10) & 0x1F)"
-F16_TO_F32 = (f"(-1.0 if (self & 0x8000) != 0 else 1.0) * ((math.inf if (self & 0x3FF) == 0 "
-              f"else math.nan) if {_E} == 31 else ((1.0 + (self & 0x3FF) / 1024.0) * "
-              f"2.0 ** ({_E} - 15) if {_E} > 0 else (self & 0x3FF) * 2.0 ** -24))")
-ew.OPS["cast::f32_to_f16"] = (F32_TO_F16.replace("self", "(self & 0xFFFFFFFF)"), "none")
-ew.OPS["cast::f16_to_f32"] = (F16_TO_F32.replace("self", "(self & 0xFFFF)"), "none")
-
-
-def cast_f16(src: torch.Tensor, dst: torch.Tensor) -> None:
-    """dst[...] = src where either is float16: bit-exact kernels, rounding as the CPU does
-    (other dtypes pass through float32, as c10::Half's conversions do).
-
-    >>> s = torch.tensor([1.0, 65520.0, 1e-8, float("nan")])
-    >>> d = torch.empty(4, dtype=torch.float16)
-    >>> cast_f16(s, d); d.tolist()
-    [1.0, inf, 0.0, nan]
-    """
-    from .cast import _bits, _f32, cast
-
-    if src.dtype == torch.float16 and dst.dtype == torch.float16:
-        _bits("cast::bits", src.expand(dst.shape), dst, torch.int16, torch.int16)
-    elif src.dtype == torch.float16:
-        if dst.dtype == torch.float32:
-            bits = src.expand(dst.shape).view(torch.int16)
-            ew.lower_elementwise(None, {"self": bits}, [dst], "cast::f16_to_f32")
-        else:
-            cast(_f32(src), dst)
-    else:
-        if src.dtype != torch.float32:
-            src = _f32(src)
-        _bits("cast::f32_to_f16", src.expand(dst.shape), dst, torch.int32, torch.int16)
-
-
-def _dense(t: torch.Tensor) -> bool:
-    """Strides that cover the elements exactly once (torch 2.13 has no Python method for it)."""
-    return torch._prims_common.is_non_overlapping_and_dense_or_false(t)
 
 
 def _non_overlapping(t: torch.Tensor) -> bool:
@@ -81,8 +26,6 @@ def _up(t: torch.Tensor, index_like: torch.Tensor = None) -> torch.Tensor:
     """t as float32 (exact): same strides where they are non-overlapping; an expanded operand
     (stride 0, e.g. from expand/meshgrid) is cast once per distinct element and expanded back,
     never written through an overlapping float32 view (ATen refuses such a write)."""
-    from .. import ops
-
     if t.dtype not in HALF:
         return t
     if _dense(t):
@@ -95,10 +38,10 @@ def _up(t: torch.Tensor, index_like: torch.Tensor = None) -> torch.Tensor:
         base = t[idx]
         if _non_overlapping(base):
             up = torch.empty_strided(base.shape, base.stride(), dtype=torch.float32)
-            ops.KERNELS["aten::_to_copy"](torch.ops.aten._to_copy.default, {"self": base}, [up])
+            lower_to_copy(torch.ops.aten._to_copy.default, {"self": base}, [up])
             return up.expand(t.shape)
         out = torch.empty(t.shape, dtype=torch.float32)
-    ops.KERNELS["aten::_to_copy"](torch.ops.aten._to_copy.default, {"self": t}, [out])
+    lower_to_copy(torch.ops.aten._to_copy.default, {"self": t}, [out])
     return out
 
 
@@ -186,16 +129,12 @@ def _round_numbers(func, a: dict, outs: list) -> dict:
 def _round_tensor(t: torch.Tensor, dtype) -> torch.Tensor:
     """A 0-d float tensor rounded to the half dtype and back on the device (a kernel, so adaptive
     eager records it in order, never reading a pending value)."""
-    from .. import ops
-
     h = torch.empty((), dtype=dtype)
-    ops.KERNELS["aten::_to_copy"](torch.ops.aten._to_copy.default, {"self": t}, [h])
+    lower_to_copy(torch.ops.aten._to_copy.default, {"self": t}, [h])
     return _up(h, h)
 
 
 def run_upcast(func, plan, a: dict, outs: list) -> None:
-    from .. import ops
-
     a = _round_numbers(func, a, outs)
     # NOTE: temporaries are host-backed scratch, like SBUF tiles; only outputs touch HBM.
     up = {}
@@ -219,4 +158,4 @@ def run_upcast(func, plan, a: dict, outs: list) -> None:
     plan.lower(func, up, tmp_outs)
     for o, t in zip(outs, tmp_outs):
         if o is not t and isinstance(o, torch.Tensor) and o.dtype in HALF:
-            ops.KERNELS["aten::_to_copy"](torch.ops.aten._to_copy.default, {"self": t}, [o])
+            lower_to_copy(torch.ops.aten._to_copy.default, {"self": t}, [o])

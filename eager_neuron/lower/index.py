@@ -262,7 +262,7 @@ def lower_index_put(func, a, outs, store=None):
 def _index_put_half(func, a, outs):
     """Half floats in float32 scratch; a bfloat16 accumulate rounds after every add, as the
     CPU's bfloat16 `+=` does (duplicate indices give the CPU's sums, not float32's)."""
-    from .. import ops
+    from .cast import lower_to_copy
     from .half import _up
 
     out = outs[0]
@@ -273,7 +273,7 @@ def _index_put_half(func, a, outs):
     vals32 = _up(vals, vals) if vals.dtype in HALF else vals
     rnd = "_rbf16({})" if out.dtype == torch.bfloat16 and a["accumulate"] else None
     lower_index_put(func, dict(a, self=self32, values=vals32), [self32], store=rnd)
-    ops.KERNELS["aten::_to_copy"](torch.ops.aten._to_copy.default, {"self": self32}, [out])
+    lower_to_copy(torch.ops.aten._to_copy.default, {"self": self32}, [out])
 
 
 lower_index_put.handles_half = True

@@ -262,7 +262,8 @@ def lower_trilinear(func, a, outs):
     """_trilinear (nn.functional.bilinear and its backward): the three operands, unsqueezed at
     their expand dims, multiplied on the device with broadcasting, then summed over sumdim.
     The product is host-backed scratch (like run_upcast's temporaries)."""
-    from .. import ops
+    from .elementwise import LOWERINGS as EW
+    from .reduce import LOWERINGS as RED
 
     aten = torch.ops.aten
     out = outs[0]
@@ -275,11 +276,11 @@ def lower_trilinear(func, a, outs):
     sumdim = list(a["sumdim"])
     prod = torch.empty(torch.broadcast_shapes(*(t.shape for t in ts)), dtype=out.dtype) \
         if sumdim else out
-    mul = ops.KERNELS["aten::mul"]
+    mul = EW["aten::mul"]
     mul(aten.mul.Tensor, {"self": ts[0], "other": ts[1]}, [prod])
     mul(aten.mul.Tensor, {"self": prod, "other": ts[2]}, [prod])
     if sumdim:
-        ops.KERNELS["aten::sum.dim_IntList"](
+        RED["aten::sum.dim_IntList"](
             aten.sum.dim_IntList, {"self": prod, "dim": sumdim, "keepdim": False, "dtype": None},
             [out])
 
@@ -294,8 +295,8 @@ def dynamic_grouped_mm(func, a, index=-1):
     them unwritten). DYNAMIC only because torch's meta kernel demands CUDA's bfloat16; here
     float32/float64 run too (what a float32 MoE model sends).
     """
-    from .. import ops
     from ..buffers import alloc
+    from .elementwise import LOWERINGS as EW
     from .mask import core_index
 
     x, w, offs = a["self"], a["mat2"], a.get("offs")
@@ -323,7 +324,7 @@ def dynamic_grouped_mm(func, a, index=-1):
         gemm("_grouped_mm", out, x, w, batch="bmm")
         return [(out, block)]
     ends = [int(v) for v in _np(offs).tolist()]
-    ops.KERNELS["aten::zero_"](torch.ops.aten.zero_.default, {"self": out}, [out])
+    EW["aten::zero_"](torch.ops.aten.zero_.default, {"self": out}, [out])
     start = 0
     for g, end in enumerate(ends):
         if end > start:

@@ -299,9 +299,9 @@ def lower_segment_reduce(func, a, outs):
             init is not None, float(0 if init is None else init), bf),
            flops=float(data.numel()), bytes_moved=float(data.numel() * data.element_size()))
     if bf:
-        from .. import ops
+        from .cast import lower_to_copy
 
-        ops.KERNELS["aten::_to_copy"](torch.ops.aten._to_copy.default, {"self": o32}, [out])
+        lower_to_copy(torch.ops.aten._to_copy.default, {"self": o32}, [out])
 
 
 lower_segment_reduce.handles_half = True

@@ -183,10 +183,10 @@ def _flat_f(x: torch.Tensor) -> torch.Tensor:
 
 def _store(tmp: torch.Tensor, out: torch.Tensor) -> None:
     """out = tmp, rounding float32 down to a half type (the cast kernel)."""
-    from .. import ops
+    from .cast import lower_to_copy
 
     if tmp is not out and out.numel():
-        ops.KERNELS["aten::_to_copy"](torch.ops.aten._to_copy.default, {"self": tmp}, [out])
+        lower_to_copy(torch.ops.aten._to_copy.default, {"self": tmp}, [out])
 
 
 def unique_flat(func, x, index, *, consecutive: bool, want_inv: bool, want_counts: bool,
