@@ -1,0 +1,166 @@
+"""torch.compile(backend="neuron"): row kernels (compile/rows.py).
+
+Last-dim reductions with their prologue and epilogue (softmax, log_softmax, layer norm, RMS
+norm, cross-entropy), broadcasting operands (bias, norm affine, attention masks) and matmul
+epilogues each run as one kernel. Every case is compared, forward and backward, with neuron
+eager and with a float64 CPU reference, within bounds derived from the dtype and the row
+length; and the case must really have used row kernels (the counters say so).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import eager_neuron
+from eager_neuron.compile import stats as cstats
+
+torch._dynamo.config.cache_size_limit = 64
+N = "neuron"
+
+
+@pytest.fixture(autouse=True)
+def _reset():
+    torch._dynamo.reset()
+    eager_neuron.compile.reset_stats()
+    yield
+    torch._dynamo.reset()
+
+
+def _close(a, b, dtype, scale):
+    a, b = a.detach().cpu().double(), b.detach().cpu().double()
+    assert a.shape == b.shape
+    tol = 16 * torch.finfo(dtype).eps * scale * (1 + b.abs())
+    bad = ~((a - b).abs() <= tol) & ~(a.isnan() & b.isnan())
+    assert not bad.any(), f"max error {(a - b).abs().max().item()} (bound {tol.max().item()})"
+
+
+def _run(fn, inputs, dtype, scale, grad=True):
+    """compiled vs eager (neuron) vs float64 CPU; forward and, with grad, input gradients."""
+    xs_c = [x.detach().clone().requires_grad_(grad and x.is_floating_point()) for x in inputs]
+    xs_e = [x.detach().clone().requires_grad_(grad and x.is_floating_point()) for x in inputs]
+    xs_r = [x.detach().cpu().double().requires_grad_(grad and x.is_floating_point())
+            if x.is_floating_point() else x.detach().cpu() for x in inputs]
+    out = torch.compile(fn, backend="neuron")(*xs_c)
+    ref = fn(*xs_e)
+    ref64 = fn(*xs_r)
+    _close(out, ref, dtype, scale)
+    _close(out, ref64, dtype, scale)
+    if grad:
+        g = torch.randn(ref.shape, generator=torch.Generator().manual_seed(9)).to(dtype)
+        out.backward(g.to(N))
+        ref.backward(g.to(N))
+        ref64.backward(g.double())
+        for a, b, c in zip(xs_c, xs_e, xs_r):
+            if a.grad is not None:
+                _close(a.grad, b.grad, dtype, 4 * scale)
+                _close(a.grad, c.grad, dtype, 4 * scale)
+    return cstats()
+
+
+def _rand(*shape, dtype=torch.float32, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed),
+                       dtype=dtype).to(N)
+
+
+_CASES = {
+    "softmax": (lambda x, w, b: torch.softmax(x * 1.5, -1), "amax"),
+    "log_softmax": (lambda x, w, b: torch.log_softmax(x + 0.5, dim=1), "amax"),
+    "layer_norm": (lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, 1e-5), "mean"),
+    "rms_norm": (lambda x, w, b: F.rms_norm(x, (x.shape[-1],), w, 1e-6), "mean"),
+    "bias_gelu": (lambda x, w, b: F.gelu(x * w + b), None),
+    "sum_mean": (lambda x, w, b: (x * x).sum(-1) + x.mean(-1, keepdim=True).squeeze(-1),
+                 "sum"),
+}
+
+
+@pytest.mark.parametrize("name,dtype", [(n, torch.float32) for n in sorted(_CASES)] + [
+    ("softmax", torch.float64), ("layer_norm", torch.float64)], ids=str)
+def test_row_case_compiled_equals_eager_and_float64(name, dtype):
+    fn, red = _CASES[name]
+    x, w, b = _rand(5, 37, dtype=dtype), _rand(37, dtype=dtype, seed=1), _rand(
+        37, dtype=dtype, seed=2)
+    s = _run(fn, [x, w, b], dtype, scale=37)
+    assert s["row_kernel_launches"] >= 1 and s["graph_fallbacks"] == {}
+    eager = s["graph_eager_ops"]
+    # the reduction and the elementwise ops around it never ran as their own eager calls
+    if red is not None:
+        assert not any(k.startswith(f"aten::{red}") for k in eager), eager
+    assert not any(k in eager for k in ("aten::_softmax", "aten::_log_softmax", "aten::exp",
+                                        "aten::native_layer_norm", "aten::rsqrt")), eager
+    assert s["group_fallbacks"] == {}
+
+
+def test_cross_entropy_training_matches_eager():
+    x, t = _rand(6, 11), torch.tensor([0, 3, 10, 2, 2, 7], device=N)
+    s = _run(lambda x, t: F.cross_entropy(x * 2, t), [x, t], torch.float32, scale=11)
+    assert s["row_kernel_launches"] >= 2       # log_softmax forward and its backward
+
+
+def test_masked_attention_softmax_with_a_broadcast_mask():
+    # a [1, 1, T, T] mask over [B, H, T, T] scores needs two row strides (a 3-D view)
+    q, k = _rand(2, 3, 7, 4), _rand(2, 3, 7, 4, seed=1)
+    mask = torch.ones(7, 7, dtype=torch.bool).tril().view(1, 1, 7, 7).to(N)
+
+    def attn(q, k, mask):
+        s = (q @ k.transpose(-1, -2)) * 0.5
+        return torch.softmax(s.masked_fill(~mask, float("-inf")), -1)
+
+    s = _run(attn, [q, k, mask], torch.float32, scale=16)
+    assert s["row_kernel_launches"] >= 2 and s["group_fallbacks"] == {}
+
+
+@pytest.mark.parametrize("case", ["linear_relu", "addmm_beta_alpha", "gelu_residual"])
+def test_matmul_epilogues_are_one_kernel(case):
+    x, w, b, r = _rand(9, 12), _rand(20, 12, seed=1), _rand(20, seed=2), _rand(9, 20, seed=3)
+    fns = {
+        "linear_relu": lambda x, w, b, r: torch.relu(F.linear(x, w, b)),
+        "addmm_beta_alpha": lambda x, w, b, r: torch.addmm(b, x, w.t(), beta=0.5, alpha=2.0),
+        "gelu_residual": lambda x, w, b, r: F.gelu(x @ w.t() + b) * 0.5 + r,
+    }
+    s = _run(fns[case], [x, w, b, r], torch.float32, scale=12)
+    eager = s["graph_eager_ops"]
+    assert not any(k in eager for k in ("aten::mm", "aten::addmm", "aten::relu", "aten::gelu")), \
+        eager
+    assert s["row_kernel_launches"] >= 1
+
+
+def test_nan_and_inf_rows_propagate_like_eager():
+    x = _rand(4, 9)
+    x[1, 3] = float("nan")
+    x[2] = float("-inf")
+    x[3, 0] = float("inf")
+    fn = torch.compile(lambda x: torch.softmax(x, -1) + torch.log_softmax(x, -1).exp(),
+                       backend="neuron")
+    out, ref = fn(x).cpu(), (torch.softmax(x, -1) + torch.log_softmax(x, -1).exp()).cpu()
+    assert torch.equal(out.isnan(), ref.isnan())
+    _close(out.nan_to_num(), ref.nan_to_num(), torch.float32, 9)
+    assert cstats()["row_kernel_launches"] >= 1
+
+
+def test_new_row_count_and_length_compile_no_numba_kernel():
+    def f(x, w):
+        return F.layer_norm(x, (x.shape[-1],), w, None) * 2
+
+    fc = torch.compile(f, backend="neuron", dynamic=True)
+    w = _rand(16)
+    _close(fc(_rand(4, 16), w), f(_rand(4, 16), w), torch.float32, 16)
+    for rows in (9, 33):
+        x = _rand(rows, 16, seed=rows)
+        before = eager_neuron.stats()["compiles"]
+        out = fc(x, w)
+        assert eager_neuron.stats()["compiles"] == before, f"{rows} rows compiled Numba kernels"
+        _close(out, f(x, w), torch.float32, 16)
+
+
+def test_other_dims_and_empty_rows_stay_correct():
+    x = _rand(6, 5)
+    # softmax over dim 0 is not a row kernel: the op stays whole and runs in neuron eager
+    out = torch.compile(lambda x: torch.softmax(x, 0), backend="neuron")(x)
+    _close(out, torch.softmax(x, 0), torch.float32, 6)
+    assert "aten::_softmax" in cstats()["graph_eager_ops"]
+    # zero rows: the nodes run eagerly (same results and errors as eager)
+    e = torch.empty(0, 5, device=N)
+    out = torch.compile(lambda x: torch.softmax(x, -1) * 2, backend="neuron")(e)
+    assert out.shape == (0, 5)
