@@ -4,6 +4,17 @@ import pytest
 import torch
 
 import eager_neuron
+from eager_neuron.adaptive import MODULE as _ad
+
+
+@pytest.fixture(autouse=True)
+def _fused_kernels_compile_first():
+    """Most tests here count fused launches: their groups compile before they run ("sync").
+    By default a group whose fused kernel is not built yet runs op by op while the kernel
+    builds in the background; the test of that mode switches to it itself."""
+    prev = _ad.set_compile_mode("sync")
+    yield
+    _ad.set_compile_mode(prev)
 
 
 def _run(fn):
@@ -110,7 +121,8 @@ def test_env_toggle_in_subprocess(tmp_path):
     import subprocess
     import sys
 
-    code = ("import torch, eager_neuron; x = torch.ones(8, device='neuron'); "
+    code = ("import sys, torch, eager_neuron; x = torch.ones(8, device='neuron'); "
+            "sys.modules['eager_neuron.adaptive'].set_compile_mode('sync'); "
             "eager_neuron.reset_stats(); v = ((x + 1) * 2).sum().item(); "
             "s = eager_neuron.stats(); print(v, s['launches'], s['fused_launches'])")
     env = dict(__import__("os").environ, EAGER_NEURON_ADAPTIVE="1")
@@ -542,3 +554,154 @@ def test_synchronize_launches_every_threads_group():
         torch.neuron.synchronize()
         assert not ad.PENDING
     assert made["y"].sum().item() == 48.0
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 14: the trace cache (a repeated step replays its groups) and background compiles
+# ---------------------------------------------------------------------------------------------
+
+def _train_steps(adaptive, steps, counters_from=None):
+    """Losses, final parameters and, from step `counters_from` on, the stats and adaptive
+    counters of an MLP + AdamW training loop (GELU, ReLU, cross-entropy)."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.GELU(), torch.nn.Linear(32, 32),
+                            torch.nn.ReLU(), torch.nn.Linear(32, 5)).to("neuron")
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    x = torch.randn(16, 12).to("neuron")
+    y = torch.randint(0, 5, (16,)).to("neuron")
+    losses, seen = [], None
+    with eager_neuron.adaptive(adaptive):
+        for i in range(steps):
+            if i == counters_from:
+                eager_neuron.reset_stats()
+                seen = dict(_ad.COUNTERS)
+            loss = torch.nn.functional.cross_entropy(m(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    if seen is not None:
+        seen = {k: _ad.COUNTERS[k] - v for k, v in seen.items()}
+    return losses, [p.detach().cpu() for p in m.parameters()], eager_neuron.stats(), seen
+
+
+def test_repeated_training_step_replays_its_traces_and_equals_plain():
+    plain_losses, plain_params, _, _ = _train_steps(False, 4)
+    losses, params, s, counted = _train_steps(True, 4, counters_from=2)
+    # steps 3 and 4 repeat step 2: every group is recognised as it is recorded (no placement
+    # analysis), launched from its cached kernel (no spec, no render, no compile)
+    assert counted["analyses"] == 0 and counted["renders"] == 0, counted
+    assert s["trace_hits"] >= 2 and s["trace_misses"] == 0, (s["trace_hits"], s["trace_misses"])
+    assert s["compiles"] == 0 and s["fused_launches"] >= 2
+    assert losses == plain_losses
+    for p, q in zip(params, plain_params):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
+
+
+def _replays(fn, *args):
+    """Run fn(*args) under adaptive eager: (result on the CPU, trace hits, trace misses,
+    placement analyses)."""
+    before = _ad.COUNTERS["analyses"]
+    eager_neuron.reset_stats()
+    with eager_neuron.adaptive():
+        out = fn(*args).cpu()
+    s = eager_neuron.stats()
+    return out, s["trace_hits"], s["trace_misses"], _ad.COUNTERS["analyses"] - before
+
+
+def test_trace_with_a_changed_operand_signature_does_not_replay():
+    def prog(a, b):
+        t = a * 2.0 + 1.0
+        b.add_(t)               # writes b: whether b shares memory with a changes the result
+        return (b * a - t).relu() + b
+
+    def ref(a, b):
+        with eager_neuron.adaptive(False):
+            return prog(a, b).cpu()
+
+    def fresh(n=16, dtype=torch.float32):
+        return torch.arange(n, dtype=dtype, device="neuron") / 3
+
+    x, y = fresh(), fresh()
+    _replays(prog, x, y)
+    got, hits, misses, _ = _replays(prog, fresh(), fresh())     # same signature: replayed
+    assert (hits, misses) == (1, 0)
+    torch.testing.assert_close(got, ref(fresh(), fresh()), rtol=0, atol=0)
+    base = torch.arange(24, dtype=torch.float32, device="neuron") / 3
+    cases = {
+        "dtype": lambda: (fresh(dtype=torch.float64), fresh(dtype=torch.float64)),
+        "shape": lambda: (fresh(20), fresh(20)),
+        "strides": lambda: (fresh(32)[::2], fresh(32)[::2]),
+        "same tensor": lambda: (lambda t: (t, t))(fresh()),
+        "partial overlap": lambda: (lambda t: (t[:16], t[4:20]))(base.clone()),
+    }
+    for name, make in cases.items():
+        want = ref(*make())
+        got, hits, misses, analyses = _replays(prog, *make())
+        assert hits == 0 and misses >= 1 and analyses > 0, (name, hits, misses, analyses)
+        torch.testing.assert_close(got, want, rtol=0, atol=0, msg=name)
+        # and the new signature is now a trace of its own
+        got, hits, misses, analyses = _replays(prog, *make())
+        assert (hits, misses, analyses) == (1, 0, 0), (name, hits, misses, analyses)
+        torch.testing.assert_close(got, want, rtol=0, atol=0, msg=name)
+
+
+class _NotBuiltYet:
+    """The memory tier as it is before a fused kernel's first build: fused keys miss until
+    something (the background worker) puts them."""
+
+    def __init__(self, real):
+        self.real, self.built = real, set()
+
+    def get(self, key):
+        if len(key) > 1 and key[1] == "fused" and key not in self.built:
+            return None
+        return self.real.get(key)
+
+    def put(self, key, kernel):
+        self.built.add(key)
+        self.real.put(key, kernel)
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+def test_background_compile_first_call_runs_op_by_op_with_the_same_values(monkeypatch):
+    from eager_neuron import adaptive_compile as bg
+    from eager_neuron import launch
+
+    x = torch.randn(300, device="neuron")
+    w = torch.randn(300, device="neuron")
+
+    def prog():
+        y = (x * 1.5 - w).sigmoid() * w
+        y.add_(x)
+        return y, (y * y).sum()
+
+    def run():
+        eager_neuron.reset_stats()
+        with eager_neuron.adaptive():
+            y, s = prog()
+            out = (y.cpu(), s.cpu())
+        return out, eager_neuron.stats()
+
+    fused, _ = run()   # sync: the fused kernel is built (or loaded from disk) and run
+    # now as in a new process whose disk cache lacks it: no trace, no kernel in memory
+    _ad.set_compile_mode("background")
+    monkeypatch.setattr(_ad, "_ROOT", [_ad._TNode()])
+    monkeypatch.setattr(launch, "MEMORY", _NotBuiltYet(launch.MEMORY))
+    monkeypatch.setattr(_ad, "_from_disk", lambda *a: None)
+    plain = (prog()[0].cpu(), prog()[1].cpu())
+    deferred = _ad.COUNTERS["deferred"]
+    first, s1 = run()
+    assert _ad.COUNTERS["deferred"] == deferred + 1          # ran op by op ...
+    assert s1["fused_launches"] == 0 and s1["launches"] >= 6
+    assert bg.wait(120)                                      # ... while the kernel built
+    second, s2 = run()
+    assert s2["fused_launches"] == 1 and s2["launches"] == 1 and s2["trace_hits"] == 1
+    assert s2["compiles"] == 0
+    for a, b, c in zip(first, second, fused):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        torch.testing.assert_close(a, c, rtol=0, atol=0)
+    torch.testing.assert_close(first[0], plain[0], rtol=0, atol=0)
+    torch.testing.assert_close(first[1], plain[1], rtol=1e-6, atol=1e-5)

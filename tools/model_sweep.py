@@ -12,9 +12,15 @@ Per model and mode (plain eager, adaptive eager):
   launch   kernel launches per training step (steady state: compiled, cached)
   cpu ms / neuron ms   wall time per training step, median of --steps timed steps
   dev us   simulated device time per training step
+  trace    adaptive eager's trace cache over the timed steps: groups replayed / groups new
+  1st ms   the first training step of a fresh process (model built, moved, one AdamW step;
+           the shared disk cache as it is): what compiles on the critical path
+Then, per model, the issue-14 targets: adaptive step <= 0.8x plain and <= 2.5x torch CPU,
+first adaptive step <= 1.5x the first plain step.
 
     .venv/bin/python tools/model_sweep.py                 # everything
     .venv/bin/python tools/model_sweep.py --models gpt2,mlp --modes plain --steps 3
+    .venv/bin/python tools/model_sweep.py --models mlp --no-first-step   # skip the subprocesses
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import contextlib
 import copy
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -180,14 +187,22 @@ def _check_train(model, batches, train, ctx) -> tuple[bool, int]:
     return ok, fallbacks
 
 
-def _time_steps(model, batches, loss, device, ctx, steps) -> tuple[float, float, float]:
-    """(median wall ms, launches, simulated device us) per training step after a warm-up."""
+def _time_steps(model, batches, loss, device, ctx, steps, trace=None
+                ) -> tuple[float, float, float]:
+    """(median wall ms, launches, simulated device us) per training step after a warm-up;
+    `trace`, a list, receives the trace-cache hits and misses of the timed steps."""
+    from eager_neuron import adaptive_compile
+
     m = copy.deepcopy(model).to(device).train()
     opt = torch.optim.AdamW(m.parameters(), lr=1e-2, eps=1e-4)
-    times, launches, dev_us = [], [], []
+    times, launches, dev_us, hits, misses = [], [], [], 0, 0
     with ctx():
         for i in range(steps + 1):
             batch = batches[i % len(batches)]
+            if i == 1:
+                # adaptive eager: fused kernels the warm-up step queued finish building first
+                # (steady state is what is timed; the first step is measured on its own)
+                adaptive_compile.wait(600)
             eager_neuron.reset_stats()
             t0 = time.perf_counter()
             opt.zero_grad()
@@ -201,17 +216,52 @@ def _time_steps(model, batches, loss, device, ctx, steps) -> tuple[float, float,
                 times.append(dt * 1e3)
                 launches.append(s["launches"])
                 dev_us.append(s.get("device_time_us", float("nan")))
+                hits += s.get("trace_hits", 0)
+                misses += s.get("trace_misses", 0)
+    if trace is not None:
+        trace[:] = [hits, misses]
     return statistics.median(times), statistics.median(launches), statistics.median(dev_us)
 
 
-def sweep(names, modes, steps):
+def first_step_ms(name: str, mode: str) -> float:
+    """Wall ms of the first training step (model to the device, one AdamW step, a host read)
+    in a fresh process: `python tools/model_sweep.py --first-step NAME --modes MODE`."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--first-step", name, "--modes", mode]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    for line in out.stdout.splitlines():
+        if line.startswith("first-step-ms "):
+            return float(line.split()[1])
+    raise RuntimeError(f"first step of {name} ({mode}) failed: {out.stderr.strip()[-300:]}")
+
+
+def _first_step_here(name: str, mode: str) -> float:
+    model, batches, loss, _forward, _train = MODELS[name](name)
+    ctx = contextlib.nullcontext if mode == "plain" else eager_neuron.adaptive
+    t0 = time.perf_counter()
+    with ctx():
+        m = copy.deepcopy(model).to("neuron").train()
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2, eps=1e-4)
+        out = loss(m, batches[0], "neuron")
+        out.backward()
+        opt.step()
+        out.item()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def sweep(names, modes, steps, first_step=True):
     rows = []
     for name in names:
         model, batches, loss, forward, train = MODELS[name](name)
         cpu_ms, _, _ = _time_steps(model, batches, loss, "cpu", contextlib.nullcontext, steps)
         for mode in modes:
             ctx = contextlib.nullcontext if mode == "plain" else eager_neuron.adaptive
-            row = {"model": name, "mode": mode, "cpu_ms": cpu_ms}
+            row = {"model": name, "mode": mode, "cpu_ms": cpu_ms, "trace": [0, 0],
+                   "first_ms": float("nan")}
+            if first_step:
+                try:   # before this process builds anything for the model in this mode
+                    row["first_ms"] = first_step_ms(name, mode)
+                except Exception as exc:  # noqa: BLE001 (reported in the row)
+                    print(f"  first step: {exc}", flush=True)
             try:
                 if name in FAMILIES:
                     row["fwd"], row["train"], row["fallbacks"] = _check_family(
@@ -223,16 +273,37 @@ def sweep(names, modes, steps):
                 row["gen"] = _check_generate(name, model, batches, ctx)
                 row["fallbacks"] += sum(eager_neuron.stats()["fallbacks"].values())
                 row["neuron_ms"], row["launches"], row["dev_us"] = _time_steps(
-                    model, batches, loss, "neuron", ctx, steps)
+                    model, batches, loss, "neuron", ctx, steps, row["trace"])
             except Exception as exc:  # noqa: BLE001 (a crash is a row, not the end of the sweep)
                 row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:60]}"
             rows.append(row)
             print(_format(row), flush=True)
+        _print_targets([r for r in rows if r["model"] == name])
     return rows
 
 
+def _print_targets(rows) -> None:
+    """The issue-14 targets for one model: adaptive step against plain and torch CPU eager,
+    first adaptive step against the first plain step."""
+    by = {r["mode"]: r for r in rows if "error" not in r}
+    if "plain" not in by or "adaptive" not in by:
+        return
+    p, a = by["plain"], by["adaptive"]
+    step = a["neuron_ms"] / p["neuron_ms"]
+    cpu = a["neuron_ms"] / a["cpu_ms"]
+    first = a["first_ms"] / p["first_ms"]
+
+    def verdict(v, limit):
+        return "n/a" if v != v else ("met" if v <= limit else "missed")
+
+    print(f"  {a['model']}: adaptive/plain step {step:.2f}x (<= 0.8: {verdict(step, 0.8)}); "
+          f"adaptive/cpu {cpu:.1f}x (<= 2.5: {verdict(cpu, 2.5)}); first step adaptive "
+          f"{a['first_ms']:.0f} ms / plain {p['first_ms']:.0f} ms = {first:.2f}x "
+          f"(<= 1.5: {verdict(first, 1.5)})", flush=True)
+
+
 HEADER = (f"{'model':7} {'mode':8} {'fwd':4} {'train':5} {'gen':4} {'fallbk':>6} {'launch':>6} "
-          f"{'cpu ms':>8} {'neuron ms':>9} {'dev us':>8}")
+          f"{'cpu ms':>8} {'neuron ms':>9} {'dev us':>8} {'trace':>9} {'1st ms':>8}")
 
 
 def _format(row) -> str:
@@ -245,7 +316,9 @@ def _format(row) -> str:
     gen = "-" if row["gen"] is None else yn(row["gen"])
     return (f"{row['model']:7} {row['mode']:8} {yn(row['fwd']):4} {yn(row['train']):5} {gen:4} "
             f"{row['fallbacks']:6d} {row['launches']:6.0f} {row['cpu_ms']:8.1f} "
-            f"{row['neuron_ms']:9.1f} {row['dev_us']:8.0f}")
+            f"{row['neuron_ms']:9.1f} {row['dev_us']:8.0f} "
+            f"{'%d/%d' % tuple(row['trace']) if row['mode'] != 'plain' else '-':>9} "
+            f"{row['first_ms']:8.0f}")
 
 
 def main(argv=None) -> int:
@@ -256,8 +329,17 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1: OpenMP's spinning threads on a shared "
                         "machine make tiny CPU steps 100x slower and the timings noise)")
+    p.add_argument("--no-first-step", action="store_true",
+                   help="skip the first-step measurement (one fresh process per model and mode)")
+    p.add_argument("--first-step", metavar="MODEL", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.first_step:   # the child process of first_step_ms
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+        print(f"first-step-ms {_first_step_here(args.first_step, args.modes):.1f}", flush=True)
+        return 0
     names = [n for n in args.models.split(",") if n]
     unknown = set(names) - set(MODELS)
     if unknown:
@@ -266,7 +348,7 @@ def main(argv=None) -> int:
 
     transformers.logging.set_verbosity_error()
     print(HEADER, flush=True)
-    rows = sweep(names, args.modes.split(","), args.steps)
+    rows = sweep(names, args.modes.split(","), args.steps, not args.no_first_step)
     bad = [r for r in rows if "error" in r or not (r["fwd"] and r["train"]) or r["fallbacks"]
            or r["gen"] is False]
     print(f"{len(rows) - len(bad)} rows ok, {len(bad)} failing")
