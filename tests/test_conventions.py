@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import pytest
 import torch
@@ -233,6 +234,73 @@ def test_pin_memory_round_trip():
     d = p.to("neuron", non_blocking=True)
     torch.neuron.synchronize()
     assert d.device.type == "neuron" and torch.equal(d.cpu(), t)
+
+
+_T = torch.arange(6.0).reshape(2, 3)
+PIN_FACTORIES = {   # every factory taking pin_memory, as CUDA users call them
+    "empty_strided": lambda **k: torch.empty_strided((2, 3), (1, 2), **k).fill_(1),
+    "empty_permuted": lambda **k: torch.empty_permuted((2, 3), (1, 0), **k).fill_(1),
+    "empty_like": lambda **k: torch.empty_like(_T, **k).fill_(1),
+    "zeros_like": lambda **k: torch.zeros_like(_T, **k),
+    "ones_like": lambda **k: torch.ones_like(_T, **k),
+    "full_like": lambda **k: torch.full_like(_T, 7, **k),
+    "rand_like": lambda **k: torch.rand_like(_T, **k),
+    "randn_like": lambda **k: torch.randn_like(_T, **k),
+    "randint_like": lambda **k: torch.randint_like(_T, 9, **k),
+    "tensor": lambda **k: torch.tensor([[1.5, 2.0]], **k),
+    "scalar_tensor": lambda **k: torch.scalar_tensor(3.0, **k),
+    "rand": lambda **k: torch.rand(2, 3, **k),
+    "randn": lambda **k: torch.randn(2, 3, **k),
+    "randint": lambda **k: torch.randint(0, 9, (5,), **k),
+    "randperm": lambda **k: torch.randperm(6, **k),
+    "normal": lambda **k: torch.normal(1.0, 2.0, (4,), **k),
+    "arange": lambda **k: torch.arange(5, **k),
+    "linspace": lambda **k: torch.linspace(0, 1, 5, **k),
+    "logspace": lambda **k: torch.logspace(0, 1, 5, **k),
+    "eye": lambda **k: torch.eye(3, **k),
+    "tril_indices": lambda **k: torch.tril_indices(3, 3, **k),
+    "hann_window": lambda **k: torch.hann_window(8, **k),
+    "fftfreq": lambda **k: torch.fft.fftfreq(6, **k),
+    "new_zeros": lambda **k: _T.new_zeros((2, 2), **k),
+    "new_full": lambda **k: _T.new_full((2,), 4.0, **k),
+    "empty": lambda **k: torch.empty(3, **k).fill_(2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PIN_FACTORIES))
+def test_pin_memory_on_every_factory(name):
+    make = PIN_FACTORIES[name]
+    torch.manual_seed(4)
+    want = make()
+    torch.manual_seed(4)
+    got = make(pin_memory=True)
+    assert got.is_pinned() and not want.is_pinned()
+    assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
+    d = got.to("neuron", non_blocking=True)
+    torch.neuron.synchronize()
+    assert d.device.type == "neuron" and torch.equal(d.cpu(), want)
+
+
+def test_pin_memory_on_a_device_factory_raises_as_on_cuda():
+    with pytest.raises(RuntimeError, match="Only dense CPU tensors can be pinned"):
+        torch.empty(3, device="neuron", pin_memory=True)
+    with pytest.raises(RuntimeError, match="Only dense CPU tensors can be pinned"):
+        torch.randn(3, device="neuron", pin_memory=True)
+
+
+def test_dataloader_pin_memory_device_neuron():
+    from torch.utils.data import DataLoader, TensorDataset
+
+    data = TensorDataset(torch.arange(20.0).reshape(10, 2), torch.arange(10))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")        # torch 2.13: pin_memory_device is deprecated
+        loader = DataLoader(data, batch_size=4, pin_memory=True, pin_memory_device="neuron")
+        batches = list(loader)
+    assert len(batches) == 3
+    for i, (xb, yb) in enumerate(batches):
+        assert xb.is_pinned() and yb.is_pinned()
+        want = data.tensors[0][4 * i:4 * i + 4]
+        assert torch.equal(xb.to("neuron", non_blocking=True).cpu(), want)
 
 
 # -- autocast and GradScaler --------------------------------------------------------------------
