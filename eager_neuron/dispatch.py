@@ -24,6 +24,7 @@ from . import errors
 from . import fastpath as _fast
 from . import tensor as _tensor_mod
 from .adaptive import MODULE as _adaptive
+from . import adaptive_fast as _adaptive_fast
 from .buffers import _ITEMSIZE, _POOLED_BYTES, _span, alloc, to_host  # noqa: F401 -- API
 from .buffers import device_index as _device_index
 from .compile.tracing import run_outside_fake
@@ -33,7 +34,7 @@ from .fallback import log_op, run_fallback
 from .inplace import resize_out, resize_outs, run_inplace_view
 from .launch import HOOKS as _LAUNCH_HOOKS
 from .launch import launch
-from .lower.common import COMPLEX, HALF, bind
+from .lower.common import COMPLEX, FP8, HALF, bind
 from .operands import _check_tensor, _original, _unwrap, unwrap_args  # noqa: F401 -- API
 from .placement import check_placement
 from .plan import _PLANS, Plan, _plan, _to_meta, meta_outputs  # noqa: F401 -- API
@@ -90,6 +91,11 @@ def dispatch(func, args, kwargs, mode=None):
             out = run(args, kwargs)
             if out is not _fast.MISS:
                 return out
+    if _STATE.enabled and mode is None and not OP_HOOKS:
+        # adaptive eager's fast path: a repeat of a recorded call records (adaptive_fast.py)
+        out = _adaptive_fast.run(func, args, kwargs)
+        if out is not _fast.MISS:
+            return out
     plan = _PLANS.get(func)
     if plan is None:
         plan = _PLANS[func] = _plan(func)
@@ -252,6 +258,8 @@ def _run_kernel(func, plan, args, kwargs, mode):
         fusible = plan.lower in _fusible()
         ctx = OpContext(index, None, fusible, _blocks_of(args, kwargs, outs, blocks))
         _capture_host_operands(a, ctx.blocks)
+        if fusible and plan.prepare is not None:
+            _adaptive_fast.arm(func, plan, args, kwargs, index, a, outs, leaves)
         if plan.name in _adaptive.REDUCTIONS and not fusible:
             prev = _context.swap(ctx)
             try:
@@ -282,10 +290,14 @@ def _run_kernel(func, plan, args, kwargs, mode):
             req = plan.prepare(func, a, outs)
             if req is not None:
                 launch(*req)
-                if ctx is _PLAIN_CTX.get(index) and not _LAUNCH_HOOKS and \
-                        getattr(lower, "fast_facts", None) is not None:
-                    _fast.learn_elementwise(func, plan, args, kwargs, index, a, outs, leaves,
-                                            req)
+                if ctx.capture and not _fast.learn_elementwise(
+                        func, plan, args, kwargs, index, a, outs, leaves, req):
+                    _fast.learn_captured(func, plan, args, kwargs, index, outs, leaves, spec,
+                                         ctx.capture)
+        elif not dtypes.isdisjoint(FP8) and not getattr(lower, "handles_fp8", False):
+            from .lower.fp8 import run_fp8  # float8 operands: the CPU's rules (lower/fp8.py)
+
+            run_fp8(func, plan, a, outs)
         elif not dtypes.isdisjoint(COMPLEX) and not getattr(lower, "handles_complex", False):
             from .lower.complex import run_complex  # complex operands: their own family
 
@@ -323,7 +335,7 @@ def _run_kernel(func, plan, args, kwargs, mode):
 
 
 _TLS_CTX = _context._TLS
-_WIDENED = COMPLEX | HALF   # dtypes whose ops take the complex / half-type routes
+_WIDENED = COMPLEX | HALF | FP8   # dtypes whose ops take the complex / half / fp8 routes
 _PLAIN_CTX: dict = {}   # core -> the shared context of plain-eager ops on it (never recording)
 _KEEP_TYPE = (IndexError, ValueError, TypeError, ZeroDivisionError, torch.linalg.LinAlgError)
 
@@ -366,7 +378,12 @@ def _run_dynamic(func, plan, args, kwargs, mode):
     a = bind(func, uargs, ukw)
     prev = _context.swap(OpContext(index or 0, mode))
     try:
-        produced = plan.lower(func, a, index)
+        lower = plan.lower
+        if any(isinstance(v, torch.Tensor) and v.dtype in FP8 for v in a.values()):
+            from .lower.fp8 import dynamic_fp8   # float8 operands: the CPU's rules (fp8.py)
+
+            lower = dynamic_fp8(lower)
+        produced = lower(func, a, index)
     except NotImplementedError as exc:
         return _lowering_declined(func, plan, args, kwargs, mode, exc)
     except (errors.UnsupportedOpError, errors.UnsupportedTensorError, torch.OutOfMemoryError,
@@ -403,6 +420,9 @@ def _run_decomp(func, plan, decomp, args, kwargs, mode):
         active = _TLS.decomps = set()
     if func in active:
         return run_fallback(func, plan, args, kwargs, mode, why="decomposition loops")
+    from .lower.fp8 import refuse_like_cpu   # float8 operands: the CPU decides which ops run
+
+    refuse_like_cpu(func, args, kwargs)
     STATS.decompositions[plan.name] += 1
     active.add(func)
     try:

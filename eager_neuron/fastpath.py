@@ -105,6 +105,18 @@ def signature(args: tuple, kwargs: dict, values: bool):
 
 def _other(a, t, app) -> bool:
     if t is list or t is tuple:
+        if a and type(a[0]) is NeuronTensor:   # cat's tensors, a foreach op's lists
+            app(t)
+            app(len(a))
+            for v in a:
+                if type(v) is not NeuronTensor:
+                    return False
+                d = v._data
+                app(d.dtype)
+                app(d.shape)
+                app(d.stride())
+                app(v._index)
+            return True
         for v in a:
             if type(v) is not int:
                 return False
@@ -165,22 +177,23 @@ def _build(name: str, lines: list, ns: dict):
 # ---------------------------------------------------------------------------------------------
 
 def learn_elementwise(func, plan, args, kwargs, index: int, a: dict, outs: list, leaves: list,
-                      req: tuple) -> None:
-    """After a plain-eager elementwise call ran through launch(*req): leave its runner."""
+                      req: tuple) -> bool:
+    """After a plain-eager elementwise call ran through launch(*req): leave its runner (False:
+    not this way; the caller may learn it from the captured launch instead)."""
     facts = plan.lower.fast_facts(func, a, outs)
     if facts is None or plan.out_args or len(outs) != 1:
-        return
+        return False
     tensors, scalars, values = facts
     key = req[0]
     kinds, rank = key[3], key[4]
     if rank != 1 or "nd" in kinds:
-        return
+        return False
     sig = signature(args, kwargs, values)
     if sig is None:
-        return
+        return False
     kernel = MEMORY.get(full_key(req[0], req[2]))
     if kernel is None:
-        return
+        return False
     ns = {"K": kernel, "S": STATS, "F": STATS_FAST, "SIM": SIM, "NT": NeuronTensor,
           "MISS": MISS, "IDX": index}
     lines = []
@@ -191,7 +204,7 @@ def learn_elementwise(func, plan, args, kwargs, index: int, a: dict, outs: list,
         ref = _ref(func, args, kwargs, nm)
         v = a[nm]
         if ref is None or type(_eval(ref, args, kwargs)) is not NeuronTensor:
-            return
+            return False
         refs[nm] = ref
         flat = ".reshape(-1)" if v.dim() != 1 else ""
         arrays.append(f"{ref}._data.numpy(){flat}")
@@ -202,7 +215,7 @@ def learn_elementwise(func, plan, args, kwargs, index: int, a: dict, outs: list,
         ref = _ref(func, args, kwargs, nm)
         if isinstance(v, torch.Tensor):
             if ref is None or type(_eval(ref, args, kwargs)) is not NeuronTensor:
-                return
+                return False
             svals.append(f"{ref}._data.item()")
         elif ref is None or v is None:
             ns[f"C{j}"] = bool(v) if (isinstance(v, bool) or v is None) else v
@@ -214,7 +227,7 @@ def learn_elementwise(func, plan, args, kwargs, index: int, a: dict, outs: list,
     if target is not None:
         wref = _ref(func, args, kwargs, target)
         if wref is None or type(_eval(wref, args, kwargs)) is not NeuronTensor:
-            return
+            return False
         lines.append(f"W = {wref}")
         for nm, ref in refs.items():
             if ref != wref:
@@ -239,6 +252,7 @@ def learn_elementwise(func, plan, args, kwargs, index: int, a: dict, outs: list,
     lines += ["S.launches += 1", "S.memory_hits += 1", "F['hits'] += 1",
               "SIM.cores[IDX].launch(FLOPS, NBYTES, ENGINE, 'fp32')", ret]
     _add(func, values, sig, _build(plan.name, lines, ns))
+    return True
 
 
 def _alloc_lines(ns: dict, out: torch.Tensor, index: int, suffix: str = "",
@@ -304,14 +318,22 @@ def learn_view(func, args, kwargs, out) -> None:
     sig = signature(args, kwargs, True)
     if sig is None:
         return
-    ns = {"OP": func._op, "S": STATS, "F": STATS_FAST, "NT": NeuronTensor, "MISS": MISS}
+    from .tensor import DEVICES
+
+    ns = {"OP": func._op, "S": STATS, "F": STATS_FAST, "NT": NeuronTensor, "MISS": MISS,
+          "make": torch.Tensor._make_wrapper_subclass}
     call = "OP(x._data" + "".join(f", args[{i}]" for i in range(1, len(args)))
     call += ", **kwargs)" if kwargs else ")"
     lines = ["x = args[0]", f"out = {call}"]
     if single:
+        # sizes, strides and dtype are the signature's: only the offset is read back
+        ns.update(SHAPE=tuple(out.shape), STRIDE=out.stride(), DT=out.dtype,
+                  DEV=DEVICES[args[0]._index], IDX=args[0]._index)
         lines += ["if out.is_neg(): return MISS",
-                  "S.views += 1", "F['hits'] += 1",
-                  "return NT(out, x._block, x._index)"]
+                  "r = make(NT, SHAPE, strides=STRIDE, storage_offset=out.storage_offset(), "
+                  "dtype=DT, device=DEV, requires_grad=False)",
+                  "r._data = out", "r._block = x._block", "r._index = IDX",
+                  "S.views += 1", "F['hits'] += 1", "return r"]
     else:
         lines += ["for o in out:",
                   "    if o.is_neg(): return MISS",
@@ -338,6 +360,9 @@ def _eval(ref: str, args, kwargs):
 CAPTURED = frozenset({
     "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm",
     "aten::sum", "aten::mean",
+    # the cast family (lower/cast.py): elementwise copies; half types go through scratch
+    # buffers or reinterpreted views, which are never learned
+    "aten::clone", "aten::_to_copy", "aten::copy_", "aten::cat",
     "aten::_softmax", "aten::_log_softmax", "aten::_softmax_backward_data",
     "aten::_log_softmax_backward_data",
     "aten::native_layer_norm", "aten::native_layer_norm_backward",
@@ -345,7 +370,13 @@ CAPTURED = frozenset({
 
 
 def capturable(plan) -> bool:
-    return plan.name.split(".")[0] in CAPTURED and not plan.out_args
+    """May the fast path learn this op from its captured launches? The CAPTURED ops, and the
+    elementwise family (lower/elementwise.py poisons the capture of a call it cannot replay:
+    a kernel that can raise, a scalar read from a tensor)."""
+    if plan.out_args:
+        return False
+    return plan.name.split(".")[0] in CAPTURED or \
+        getattr(plan.lower, "fast_facts", None) is not None
 
 
 def _span(arr: np.ndarray) -> tuple:
@@ -396,7 +427,9 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
         if type(v) is NeuronTensor:
             inputs.append((f"args[{i}]", v))
         elif isinstance(v, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in v):
-            return
+            if not all(type(x) is NeuronTensor for x in v):
+                return
+            inputs += [(f"args[{i}][{j}]", x) for j, x in enumerate(v)]
     for k, v in kwargs.items():
         if type(v) is NeuronTensor:
             inputs.append((f"kwargs[{k!r}]", v))

@@ -26,6 +26,7 @@ import torch
 
 from .. import errors
 from ..adaptive import MODULE as _adaptive
+from .. import adaptive_fast as _adaptive_fast
 from ..context import _TLS as _ctx_tls
 from ..kernels import compile as kc
 from ..kernels import elementwise as kew
@@ -238,6 +239,11 @@ def lower_elementwise(func, a: dict, outs: list, op_name: str, defer: bool = Fal
     armed = ctx is not None and ctx.recording
     spec, nps = _spec_for(func, a, n, out.dtype, op_name, armed)
     tensors = spec.tensors
+    if ctx is not None and ctx.capture is not None and (
+            spec.faults or any(isinstance(a[nm], torch.Tensor) for nm in spec.scalars)):
+        # the fast path is learning this op: a kernel that can raise, or a scalar read from a
+        # tensor's value, cannot be replayed from the captured launch
+        ctx.capture = None
     # 2. operand kinds: flat (same shape, contiguous), one (single element), nd (broadcast)
     shape = out_np.shape
     out_contig = out_np.flags.c_contiguous
@@ -298,6 +304,7 @@ def lower_elementwise(func, a: dict, outs: list, op_name: str, defer: bool = Fal
             if _adaptive.record(op_name, expr, kinds, loads, scalar_casts, store,
                                 (arrays[0], out), operands, tuple(scalar_vals), n,
                                 blocks=ctx.blocks, core=ctx.core):
+                _adaptive_fast.learn(out, spec, kinds, n, op_name)   # a repeat skips this
                 return
         else:
             _adaptive.flush("special function" if spec.special else
