@@ -43,11 +43,30 @@ def _on_dynamo() -> None:
         register_backend(neuron_backend, name="neuron")
     # dynamo must never trace into the neuron runtime (dispatch, lowerings, Numba) when a
     # graph break runs user code eagerly: it runs outside graphs, as a CUDA driver does
-    tr.add("eager_neuron")
+    _skip_dirs(tr)
     skip_runtime()
     custom = sys.modules.get("eager_neuron.custom.core")
     if custom is not None:          # loaded later, it applies this itself
         custom.trace_into_call()
+
+
+# user-level wrappers made of torch ops and registered custom kernels: dynamo traces them
+# (their kernels become custom-op nodes of the graph, run as their kernel by the program)
+_TRACED = ("kernel_lib",)
+
+
+def _skip_dirs(tr) -> None:
+    """Skip the runtime's files for dynamo, except the traced packages (kernel_lib)."""
+    import os
+
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for entry in sorted(os.listdir(pkg)):
+        if entry in _TRACED or entry.startswith(("_", ".")) and entry != "__init__.py":
+            continue
+        path = os.path.join(pkg, entry)
+        if entry.endswith(".py") or os.path.isdir(path):
+            tr.SKIP_DIRS.append(path + (os.sep if os.path.isdir(path) else ""))
+    tr._recompile_re()
 
 
 def skip_runtime() -> int:
@@ -88,6 +107,8 @@ def skip_runtime() -> int:
 
     for name, mod in list(sys.modules.items()):
         if mod is None or not (name == "eager_neuron" or name.startswith("eager_neuron.")):
+            continue
+        if any(name.startswith(f"eager_neuron.{t}") for t in _TRACED):
             continue
         for v in list(vars(mod).values()):
             if getattr(v, "__module__", name) == name or isinstance(v, type):
