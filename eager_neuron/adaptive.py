@@ -136,10 +136,11 @@ class _Group:
         self.los_j: list = []
         self.max_span = 0
 
-    def buf_index(self, arr: np.ndarray, src, block) -> int:
+    def buf_index(self, arr: np.ndarray, src, block, trusted: bool = False) -> int:
         # NOTE: `arr` is a 1-D numpy view of the tensor `src` (numpy() + reshape, no copy),
         # so src.data_ptr() is its address: ~20x cheaper than numpy's __array_interface__.
-        # A new buffer checks that once; a mismatch turns the shortcut off for the group.
+        # A new buffer checks that once (unless the caller made arr from src with numpy(),
+        # which never copies: `trusted`); a mismatch turns the shortcut off for the group.
         hint = self.hints and isinstance(src, torch.Tensor)
         ptr = src.data_ptr() if hint else arr.__array_interface__["data"][0]
         n = arr.shape[0]
@@ -147,7 +148,7 @@ class _Group:
         j = self.index.get(key)
         if j is not None:
             return j
-        if hint:
+        if hint and not trusted:
             real = arr.__array_interface__["data"][0]
             if real != ptr:
                 self.hints = False
@@ -271,14 +272,16 @@ COUNTERS = {"analyses": 0, "renders": 0, "deferred": 0}
 
 def record(op: str, expr: str, kinds: tuple, loads: tuple, scalar_casts: tuple, store: str,
            out: np.ndarray, operands: list, scalars: tuple, numel: int,
-           reduce: str | None = None, blocks: dict | None = None, core: int | None = None
-           ) -> bool:
-    """Append one elementwise node (flat loop) to the pending group. False: not fusible here."""
-    ctx = getattr(_context._TLS, "ctx", None)
-    if core is None:
-        core = ctx.core if ctx is not None else 0
-    if blocks is None:
-        blocks = ctx.blocks if ctx is not None else {}
+           reduce: str | None = None, blocks: dict | None = None, core: int | None = None,
+           trusted: bool = False) -> bool:
+    """Append one elementwise node (flat loop) to the pending group. False: not fusible here.
+    `trusted`: every array was made from its tensor by numpy() (+ reshape), never a copy."""
+    if core is None or blocks is None:
+        ctx = getattr(_context._TLS, "ctx", None)
+        if core is None:
+            core = ctx.core if ctx is not None else 0
+        if blocks is None:
+            blocks = ctx.blocks if ctx is not None else {}
     key = stream_key()
     with _lock:
         g = PENDING.get(key)
@@ -298,8 +301,9 @@ def record(op: str, expr: str, kinds: tuple, loads: tuple, scalar_casts: tuple, 
                 _flush_at_end_of_backward(key)
         # 1. buffers: operands and output, by (address, length, stride, dtype)
         g.descs = descs = []
-        op_idx = tuple([g.buf_index(arr, src, blocks.get(id(src))) for arr, src in operands])
-        out_idx = g.buf_index(out[0], out[1], blocks.get(id(out[1])))
+        op_idx = tuple([g.buf_index(arr, src, blocks.get(id(src)), trusted)
+                        for arr, src in operands])
+        out_idx = g.buf_index(out[0], out[1], blocks.get(id(out[1])), trusted)
         # 2. the guard: a group that recorded the same guards before places this op as then
         sig = (op, expr, kinds, loads, scalar_casts, store, reduce, numel, op_idx, out_idx,
                tuple(map(type, scalars)), tuple(descs))

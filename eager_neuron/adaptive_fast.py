@@ -1,0 +1,152 @@
+"""Adaptive eager's fast path: a repeat of a recorded elementwise call records without the funnel.
+
+The plain-eager fast path (eager_neuron/fastpath.py) leaves a runner per (overload, argument
+signature) that launches the kernel; under adaptive eager nothing launches per op, so its
+runners never run. Here the first recorded call of a signature leaves a *recording runner*:
+
+    unwrap -> allocate the output -> adaptive.record(the same node) -> wrap
+
+with everything the slow path computed for that signature fixed in it (the template's
+expression, operand kinds, casts, store), so a repeat call skips classification, schema
+binding, meta execution and the elementwise analysis. What stays per call is what can change
+between calls of one signature: the buffers (record() finds them in the group, pins them and
+checks their overlaps: the trace guard) and the scalars' values. A call the runner cannot take
+(another thread's group pending, an operand sharing the written tensor's memory) goes the slow
+way. Only the elementwise family on flat operands is learned, never an op that can fault.
+
+>>> import torch, eager_neuron
+>>> from eager_neuron import adaptive_fast
+>>> x = torch.ones(8, device="neuron")
+>>> with eager_neuron.adaptive():
+...     for _ in range(3):
+...         x = x * 2
+...     v = x.sum().item()
+>>> v, adaptive_fast.COUNTERS["hits"] >= 1
+(64.0, True)
+"""
+
+from __future__ import annotations
+
+import threading
+
+from . import adaptive as _ad
+from . import fastpath as _fp
+from .config import config
+from .launch import HOOKS as _LAUNCH_HOOKS
+from .tensor import NeuronTensor
+
+TABLES: dict = {}       # func -> (values_matter, {signature: runner})
+COUNTERS = {"hits": 0, "learned": 0}
+_TLS = threading.local()
+_MISS = _fp.MISS
+_PENDING = _ad.PENDING
+_STATE = _ad.STATE
+
+
+def run(func, args, kwargs):
+    """dispatch(): the recording runner for this call, or MISS (take the slow path)."""
+    tab = TABLES.get(func)
+    if tab is None or not config.fastpath or config.log or config.cache_verify \
+            or _LAUNCH_HOOKS:
+        return _MISS
+    sig = _fp.signature(args, kwargs, tab[0])
+    runner = tab[1].get(sig) if sig is not None else None
+    if runner is None:
+        return _MISS
+    return runner(args, kwargs)
+
+
+def arm(func, plan, args, kwargs, index, a, outs, leaves) -> None:
+    """dispatch's adaptive block, before an elementwise lowering may record: remember the
+    call, so `learn` can leave a runner if the lowering records it."""
+    _TLS.call = (func, plan, args, kwargs, index, a, outs, leaves)
+
+
+def learn(out, spec, kinds: tuple, numel: int, op_name: str) -> None:
+    """lower_elementwise, right after it recorded op `op_name` whose output is `out` (flat
+    operands, `spec` its armed _Spec): leave the recording runner for its signature."""
+    call = getattr(_TLS, "call", None)
+    _TLS.call = None
+    if call is None or call[6][0] is not out or not config.fastpath:
+        return
+    func, plan, args, kwargs, index, a, outs, leaves = call
+    tab = TABLES.get(func)
+    if tab is not None and len(tab[1]) >= _fp.LIMIT:
+        return
+    if plan.out_args or len(outs) != 1 or spec.faults or spec.special:
+        return
+    facts = plan.lower.fast_facts(func, a, outs)
+    if facts is None:
+        return
+    values = facts[2]
+    sig = _fp.signature(args, kwargs, values)
+    if sig is None:
+        return
+    ns = {"REC": _ad.record, "PENDING": _PENDING, "SK": _ad.stream_key, "NT": NeuronTensor,
+          "MISS": _MISS, "IDX": index, "F": COUNTERS, "SIM": _fp.SIM,
+          "STATIC": (op_name, spec.expr, kinds, spec.loads, spec.scalar_casts,
+                     spec.store), "NUMEL": numel}
+    lines = ["if PENDING and (len(PENDING) > 1 or SK() not in PENDING): return MISS"]
+    # 1. operands: each tensor's host buffer as a flat numpy array, with its block
+    refs = []
+    for nm in spec.tensors:
+        ref = _fp._ref(func, args, kwargs, nm)
+        v = a[nm]
+        if ref is None or type(_fp._eval(ref, args, kwargs)) is not NeuronTensor:
+            return
+        refs.append((ref, ".reshape(-1)" if v.dim() != 1 else ""))
+    # 2. scalars: the call's values (types fixed by the signature)
+    svals = []
+    for j, nm in enumerate(spec.scalars):
+        v = a[nm]
+        ref = _fp._ref(func, args, kwargs, nm)
+        if not isinstance(v, (bool, int, float)) and v is not None:
+            return
+        if ref is None or v is None:
+            ns[f"C{j}"] = bool(v) if (isinstance(v, bool) or v is None) else v
+            svals.append(f"C{j}")
+        else:
+            svals.append(ref)
+    # 3. the output: the written argument (in-place) or a fresh buffer
+    target = plan.ret_alias[0] if plan.ret_alias else None
+    if target is not None:
+        wref = _fp._ref(func, args, kwargs, target)
+        if wref is None or type(_fp._eval(wref, args, kwargs)) is not NeuronTensor:
+            return
+        lines.append(f"W = {wref}")
+        for ref, _flat in refs:
+            if ref != wref:
+                # ATen's partial-overlap check on the written tensor: the slow path makes it
+                lines.append(f"if {ref}._block is W._block: return MISS")
+        lines += ["data = W._data", "block = W._block"]
+        ret = "return W"
+    else:
+        shape, stride, dtype = leaves[0]
+        ns.update(SHAPE=shape, STRIDE=stride, DT=dtype)
+        lines += _fp._alloc_lines(ns, outs[0], index)
+        ret = _fp._wrap_lines(ns, lines, index)
+    out_flat = ".reshape(-1)" if len(outs[0].shape) != 1 else ""
+    out_np = "out_np" if any(ln.startswith("out_np") for ln in lines) else \
+        f"data.numpy(){out_flat}"
+    ops = ", ".join(f"({r}._data.numpy(){fl}, {r}._data)" for r, fl in refs)
+    blocks = ", ".join([f"id({r}._data): {r}._block" for r, _fl in refs] + ["id(data): block"])
+    lines += [f"REC(*STATIC, ({out_np}, data), [{ops}], ({''.join(s + ', ' for s in svals)}), "
+              f"NUMEL, None, {{{blocks}}}, IDX, True)",
+              "F['hits'] += 1", ret]
+    runner = _fp._build(plan.name, lines, ns)
+    with _fp._LOCK:
+        tab = TABLES.get(func)
+        if tab is None:
+            tab = TABLES[func] = (values, {})
+        if tab[0] == values and len(tab[1]) < _fp.LIMIT:
+            tab[1][sig] = runner
+            COUNTERS["learned"] += 1
+
+
+def reset() -> None:
+    """Forget every recording runner (with the plain fast path's runners)."""
+    TABLES.clear()
+
+
+_fp.SIM.on_configure.append(reset)
+_fp.MEMORY.on_clear.append(reset)
