@@ -5,6 +5,11 @@ A kernel key is a flat tuple of exactly what changes the generated code:
 and the disk tier adds `toolchain()` and a digest of the rendered source, so that a
 numba/llvmlite/numpy/torch/Python/CPU change or an edited renderer is a clean miss.
 
+A `KeyType` names the fields of one family's key and renders the kernel from the key alone
+(cache/families.py: elementwise, reduce, matmul; lower/linalg_base.py BatchKernel for linalg):
+a lowering whose render() is `TYPE.render(key)` cannot read anything the key lacks. The key
+itself stays a plain tuple built at tuple speed (a NamedTuple costs ~3x a tuple literal per op).
+
 >>> from eager_neuron.cache.keys import disk_key
 >>> len(disk_key((1, "elementwise", "aten::add"), "@njit\\ndef k(o):\\n    pass\\n"))
 64
@@ -18,6 +23,52 @@ import platform
 import sys
 
 FORMAT_VERSION = 1   # bump when any renderer's output or the disk entry layout changes
+
+
+class KeyType:
+    """One family's kernel key: `(family, *fields)` as a plain tuple, and its renderer.
+
+    `fields` name the tuple's positions after the family; `fixed` pins fields that tell two key
+    layouts of one family apart (matmul's "blas" and "loop"); `renderer(*fields)` returns
+    `(source, function name)` and reads nothing but its arguments.
+
+    >>> K = KeyType("doc", ("op", "n"), lambda op, n: (f"def k_{op}(o):\\n    o[:] = {n}\\n",
+    ...                                                 f"k_{op}"))
+    >>> key = ("doc", "fill", 2)
+    >>> K.render(key)[1], K.describe(key)
+    ('k_fill', "doc(op='fill', n=2)")
+    >>> K.render(("doc", "fill"))
+    Traceback (most recent call last):
+    ValueError: ('doc', 'fill') is not a doc key: expected (family, op, n)
+    """
+
+    __slots__ = ("family", "fields", "fixed", "renderer")
+
+    def __init__(self, family: str, fields: tuple, renderer, fixed: dict | None = None) -> None:
+        self.family = family
+        self.fields = tuple(fields)
+        self.fixed = dict(fixed or {})
+        self.renderer = renderer
+
+    def matches(self, key: tuple) -> bool:
+        """Whether `key` (a lowering's key, without launch's argument types) is of this type."""
+        return (len(key) == len(self.fields) + 1 and key[0] == self.family
+                and all(key[1 + self.fields.index(f)] == v for f, v in self.fixed.items()))
+
+    def render(self, key: tuple) -> tuple[str, str]:
+        """(source, name) of the kernel `key` names, from the key alone."""
+        if not self.matches(key):
+            raise ValueError(f"{key!r} is not a {self.family} key: expected (family, "
+                             f"{', '.join(self.fields)})")
+        return self.renderer(*key[1:])
+
+    def describe(self, key: tuple) -> str:
+        """The key with its field names (for logs and error messages)."""
+        pairs = ", ".join(f"{f}={v!r}" for f, v in zip(self.fields, key[1:]))
+        return f"{self.family}({pairs})"
+
+    def __repr__(self) -> str:
+        return f"<KeyType {self.family}({', '.join(self.fields)})>"
 
 
 def _version() -> str:

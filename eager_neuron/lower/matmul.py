@@ -17,9 +17,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..cache.families import MATMUL_BLAS, MATMUL_LOOP
 from ..context import _TLS
 from ..kernels import compile as kc
-from ..kernels import matmul as kmm
 from ..launch import launch
 from .cast import cast
 from .common import NP_TYPE
@@ -184,7 +184,7 @@ def gemm(op: str, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias=None
         )
 
         def render():
-            return kmm.render_blas(batch, modes, epilogue)
+            return MATMUL_BLAS.render(key)   # from the key alone (cache/families.py)
 
         args = (_np(res),) + arrays + scalars
         blas_threads(2.0 * m * n * k)
@@ -200,11 +200,11 @@ def gemm(op: str, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias=None
             bias3 = bias3 if batch == "bmm" else bias3.unsqueeze(0)
             scalars = (_np(bias3),) + scalars[1:]
         parallel = nb * m * n * k >= PARALLEL_MIN and kc.parallel_allowed()
-        acc, store = "np.int64", NP_TYPE[dtype]
+        store = NP_TYPE[dtype]   # accumulated in int64 (cache/families.py MATMUL_LOOP)
         key = ("matmul", _KERNEL_OP[batch], VERSION, "loop", epilogue, store, parallel)
 
         def render():
-            return kmm.render_loop(batch, epilogue, acc, store, parallel)
+            return MATMUL_LOOP.render(key)   # from the key alone (cache/families.py)
 
         args = (_np(res3), _np(a3), _np(b3)) + scalars
     itemsize = out.element_size()

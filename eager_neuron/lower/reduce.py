@@ -17,6 +17,7 @@ import math
 
 import torch
 
+from ..cache.families import REDUCE
 from ..kernels import compile as kc
 from ..kernels import reduce as kr
 from ..launch import launch
@@ -126,8 +127,7 @@ def reduce(op: str, x: torch.Tensor, outs: list, red: list, keepdim: bool, *, lo
            fastmath, init)
 
     def render():
-        return kr.render_reduce(op, ko, kdim, acc_t, load_t, stores, len(scalars), mode,
-                                parallel, fastmath, init)
+        return REDUCE.render(key)   # from the key alone (cache/families.py names its fields)
 
     passes = 2 if "multi" in flags else 1
     scalar = op in ("logsumexp", "normp")
