@@ -122,11 +122,15 @@ def test_scaled_mm(rowwise, od):
         assert ((got.cpu().double() - ref).abs() <= bound).all()
 
 
-def test_scaled_mm_bad_scale_names_op():
-    a = torch.ones(16, 16).to(torch.float8_e4m3fn).to("neuron")
-    with pytest.raises(RuntimeError, match="scale"):
-        torch._scaled_mm(a, a.t(), torch.ones(3, device="neuron"),
+def test_scaled_mm_bad_scale_raises_the_cpus_error():
+    a = torch.ones(16, 16).to(torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="Invalid scaling configuration") as cpu:
+        torch._scaled_mm(a, a.t(), torch.ones(3), torch.tensor(1.0), out_dtype=torch.float32)
+    an = a.to("neuron")
+    with pytest.raises(ValueError, match="Invalid scaling configuration") as dev:
+        torch._scaled_mm(an, an.t(), torch.ones(3, device="neuron"),
                          torch.tensor(1.0, device="neuron"), out_dtype=torch.float32)
+    assert "_scaled_mm" in str(dev.value) and type(dev.value) is type(cpu.value)
 
 
 def test_amax_of_fp8_scaled_values():

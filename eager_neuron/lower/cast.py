@@ -23,6 +23,15 @@ _BF16_TO_F32 = "(x0 & 0xFFFF) << 16"
 ew.OPS["cast::f32_to_bf16"] = (_F32_TO_BF16.replace("x0", "(self & 0xFFFFFFFF)"), "none")
 ew.OPS["cast::bf16_to_f32"] = (_BF16_TO_F32.replace("x0", "(self & 0xFFFF)"), "none")
 ew.OPS["cast::bits"] = ("self", "none")
+# float -> int8/uint8/int16: C++'s conversion is undefined out of range, and the CPU's (every
+# ATEN_CPU_CAPABILITY) truncates to int32 (INT_MIN for NaN, inf and |x| >= 2**31), then keeps
+# the low bits: 300.0 -> uint8 44, -1.0 -> 255, NaN -> 0. Numba's own conversion saturates or
+# varies with vectorisation, so the kernel spells the CPU's out.
+_VIA_I32 = "((np.int64(self) if (self > -2147483649.0 and self < 2147483648.0) else -2147483648)"
+ew.OPS["cast::f_to_i8"] = (_VIA_I32 + " & 0xFF)", "none")
+ew.OPS["cast::f_to_i16"] = (_VIA_I32 + " & 0xFFFF)", "none")
+_SMALL_INT = {torch.int8: "cast::f_to_i8", torch.uint8: "cast::f_to_i8",
+              torch.int16: "cast::f_to_i16"}
 
 # -- float16 <-> float32 in kernels (bit arithmetic, as bfloat16 above) ------------------------
 # float32 bits -> float16 bits, round to nearest even (c10's fp16_ieee_from_fp32_value): NaN ->
@@ -100,6 +109,9 @@ def cast(src: torch.Tensor, dst: torch.Tensor) -> None:
     if src.dtype == torch.bfloat16 or dst.dtype == torch.bfloat16 or \
             src.dtype == torch.float16 or dst.dtype == torch.float16:
         return _cast_half(src, dst)
+    if dst.dtype in _SMALL_INT and src.dtype in (torch.float32, torch.float64):
+        ew.lower_elementwise(None, {"self": src}, [dst], _SMALL_INT[dst.dtype])
+        return
     ew.lower_elementwise(None, {"self": src}, [dst], "aten::_to_copy")
 
 
@@ -148,7 +160,14 @@ lower_copy.handles_half = True
 LOWERINGS = {
     "aten::_to_copy": lower_to_copy,
     "aten::copy_": lower_copy,
-    "aten::copy": lambda func, a, outs: cast(a["src"], outs[0]),
     "aten::clone": lower_to_copy,
 }
 LOWERINGS["aten::clone"].handles_half = True
+
+
+def _lower_copy_functional(func, a, outs) -> None:
+    cast(a["src"], outs[0])
+
+
+_lower_copy_functional.handles_half = True
+LOWERINGS["aten::copy"] = _lower_copy_functional
