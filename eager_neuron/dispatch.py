@@ -18,13 +18,13 @@ import threading
 import torch
 from torch.utils._pytree import tree_unflatten
 
+from . import adaptive_fast as _adaptive_fast
 from . import backward as _backward
 from . import context as _context
 from . import errors
 from . import fastpath as _fast
 from . import tensor as _tensor_mod
 from .adaptive import MODULE as _adaptive
-from . import adaptive_fast as _adaptive_fast
 from .buffers import _ITEMSIZE, _POOLED_BYTES, _span, alloc, to_host  # noqa: F401 -- API
 from .buffers import device_index as _device_index
 from .compile.tracing import run_outside_fake
@@ -380,7 +380,7 @@ def _run_dynamic(func, plan, args, kwargs, mode):
     try:
         lower = plan.lower
         if any(isinstance(v, torch.Tensor) and v.dtype in FP8 for v in a.values()):
-            from .lower.fp8 import dynamic_fp8   # float8 operands: the CPU's rules (fp8.py)
+            from .lower.fp8 import dynamic_fp8  # float8 operands: the CPU's rules (fp8.py)
 
             lower = dynamic_fp8(lower)
         produced = lower(func, a, index)
@@ -420,7 +420,7 @@ def _run_decomp(func, plan, decomp, args, kwargs, mode):
         active = _TLS.decomps = set()
     if func in active:
         return run_fallback(func, plan, args, kwargs, mode, why="decomposition loops")
-    from .lower.fp8 import refuse_like_cpu   # float8 operands: the CPU decides which ops run
+    from .lower.fp8 import refuse_like_cpu  # float8 operands: the CPU decides which ops run
 
     refuse_like_cpu(func, args, kwargs)
     STATS.decompositions[plan.name] += 1

@@ -229,7 +229,7 @@ def learn_elementwise(func, plan, args, kwargs, index: int, a: dict, outs: list,
         if wref is None or type(_eval(wref, args, kwargs)) is not NeuronTensor:
             return False
         lines.append(f"W = {wref}")
-        for nm, ref in refs.items():
+        for ref in refs.values():
             if ref != wref:
                 # an operand sharing the written tensor's buffer may overlap it partly: the
                 # slow path makes ATen's overlap check

@@ -97,7 +97,6 @@ def _breakdown() -> None:
     b = torch.randn(4, device="neuron")
     a + b
     a + b
-    add = torch.ops.aten.add.Tensor
     kernel = next(k for key, k in MEMORY._kernels.items()
                   if "aten::add" in key and "elementwise" in key)
     ad, bd = a._data, b._data
