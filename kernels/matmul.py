@@ -8,19 +8,74 @@ The spec is plain data:
   takes without a copy) or "b" (one 2-D matrix shared by every batch, C or F);
 - `epilogue`: "none", "scale" (alpha only: beta == 0 ignores bias, NaNs included, as PyTorch
   does) or "bias" (beta * bias + alpha * product, bias broadcast by strides).
-Floats go through Numba's `np.dot(a, b, out)` (SciPy's BLAS: gemm, or gemv/dot when a side is
-1); integers through a plain loop that accumulates in int64 (wrap-around matches PyTorch).
+Floats go through the MKL gemm torch's own CPU mm calls (kernels/blas.py `xgemm`; Numba's
+np.dot, SciPy's OpenBLAS, when torch does not export it), written straight into `out`; integers
+through a plain loop that accumulates in int64 (wrap-around matches PyTorch).
 
 >>> src, name = render_blas("none", ("n", "n"), "bias")
->>> "np.dot(a, b, out)" in src
+>>> "_xgemm(a, b, out, 0.0)" in src or "np.dot(a, b, out)" in src
 True
 """
 
 from __future__ import annotations
 
+import ctypes
+import hashlib
+import os
+
 from .elementwise import kernel_name
 
 HEADER = '@njit(error_model="numpy", nogil=True{extra})\n'
+_MKL_GEMM = {"eager_neuron_sgemm": "sgemm_64_", "eager_neuron_dgemm": "dgemm_64_",
+             "eager_neuron_mkl_threads": "MKL_Set_Num_Threads_Local"}
+_MKL: list = []
+
+
+def mkl_symbols() -> dict:
+    """{our name: address} of MKL's ILP64 gemm and thread control in libtorch_cpu.so (what
+    torch's own CPU mm calls); {} when this torch does not export them."""
+    if not _MKL:
+        try:
+            import torch
+
+            lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib",
+                                           "libtorch_cpu.so"))
+            _MKL.append({ours: ctypes.cast(getattr(lib, theirs), ctypes.c_void_p).value
+                         for ours, theirs in _MKL_GEMM.items()})
+        except (OSError, AttributeError):
+            _MKL.append({})
+    return _MKL[0]
+
+
+def _gemm_line(a: str, b: str, c: str, beta: str, indent: str, mkl: bool) -> list[str]:
+    """Source lines computing c = a @ b + beta * c (beta "0.0" or "1.0") for 2-D float arrays.
+
+    MKL (kernels/blas.py xgemm) reads C- or F-contiguous a/b in place and writes row-major c; it
+    refuses other layouts (the lowering copies those first), which raises here, never a wrong
+    result. Without MKL: Numba's np.dot (SciPy's OpenBLAS).
+    """
+    if mkl:
+        return [f"{indent}if not _xgemm({a}, {b}, {c}, {beta}):",
+                f"{indent}    raise ValueError('gemm: an operand BLAS cannot address')"]
+    if beta == "0.0":
+        return [f"{indent}np.dot({a}, {b}, {c})"]
+    # NOTE: explicit loops, not `c += t`: Numba array expressions cost seconds to compile
+    return [f"{indent}t = np.dot({a}, {b})",
+            f"{indent}for i0 in range({c}.shape[0]):",
+            f"{indent}    for i1 in range({c}.shape[1]):",
+            f"{indent}        {c}[i0, i1] += t[i0, i1]"]
+
+
+def gemm_prelude() -> str:
+    """What the float kernel's source needs before it: kernels/blas.py (with its digest: its
+    intrinsic is compiled into every kernel, so an edit must change the disk key), or nothing."""
+    if not mkl_symbols():
+        return ""
+    return f"from eager_neuron.kernels.blas import xgemm as _xgemm  # blas.py {_BLAS_ID}\n"
+
+
+with open(os.path.join(os.path.dirname(__file__), "blas.py"), "rb") as _f:
+    _BLAS_ID = hashlib.sha1(_f.read()).hexdigest()[:10]
 
 
 def _operand(name: str, mode: str, idx: str) -> str:
@@ -60,31 +115,29 @@ def render_blas(batch: str, modes: tuple, epilogue: str) -> tuple[str, str]:
     `out` is C-contiguous (BLAS writes it directly); `alpha`/`beta` arrive already cast to the
     array dtype, so a float32 kernel never widens to float64.
     """
-    name = kernel_name("mm", "blas", batch, modes, epilogue)
-    lines = [HEADER.format(extra=""), f"def {name}({_params(epilogue)}):"]
+    prelude = gemm_prelude()
+    mkl = bool(prelude)
+    name = kernel_name("mm", "blas", batch, modes, epilogue, prelude)
+    lines = [prelude + HEADER.format(extra=""), f"def {name}({_params(epilogue)}):"]
     if batch == "none":
-        lines.append("    np.dot(a, b, out)")
+        lines += _gemm_line("a", "b", "out", "0.0", "    ", mkl)
         rank = 2
     elif batch == "bmm":
         # NOTE: out[i] of a C 3-D array is a C 2-D array: BLAS writes each product in place.
         lines.append("    for i in range(out.shape[0]):")
-        lines.append(f"        np.dot({_operand('a', modes[0], 'i')}, "
-                     f"{_operand('b', modes[1], 'i')}, out[i])")
+        lines += _gemm_line(_operand("a", modes[0], "i"), _operand("b", modes[1], "i"),
+                            "out[i]", "0.0", "        ", mkl)
         rank = 3
-    else:  # "sum": products land in a scratch tile added to out
+    else:  # "sum": every product accumulated into out (beta 1), as ATen's addbmm
         # NOTE: "b" (broadcast) operands are not used here: the batch count comes from a.
-        # Explicit loops, not `out += tmp`: Numba array expressions cost seconds to compile.
         lines += [
             "    for i0 in range(out.shape[0]):",
             "        for i1 in range(out.shape[1]):",
             "            out[i0, i1] = 0",
-            "    tmp = np.empty_like(out)",
             "    for i in range(a.shape[0]):",
-            f"        np.dot({_operand('a', modes[0], 'i')}, {_operand('b', modes[1], 'i')}, tmp)",
-            "        for i0 in range(out.shape[0]):",
-            "            for i1 in range(out.shape[1]):",
-            "                out[i0, i1] += tmp[i0, i1]",
         ]
+        lines += _gemm_line(_operand("a", modes[0], "i"), _operand("b", modes[1], "i"),
+                            "out", "1.0", "        ", mkl)
         rank = 2
     lines += _epilogue_lines(epilogue, rank, "    ")
     return "\n".join(lines) + "\n", name
