@@ -170,6 +170,38 @@ def _zungqr(a, tau, k):
             a[r, i] = 0.0
 '''
 
+_ZUNMQR = _HELPER + '''\
+def _zunmqr(a, tau, c, left, trans):
+    # LAPACK zunm2r: c <- op(Q) c (left) or c op(Q), op(Q) = Q or Q^H (trans), Q = H(0) ...
+    # H(k-1), H(i) = I - tau v v^H (H(i)^H takes conj(tau))
+    k = tau.shape[0]
+    m, n = c.shape
+    forward = left == trans
+    for t in range(k):
+        i = t if forward else k - 1 - t
+        ti = tau[i].conjugate() if trans else tau[i]
+        if ti == 0:
+            continue
+        if left:
+            for col in range(n):
+                w = c[i, col]
+                for r in range(i + 1, m):
+                    w += a[r, i].conjugate() * c[r, col]
+                w *= ti
+                c[i, col] -= w
+                for r in range(i + 1, m):
+                    c[r, col] -= w * a[r, i]
+        else:
+            for row in range(m):
+                w = c[row, i]
+                for r in range(i + 1, n):
+                    w += c[row, r] * a[r, i]
+                w *= ti
+                c[row, i] -= w
+                for r in range(i + 1, n):
+                    c[row, r] -= w * a[r, i].conjugate()
+'''
+
 _HERM = _HELPER + '''\
 def _hermitize(x, lower):
     # the Hermitian matrix from one triangle (LAPACK reads that one; the diagonal is real)
@@ -262,6 +294,50 @@ KERNELS = {
     # q (B, m, n) with reflectors in the first k columns -> Q in place
     "zungqr": ("q, tau", (_ZUNGQR,), """\
         _zungqr(q[b], tau[b], tau.shape[1])
+"""),
+    # a (B, nq, k) reflectors, tau (B, k), c (B, m, n) in place
+    "zormqr": ("a, tau, c, left, trans", (_ZUNMQR,), """\
+        _zunmqr(a[b], tau[b], c[b], left, trans)
+"""),
+    # a (B, m, n), rhs (B, m, k) -> x (B, n, k) = V diag(1/s) U^H rhs over s > rcond * smax,
+    # rank (B,), sv (B, min(m, n)) real, resid (B, k) = |a x - rhs|^2 per column (real)
+    "zlstsq": ("a, rhs, x, rank, sv, resid, rcond, status", (_ZFINITE,), """\
+        status[b] = 0
+        if not (_zfinite(a[b]) and _zfinite(rhs[b])):
+            status[b] = 1
+            continue
+        m = a.shape[1]
+        n = a.shape[2]
+        k = rhs.shape[2]
+        uu, ss, vv = np.linalg.svd(a[b], full_matrices=False)
+        smax = ss[0] if ss.shape[0] > 0 else 0.0
+        r = 0
+        for p in range(ss.shape[0]):
+            sv[b, p] = ss[p]
+            if ss[p] > rcond * smax:
+                r += 1
+        rank[b] = r
+        xb = x[b]
+        for j in range(n):
+            for c in range(k):
+                xb[j, c] = 0.0
+        for p in range(r):
+            inv = 1.0 / ss[p]
+            for c in range(k):
+                t = 0j
+                for i in range(m):
+                    t += uu[i, p].conjugate() * rhs[b, i, c]
+                t *= inv
+                for j in range(n):
+                    xb[j, c] += vv[p, j].conjugate() * t
+        for c in range(k):
+            t = 0.0
+            for i in range(m):
+                e = -rhs[b, i, c]
+                for j in range(n):
+                    e += a[b, i, j] * xb[j, c]
+                t += e.real * e.real + e.imag * e.imag
+            resid[b, c] = t
 """),
     # a (B, m, n) -> zgeqrf; r (B, rq, n) = triu(a[:rq]); q (B, m, qc) = Q's first qc columns
     "zqr": ("a, tau, q, r", (_ZGEQRF, _ZUNGQR), """\

@@ -148,6 +148,8 @@ def run_complex(func, plan, a: dict, outs: list) -> None:
         return _sum(base, a, outs)
     if base in _MATMUL:
         return _matmul(base, a, outs[0])
+    if base == "aten::addbmm":
+        return _addbmm(a, outs[0])
     if base == "aten::linalg_vector_norm":
         # a norm depends on |z| only: the real lowering over abs(z)
         x = a["self"]
@@ -202,7 +204,7 @@ def _decomposes(func) -> bool:
 SPLIT = frozenset({
     "aten::constant_pad_nd", "aten::cat", "aten::stack", "aten::index_select", "aten::flip",
     "aten::roll", "aten::repeat", "aten::slice_scatter", "aten::select_scatter",
-    "aten::diagonal_scatter", "aten::as_strided_scatter", "aten::gather", "aten::scatter",
+    "aten::diagonal_scatter", "aten::gather", "aten::scatter",
     "aten::scatter_add", "aten::index", "aten::index_put", "aten::index_add", "aten::masked_fill",
     "aten::tril", "aten::triu", "aten::cumsum", "aten::narrow_copy", "aten::unfold_backward",
     "aten::reflection_pad1d", "aten::reflection_pad2d", "aten::replication_pad1d",
@@ -212,6 +214,12 @@ SPLIT = frozenset({
     "aten::diag_embed", "aten::diagonal_copy", "aten::squeeze_copy", "aten::unsqueeze_copy",
     "aten::transpose_copy", "aten::t_copy", "aten::select_copy", "aten::slice_copy",
     "aten::index_copy", "aten::masked_scatter", "aten::take", "aten::put",
+    # backward ops that sum gradients: linear, so real and imaginary parts separately
+    "aten::replication_pad1d_backward", "aten::replication_pad2d_backward",
+    "aten::replication_pad3d_backward", "aten::reflection_pad1d_backward",
+    "aten::reflection_pad2d_backward", "aten::reflection_pad3d_backward",
+    "aten::masked_scatter_backward", "aten::replication_pad3d", "aten::reflection_pad3d",
+    "aten::replication_pad2d",
 })
 _SPLIT_SCALARS = ("value", "fill_value")   # Scalars that split into real and imaginary parts
 
@@ -373,6 +381,8 @@ def _sum(base: str, a: dict, outs: list) -> None:
         raise errors.UnsupportedOpError(
             f"{base} of {x.dtype} into {out.dtype} has no neuron kernel\n{errors.where()}\n"
             "  fix: sum the complex tensor into a complex dtype")
+    if x.dim() == 0:   # the sum (and mean) of one number is that number
+        return elementwise("aten::_to_copy", {"self": x}, out)
     conj = x.is_conj()
     raw = x.conj() if conj else x
     if raw.is_neg():
@@ -524,6 +534,21 @@ def _matmul(base: str, a: dict, out: torch.Tensor) -> None:
            flops=float(8 * out.numel() * x3.shape[2]),
            bytes_moved=float(x3.numel() * x3.element_size() + y3.numel() * y3.element_size()
                              + out.numel() * out.element_size()), engine="tensor")
+
+
+def _addbmm(a: dict, out: torch.Tensor) -> None:
+    """addbmm: beta * self + alpha * sum_b batch1[b] @ batch2[b], as one (M, B*K) @ (B*K, N)
+    product of the batches laid side by side (the same sum, accumulated in complex128)."""
+    b1, b2 = a["batch1"], a["batch2"]
+    nb, m, k = b1.shape
+    n = b2.shape[2]
+    left = torch.empty((m, nb, k), dtype=out.dtype)
+    elementwise("aten::_to_copy", {"self": b1.permute(1, 0, 2)}, left)
+    right = torch.empty((nb, k, n), dtype=out.dtype)
+    elementwise("aten::_to_copy", {"self": b2}, right)
+    _matmul("aten::addmm", {"self": a["self"], "mat1": left.reshape(m, nb * k),
+                            "mat2": right.reshape(nb * k, n), "beta": a.get("beta", 1),
+                            "alpha": a.get("alpha", 1)}, out)
 
 
 class _Named:

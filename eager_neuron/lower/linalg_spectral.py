@@ -110,7 +110,10 @@ def lower_ormqr(func, a, outs):
     a64 = f64(A, batch + tuple(A.shape[-2:]))
     t64 = f64(tau, batch + (k,))
     x = f64(C, tuple(out.shape))
-    run("ormqr", (b3(a64), t64.numpy().reshape(-1, k), b3(x)),
+    if a64.dtype != x.dtype or t64.dtype != x.dtype:
+        raise RuntimeError(f"torch.ormqr: input, tau and other must have one dtype, got "
+                           f"{A.dtype}, {tau.dtype} and {C.dtype}")
+    run(zkind("ormqr", x), (b3(a64), t64.numpy().reshape(-1, k), b3(x)),
         (bool(a["left"]), bool(a["transpose"])), flops=4.0 * x.numel() * k)
     put(x, out)
 
@@ -276,7 +279,7 @@ def dynamic_lstsq(func, a, index):
     if driver not in _DRIVERS:
         raise RuntimeError("torch.linalg.lstsq: parameter `driver` should be one of "
                            "(gels, gelsy, gelsd, gelss)")
-    if not A.dtype.is_floating_point or A.dtype != B.dtype:
+    if not (A.dtype.is_floating_point or A.is_complex()) or A.dtype != B.dtype:
         raise RuntimeError(f"torch.linalg.lstsq: expected floating A and b of one dtype, got "
                            f"{A.dtype} and {B.dtype}")
     vector = B.dim() == A.dim() - 1
@@ -295,18 +298,18 @@ def dynamic_lstsq(func, a, index):
         rcond = torch.finfo(dt).eps * max(m, n)
     x = f64(A, batch + (m, n))
     rhs = f64(Bm, batch + (m, k))
-    sol = torch.empty(batch + (n, k), dtype=F64)
+    sol = torch.empty(batch + (n, k), dtype=x.dtype)
     rank = torch.empty(batch, dtype=torch.int64)
     sv = torch.empty(batch + (kk,), dtype=F64)
     res = torch.empty(batch + (k,), dtype=F64)
     status = torch.empty((max(nb, 1),), dtype=I32)
     if nb and m and n:
-        run("lstsq", (b3(x), b3(rhs), b3(sol), b1(rank), sv.numpy().reshape(nb, kk),
+        run(zkind("lstsq", x), (b3(x), b3(rhs), b3(sol), b1(rank), sv.numpy().reshape(nb, kk),
                       res.numpy().reshape(nb, k)), (float(rcond), b1(status)),
             flops=12.0 * x.numel() * kk + 2.0 * x.numel() * k)
         check_status(status[:nb], "linalg.lstsq", _NONFINITE)
     elif sol.numel():
-        cast(torch.zeros((), dtype=F64).expand(sol.shape), sol)
+        copy(torch.zeros((), dtype=sol.dtype).expand(sol.shape), sol)
     # 2. outputs with the CPU's shapes: what each driver computes, empty otherwise
     sshape = batch + (n,) if vector else batch + (n, k)
     solution, sb = alloc(index, sshape, _fcontig_strides(sshape) if not vector else
@@ -315,7 +318,7 @@ def dynamic_lstsq(func, a, index):
     full_rank = nb > 0 and m > n and driver != "gelsy" and (
         driver == "gels" or bool((rank.numpy() == n).all()))
     rshape = (batch + ((k,) if not vector else ())) if full_rank else (0,)
-    residuals, rb = alloc(index, rshape, tuple(torch.empty(rshape).stride()), dt)
+    residuals, rb = alloc(index, rshape, tuple(torch.empty(rshape).stride()), dt.to_real())
     if full_rank:
         put(res.reshape(rshape), residuals)
     kshape = batch if driver != "gels" else (0,)
@@ -323,7 +326,7 @@ def dynamic_lstsq(func, a, index):
     if driver != "gels" and rank_out.numel():
         cast(rank.reshape(kshape), rank_out)
     vshape = batch + (kk,) if driver in ("gelsd", "gelss") else (0,)
-    svals, vb = alloc(index, vshape, tuple(torch.empty(vshape).stride()), dt)
+    svals, vb = alloc(index, vshape, tuple(torch.empty(vshape).stride()), dt.to_real())
     if driver in ("gelsd", "gelss") and svals.numel():
         put(sv, svals)
     return [(solution, sb), (residuals, rb), (rank_out, kb), (svals, vb)]
@@ -353,7 +356,7 @@ LOWERINGS = {
 }
 # complex64/complex128 operands: complex128 scratch and the "z" kernels (kernels/linalg_complex.py)
 for _fn in (lower_householder_product, lower_qr, lower_eigh, lower_svd, lower_pinv,
-            lower_matrix_exp):
+            lower_matrix_exp, lower_ormqr, dynamic_lstsq, dynamic_geqrf):
     _fn.handles_complex = True
 LOWERINGS = {name: _functional_only(fn) for name, fn in LOWERINGS.items()}
 
