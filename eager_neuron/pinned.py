@@ -96,7 +96,14 @@ def install() -> None:
     _LIB.impl("_pin_memory", _pin_memory, "CPU")
     _LIB.impl("is_pinned", _is_pinned, "CPU")
     from torch.jit import _builtins
+    from torch.utils import _device
 
+    # NOTE: `with torch.device(d):` applies d to the factories in _device_constructors(), an
+    # lru_cache of torch.<factory> *objects* matched by identity against the C++ function a call
+    # reaches; filled after the wrapping it would hold the wrappers, and the context would stop
+    # placing anything (transformers' meta-device init then loaded garbage into BERT's
+    # position_ids). Fill it with the originals first.
+    _device._device_constructors()
     for owner, names in ((torch, _FACTORIES), (torch.fft, _FFT_FACTORIES),
                          (torch.Tensor, _METHODS)):
         for name in names:

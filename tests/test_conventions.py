@@ -281,6 +281,17 @@ def test_pin_memory_on_every_factory(name):
     assert d.device.type == "neuron" and torch.equal(d.cpu(), want)
 
 
+def test_device_context_still_places_the_wrapped_factories():
+    # torch.device(...) as a context matches factories by identity: the pinning wrappers must not
+    # hide them (transformers builds models under torch.device("meta"), then loads weights)
+    for dev in ("meta", "neuron"):
+        with torch.device(dev):
+            made = [torch.zeros(2), torch.ones(2), torch.empty(2), torch.full((2,), 1.0),
+                    torch.arange(3), torch.tensor([1, 2]), torch.randn(2), torch.eye(2),
+                    torch.empty_strided((2,), (1,)), torch.linspace(0, 1, 3)]
+        assert all(t.device.type == dev for t in made), (dev, [t.device for t in made])
+
+
 def test_pin_memory_on_a_device_factory_raises_as_on_cuda():
     with pytest.raises(RuntimeError, match="Only dense CPU tensors can be pinned"):
         torch.empty(3, device="neuron", pin_memory=True)

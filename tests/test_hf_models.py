@@ -231,3 +231,72 @@ def test_gpt2_greedy_generate_matches_cpu(stats_delta, eager_mode):
     assert got.shape == ref.shape == (BATCH, 10)
     assert got.cpu().tolist() == ref.tolist()
     _assert_no_fallbacks(stats, "gpt2 generate")
+
+
+# ---------------------------------------------------------------------------------------------
+# pipeline(...) on "neuron": a tiny word-level tokenizer built in memory, nothing downloaded
+# ---------------------------------------------------------------------------------------------
+
+_WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"] + "the cat sat on a mat dog ran far".split() + [
+    f"w{i}" for i in range(40)]
+
+
+def _tokenizer():
+    tokenizers = pytest.importorskip("tokenizers")
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(
+        {w: i for i, w in enumerate(_WORDS)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+        sep_token="[SEP]", eos_token="[SEP]")
+
+
+@pytest.fixture(scope="module")
+def saved_pipeline_models(tmp_path_factory):
+    """A tiny GPT-2 and a tiny BERT classifier saved with their tokenizer, as from the hub."""
+    tok = _tokenizer()
+    torch.manual_seed(0)
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_layer=2, n_embd=32, n_head=2, vocab_size=len(_WORDS), n_positions=32,
+        bos_token_id=2, eos_token_id=3, pad_token_id=0))
+    bert = transformers.BertForSequenceClassification(transformers.BertConfig(
+        num_hidden_layers=2, hidden_size=32, num_attention_heads=2, intermediate_size=64,
+        vocab_size=len(_WORDS), max_position_embeddings=32, num_labels=3, pad_token_id=0))
+    paths = {}
+    for name, model in (("gpt2", gpt2), ("bert", bert)):
+        paths[name] = str(tmp_path_factory.mktemp(name))
+        model.save_pretrained(paths[name])
+        tok.save_pretrained(paths[name])
+    return paths
+
+
+@pytest.mark.models
+@pytest.mark.parametrize("placement", [{"device": "neuron"}, {"device_map": "neuron"}])
+def test_text_generation_pipeline_on_neuron(saved_pipeline_models, placement, stats_delta):
+    path = saved_pipeline_models["gpt2"]
+    want = transformers.pipeline("text-generation", model=path, device="cpu")
+    pipe = transformers.pipeline("text-generation", model=path, **placement)
+    assert all(p.device.type == "neuron" for p in pipe.model.parameters())
+    assert pipe.device.type == "neuron"
+    for prompt in ("the cat sat", "a dog ran far on the"):
+        got = pipe(prompt, max_new_tokens=6, do_sample=False)
+        assert got == want(prompt, max_new_tokens=6, do_sample=False)
+        assert got[0]["generated_text"].startswith(prompt)
+    _assert_no_fallbacks(stats_delta(), "text-generation pipeline")
+
+
+@pytest.mark.models
+def test_text_classification_pipeline_on_neuron(saved_pipeline_models, stats_delta):
+    path = saved_pipeline_models["bert"]
+    texts = ["the cat sat on a mat", "dog ran", "w3 w7 the far"]
+    want = transformers.pipeline("text-classification", model=path, device="cpu", top_k=None)
+    pipe = transformers.pipeline("text-classification", model=path, device="neuron", top_k=None)
+    assert next(pipe.model.parameters()).device.type == "neuron"
+    got = pipe(texts)
+    ref = want(texts)
+    for g, w in zip(got, ref):
+        gs, ws = sorted(g, key=lambda d: d["label"]), sorted(w, key=lambda d: d["label"])
+        assert [d["label"] for d in gs] == [d["label"] for d in ws]
+        for a, b in zip(gs, ws):
+            assert a["score"] == pytest.approx(b["score"], rel=1e-4, abs=1e-6)
+    _assert_no_fallbacks(stats_delta(), "text-classification pipeline")
