@@ -22,7 +22,6 @@ import bisect
 import contextlib
 import sys
 import threading
-import weakref
 
 import numpy as np
 import torch
@@ -74,7 +73,7 @@ class _Buf:
     decided by `_overlaps` (exactly for equal strides, conservatively otherwise), once, when the
     buffer joins its group: `ov` holds the indices of the group's buffers it overlaps."""
 
-    __slots__ = ("arr", "lo", "hi", "step", "width", "block_ref", "mem_read", "last_write",
+    __slots__ = ("arr", "lo", "hi", "step", "width", "block_id", "mem_read", "last_write",
                  "last_read", "ov")
 
     def __init__(self, arr: np.ndarray, ptr: int, block) -> None:
@@ -85,7 +84,8 @@ class _Buf:
         self.lo = ptr
         # NOTE: the span of a strided view is (n - 1) * stride + itemsize bytes, not nbytes
         self.hi = ptr + (n - 1) * self.step + self.width if n else ptr
-        self.block_ref = weakref.ref(block) if block is not None else None
+        # the block is pinned by the group while pending: its id stays its own
+        self.block_id = id(block) if block is not None else None
         self.mem_read = False      # some node reads it from memory (not from a register)
         self.last_write = -1       # the last loop that writes it (-1: none)
         self.last_read = -1        # the last loop that reads it (-1: none)
@@ -130,6 +130,9 @@ class _Group:
         # the trace so far: a node of the trace tree (see _TNode); every op moves it one step
         self.cursor = _ROOT[0]
         self.descs: list = []         # per new buffer of the op being recorded: its guard
+        # bookkeeping of recognised ops not applied yet (see _sync): a replayed op only
+        # appends its cached node; placement state is brought up to date when needed
+        self.lag: list = []
         # buffer starts, sorted (with their indices), and the longest span: a new buffer's
         # overlaps are found by bisection among the buffers that start before it ends
         self.los: list = []
@@ -255,12 +258,13 @@ class _TNode:
     mean equal placement decisions, so a recognised op skips the analysis and a recognised
     group its spec, key and kernel lookup: tinygrad's TinyJit capture/replay, guarded."""
 
-    __slots__ = ("children", "step", "launches")
+    __slots__ = ("children", "step", "launches", "mem_read")
 
     def __init__(self, step=None) -> None:
         self.children: dict = {}
         self.step = step
         self.launches: dict = {}
+        self.mem_read = None      # per buffer: read from memory by the group (for _observable)
 
 
 _ROOT = [_TNode()]
@@ -310,42 +314,58 @@ def record(op: str, expr: str, kinds: tuple, loads: tuple, scalar_casts: tuple, 
         cursor = g.cursor
         nxt = cursor.children.get(sig)
         if nxt is not None:
-            target, ops = nxt.step
-            if target < 0:
+            # recognised: the cached node, placed where it was placed before
+            new_loop, target, node, bk = nxt.step
+            if new_loop:
                 g.loops.append(_Loop(numel, out_idx if not reduce else op_idx[0]))
-                target = len(g.loops) - 1
-            loop = g.loops[target]
+            g.loops[target].nodes.append(node)
+            g.lag.append(bk)
         else:
+            if g.lag:
+                _sync(g)
             target, ops, new_loop = _place(g, op_idx, out_idx, kinds, numel, reduce)
-            loop = g.loops[target]
+            base = len(g.scalars)
+            node = (expr, loads, store, ops, tuple(range(base, base + len(scalars))), out_idx,
+                    reduce, g.n_nodes)
+            g.loops[target].nodes.append(node)
+            bk = (target, ops, op_idx, out_idx, reduce, g.n_nodes)
+            _apply(g, bk)
             if _TRACE_NODES[0] >= MAX_TRACE_NODES:
                 _ROOT[0] = _TNode()
                 _TRACE_NODES[0] = 0
-            nxt = cursor.children[sig] = _TNode((-1 if new_loop else target, ops))
+            nxt = cursor.children[sig] = _TNode((new_loop, target, node, bk))
             _TRACE_NODES[0] += 1
         g.cursor = nxt
-        # 3. bookkeeping the next op's placement and the flush read
-        bufs = g.bufs
-        for (kind, _), j in zip(ops, op_idx):
-            b = bufs[j]
-            if target > b.last_read:
-                b.last_read = target
-            if kind != "val":
-                b.mem_read = True   # read from memory: keep the stores of buffers overlapping
-        base = len(g.scalars)
         g.scalars.extend(scalars)
         g.scalar_casts.extend(scalar_casts)
-        node_id = g.n_nodes
-        loop.nodes.append([expr, loads, store, ops, tuple(range(base, base + len(scalars))),
-                           out_idx, reduce, node_id])
-        ob = bufs[out_idx]
-        if target > ob.last_write:
-            ob.last_write = target
-        if not reduce:
-            loop.last_writer[out_idx] = node_id
         g.n_nodes += 1
         g.ops.append(op)
         return True
+
+
+def _apply(g: _Group, bk: tuple) -> None:
+    """The placement bookkeeping of one recorded op: which loops read and write each buffer,
+    which buffers are read from memory, which node's value each buffer holds in its loop."""
+    target, ops, op_idx, out_idx, reduce, node_id = bk
+    bufs = g.bufs
+    for (kind, _), j in zip(ops, op_idx):
+        b = bufs[j]
+        if target > b.last_read:
+            b.last_read = target
+        if kind != "val":
+            b.mem_read = True   # read from memory: keep the stores of buffers overlapping
+    ob = bufs[out_idx]
+    if target > ob.last_write:
+        ob.last_write = target
+    if not reduce:
+        g.loops[target].last_writer[out_idx] = node_id
+
+
+def _sync(g: _Group) -> None:
+    """Apply the bookkeeping recognised ops skipped (before an analysis or a spec needs it)."""
+    lag, g.lag = g.lag, []
+    for bk in lag:
+        _apply(g, bk)
 
 
 def _place(g: _Group, op_idx: tuple, out_idx: int, kinds: tuple, numel: int, reduce) -> tuple:
@@ -398,6 +418,8 @@ def pending_write(arr: np.ndarray, src) -> bool:
     g = PENDING.get(stream_key()) if PENDING else None
     if g is None:
         return False
+    if g.lag:
+        _sync(g)
     probe = _Buf(arr, src.data_ptr(), None)
     return any(b.last_write >= 0 and _overlaps(b, probe) for b in g.bufs)
 
@@ -508,20 +530,23 @@ def _refs_baseline() -> int:
 _REFS_BASELINE = _refs_baseline()
 
 
-def _observable(g: _Group) -> list:
+def _observable(g: _Group, mem_read=None) -> list:
     """Per buffer: can anything outside the group's registers see its memory after a store?
 
     Yes when any buffer overlapping its byte range (itself included) is read from memory in
     the group, has an owner we cannot track (no block: host scratch, a reinterpreting view), or
     has a block someone besides the group's pins refers to (a live tensor). Counting more
-    references than there are only keeps a store: the rule errs on the safe side."""
+    references than there are only keeps a store: the rule errs on the safe side.
+    `mem_read`: the buffers' read-from-memory flags when known (a trace's cached copy)."""
     held = {}
     for blk in list(g.pins.values()):
         held[id(blk)] = sys.getrefcount(blk) > _REFS_BASELINE
-    out = []
-    for b in g.bufs:
-        blk = b.block_ref() if b.block_ref is not None else None
-        out.append(b.mem_read or blk is None or held.get(id(blk), True))
+    if mem_read is None:
+        if g.lag:
+            _sync(g)
+        mem_read = [b.mem_read for b in g.bufs]
+    out = [m or b.block_id is None or held.get(b.block_id, True)
+           for b, m in zip(g.bufs, mem_read)]
     if all(out):
         return out
     # the seen ranges, merged into disjoint sorted spans; an unseen buffer is kept if it
@@ -544,6 +569,8 @@ def _observable(g: _Group) -> list:
 def _spec(g: _Group, keep: list | None = None):
     """Plain-data kernel spec; a store is dropped when nothing can observe the buffer."""
     loops = []
+    if g.lag:
+        _sync(g)
     if keep is None:
         keep = _observable(g)
     for loop in g.loops:
@@ -606,10 +633,16 @@ def _launch_group(g: _Group, reason: str) -> None:
     from . import adaptive_compile as bg
     from . import launch as _launch
 
-    keep = _observable(g)
+    cursor = g.cursor
+    mem_read = cursor.mem_read
+    if mem_read is None or len(mem_read) != len(g.bufs):
+        if g.lag:
+            _sync(g)
+        mem_read = cursor.mem_read = tuple(b.mem_read for b in g.bufs)
+    keep = _observable(g, mem_read)
     args = tuple(b.arr for b in g.bufs) + tuple(g.scalars)
     lkey = (tuple(keep), parallel)
-    ent = g.cursor.launches.get(lkey)
+    ent = cursor.launches.get(lkey)
     if ent is None:
         # a trace not launched before: its spec, key and cost, once
         STATS.trace_misses += 1
@@ -621,7 +654,7 @@ def _launch_group(g: _Group, reason: str) -> None:
         key = ("fused", spec, parallel)
         ent = _Launch(spec, key, (FORMAT_VERSION,) + key + _launch.arg_types(args),
                       float(numel * g.n_nodes), float(stored + loaded))
-        g.cursor.launches[lkey] = ent
+        cursor.launches[lkey] = ent
     else:
         STATS.trace_hits += 1
     kernel = ent.kernel
