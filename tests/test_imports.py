@@ -30,10 +30,6 @@ ALLOWED = {
     (_L + "index", _E + "dispatch"),
     # storage wraps buffers in NeuronTensor; tensor.untyped_storage() calls storage back
     (_E + "storage", _E + "tensor"),
-    # -- lower/complex reaches other families' lowerings (sum/mean/var, add, sqrt) and the
-    #    decompositions through the op table: import the family modules and eager_neuron.decomps
-    #    instead (as lower/half, matmul, reduce, index and sort now do)
-    (_L + "complex", _E + "ops"),
 }
 # work in progress of other helpers (device API, distributed): may not exist yet, so exempt from
 # the staleness check; the lead removes these when that work lands

@@ -191,10 +191,10 @@ def run_complex(func, plan, a: dict, outs: list) -> None:
 
 def _decomposes(func) -> bool:
     """Whether PyTorch has a decomposition for func (dispatch runs it when we decline)."""
-    from .. import ops
+    from ..decomps import decomposition
 
     try:
-        return func is not None and ops.decomposition(func) is not None
+        return func is not None and decomposition(func) is not None
     except Exception:   # a name lookup the table does not know: no decomposition
         return False
 
@@ -373,7 +373,7 @@ def elementwise(base: str, a: dict, out: torch.Tensor) -> None:
 
 def _sum(base: str, a: dict, outs: list) -> None:
     """sum/mean of a complex tensor: the reduce family over its (real, imag) pairs."""
-    from .. import ops
+    from .reduce import LOWERINGS as RED
     from .reduce import red_dims
 
     x, out = a["self"], outs[0]
@@ -393,7 +393,7 @@ def _sum(base: str, a: dict, outs: list) -> None:
         raw = tmp
     dims = red_dims(x, a.get("dim"))
     func = torch.ops.aten.sum.dim_IntList if base == "aten::sum" else torch.ops.aten.mean.dim
-    lower = ops.KERNELS.get(f"{base}.dim_IntList" if base == "aten::sum" else "aten::mean.dim")
+    lower = RED.get(f"{base}.dim_IntList" if base == "aten::sum" else "aten::mean.dim")
     if lower is None:
         raise errors.UnsupportedOpError(f"{base}: no real reduction kernel to pair with")
     lower(func, {"self": torch.view_as_real(raw), "dim": dims, "keepdim": bool(a.get("keepdim")),
@@ -413,14 +413,15 @@ def _variance(base: str, a: dict, outs: list) -> None:
     """var/std(_mean) of a complex tensor: var(z) = var(re z) + var(im z) (the real lowering on
     each part; a conj or neg view changes signs only, not variances); std is its square root;
     the mean is the complex mean."""
-    from .. import ops
+    from .elementwise import LOWERINGS as EW
+    from .reduce import LOWERINGS as RED
 
     x = a["self"]
     raw = x.conj() if x.is_conj() else x
     if raw.is_neg():
         raise NotImplementedError(f"complex {base} of a negative-bit view")
     pair = torch.view_as_real(raw)
-    var_lower = ops.KERNELS.get("aten::var.correction")
+    var_lower = RED.get("aten::var.correction")
     if var_lower is None:
         raise errors.UnsupportedOpError(f"{base}: no real variance kernel to pair with")
     out = outs[0]
@@ -431,11 +432,11 @@ def _variance(base: str, a: dict, outs: list) -> None:
                   {"self": pair[..., i], "dim": a.get("dim"), "correction": a.get("correction"),
                    "keepdim": bool(a.get("keepdim"))}, [tmp])
         parts.append(tmp)
-    add = ops.KERNELS["aten::add"]
+    add = EW["aten::add"]
     if base.startswith("aten::std"):
         total = torch.empty(out.shape, dtype=out.dtype)
         add(torch.ops.aten.add.Tensor, {"self": parts[0], "other": parts[1], "alpha": 1}, [total])
-        ops.KERNELS["aten::sqrt"](torch.ops.aten.sqrt.default, {"self": total}, [out])
+        EW["aten::sqrt"](torch.ops.aten.sqrt.default, {"self": total}, [out])
     else:
         add(torch.ops.aten.add.Tensor, {"self": parts[0], "other": parts[1], "alpha": 1}, [out])
     if base.endswith("_mean"):
