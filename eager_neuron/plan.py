@@ -4,7 +4,8 @@ signature): the two caches dispatch() consults before any lowering runs."""
 from __future__ import annotations
 
 import torch
-from torch.utils._pytree import tree_flatten
+
+from .meta import _META, _META_LIMIT, _spec, _to_meta, meta_outputs  # noqa: F401 -- API
 
 # ---------------------------------------------------------------------------------------------
 # classification, once per overload
@@ -98,59 +99,6 @@ def _custom_op_impl(name: str):
     if opdef is None:
         return None
     return opdef._backend_fns.get("neuron") or opdef._backend_fns.get(None)
-
-
-# ---------------------------------------------------------------------------------------------
-# meta: output metadata per argument signature
-# ---------------------------------------------------------------------------------------------
-
-_META: dict = {}
-_META_LIMIT = 50_000
-
-
-def _spec(x):
-    if isinstance(x, torch.Tensor):
-        return (x.shape, x.stride(), x.dtype)
-    if isinstance(x, (list, tuple)):
-        return tuple(_spec(v) for v in x)
-    if isinstance(x, float) and x != x:
-        return "nan"
-    return x
-
-
-def _to_meta(x):
-    if isinstance(x, torch.Tensor):
-        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
-    if isinstance(x, (list, tuple)):
-        return type(x)(_to_meta(v) for v in x)
-    return x
-
-
-def meta_outputs(func, args, kwargs):
-    """(leaf specs, treespec) of func's outputs: each leaf (shape, stride, dtype) or a value."""
-    try:
-        # the default dtype decides a Python number's result type (int tensor + 1.5)
-        key = (func, _spec(args), _spec(tuple(kwargs.items())) if kwargs else None,
-               torch.get_default_dtype())
-        hit = _META.get(key)
-    except TypeError:
-        key, hit = None, None
-    if hit is not None:
-        return hit
-    margs = _to_meta(args)
-    mkw = {k: _to_meta(v) for k, v in kwargs.items()}
-    if "device" in mkw and mkw["device"] is not None:
-        mkw["device"] = "meta"
-    out = func(*margs, **mkw)
-    leaves, spec = tree_flatten(out)
-    leaves = [(tuple(v.shape), v.stride(), v.dtype) if isinstance(v, torch.Tensor) else v
-              for v in leaves]
-    result = (leaves, spec)
-    if key is not None:
-        if len(_META) > _META_LIMIT:
-            _META.clear()
-        _META[key] = result
-    return result
 
 
 _FUSIBLE = None

@@ -21,13 +21,10 @@ _E, _L = "eager_neuron.", "eager_neuron.lower."
 ALLOWED = {
     # -- the dispatch owner's files: adaptive still imports the elementwise renderer
     (_E + "adaptive", _L + "elementwise"),
-    # -- files that call back into the funnel itself (its allocation lives in buffers.py, the
-    #    operand unwrapping in operands.py): lower/host runs copies through
-    #    dispatch._run_kernel with its own Plans; lower/index sizes x[mask] with
-    #    plan.meta_outputs (through dispatch: plan imports ops, which imports lower/index; a
-    #    meta module below plan would free it)
+    # -- lower/host calls back into the funnel itself (its allocation lives in buffers.py, the
+    #    operand unwrapping in operands.py, meta execution in meta.py): it runs copies through
+    #    dispatch._run_kernel with its own Plans
     (_L + "host", _E + "dispatch"),
-    (_L + "index", _E + "dispatch"),
     # storage wraps buffers in NeuronTensor; tensor.untyped_storage() calls storage back
     (_E + "storage", _E + "tensor"),
 }

@@ -385,7 +385,7 @@ def lower_index_reduce(func, a, outs):
 def dynamic_index(func, a, index=-1):
     """self[indices]: boolean masks become coordinates first, then meta sizes the output."""
     from ..buffers import alloc
-    from ..dispatch import meta_outputs
+    from ..meta import meta_outputs
 
     self = a["self"]
     indices = expand_masks(self, a["indices"])
