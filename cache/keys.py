@@ -86,9 +86,12 @@ def _version() -> str:
 def toolchain() -> tuple:
     """Everything outside the key that changes the machine code a kernel compiles to."""
     import llvmlite
-    import numba
     import numpy
     import torch
+
+    from eager_neuron.kernels.compile import numba as _numba
+
+    numba = _numba()   # first: it sets the code generator's CPU features (kernels/compile.py)
     from numba.core import config as nb_config
 
 

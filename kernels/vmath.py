@@ -10,8 +10,10 @@ polynomials (Cephes-style range reduction, selects instead of branches, bit cast
     _vgelu(x)       0.5 x (1 + erf(x/sqrt2)), computed without the cancellation of that formula
                     for x < 0 (torch's CPU gelu returns 0 for x < -5.5; this one the true tail)
     _vgelu_tanh(x)  0.5 x (1 + tanh(u)) = x / (1 + exp(-2u)), u = sqrt(2/pi) (x + 0.044715 x^3)
-    _verf_as(x)     torch's own vectorized erf (abs. error < 6e-7), what float32 gelu and its
-                    backward use (lower/elementwise.py _GELU_F32), as torch's CPU gelu does
+    _verf_as(x)     torch's own vectorized erf (abs. error < 6e-7), what float32 gelu_backward
+                    uses (lower/elementwise_ops.py _GELU_BW_F32), as torch's CPU gelu does
+    _vgelu_as(x)    float32 gelu with that erf, fused into one helper with fma (what the gelu op
+                    uses: lower/elementwise_ops.py _GELU_F32), 2x the speed of x (1 + _verf_as)
 
 Contract: float32 in, float32 out, only for a float32 compute type (a float64 argument is cast
 down). Max error against the correctly rounded result, checked on all 2^32 float32 inputs:
@@ -28,7 +30,9 @@ Wiring (lower/elementwise.py): for a float32 compute type, `expr = vectorize_mat
 the prelude) in the kernel key.
 
 The kernel namespace must hold `np` and `njit` (kernels/compile.py provides both) and the kernel
-must be compiled with error_model="numpy" (a float division must not raise).
+must be compiled with error_model="numpy" (a float division must not raise). The prelude imports
+`_vfma` (kernels/intrinsics.py: a * b + c rounded once, vectorized to vfmadd); the older helpers
+do not use it (their ulp bounds were checked exhaustively as written).
 
 >>> import numpy as np
 >>> from numba import njit
@@ -49,6 +53,9 @@ import re
 # to float64. Conditional expressions become selects (LLVM if-converts them); the integer parts
 # stay in i32 lanes (1.5*2^23 magic-number tricks instead of float<->int conversions).
 VMATH_PRELUDE = '''
+from eager_neuron.kernels.intrinsics import fma as _vfma
+
+
 @njit(inline="always", error_model="numpy")
 def _v_bits(x):
     return np.float32(x).view(np.int32)
@@ -292,6 +299,51 @@ def _verf_as(x):
 
 
 @njit(inline="always", error_model="numpy")
+def _vgelu_as(x):
+    # float32 gelu = 0.5 x phi2, phi2 = 1 + erf(v), v = x/sqrt2, fused and spelled with fma.
+    # |v| < 1: phi2 = (1 + v) + v Q(v^2) (_v_erf_q's polynomial, 1-2 ulp). Else torch's erf
+    # (Abramowitz-Stegun 7.1.26, as _verf_as): q = t R(t) exp(-v^2) ~ erfc(|v|), t = 1/(1 + p|v|),
+    # phi2 = 2 - q for x > 0, q for x < 0 (torch computes 1 + erf(v) there and cancels to 0
+    # below -5.5; q keeps the tail, with A&S's absolute error). exp(-v^2) as _v_exp_core (v^2
+    # clamped at 104, where it rounds to 0; the 2^k scale in two exact halves, so the denormal
+    # tail of x in (-14.4, -13.2) rounds once). NaN reaches q through t; +-inf give inf and nan
+    # as 0.5 x (1 + erf(x/sqrt2)) does.
+    v = x * np.float32(0.70710678118654752)
+    a = abs(v)
+    vv = v * v
+    m = _vfma(np.float32(7.853860734030604e-05), vv, np.float32(-0.0008010193705558777))
+    m = _vfma(m, vv, np.float32(0.005188327748328447))
+    m = _vfma(m, vv, np.float32(-0.026853812858462334))
+    m = _vfma(m, vv, np.float32(0.1128358542919159))
+    m = _vfma(m, vv, np.float32(-0.3761262595653534))
+    m = _vfma(m, vv, np.float32(0.12837916612625122))
+    mid = _vfma(v, m, np.float32(1.0) + v)
+    t = np.float32(1.0) / _vfma(np.float32(0.3275911), a, np.float32(1.0))
+    r = _vfma(np.float32(1.061405429), t, np.float32(-1.453152027))
+    r = _vfma(r, t, np.float32(1.421413741))
+    r = _vfma(r, t, np.float32(-0.284496736))
+    r = _vfma(r, t, np.float32(0.254829592))
+    w = vv if vv < np.float32(104.0) else np.float32(104.0)
+    s = _vfma(w, np.float32(-1.44269504088896341), np.float32(12582912.0))
+    kf = s - np.float32(12582912.0)
+    k = _v_bits(s) - np.int32(0x4B400000)
+    z = _vfma(kf, np.float32(-0.693115234375), -w)
+    z = _vfma(kf, np.float32(-3.19461832987e-05), z)
+    p = _vfma(np.float32(1.9875691500e-4), z, np.float32(1.3981999507e-3))
+    p = _vfma(p, z, np.float32(8.3334519073e-3))
+    p = _vfma(p, z, np.float32(4.1665795894e-2))
+    p = _vfma(p, z, np.float32(1.6666665459e-1))
+    p = _vfma(p, z, np.float32(5.0000001201e-1))
+    k1 = k >> 1
+    e = ((_vfma(p, z * z, z) + np.float32(1.0)) * _v_float((k1 + 127) << 23)) \
+        * _v_float((k - k1 + 127) << 23)
+    q = (r * t) * e
+    phi2 = np.float32(2.0) - q if x >= np.float32(0.0) else q
+    phi2 = mid if a < np.float32(1.0) else phi2
+    return (np.float32(0.5) * x) * phi2
+
+
+@njit(inline="always", error_model="numpy")
 def _vgelu_tanh(x):
     # 0.5 x (1 + tanh(u)) = x / (1 + exp(-2u)), u = sqrt(2/pi) (x + 0.044715 x^3)
     u2 = (x + np.float32(0.044715) * (x * x * x)) * np.float32(1.5957691216057308)
@@ -321,7 +373,7 @@ def vectorize_math(expr: str) -> str:
 
 
 _HELPER_RE = re.compile(
-    r"(?<![\w.])_v(exp|expm1|log|log1p|tanh|erf|erf_as|sigmoid|gelu|gelu_tanh)\(")
+    r"(?<![\w.])_v(exp|expm1|log|log1p|tanh|erf|erf_as|sigmoid|gelu|gelu_as|gelu_tanh)\(")
 
 
 def needs_vmath(expr: str) -> bool:
