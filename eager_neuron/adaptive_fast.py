@@ -33,6 +33,8 @@ from . import adaptive as _ad
 from . import fastpath as _fp
 from .config import config
 from .launch import HOOKS as _LAUNCH_HOOKS
+from .plan import _PLANS
+from .plan import fusible_lowerings as _fusible
 from .tensor import NeuronTensor
 
 TABLES: dict = {}       # func -> (values_matter, {signature: runner})
@@ -44,15 +46,40 @@ _STATE = _ad.STATE
 
 
 def run(func, args, kwargs):
-    """dispatch(): the recording runner for this call, or MISS (take the slow path)."""
-    tab = TABLES.get(func)
-    if tab is None or not config.fastpath or config.log or config.cache_verify \
-            or _LAUNCH_HOOKS:
+    """dispatch(): the recording runner for this call, or plain eager's runner for a view or
+    a non-fusible kernel op (after this thread's group launches), or MISS (the slow path)."""
+    if not config.fastpath or config.log or config.cache_verify or _LAUNCH_HOOKS:
         return _MISS
-    sig = _fp.signature(args, kwargs, tab[0])
-    runner = tab[1].get(sig) if sig is not None else None
+    tab = TABLES.get(func)
+    if tab is not None:
+        sig = _fp.signature(args, kwargs, tab[0])
+        runner = tab[1].get(sig) if sig is not None else None
+        if runner is not None:
+            return runner(args, kwargs)
+    ptab = _fp.TABLES.get(func)
+    if ptab is None:
+        return _MISS
+    plan = _PLANS.get(func)
+    if plan is None:
+        return _MISS
+    kind = plan.kind
+    if kind == "kernel":
+        if plan.lower in _fusible() or plan.name in _ad.REDUCTIONS:
+            return _MISS   # recorded (or learned as a recording runner) by the slow path
+    elif kind != "view":
+        return _MISS
+    sig = _fp.signature(args, kwargs, ptab[0])
+    runner = ptab[1].get(sig) if sig is not None else None
     if runner is None:
         return _MISS
+    if _PENDING:
+        # as dispatch's gate: another thread's group goes the slow way (it checks memory);
+        # this thread's group launches before a non-fusible op
+        key = _ad.stream_key()
+        if len(_PENDING) > 1 or key not in _PENDING:
+            return _MISS
+        if kind == "kernel":
+            _ad.flush(f"non-fusible op {plan.name}")
     return runner(args, kwargs)
 
 
