@@ -117,10 +117,14 @@ def _other(a, t, app) -> bool:
                 app(d.stride())
                 app(v._index)
             return True
+        kind = type(a[0]) if a else int
+        if kind is not int and kind is not bool:
+            return False
         for v in a:
-            if type(v) is not int:
+            if type(v) is not kind:
                 return False
         app(t)
+        app(kind)   # [1, 0] and [True, False] hash alike: the element type tells them apart
         app(tuple(a))
         return True
     if isinstance(a, _ATOMS):
@@ -366,6 +370,9 @@ CAPTURED = frozenset({
     "aten::_softmax", "aten::_log_softmax", "aten::_softmax_backward_data",
     "aten::_log_softmax_backward_data",
     "aten::native_layer_norm", "aten::native_layer_norm_backward",
+    # fused attention (lower/attention.py): launch only; an absent mask is a constant array
+    "aten::_scaled_dot_product_fused_attention_overrideable",
+    "aten::_scaled_dot_product_fused_attention_overrideable_backward",
 })
 
 
@@ -395,7 +402,8 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
                    capture: list) -> None:
     """After a plain-eager call of a CAPTURED op whose launches were recorded: leave a runner
     that allocates the same outputs and replays the launches on this call's buffers."""
-    if not capture or any(not isinstance(o, torch.Tensor) for o in outs):
+    if not capture or any(not isinstance(o, (torch.Tensor, int, float, bool, type(None)))
+                          for o in outs):
         return
     sig = signature(args, kwargs, True)
     if sig is None:
@@ -408,6 +416,11 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
     written = {}
     for i, out in enumerate(outs):
         target = plan.ret_alias[i] if i < len(plan.ret_alias) else None
+        if not isinstance(out, torch.Tensor):
+            if target is not None:
+                return
+            ns[f"R{i}"] = out   # a number or None the op returns (fixed by the signature)
+            continue
         if target is not None:
             ref = _ref(func, args, kwargs, target)
             if ref is None or type(_eval(ref, args, kwargs)) is not NeuronTensor:
@@ -456,7 +469,7 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
             ns[f"H{n}"], ns[f"HA{n}"] = fn, cargs
             lines.append(f"H{n}(*HA{n})")
             continue
-        _tag, kernel, kargs, flops, nbytes, engine, dclass, core = entry
+        _tag, kernel, kargs, flops, nbytes, engine, dclass, core, snaps = entry
         if core != index:
             return
         exprs = []
@@ -464,7 +477,13 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
             if isinstance(x, np.ndarray):
                 e = _array_expr(x, sources, ns, f"{n}_{m}")
                 if e is None:
-                    return
+                    # not the op's memory: a lowering's own small constant or scratch array
+                    # (a stand-in for an absent operand) starts each replay as it started here
+                    xlo, xhi = _span(x)
+                    if snaps[m] is None or any(xlo < hi and lo < xhi for lo, hi in spans):
+                        return
+                    ns[f"SN{n}_{m}"] = snaps[m]
+                    e = f"SN{n}_{m}.copy()"
                 exprs.append(e)
             elif isinstance(x, (bool, int, float, np.generic)):
                 ns[f"C{n}_{m}"] = x
@@ -476,8 +495,11 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
                   f"SIM.cores[IDX].launch(*L{n})"]
     # 3. results, shaped as the op returns them
     results = []
-    for i in range(len(outs)):
-        results.append(f"{written[i]}" if i in written else f"NT(data{i}, block{i}, IDX)")
+    for i, out in enumerate(outs):
+        if not isinstance(out, torch.Tensor):
+            results.append(f"R{i}")
+        else:
+            results.append(f"W{i}" if i in written else f"NT(data{i}, block{i}, IDX)")
     lines.append("F['hits'] += 1")
     if len(results) == 1 and spec.num_leaves == 1 and spec.type is None:
         lines.append(f"return {results[0]}")

@@ -118,6 +118,12 @@ def launch(key: tuple, render: Callable[[], tuple[str, str]], args: tuple,
             return
         MEMORY.put(fkey, kernel)
     t0 = time.perf_counter() if (HOOKS or "kernels" in config.log) else 0.0
+    ctx = getattr(_TLS, "ctx", None)
+    if ctx is not None and ctx.capture is not None:
+        # the fast path is learning this op: small arrays as they are before the kernel runs
+        # (a lowering's constant or scratch array is replayed from this copy)
+        snaps = tuple(a.copy() if type(a) is np.ndarray and a.nbytes <= 256 else None
+                      for a in args)
     kernel(*args)
     STATS.launches += 1
     sim = _SIM[0]
@@ -126,13 +132,12 @@ def launch(key: tuple, render: Callable[[], tuple[str, str]], args: tuple,
         from .simulator import SIM as sim
 
         _SIM[0] = sim
-    ctx = getattr(_TLS, "ctx", None)
     if core is None:
         core = ctx.core if ctx is not None else 0
     device_us = sim.cores[core].launch(flops, bytes_moved, engine, dtype_class)
     if ctx is not None and ctx.capture is not None:   # the fast path is learning this op
         ctx.capture.append(("launch", kernel, args, flops, bytes_moved, engine, dtype_class,
-                            core))
+                            core, snaps))
     if t0:
         host_us = (time.perf_counter() - t0) * 1e6
         event = {"key": key, "outcome": outcome, "compile_s": seconds, "host_us": host_us,

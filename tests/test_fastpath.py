@@ -219,3 +219,24 @@ def test_integer_division_by_zero_is_never_fast():
     z = torch.tensor([2, 0], device="neuron")
     with pytest.raises(RuntimeError, match="ZeroDivisionError"):   # as the CPU raises it
         x // z
+
+
+def test_attention_and_affineless_layer_norm_replay_equal_float64():
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(0)
+    qkv = [torch.randn(2, 2, 8, 4, generator=g, dtype=torch.float64) for _ in range(3)]
+
+    def run(dev):
+        q, k, v = (t.to(dev).requires_grad_() for t in qkv)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        (o * o).sum().backward()
+        y = F.layer_norm(o.detach(), (4,))
+        return [t.cpu() for t in (o.detach(), q.grad, k.grad, v.grad, y)]
+
+    run("neuron")
+    before = _hits()
+    got = run("neuron")
+    assert _hits() - before >= 3   # attention forward, backward, layer norm replayed
+    for a, b in zip(got, run("cpu")):
+        torch.testing.assert_close(a, b)
