@@ -204,9 +204,52 @@ _Generator.__name__ = _Generator.__qualname__ = "Generator"
 _Generator.__module__ = "torch"
 
 
+# -- Lazy modules (nn.LazyLinear(...).to("neuron")) ------------------------------------------------
+# NOTE: on CUDA, Module.to() moves an UninitializedParameter with `param.data = ...` and it stays
+# uninitialized until the first forward materializes it on the new device. A neuron tensor cannot
+# be assigned to a CPU tensor's .data (a wrapper subclass), so Module._apply swapped in a plain
+# neuron Parameter and the module believed it was initialized (0-element weights). Instead, an
+# uninitialized tensor moved to neuron stays itself on the CPU and remembers the device;
+# materialize() then makes the real neuron tensor and swaps it in (torch.utils.swap_tensors, as
+# Module._apply does for device tensors), so reset_parameters() runs on the device.
+_Uninit = torch.nn.parameter.UninitializedTensorMixin
+_UNINIT_TO, _UNINIT_CPU = torch.Tensor.to, torch.Tensor.cpu
+_UNINIT_MATERIALIZE = _Uninit.materialize
+
+
+def _uninit_to(self, *args, **kwargs):
+    device, dtype, _non_blocking, _fmt = torch._C._nn._parse_to(*args, **kwargs)
+    if device is not None and device.type == torch._C._get_privateuse1_backend_name():
+        self._neuron_device = torch.device(device.type, _dev._index(device))
+        if dtype is not None and dtype != self.dtype:
+            self.data = self.data.to(dtype)
+        return self
+    if device is not None:
+        self.__dict__.pop("_neuron_device", None)
+    return _UNINIT_TO(self, *args, **kwargs)
+
+
+def _uninit_cpu(self, *args, **kwargs):
+    self.__dict__.pop("_neuron_device", None)
+    return _UNINIT_CPU(self, *args, **kwargs)
+
+
+def _uninit_materialize(self, shape, device=None, dtype=None) -> None:
+    target = self.__dict__.get("_neuron_device") if device is None else torch.device(device)
+    if target is None or target.type != torch._C._get_privateuse1_backend_name():
+        return _UNINIT_MATERIALIZE(self, shape, device=device, dtype=dtype)
+    made = torch.empty(shape, device=target, dtype=dtype if dtype is not None else self.dtype)
+    if self.cls_to_become is torch.nn.Parameter:
+        made = torch.nn.Parameter(made, requires_grad=self.requires_grad)
+    self.__dict__.pop("_neuron_device", None)
+    torch.utils.swap_tensors(self, made)     # this object becomes the neuron tensor
+
+
 def install() -> None:
     """Add these to torch.neuron and point torch.accelerator(.memory) at them."""
     from . import pinned
+
+    _Uninit.to, _Uninit.cpu, _Uninit.materialize = _uninit_to, _uninit_cpu, _uninit_materialize
 
     if torch.Generator is _CGenerator:
         torch.Generator = _Generator

@@ -145,6 +145,29 @@ _META_LIB = None
 _register_missing_metas()
 
 
+# -- LSTM cell without biases (module_db helper, issue 16) -----------------------------------------
+def _lstm_cell_meta(input_gates, hidden_gates, cx, input_bias=None, hidden_bias=None):
+    """PyTorch's Meta kernel reads `.device` of every bias, so nn.LSTM(bias=False) failed with
+    "'NoneType' object has no attribute 'device'": the same shapes and checks, biases optional."""
+    torch._check(input_gates.shape == hidden_gates.shape,
+                 lambda: f"{input_gates.shape} != {hidden_gates.shape}")
+    torch._check((input_bias is None) == (hidden_bias is None),
+                 lambda: "_thnn_fused_lstm_cell: give both biases or neither")
+    if input_bias is not None:
+        torch._check(input_bias.ndim == 1 and input_bias.numel() == input_gates.size(1)
+                     and input_bias.shape == hidden_bias.shape,
+                     lambda: f"bias shapes {input_bias.shape}, {hidden_bias.shape}")
+    torch._check(cx.ndim == 2 and cx.numel() == input_gates.size(0) * input_gates.size(1) // 4,
+                 lambda: f"cx {cx.shape} does not match gates {input_gates.shape}")
+    return (torch.empty_like(cx, memory_format=torch.contiguous_format),
+            torch.empty_like(cx, memory_format=torch.contiguous_format),
+            torch.empty_like(input_gates, memory_format=torch.contiguous_format))
+
+
+_LSTM_META_LIB = torch.library.Library("aten", "IMPL")
+_LSTM_META_LIB.impl("_thnn_fused_lstm_cell", _lstm_cell_meta, "Meta")
+
+
 def lower_frexp(func, a, outs) -> None:
     x = a["self"]
     m, e = outs

@@ -272,6 +272,17 @@ _META_LIB.impl("multi_margin_loss_backward",
 _META_LIB.impl("multilabel_margin_loss_backward",
                lambda grad_output, self, *args, **kwargs: torch.empty_like(self), "Meta")
 
+
+def _multilabel_margin_forward_meta(self, target, reduction):
+    # NOTE (module_db helper, issue 16): PyTorch's Meta (its decomposition) gives a 1-d input's
+    # reduction="none" loss the shape [1]; ATen's CPU kernel returns a 0-d tensor, as for 0-d input
+    rows = self.shape[0] if self.dim() == 2 else None
+    loss = self.new_empty((rows,) if reduction == 0 and rows is not None else ())
+    return loss, torch.empty_like(target, dtype=self.dtype)
+
+
+_META_LIB.impl("multilabel_margin_loss_forward", _multilabel_margin_forward_meta, "Meta")
+
 LOWERINGS = {
     "aten::multi_margin_loss_backward": lower_multi_margin_backward,
     "aten::multilabel_margin_loss_backward": lower_multilabel_margin_backward,
