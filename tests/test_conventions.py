@@ -314,6 +314,34 @@ def test_dataloader_pin_memory_device_neuron():
         assert torch.equal(xb.to("neuron", non_blocking=True).cpu(), want)
 
 
+# -- Lazy modules -------------------------------------------------------------------------------
+def test_lazy_modules_materialize_on_neuron():
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.LazyLinear(5), torch.nn.ReLU(), torch.nn.LazyLinear(2))
+    dev = torch.nn.Sequential(torch.nn.LazyLinear(5), torch.nn.ReLU(), torch.nn.LazyLinear(2))
+    dev = dev.to("neuron")
+    assert dev[0].has_uninitialized_params()          # still lazy, as on CUDA
+    x = torch.randn(3, 4)
+    torch.manual_seed(1)
+    want = ref(x)
+    torch.manual_seed(1)
+    got = dev(x.to("neuron"))                          # materialized on the device
+    assert all(p.device.type == "neuron" and isinstance(p, torch.nn.Parameter)
+               for p in dev.parameters())
+    assert [p.shape for p in dev.parameters()] == [p.shape for p in ref.parameters()]
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-6)
+    opt = torch.optim.SGD(dev.parameters(), lr=0.1)
+    got.sum().backward()
+    opt.step()
+    assert all(p.grad is not None for p in dev.parameters())
+    back = torch.nn.LazyLinear(3).to("neuron").cpu()   # moved back before materializing
+    back(torch.ones(2, 2))
+    assert back.weight.device.type == "cpu"
+    bn = torch.nn.LazyBatchNorm1d().to("neuron")       # buffers too
+    bn(torch.randn(4, 6, device="neuron"))
+    assert bn.running_mean.device.type == "neuron" and bn.running_mean.shape == (6,)
+
+
 # -- autocast and GradScaler --------------------------------------------------------------------
 def _amp_model():
     torch.manual_seed(0)
