@@ -143,31 +143,84 @@ def _breakdown() -> None:
     print(f"    {'sum of the stages':<28} {parts:6.2f}  (the rest is the runner's own Python)")
 
 
-def throughput() -> None:
-    print("== throughput vs torch CPU eager (median of 7) ==")
+def _tp_interleaved(fns: dict, repeat: int = 9) -> dict:
+    """Median seconds per function, the functions timed in turn within each repetition (so a
+    burst of load on this shared machine hits all of them, not one)."""
+    for fn in fns.values():
+        fn()
+        fn()  # warm: compile / load kernels, fault pages in, settle the allocators
+    times = {name: [] for name in fns}
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def _tp_cases():
+    """(name, make(dev) -> fn, kernel threads, target): "T" runs on the thread count under
+    test (prange kernels, MKL), 1 is a serial kernel (torch is then timed on 1 thread too)."""
+    F = torch.nn.functional
     n = 4 * 1024 * 1024
-    cases = {
-        "add 4M": lambda x, y: x + y,
-        "gelu 4M": lambda x, y: torch.nn.functional.gelu(x),
-        "sum 4M": lambda x, y: x.sum(),
-        "mm 1024^2": None,
-    }
-    for name, fn in cases.items():
-        res = {}
-        for dev in ("cpu", "neuron"):
-            if fn is None:
-                a = torch.randn(1024, 1024, device=dev)
-                b = torch.randn(1024, 1024, device=dev)
-                res[dev] = median_time(lambda: a @ b)
-            else:
-                x = torch.randn(n, device=dev)
-                y = torch.randn(n, device=dev)
-                res[dev] = median_time(lambda: fn(x, y))
-        ratio = res["cpu"] / res["neuron"]
-        target = 0.9 if fn is None else 1.0
-        print(f"  {name:>10}: cpu {res['cpu'] * 1e3:7.3f} ms  neuron {res['neuron'] * 1e3:7.3f} ms"
-              f"  speed vs torch {ratio:4.2f}x (target >= {target}x: "
-              f"{'met' if ratio >= target else 'missed'})")
+
+    def vec(fn, *shapes):
+        def make(dev):
+            g = torch.Generator().manual_seed(0)
+            xs = [torch.randn(s, generator=g).to(dev) for s in shapes]
+            return lambda: fn(*xs)
+        return make
+
+    return [
+        ("add 4M", vec(torch.add, n, n), "T", 1.0),
+        ("gelu 4M", vec(F.gelu, n), "T", 1.0),
+        ("gelu tanh 4M", vec(lambda x: F.gelu(x, approximate="tanh"), n), "T", None),
+        ("sum 4M", vec(torch.sum, n), 1, 1.0),
+        ("mm 1024^2", vec(torch.mm, (1024, 1024), (1024, 1024)), "T", 0.95),
+        ("mean 4M", vec(torch.mean, n), 1, None),
+        ("amax 4M", vec(torch.amax, n), "T", None),
+        ("sum(1) 2048^2", vec(lambda x: x.sum(1), (2048, 2048)), "T", None),
+        ("sum(0) 2048^2", vec(lambda x: x.sum(0), (2048, 2048)), "T", None),
+        ("softmax(-1) 4096x1024", vec(lambda x: x.softmax(-1), (4096, 1024)), "T", None),
+    ]
+
+
+def throughput() -> None:
+    """Kernel throughput against torch CPU eager at equal thread counts (issue 14 item 3).
+
+    Both sides run under each thread count T (torch.set_num_threads, numba.set_num_threads;
+    MKL follows torch's). A serial neuron kernel (sum/mean of one float32 row) is compared
+    with torch on one thread. Medians of interleaved repetitions, one process.
+    """
+    import numba
+
+    from eager_neuron.kernels.compile import numba as _numba
+
+    _numba()
+    default = torch.get_num_threads()
+    features = os.environ.get("NUMBA_CPU_FEATURES", "")
+    width = 512 if "-prefer-256-bit" in features else "LLVM's default"
+    print(f"== throughput vs torch CPU eager (medians of 9, interleaved; load "
+          f"{os.getloadavg()[0]:.1f}; vector width {width}) ==")
+    cases = _tp_cases()
+    made = {name: (make("cpu"), make("neuron")) for name, make, _t, _g in cases}
+    for t in sorted({1, default}):
+        print(f"  -- {t} thread(s): torch.set_num_threads({t}), numba.set_num_threads({t}) --")
+        for name, _make, kt, target in cases:
+            threads = t if kt == "T" else kt
+            torch.set_num_threads(threads)
+            numba.set_num_threads(min(t, numba.config.NUMBA_NUM_THREADS))
+            cpu_fn, dev_fn = made[name]
+            res = _tp_interleaved({"cpu": cpu_fn, "neuron": dev_fn})
+            ratio = res["cpu"] / res["neuron"]
+            verdict = "" if target is None else \
+                f"  target >= {target}x: {'met' if ratio >= target else 'missed'}"
+            print(f"  {name:>21}: torch {res['cpu'] * 1e3:8.3f} ms  neuron "
+                  f"{res['neuron'] * 1e3:8.3f} ms  ({threads} thread{'s' * (threads > 1)})  "
+                  f"speed vs torch {ratio:5.2f}x{verdict}")
+    torch.set_num_threads(default)
+    numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+    print(f"  (load {os.getloadavg()[0]:.1f} at the end)")
 
 
 def _mlp():
