@@ -280,3 +280,48 @@ def test_vector_matrix_matmul_squeezes_in_place():
     # ATen's matmul(vector, matrix) calls squeeze_ on the device result
     run(torch.matmul, _rand(3), _rand(3, 4))
     run(torch.matmul, _rand(2, 3, 4), _rand(4))
+
+
+def test_mkl_gemm_reads_in_place_and_refuses_what_blas_cannot_address():
+    """kernels/blas.py xgemm (what float mm kernels call when torch exports MKL): C- and
+    F-contiguous operands, size-1 and empty extents, beta 0 over NaN, beta 1 accumulation, all
+    against float64; a strided operand or a column-major out is refused (False, c untouched),
+    never a wrong product. The lowering copies such operands first (test_mm_layouts 'sliced')."""
+    import numpy as np
+    from numba import njit
+
+    from eager_neuron.kernels import matmul as kmm
+
+    if not kmm.mkl_symbols():
+        pytest.skip("this torch exports no MKL gemm (the kernels use np.dot)")
+    from eager_neuron.kernels.blas import xgemm
+
+    k = njit(lambda a, b, c, beta: xgemm(a, b, c, beta))
+    g = np.random.default_rng(0)
+    for dt in (np.float32, np.float64):
+        a, b = g.standard_normal((5, 7)).astype(dt), g.standard_normal((7, 3)).astype(dt)
+        cases = [(a, b), (np.asfortranarray(a), b), (a, np.asfortranarray(b)), (a[:1], b),
+                 (a, b[:, :1]), (a[:1], b[:, :1]), (a[:, :0], b[:0]), (a[:, :4], b[:4])]
+        for x, y in cases:
+            want = x.astype(np.float64) @ y.astype(np.float64)
+            c = np.full(want.shape, np.nan, dt)
+            assert k(x, y, c, 0.0)
+            np.testing.assert_allclose(c, want, rtol=1e-5 if dt == np.float32 else 1e-12,
+                                       atol=1e-5 if dt == np.float32 else 1e-12)
+            c = np.ones(want.shape, dt)
+            assert k(x, y, c, 1.0)
+            np.testing.assert_allclose(c, want + 1, rtol=1e-5, atol=1e-5)
+        c = np.zeros((5, 2), dt)
+        assert not k(a[:, ::2], b[::2, :2], c, 0.0) and not c.any()
+        c = np.zeros((3, 5), dt).T
+        assert not k(a, b, c, 0.0) and not c.any()
+
+
+def test_float_mm_kernel_calls_mkl_when_torch_has_it():
+    from eager_neuron.kernels import matmul as kmm
+
+    src, _name = kmm.render_blas("bmm", ("n", "t"), "bias")
+    if kmm.mkl_symbols():
+        assert "_xgemm(a[i], b[i].T, out[i], 0.0)" in src and "np.dot" not in src
+    else:
+        assert "np.dot(a[i], b[i].T, out[i])" in src
