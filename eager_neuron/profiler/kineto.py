@@ -28,6 +28,7 @@ write the Chrome trace. This module wraps four of its methods, only while the de
 from __future__ import annotations
 
 import bisect
+import gzip
 import json
 import os
 import threading
@@ -132,7 +133,12 @@ def install() -> None:
         bridge = getattr(self, "_neuron_bridge", None)
         if bridge is not None and bridge.raw is not None and _ap.kineto_available():
             self._ensure_function_events()      # parsing derives the device events
-            _rewrite_trace(path, bridge)
+            try:
+                _rewrite_trace(path, bridge)
+            except Exception as exc:  # noqa: BLE001 - Kineto's trace stays as it was written
+                import warnings
+                warnings.warn(f"eager_neuron: device tracks not added to {path}: {exc!r}",
+                              stacklevel=2)
         return out
 
     cls.__init__ = __init__
@@ -274,7 +280,8 @@ def _owner(same: list, idx: int):
 
 def _rewrite_trace(path: str, bridge: _Bridge) -> None:
     """Add the device tracks to the trace Kineto wrote at `path` (in place)."""
-    with open(path) as f:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
         trace = json.load(f)
     evs = trace.get("traceEvents", [])
     cal_json = sorted(e["ts"] for e in evs if e.get("name") == _CAL and e.get("ph") == "X")
@@ -337,6 +344,6 @@ def _rewrite_trace(path: str, bridge: _Bridge) -> None:
                     "tid": 1, "ts": lo + shift, "dur": hi - lo, "args": {"device": core}})
     trace["traceEvents"] = evs
     tmp = path + ".neuron-tmp"
-    with open(tmp, "w") as f:
+    with opener(tmp, "wt") as f:
         json.dump(trace, f)
     os.replace(tmp, path)
