@@ -88,7 +88,12 @@ def dispatch(func, args, kwargs, mode=None):
         sig = _fast.signature(args, kwargs, tab[0])
         run = tab[1].get(sig) if sig is not None else None
         if run is not None:
-            out = run(args, kwargs)
+            try:
+                out = run(args, kwargs)
+            except Exception as exc:   # out of memory: raised as the funnel raises it
+                if _backward.in_backward():
+                    return _backward.failed(exc)
+                raise
             if out is not _fast.MISS:
                 return out
     if _STATE.enabled and mode is None and not OP_HOOKS:
