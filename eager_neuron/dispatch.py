@@ -98,7 +98,12 @@ def dispatch(func, args, kwargs, mode=None):
                 return out
     if _STATE.enabled and mode is None and not OP_HOOKS:
         # adaptive eager's fast path: a repeat of a recorded call records (adaptive_fast.py)
-        out = _adaptive_fast.run(func, args, kwargs)
+        try:
+            out = _adaptive_fast.run(func, args, kwargs)
+        except Exception as exc:
+            if _backward.in_backward():
+                return _backward.failed(exc)
+            raise
         if out is not _fast.MISS:
             return out
     plan = _PLANS.get(func)
