@@ -15,6 +15,9 @@ True
 from __future__ import annotations
 
 from .elementwise import kernel_name
+from .vmath import VMATH_ID, VMATH_PRELUDE
+
+_VEXP_ID = VMATH_ID   # float32 softmax source includes the vmath prelude: its version is the name
 
 HEADER = '@njit(error_model="numpy", nogil=True{extra})\n'
 
@@ -57,15 +60,17 @@ def render_softmax(log: bool, ko: int, acc_t: str, store: str,
 
     Like torch's CPU kernel: exp(x - max) in the data's type, each computed once (softmax keeps
     it in `out` and rescales in place), the sum in `acc_t`."""
-    name = kernel_name("softmax", log, ko, acc_t, store, parallel)
+    name = kernel_name("softmax", log, ko, acc_t, store, parallel, _VEXP_ID)
     s = _Src(name, ["out", "a"], parallel)
     s.loops([(f"i{d}", f"a.shape[{d}]") for d in range(ko)], "prange" if parallel else "range")
     ix = ", ".join([f"i{d}" for d in range(ko)] + ["j"])
     A = acc_t
+    if store == "np.float32" and A == "np.float64":
+        return _softmax_f32(s, log, ko, ix), name
     s(f"m = a[{', '.join([f'i{d}' for d in range(ko)] + ['0'])}]",
       f"for j in range(a.shape[{ko}]):",
-      f"    x = a[{ix}]", "    if x > m or x != x:", "        m = x",
-      f"s = {A}(0)", f"for j in range(a.shape[{ko}]):", f"    e = math.exp(a[{ix}] - m)")
+      f"    x = a[{ix}]", "    if x > m or x != x:", "        m = x")
+    s(f"s = {A}(0)", f"for j in range(a.shape[{ko}]):", f"    e = math.exp(a[{ix}] - m)")
     if log:
         # torch's order: (x - max) - log(sum)
         s("    s += e", "ls = math.log(s)", f"for j in range(a.shape[{ko}]):",
@@ -74,6 +79,38 @@ def render_softmax(log: bool, ko: int, acc_t: str, store: str,
         s(f"    out[{ix}] = {store}(e)", "    s += e", f"inv = {A}(1) / s",
           f"for j in range(a.shape[{ko}]):", f"    out[{ix}] = {store}(out[{ix}] * inv)")
     return s.text(), name
+
+
+def _softmax_f32(s: _Src, log: bool, ko: int, ix: str) -> str:
+    """float32 rows: the max over integer keys, exp(x - max) by the vectorizable _vexp
+    (kernels/vmath.py, 1 ulp, as torch's vectorized expf) into `out` in its own loop, then
+    summed in float64 by four independent accumulators (a single one is a serial chain of
+    float64 adds LLVM may not reorder); the max, exp and rescale loops vectorize."""
+    idx = lambda j: ", ".join([f"i{d}" for d in range(ko)] + [j])   # noqa: E731
+    n = f"a.shape[{ko}]"
+    # the row max as an integer max of order-preserving keys (vectorizes; a float max with NaN
+    # propagation does not), any NaN flagged on the side: the max is then NaN, as torch's
+    s("mk = np.int32(-2147483648)", "nan = np.int32(0)", f"for j in range({n}):",
+      f"    b = _v_bits(a[{ix}])", "    kk = b ^ ((b >> 31) & np.int32(0x7FFFFFFF))",
+      "    mk = kk if kk > mk else mk",
+      "    nan |= np.int32((b & np.int32(0x7FFFFFFF)) > np.int32(0x7F800000))",
+      "m = _v_float(mk ^ ((mk >> 31) & np.int32(0x7FFFFFFF)))",
+      "m = np.float32(np.nan) if nan else m")
+    s(f"for j in range({n}):", f"    out[{ix}] = _vexp(a[{ix}] - m)",
+      "s0 = np.float64(0)", "s1 = np.float64(0)", "s2 = np.float64(0)", "s3 = np.float64(0)",
+      f"n4 = {n} - {n} % 4", "for j in range(0, n4, 4):",
+      f"    s0 += np.float64(out[{idx('j')}])", f"    s1 += np.float64(out[{idx('j + 1')}])",
+      f"    s2 += np.float64(out[{idx('j + 2')}])", f"    s3 += np.float64(out[{idx('j + 3')}])",
+      f"for j in range(n4, {n}):", f"    s0 += np.float64(out[{ix}])",
+      "t = (s0 + s1) + (s2 + s3)")
+    if log:
+        # torch's order: (x - max) - log(sum)
+        s("ls = math.log(t)", f"for j in range({n}):",
+          f"    out[{ix}] = np.float32(np.float64(a[{ix}] - m) - ls)")
+    else:
+        s("inv = np.float64(1) / t", f"for j in range({n}):",
+          f"    out[{ix}] = np.float32(out[{ix}] * inv)")
+    return VMATH_PRELUDE + "\n\n\n" + s.text()
 
 
 def render_softmax_backward(log: bool, ko: int, acc_t: str, store: str,

@@ -335,8 +335,8 @@ def _vgelu_as(x):
     p = _vfma(p, z, np.float32(1.6666665459e-1))
     p = _vfma(p, z, np.float32(5.0000001201e-1))
     k1 = k >> 1
-    e = ((_vfma(p, z * z, z) + np.float32(1.0)) * _v_float((k1 + 127) << 23)) \
-        * _v_float((k - k1 + 127) << 23)
+    e = (_vfma(p, z * z, z) + np.float32(1.0)) * _v_float((k1 + 127) << 23)
+    e = e * _v_float((k - k1 + 127) << 23)
     q = (r * t) * e
     phi2 = np.float32(2.0) - q if x >= np.float32(0.0) else q
     phi2 = mid if a < np.float32(1.0) else phi2

@@ -271,3 +271,21 @@ def test_segment_reduce_forward_backward(red):
                                gout.to(DEV))
     _same(got, want)
     _no_fallback()
+
+
+def test_float32_softmax_rows_vs_float64():
+    """float32 softmax/log_softmax (kernels/norm.py _softmax_f32: integer-key row max, _vexp,
+    float64 sum in four lanes) against float64 rounded to float32: NaN rows, +-inf, -0, huge
+    magnitudes, rows of 1..9 elements (the lane tails) and a strided (transposed) view."""
+    nan, inf = float("nan"), float("inf")
+    rows = [[1.0, nan, 2.0], [-inf, -inf, -inf], [inf, 1.0, 2.0], [-0.0, 0.0, 1.0],
+            [-1e30, 1e30, 5.0], [-inf, 0.0, 1.0]]
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.tensor([r]) for r in rows]
+    xs += [torch.randn(3, n, generator=g) * 10 for n in range(1, 10)]
+    xs.append(torch.randn(33, 17, generator=g).t())
+    for x in xs:
+        for fn in (lambda t: t.softmax(-1), lambda t: t.log_softmax(-1)):
+            got = fn(x.to(DEV)).cpu()
+            want = fn(x.double()).float()
+            torch.testing.assert_close(got, want, equal_nan=True, atol=1e-6, rtol=2e-6)
