@@ -337,3 +337,36 @@ def test_rotary_embedding_through_complex_views_and_autograd():
     _no_fallback()
     _same(got.detach(), want.detach())
     _same(xd.grad, xq.grad)
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_backward_of_the_complex_ops_autograd_needs(dtype):
+    """mul, abs, angle, real/imag, conj, view_as_real/view_as_complex, div, exp: gradients equal
+    the complex128 CPU ones within a bound from the dtype's epsilon."""
+    fns = [lambda x, y: x * y, lambda x, y: x.abs(), lambda x, y: x.angle(),
+           lambda x, y: x.real * 2 + x.imag, lambda x, y: x.conj() * y,
+           lambda x, y: torch.view_as_real(x * y).sum(-1),
+           lambda x, y: torch.view_as_complex(torch.view_as_real(x) * 3) / y,
+           lambda x, y: (x * 0.2).exp() + x.sum()]
+    torch.manual_seed(3)
+    x0, y0 = torch.randn(3, 4, dtype=dtype), torch.randn(3, 4, dtype=dtype) + 2
+
+    def grads(f, dev, cast):
+        x = cast(x0).to(dev).requires_grad_()
+        y = cast(y0).to(dev).requires_grad_()
+        out = f(x, y)
+        torch.manual_seed(4)
+        g = torch.randn(out.shape, dtype=torch.complex128 if out.is_complex() else torch.float64)
+        gx, gy = torch.autograd.grad(out, (x, y), g.to(out.dtype).to(dev), allow_unused=True)
+        return [t.cpu() if t is not None else None for t in (gx, gy)]
+
+    eps = torch.finfo(dtype.to_real()).eps
+    for f in fns:
+        got = grads(f, DEV, lambda t: t)
+        exact = grads(f, "cpu", lambda t: t.to(torch.complex128))
+        for g, e in zip(got, exact):
+            assert (g is None) == (e is None)
+            if e is not None:
+                assert g.dtype == dtype
+                err = float((g.to(torch.complex128) - e).abs().max())
+                assert err <= 16 * eps * max(1.0, float(e.abs().max())), err

@@ -211,3 +211,131 @@ def test_adaptive_eager_flushes_before_fp8_kernels():
         dev_losses, _ = _train("neuron")
     cpu_losses, _ = _train("cpu")
     assert torch.allclose(torch.tensor(dev_losses), torch.tensor(cpu_losses), rtol=2 ** -3)
+
+
+# ---------------------------------------------------------------------------------------------
+# ops beyond casts: exactly what the CPU runs on fp8, with its results; its error otherwise
+# ---------------------------------------------------------------------------------------------
+
+def _fp8_programs(x, y, i, m):
+    """name -> fn(x, y, i, m): x, y fp8 (4, 8), i int64 indices, m a bool mask."""
+    return {
+        # data movement: bit patterns (the CPU supports all of these on fp8)
+        "clone_t": lambda: x.t().contiguous(), "cat": lambda: torch.cat([x, y], 1),
+        "stack": lambda: torch.stack([x, y]), "index": lambda: x[i], "mask": lambda: x[m],
+        "index_select": lambda: x.index_select(1, i), "flip0": lambda: x.flip(0),
+        "roll": lambda: x.roll(1, 1), "pad": lambda: torch.nn.functional.pad(x, (1, 2), value=0.5),
+        "repeat": lambda: x.repeat(2, 1), "where": lambda: torch.where(m, x, y),
+        "where_scalar": lambda: torch.where(m, x, 2.0), "fill": lambda: x.clone().fill_(-3.0),
+        "zeros_like": lambda: torch.zeros_like(x), "ones_like": lambda: torch.ones_like(x),
+        "full_like": lambda: torch.full_like(x, 0.3), "slice_scatter":
+        lambda: torch.slice_scatter(x, y[:2], 0, 0, 2), "select_scatter":
+        lambda: torch.select_scatter(x, y[0], 0, 1), "setitem":
+        lambda: x.clone().__setitem__((0, 1), 1.5), "embedding":
+        lambda: torch.nn.functional.embedding(i, x.t().contiguous()), "masked_select":
+        lambda: x.masked_select(m), "index_put": lambda: x.clone().index_put_((i,), y[:2, 0]),
+        "diag": lambda: x[:, :4].diag(), "unfold": lambda: x.unfold(1, 2, 2).contiguous(),
+        # arithmetic the CPU allows: float32 from exact decodes, one rounding
+        "abs": lambda: x.abs(), "mul": lambda: x * y, "mul_": lambda: x.clone().mul_(y),
+        "eq": lambda: x == y, "ne_scalar": lambda: x != 0.5, "isnan": lambda: x.isnan(),
+        "any": lambda: x.any(), "all_dim": lambda: x.all(1), "equal": lambda: torch.equal(x, y),
+        "index_put_acc": lambda: x.clone().index_put_((i,), y[:2, 0], accumulate=True),
+        # refused by the CPU (its NotImplementedError / RuntimeError)
+        "neg": lambda: -x, "lt": lambda: x < y, "add": lambda: x + y, "sum": lambda: x.sum(),
+        "amax": lambda: x.amax(), "tril": lambda: x.tril(), "sort": lambda: x.sort(),
+        "gather": lambda: x.gather(1, i[None].expand(4, 2)), "relu": lambda: x.relu(),
+        "mul_scalar": lambda: x * 2, "masked_fill": lambda: x.masked_fill(m, 1.0),
+        "nonzero": lambda: x.nonzero(), "unique": lambda: x.unique(),
+        "fliplr": lambda: x.fliplr(), "isinf": lambda: x.isinf(), "cumsum": lambda: x.cumsum(0),
+        "mul_f32": lambda: x * torch.ones(8, device=x.device),
+    }
+
+
+def _bits(t):
+    return t.view(torch.uint8) if t.dtype in FP8 else t
+
+
+@pytest.mark.parametrize("dt", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_fp8_ops_mirror_the_cpu(dt):
+    torch.manual_seed(0)
+    x, y = (torch.randn(4, 8) * 3).to(dt), (torch.randn(4, 8) * 3).to(dt)
+    i, m = torch.tensor([2, 0]), torch.rand(4, 8) > 0.5
+    cpu = _fp8_programs(x, y, i, m)
+    dev = _fp8_programs(*(t.to("neuron") for t in (x, y, i, m)))
+    ran = refused = 0
+    for name, fn in cpu.items():
+        try:
+            want, err = fn(), None
+        except Exception as exc:   # noqa: BLE001 - the CPU's refusal is the expected result
+            want, err = None, exc
+        if err is not None:
+            with pytest.raises(type(err)) as got:
+                dev[name]()
+            assert str(err).splitlines()[0] in str(got.value), (name, str(got.value)[:200])
+            refused += 1
+            continue
+        got = dev[name]()
+        if isinstance(want, torch.Tensor):
+            assert got.device.type == "neuron" and got.dtype == want.dtype, name
+            assert torch.equal(_bits(got.cpu()), _bits(want)), name
+        else:
+            assert got == want, name
+        ran += 1
+    assert ran >= 30 and refused >= 15, (ran, refused)
+    # mm on fp8 (the CPU's: float32 accumulation, one rounding): within one fp8 step of exact
+    w = (torch.randn(8, 8)).to(dt)
+    exact = (x.double() @ w.double())
+    got = (x.to("neuron") @ w.to("neuron")).cpu()
+    assert got.dtype == dt
+    step = exact.abs().clamp_min(torch.finfo(dt).tiny) * 2.0 ** -(3 if dt == torch.float8_e4m3fn
+                                                                   else 2)
+    assert bool(((got.double() - exact).abs() <= step).all())
+
+
+@pytest.mark.parametrize("dt", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_fp8_to_and_from_every_dtype(dt):
+    """Casts as the CPU does them (through float32; out-of-range to small ints as its int32
+    truncation), bit for bit, both directions."""
+    vals = torch.tensor([0.0, -0.0, 1.5, -2.75, 300.0, -448.0, 1e-3, float("nan"),
+                         float("inf"), -float("inf"), 57344.0, 0.3])
+    f8 = vals.to(dt)
+    for od in (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64,
+               torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64,
+               torch.complex128, torch.float8_e4m3fn, torch.float8_e5m2):
+        want = f8.to(od)
+        got = f8.to("neuron").to(od).cpu()
+        assert torch.equal(_bits(got), _bits(want)) or (
+            od.is_floating_point or od.is_complex) and _same(
+            torch.view_as_real(got) if od.is_complex else got,
+            torch.view_as_real(want) if od.is_complex else want), od
+        src = vals.to(od) if od != torch.bool else vals.bool()
+        if od.is_complex:
+            src = src + 0j   # (the imaginary part is dropped, with the CPU's warning)
+            with pytest.warns(UserWarning, match="imaginary"):
+                got = src.to("neuron").to(dt).cpu()
+        else:
+            got = src.to("neuron").to(dt).cpu()
+        assert torch.equal(got.view(torch.uint8), src.to(dt).view(torch.uint8)), od
+
+
+@pytest.mark.parametrize("od", [torch.float32, torch.bfloat16, torch.float8_e4m3fn])
+def test_scaled_mm_variants(od):
+    """Row-wise scales, bias, scale_result, K not a multiple of 16, mat2 row-major (the CPU's
+    rules, not cuBLAS's): the float64 definition rounded to `od`, within one step of `od`."""
+    torch.manual_seed(1)
+    a = (torch.randn(5, 24) * 4).to(torch.float8_e4m3fn)
+    b = (torch.randn(24, 7) * 4).to(torch.float8_e5m2)            # row-major, N = 7
+    sa, sb = torch.rand(5, 1) + 0.5, torch.rand(1, 7) + 0.5
+    bias = torch.randn(7).to(od if od != torch.float8_e4m3fn else torch.float32)
+    sr = torch.tensor(4.0)
+    got = torch._scaled_mm(a.to("neuron"), b.to("neuron"), sa.to("neuron"), sb.to("neuron"),
+                           bias=bias.to("neuron"), scale_result=sr.to("neuron"),
+                           out_dtype=od).cpu()
+    want_cpu = torch._scaled_mm(a, b, sa, sb, bias=bias, scale_result=sr, out_dtype=od)
+    assert got.dtype == od and got.shape == want_cpu.shape == (5, 7)
+    exact = (a.double() * sa.double()) @ (b.double() * sb.double()) + bias.double()
+    if od in FP8:
+        exact = exact / 4.0   # scale_result applies to fp8 results only, as on the CPU
+    bits = {torch.float32: 23, torch.bfloat16: 7, torch.float8_e4m3fn: 3}[od]
+    step = exact.abs().clamp_min(torch.finfo(od).tiny) * 2.0 ** -bits + 1e-6 * exact.abs().max()
+    assert bool(((got.double() - exact).abs() <= step).all())

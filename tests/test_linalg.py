@@ -219,3 +219,147 @@ def test_ldl_factor_and_solve_match_lapack_pivoting():
         B = torch.randn(4, n, 2)
         close(torch.linalg.ldl_solve(*dev(LD, piv, B)), torch.linalg.ldl_solve(LD, piv, B),
               atol=1e-3, rtol=1e-3)
+
+
+# ---------------------------------------------------------------------------------------------
+# complex64 / complex128: judged against complex128 CPU references with bounds derived from
+# the dtype (never one CPU's rounding): |ours - exact| <= C * n * eps * scale
+# ---------------------------------------------------------------------------------------------
+
+CDT = [torch.complex64, torch.complex128]
+
+
+def _cbound(t: torch.Tensor, n: int, dtype, c: float = 64.0) -> float:
+    eps = torch.finfo(dtype.to_real()).eps
+    return c * n * eps * max(1.0, float(t.abs().max()))
+
+
+def _cclose(actual, exact, n, dtype, c=64.0, derived=False):
+    """`derived`: actual is computed on the host from device results (a product, a check)."""
+    actual = actual.cpu()
+    if not derived:
+        assert actual.dtype == (dtype if exact.is_complex() else dtype.to_real()), actual.dtype
+    err = float((actual.to(exact.dtype) - exact).abs().max()) if exact.numel() else 0.0
+    assert err <= _cbound(exact, n, dtype, c), (err, _cbound(exact, n, dtype, c))
+
+
+def _well_conditioned(shape, dtype, seed):
+    torch.manual_seed(seed)
+    n = shape[-1]
+    return (torch.randn(shape, dtype=dtype) + n * torch.eye(n, dtype=dtype)).to(dtype)
+
+
+def _c128(t):
+    return t.to(torch.complex128)
+
+
+@pytest.mark.parametrize("dtype", CDT)
+def test_complex_lu_solve_inv_det(dtype):
+    A = _well_conditioned((2, 4, 4), dtype, 10)
+    B = torch.randn(2, 4, 3, dtype=dtype)
+    An, Bn = dev(A, B)
+    A2, B2 = _c128(A), _c128(B)
+    _cclose(torch.linalg.solve(An, Bn), torch.linalg.solve(A2, B2), 4, dtype)
+    _cclose(torch.linalg.solve(An, Bn.mT, left=False), torch.linalg.solve(A2, B2.mT, left=False),
+            4, dtype)
+    _cclose(torch.linalg.inv(_noncontig(An)), torch.linalg.inv(A2), 4, dtype)
+    _cclose(torch.linalg.det(An), torch.linalg.det(A2), 4, dtype)
+    sign, logabs = torch.linalg.slogdet(An)
+    s2, l2 = torch.linalg.slogdet(A2)
+    _cclose(sign, s2, 4, dtype)
+    _cclose(logabs, l2, 4, dtype)
+    # LU: zgetf2's pivots (|re| + |im|) are the CPU's; the factors within the bound
+    LU, piv = torch.linalg.lu_factor(An)
+    LU2, piv2 = torch.linalg.lu_factor(A2)
+    assert torch.equal(piv.cpu(), piv2)
+    _cclose(LU, LU2, 4, dtype)
+    for left in (True, False):
+        rhs, rhs2 = (Bn, B2) if left else (Bn.mT, B2.mT)
+        got = torch.linalg.lu_solve(LU, piv, rhs, left=left, adjoint=True)
+        _cclose(got, torch.linalg.lu_solve(LU2, piv2, rhs2, left=left, adjoint=True), 4, dtype)
+    P, L, U = torch.linalg.lu(An)
+    _cclose(_c128((P @ L @ U).cpu()), A2, 4, dtype, derived=True)
+
+
+@pytest.mark.parametrize("dtype", CDT)
+def test_complex_cholesky_and_triangular(dtype):
+    M = torch.randn(2, 4, 4, dtype=dtype)
+    H = (M @ M.mH + 4 * torch.eye(4, dtype=dtype)).to(dtype)
+    B = torch.randn(2, 4, 2, dtype=dtype)
+    Hn, Bn = dev(H, B)
+    H2, B2 = _c128(H), _c128(B)
+    for upper in (False, True):
+        F = torch.linalg.cholesky(Hn, upper=upper)
+        _cclose(F, torch.linalg.cholesky(H2, upper=upper), 4, dtype)
+        _cclose(torch.cholesky_solve(Bn, F, upper=upper),
+                torch.cholesky_solve(B2, torch.linalg.cholesky(H2, upper=upper), upper=upper),
+                4, dtype)
+        _cclose(torch.cholesky_inverse(F, upper=upper), torch.linalg.inv(H2), 4, dtype)
+    T = torch.randn(4, 4, dtype=dtype).triu() + 4 * torch.eye(4, dtype=dtype)
+    _cclose(torch.linalg.solve_triangular(T.to(DEV), Bn, upper=True),
+            torch.linalg.solve_triangular(_c128(T), B2, upper=True), 4, dtype)
+    with pytest.raises(torch.linalg.LinAlgError, match="positive-definite"):
+        torch.linalg.cholesky(-Hn[0])
+
+
+@pytest.mark.parametrize("dtype", CDT)
+def test_complex_qr_eigh_svd_pinv(dtype):
+    torch.manual_seed(11)
+    A = torch.randn(2, 5, 3, dtype=dtype)
+    An, A2 = A.to(DEV), _c128(A)
+    for mode in ("reduced", "complete"):
+        Q, R = torch.linalg.qr(An, mode=mode)
+        Q2, R2 = torch.linalg.qr(A2, mode=mode)   # zlarfg's convention: diag(R) real
+        _cclose(Q, Q2, 5, dtype)
+        _cclose(R, R2, 5, dtype)
+    S = torch.randn(4, 4, dtype=dtype)
+    Hm = (S + S.mH).to(dtype)
+    w, V = torch.linalg.eigh(Hm.to(DEV))
+    w2 = torch.linalg.eigvalsh(_c128(Hm))
+    _cclose(w, w2, 4, dtype)
+    V, w = _c128(V.cpu()), w.cpu().double()
+    # eigenvectors up to a phase: A V = V diag(w), V^H V = I
+    _cclose(_c128(Hm) @ V, V * w.to(torch.complex128), 4, dtype, c=256, derived=True)
+    _cclose(V.mH @ V, torch.eye(4, dtype=torch.complex128), 4, dtype, c=256, derived=True)
+    U, s, Vh = torch.linalg.svd(An, full_matrices=False)
+    _cclose(s, torch.linalg.svdvals(A2), 5, dtype)
+    recon = _c128(U.cpu()) @ torch.diag_embed(s.cpu().double()).to(torch.complex128) \
+        @ _c128(Vh.cpu())
+    _cclose(recon, A2, 5, dtype, c=256, derived=True)
+    _cclose(torch.linalg.pinv(An), torch.linalg.pinv(A2), 5, dtype, c=256)
+    _cclose(torch.linalg.matrix_exp(0.3 * S.to(DEV)), torch.linalg.matrix_exp(0.3 * _c128(S)),
+            4, dtype, c=256)
+
+
+def _grads(f, inputs, dev_):
+    xs = [x.detach().to(dev_).requires_grad_() for x in inputs]
+    out = f(*xs)
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    torch.manual_seed(5)
+    gs = [torch.randn(o.shape, dtype=torch.complex128 if o.is_complex() else torch.float64)
+          .to(o.dtype).to(dev_) for o in outs]
+    return [g.cpu() for g in torch.autograd.grad(outs, xs, gs)]
+
+
+@pytest.mark.parametrize("dtype", CDT)
+@pytest.mark.parametrize("name", ["solve", "inv", "det", "slogdet", "cholesky", "qr", "eigvalsh",
+                                  "svdvals", "lu_factor"])
+def test_complex_linalg_backward(name, dtype):
+    fns = {
+        "solve": lambda a, b=None: torch.linalg.solve(a, b),
+        "inv": lambda a, b=None: torch.linalg.inv(a),
+        "det": lambda a, b=None: torch.linalg.det(a),
+        "slogdet": lambda a, b=None: torch.linalg.slogdet(a)[1],
+        "cholesky": lambda a, b=None: torch.linalg.cholesky(
+            a @ a.mH + 4 * torch.eye(4, dtype=a.dtype, device=a.device)),
+        "qr": lambda a, b=None: torch.linalg.qr(a),
+        "eigvalsh": lambda a, b=None: torch.linalg.eigvalsh(a + a.mH),
+        "svdvals": lambda a, b=None: torch.linalg.svdvals(a),
+        "lu_factor": lambda a, b=None: torch.linalg.lu_factor(a)[0],
+    }
+    A = _well_conditioned((4, 4), dtype, 21)
+    B = torch.randn(4, 2, dtype=dtype)
+    got = _grads(fns[name], (A, B) if name == "solve" else (A,), DEV)
+    exact = _grads(fns[name], (_c128(A), _c128(B)) if name == "solve" else (_c128(A),), "cpu")
+    for g, e in zip(got, exact):
+        _cclose(g, e, 4, dtype, c=512)
