@@ -7,6 +7,12 @@ CPU clock (steadier when other jobs share the machine): median step time without
 recording, the overhead, and the end-of-session cost (building the events) per profiled step.
 
     .venv/bin/python tools/bench_profiler.py [--steps 200] [--block 10] [--batch 32]
+                                             [--torch-steps 40]
+
+Then the same step under `torch.profiler.profile` with CPU activity only and with
+`ProfilerActivity.PrivateUse1` (the neuron bridge, eager_neuron/profiler/kineto.py): median step
+times, the bridge's overhead, the cost of key_averages() + export_chrome_trace() per step, and
+how many launches became device events.
 """
 
 from __future__ import annotations
@@ -61,6 +67,8 @@ def main(argv=None) -> dict:
     p.add_argument("--block", type=int, default=10, help="steps per alternating block")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--width", type=int, default=128)
+    p.add_argument("--torch-steps", type=int, default=40,
+                   help="steps per torch.profiler variant (0: skip)")
     args = p.parse_args(argv)
     warnings.simplefilter("ignore")       # CPU-fallback warnings, if any op has no kernel yet
     step = make_step(args.batch, args.width)
@@ -93,7 +101,45 @@ def main(argv=None) -> dict:
         print(f"  {clock:4s} median step: plain {r['plain_ms']:.3f} ms, recording "
               f"{r['profiled_ms']:.3f} ms -> overhead {r['overhead_pct']:+.1f}%; building the "
               f"events at exit {r['finish_ms_per_step']:.3f} ms per step")
+    if args.torch_steps:
+        out["torch_profiler"] = torch_profiler_bench(step, args.torch_steps, args.block)
     return out
+
+
+def torch_profiler_bench(step, steps: int, block: int) -> dict:
+    """torch.profiler around `block` steps at a time: CPU only vs CPU + PrivateUse1."""
+    import tempfile
+
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    variants = {"cpu": [ProfilerActivity.CPU],
+                "cpu+neuron": [ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]}
+    times = {k: [] for k in variants}
+    post = {k: [] for k in variants}
+    launched = devices = 0
+    path = os.path.join(tempfile.mkdtemp(), "trace.json")
+    while len(times["cpu"]) < steps:
+        for name, acts in variants.items():
+            before = eager_neuron.stats()["launches"]
+            with profile(activities=acts) as tp:
+                for _ in range(block):
+                    times[name].append(_timed(step)[1])
+            t = _timed(lambda tp=tp: (tp.key_averages(), tp.export_chrome_trace(path)))
+            post[name].append(t[1] / block)
+            if name == "cpu+neuron":
+                launched += eager_neuron.stats()["launches"] - before
+                devices += sum(1 for e in tp.events() if e.device_type == DeviceType.PrivateUse1)
+    res = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    res.update({f"{k}_post_ms": statistics.median(v) * 1e3 for k, v in post.items()})
+    res["overhead_pct"] = (res["cpu+neuron"] / res["cpu"] - 1) * 100
+    res["device_events"], res["launches"] = devices, launched
+    print(f"torch.profiler, {steps} steps per variant (process CPU clock): CPU activity only "
+          f"{res['cpu']:.3f} ms/step, with PrivateUse1 {res['cpu+neuron']:.3f} ms/step -> bridge "
+          f"overhead {res['overhead_pct']:+.1f}%; key_averages + export_chrome_trace "
+          f"{res['cpu_post_ms']:.3f} -> {res['cpu+neuron_post_ms']:.3f} ms per step; "
+          f"{devices}/{launched} launches became device events")
+    return res
 
 
 if __name__ == "__main__":

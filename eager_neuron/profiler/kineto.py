@@ -174,28 +174,7 @@ def _parse(prof, bridge: _Bridge, events: list) -> list:
         cpu_by_thread[e.thread].append(e)
     for lst in markers.values():
         lst.sort(key=lambda p: p[0])
-    used: set = set()
-    matched = []                                 # (record, marker FunctionEvent)
-    for r in bridge.raw:
-        if type(r) is not _Kernel or not r.marked:
-            continue
-        cands = markers.get("neuron::" + _kernel_name(r.event["key"]))
-        if not cands:
-            bridge.unmatched += 1
-            continue
-        want = to_rel(r.t / 1e3)
-        i = bisect.bisect_left(cands, want, key=lambda p: p[0])
-        best = None
-        for j in (i - 2, i - 1, i, i + 1):
-            if 0 <= j < len(cands) and id(cands[j][1]) not in used:
-                d = abs(cands[j][0] - want)
-                if best is None or d < best[0]:
-                    best = (d, cands[j][1])
-        if best is None:
-            bridge.unmatched += 1
-            continue
-        used.add(id(best[1]))
-        matched.append((r, best[1]))
+    matched = _match(bridge, markers, to_rel)
 
     # the aten op that launched a kernel: innermost CPU event on the marker's thread around it
     pos = {}
@@ -246,6 +225,59 @@ def _parse(prof, bridge: _Bridge, events: list) -> list:
                                       max(f.time_range.end for f in mine), core))
     out = events + device_events
     out.sort(key=lambda e: (e.time_range.start, -e.time_range.end))
+    return out
+
+
+def _nearest(cands: list, want: float, used: set):
+    i = bisect.bisect_left(cands, want, key=lambda p: p[0])
+    best = None
+    for j in (i - 2, i - 1, i, i + 1):
+        if 0 <= j < len(cands) and id(cands[j][1]) not in used:
+            d = abs(cands[j][0] - want)
+            if best is None or d < best[0]:
+                best = (d, cands[j][1])
+    return None if best is None else best[1]
+
+
+def _match(bridge: _Bridge, markers: dict, to_rel) -> list:
+    """(launch record, its Kineto marker) pairs.
+
+    Each thread emits its markers in the order it recorded its launches, so per (thread, kernel
+    name) the k-th launch is the k-th marker; the clocks only decide which Kineto thread is which
+    Python thread (a vote of nearest markers), which survives a calibration off by more than the
+    gap between two launches (a busy machine, a foreach loop of tiny kernels). Where the counts
+    disagree (a marker lost), the nearest unused marker in time is taken.
+    """
+    recs = [r for r in bridge.raw if type(r) is _Kernel and r.marked]
+    names = {id(r): "neuron::" + _kernel_name(r.event["key"]) for r in recs}
+    votes: dict = defaultdict(lambda: defaultdict(int))
+    for r in recs:
+        m = _nearest(markers.get(names[id(r)], ()), to_rel(r.t / 1e3), set())
+        if m is not None:
+            votes[r.thread][m.thread] += 1
+    tid_of = {th: max(v.items(), key=lambda kv: kv[1])[0] for th, v in votes.items()}
+    mine = defaultdict(list)                     # (python thread, name) -> records in order
+    for r in recs:
+        mine[(r.thread, names[id(r)])].append(r)
+    theirs = defaultdict(list)                   # (kineto thread, name) -> markers by start
+    for name, lst in markers.items():
+        for _t, m in lst:
+            theirs[(m.thread, name)].append(m)
+    out, used, rest = [], set(), []
+    for (thread, name), rs in mine.items():
+        ms = theirs.get((tid_of.get(thread), name), [])
+        if len(ms) == len(rs):
+            out.extend(zip(rs, ms))
+            used.update(id(m) for m in ms)
+        else:
+            rest.extend(rs)
+    for r in rest:
+        m = _nearest(markers.get(names[id(r)], ()), to_rel(r.t / 1e3), used)
+        if m is None:
+            bridge.unmatched += 1
+            continue
+        used.add(id(m))
+        out.append((r, m))
     return out
 
 
