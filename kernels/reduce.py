@@ -64,6 +64,32 @@ OPS: dict = {
                    ("mm = A(0) if abs(m) == np.inf else m\ns = A(0)", "s += math.exp(x - mm)")],
                   ("math.log(s) + mm",), "", "multi"),
 }
+def _key_extreme(bits: int, big: bool) -> tuple:
+    """max (big) / min of floats as an integer max/min of order-preserving keys of their bits
+    (x >= 0: the bits; x < 0: the bits with the magnitude flipped), which LLVM vectorizes (the
+    float compare-and-branch with NaN propagation does not). A NaN becomes the extreme key
+    (the all-ones magnitude, a NaN's bits again), so it wins and comes back as NaN, as torch's.
+    Ties of -0.0 and 0.0 give 0.0 for max, -0.0 for min."""
+    i, f = (f"np.int{bits}", f"np.float{bits}")
+    mag, expo, sh = (("0x7FFFFFFF", "0x7F800000", 31) if bits == 32 else
+                     ("0x7FFFFFFFFFFFFFFF", "0x7FF0000000000000", 63))
+    nan_key = f"{i}({mag})" if big else f"{i}(-{mag} - 1)"
+    cmp = ">" if big else "<"
+    step = (f"b = {f}(x).view({i})\n"
+            f"kk = {nan_key} if (b & {i}({mag})) > {i}({expo}) else "
+            f"b ^ ((b >> {i}({sh})) & {i}({mag}))\n"
+            f"acc = kk if kk {cmp} acc else acc")
+    init = f"acc = {i}(-{mag} - 1)" if big else f"acc = {i}({mag})"
+    final = f"{i}(acc ^ ((acc >> {i}({sh})) & {i}({mag}))).view({f})"
+    return [(init, step)], (final,), f"acc = p if p {cmp} acc else acc", ""
+
+
+for _bits in (32, 64):
+    OPS[f"kmax{_bits}"] = _key_extreme(_bits, True)
+    OPS[f"kmin{_bits}"] = _key_extreme(_bits, False)
+
+
+
 SCANS = {
     "cumsum": ("A(0)", "acc += x"),
     "cumprod": ("A(1)", "acc *= x"),

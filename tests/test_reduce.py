@@ -289,3 +289,24 @@ def test_float32_softmax_rows_vs_float64():
             got = fn(x.to(DEV)).cpu()
             want = fn(x.double()).float()
             torch.testing.assert_close(got, want, equal_nan=True, atol=1e-6, rtol=2e-6)
+
+
+def test_float_extremes_by_integer_keys():
+    """float amax/amin/max/min run as integer max/min over order-preserving keys
+    (kernels/reduce.py _key_extreme): NaN (either sign) wins, +-inf, huge and denormal values,
+    float64, a reduced middle dim, and -0.0/0.0 ties resolved as IEEE maximum/minimum."""
+    nan, inf = float("nan"), float("inf")
+    rows = [[1.0, nan, 2.0], [-inf, -inf], [inf, 1.0], [-1e30, 1e30, 5.0], [-nan, 1.0],
+            [1e-45, -1e-45, 0.0], [-5.0, -7.0]]
+    for dt in (torch.float32, torch.float64):
+        for r in rows:
+            x = torch.tensor(r, dtype=dt)
+            for fn in (lambda t: t.amax(), lambda t: t.amin(), lambda t: t.max(),
+                       lambda t: t.view(1, -1).amin(1), lambda t: t.view(-1, 1).amax(0)):
+                run(fn, x)
+        x = torch.randn(3, 70, 5, dtype=dt)
+        x[1, 7, 2] = nan
+        run(lambda t: t.amax(1), x)
+        run(lambda t: t.amin((0, 2)), x)
+    ties = torch.tensor([-0.0, 0.0]).to(DEV)
+    assert not torch.signbit(ties.amax().cpu()) and torch.signbit(ties.amin().cpu())

@@ -96,7 +96,8 @@ def reduce(op: str, x: torch.Tensor, outs: list, red: list, keepdim: bool, *, lo
     if outs[0].numel() == 0:
         return
     _passes, _finals, _merge, flags = kr.OPS[op]
-    if x.numel() == 0 and op in ("max", "min", "argmax", "argmin", "norminf", "normninf"):
+    if x.numel() == 0 and op in ("max", "min", "argmax", "argmin", "norminf", "normninf",
+                                 "kmax32", "kmax64", "kmin32", "kmin64"):
         # no identity to return: torch's own errors
         if len(red) == x.dim():
             raise IndexError(f"{what}(): Expected reduction dim to be specified for "
@@ -154,6 +155,9 @@ def _sum_like(op: str):
     return lower
 
 
+_KEY_BITS = {torch.float32: 32, torch.float64: 64}
+
+
 def _extreme(op: str):
     """amax/amin, max/min (full), max.dim/min.dim (values, indices), argmax/argmin."""
     def lower(func, a, outs):
@@ -167,6 +171,12 @@ def _extreme(op: str):
         if indexed and len(outs) == 1:
             # argmax: the values go to scratch of the reduced shape
             targets = [torch.empty(outs[0].shape, dtype=x.dtype), outs[0]]
+        bits = _KEY_BITS.get(x.dtype)
+        if bits and not indexed:
+            # float amax/amin/max/min: integer keys (kernels/reduce.py _key_extreme) vectorize
+            reduce(f"k{op}{bits}", x, targets, red, a.get("keepdim", False), load_t="",
+                   acc_t=f"np.int{bits}", what=schema.name.split("::")[1])
+            return
         reduce(kind, x, targets, red, a.get("keepdim", False), load_t="", acc_t=t,
                init=extreme_init(x.dtype, op), what=schema.name.split("::")[1])
     lower.__name__ = f"lower_{op}"
