@@ -24,6 +24,7 @@ from .elementwise import kernel_name
 from .linalg_complex import KERNELS as _COMPLEX_KERNELS
 from .linalg_helpers import (  # noqa: F401 - re-exported for importers of kernels.linalg
     _BF16,
+    _F16,
     _FINITE,
     _GEQRF,
     _GETRF,
@@ -298,6 +299,19 @@ _KERNELS = {
             out[b, 0, j] = _bf16(_bf16(a1 * c2) - _bf16(a2 * c1))
             out[b, 1, j] = _bf16(_bf16(a2 * c0) - _bf16(a0 * c2))
             out[b, 2, j] = _bf16(_bf16(a0 * c1) - _bf16(a1 * c0))
+"""),
+    # the same for float16: each product and the difference rounded to float16
+    "cross_f16": ("a, c, out", (_F16,), """\
+        for j in range(out.shape[2]):
+            a0 = a[b, 0, j]
+            a1 = a[b, 1, j]
+            a2 = a[b, 2, j]
+            c0 = c[b, 0, j]
+            c1 = c[b, 1, j]
+            c2 = c[b, 2, j]
+            out[b, 0, j] = _f16(_f16(a1 * c2) - _f16(a2 * c1))
+            out[b, 1, j] = _f16(_f16(a2 * c0) - _f16(a0 * c2))
+            out[b, 2, j] = _f16(_f16(a0 * c1) - _f16(a1 * c0))
 """),
     # a (B, n, n) -> L D L^T in the lower triangle (upper zeroed), piv (B, n), info (B,)
     "ldl_factor": ("a, piv, info", (_SYTF2,), """\

@@ -392,3 +392,17 @@ def _bf16(x):
     m, e = math.frexp(x)
     return math.ldexp(np.rint(m * 256.0), e - 8)
 '''
+
+_F16 = _HELPER + '''\
+def _f16(x):
+    # the nearest-even float16 value of x (11 significant bits, subnormals below 2**-14 on a
+    # 2**-24 grid, overflow from 65520 up); 0, inf and nan pass through
+    if x == 0.0 or not math.isfinite(x):
+        return x
+    if abs(x) >= 65520.0:
+        return math.copysign(math.inf, x)
+    if abs(x) < 2.0 ** -14:
+        return np.rint(x * 2.0 ** 24) / 2.0 ** 24
+    m, e = math.frexp(x)
+    return math.ldexp(np.rint(m * 2048.0), e - 11)
+'''

@@ -150,7 +150,7 @@ def all_ops() -> list:
 # the xfail list: "op dtype phase  # reason", one per line
 # ---------------------------------------------------------------------------------------------
 
-def load_xfail(path: str = XFAIL_FILE) -> tuple[dict, dict]:
+def load_xfail(path: str = XFAIL_FILE, names=None) -> tuple[dict, dict]:
     """({(op, dtype, phase): reason} expected failures, {...: reason} phases that crash).
 
     A line is `op dtype phase  # reason`, or `op dtype phase crash  # reason` for a phase that
@@ -165,7 +165,7 @@ def load_xfail(path: str = XFAIL_FILE) -> tuple[dict, dict]:
             parts = body.split()
             if not parts:
                 continue
-            if len(parts) not in (3, 4) or parts[1] not in NAME_DTYPES or \
+            if len(parts) not in (3, 4) or parts[1] not in (names or NAME_DTYPES) or \
                     parts[2] not in PHASES or (len(parts) == 4 and parts[3] != "crash"):
                 raise ValueError(f"{path}: bad line {line!r}: expected 'op dtype fwd|bwd [crash]'")
             (crash if len(parts) == 4 else xfail)[tuple(parts[:3])] = reason.strip()
@@ -438,11 +438,14 @@ def run_sample(op, sample, dtype, do_bwd: bool, atol: float, rtol: float,
 
 
 def run_op(op, dtypes=DTYPES, max_samples: int | None = MAX_SAMPLES,
-           max_numel: int | None = MAX_NUMEL, skip=frozenset(), progress=_noop) -> dict:
+           max_numel: int | None = MAX_NUMEL, skip=frozenset(), progress=_noop,
+           bwd_dtypes=(torch.float32,), tol=None) -> dict:
     """{(dtype name, phase): Outcome} for one OpInfo.
 
     `skip` holds (dtype name, phase) pairs not to run (known to crash the process);
-    `progress(dtype name, phase, sample index)` is called before each phase runs.
+    `progress(dtype name, phase, sample index)` is called before each phase runs;
+    `bwd_dtypes`: the dtypes whose gradients are compared too; `tol(op, dtype)` -> (atol, rtol)
+    replaces `tolerances` (tests/test_opinfo_dtypes.py uses test_compare_cpu's).
     """
     results = {}
     supported = op.supported_dtypes("cpu")
@@ -450,13 +453,13 @@ def run_op(op, dtypes=DTYPES, max_samples: int | None = MAX_SAMPLES,
         name = DTYPE_NAMES[dtype]
         if dtype not in supported or (name, "fwd") in skip:
             continue
-        do_bwd = dtype == torch.float32 and op.supports_autograd and \
+        do_bwd = dtype in bwd_dtypes and op.supports_autograd and \
             dtype in op.supported_backward_dtypes("cpu") and (name, "bwd") not in skip
         fwd = results[(name, "fwd")] = Outcome()
         bwd = None
         if do_bwd:
             bwd = results[(name, "bwd")] = Outcome()
-        atol, rtol = tolerances(op, dtype)
+        atol, rtol = (tol or tolerances)(op, dtype)
         try:
             # NOTE: sample_inputs_func directly: OpInfo.sample_inputs wraps it in a tracker that
             # calls inspect.stack() twice per call (~0.5 s in a deep pytest stack)

@@ -405,10 +405,10 @@ def lower_ldl_solve(func, a, outs):
 # ---------------------------------------------------------------------------------------------
 
 def lower_cross(func, a, outs):
-    """The CPU's bfloat16 kernel rounds each product and the difference to bfloat16; the
-    decomposition computes in float32 and rounds once, which differs in the last bit."""
+    """The CPU's bfloat16/float16 kernels round each product and the difference to the half
+    type; the decomposition computes in float32 and rounds once (a last-bit difference)."""
     out = outs[0]
-    if out.dtype != torch.bfloat16:
+    if out.dtype not in (torch.bfloat16, torch.float16):
         raise NotImplementedError("linalg_cross: exact via the decomposition for this dtype")
     if out.numel() == 0:
         return
@@ -419,7 +419,8 @@ def lower_cross(func, a, outs):
     cast(a["self"].detach().expand(shape), xs)
     cast(a["other"].detach().expand(shape), ys)
     o = torch.empty(shape, dtype=torch.float32)
-    run("cross_bf16", tuple(t.numpy().reshape(pre, 3, post) for t in (xs, ys, o)),
+    kind = "cross_bf16" if out.dtype == torch.bfloat16 else "cross_f16"
+    run(kind, tuple(t.numpy().reshape(pre, 3, post) for t in (xs, ys, o)),
         flops=9.0 * out.numel())
     cast(o, out)
 
