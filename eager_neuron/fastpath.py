@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import threading
+from math import copysign
 
 import numpy as np
 import torch
@@ -53,13 +54,14 @@ _NP_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.int64:
               torch.int32: np.int32, torch.int16: np.int16, torch.int8: np.int8,
               torch.uint8: np.uint8, torch.bool: np.bool_}
 _ATOMS = (str, torch.dtype, torch.memory_format, torch.layout, torch.device)
+_I64 = 1 << 63
+_NEG_ZERO = ("-0.0",)     # -0.0 in a values-keyed signature (it compares equal to 0.0)
 
 
 def signature(args: tuple, kwargs: dict, values: bool):
     """The call's signature as a tuple, or None when an operand cannot be taken fast."""
     sig = [len(args)]
     app = sig.append
-    scalar = False
     for a in args:
         t = type(a)
         if t is NeuronTensor:
@@ -71,8 +73,13 @@ def signature(args: tuple, kwargs: dict, values: bool):
         elif t is float or t is int or t is bool:
             app(t)
             if values:
+                if t is float and (a == 0.0 or a != a):
+                    if a != a:
+                        return None   # a NaN never equals itself: its key would never hit
+                    a = _NEG_ZERO if copysign(1.0, a) < 0 else 0.0   # x * -0.0 is not x * 0.0
                 app(a)
-            scalar = True
+            elif t is int and not -_I64 <= a < _I64:
+                return None   # out of int64: the kernel entry would refuse what ATen takes
         elif a is None:
             app(None)
         elif not _other(a, t, app):
@@ -91,15 +98,20 @@ def signature(args: tuple, kwargs: dict, values: bool):
             elif t is float or t is int or t is bool:
                 app(t)
                 if values:
+                    if t is float and (a == 0.0 or a != a):
+                        if a != a:
+                            return None   # a NaN never equals itself: its key would never hit
+                        a = _NEG_ZERO if copysign(1.0, a) < 0 else 0.0
                     app(a)
-                scalar = True
+                elif t is int and not -_I64 <= a < _I64:
+                    return None
             elif a is None:
                 app(None)
             elif not _other(a, t, app):
                 return None
-    if scalar:
-        # a Python number's result dtype follows the default dtype (int tensor + 1.5)
-        app(torch.get_default_dtype())
+    # the default dtype: a Python number's result dtype follows it (int tensor + 1.5), and so
+    # does an integer op's float result without any number (int / int, sqrt of an int tensor)
+    app(torch.get_default_dtype())
     return tuple(sig)
 
 
@@ -144,11 +156,16 @@ SIM.on_configure.append(reset)
 MEMORY.on_clear.append(reset)
 
 
-def _add(func, values: bool, sig: tuple, run) -> None:
+def _add(func, values: bool, sig: tuple, run, call: tuple | None = None) -> None:
     with _LOCK:
         tab = TABLES.get(func)
         if tab is None:
             tab = TABLES[func] = (values, {})
+        if tab[0] and not values and call is not None:
+            # the overload's table keys scalars by value (a captured call learned first): a
+            # runner that takes any value may serve this one value (never the other way)
+            sig = signature(*call, True)
+            values = sig is not None
         if tab[0] != values or len(tab[1]) >= LIMIT:
             return
         tab[1][sig] = run
@@ -255,7 +272,7 @@ def learn_elementwise(func, plan, args, kwargs, index: int, a: dict, outs: list,
     ns.update(FLOPS=flops, NBYTES=nbytes, ENGINE=engine)
     lines += ["S.launches += 1", "S.memory_hits += 1", "F['hits'] += 1",
               "SIM.cores[IDX].launch(FLOPS, NBYTES, ENGINE, 'fp32')", ret]
-    _add(func, values, sig, _build(plan.name, lines, ns))
+    _add(func, values, sig, _build(plan.name, lines, ns), (args, kwargs))
     return True
 
 
@@ -405,7 +422,15 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
     if not capture or any(not isinstance(o, (torch.Tensor, int, float, bool, type(None)))
                           for o in outs):
         return
-    sig = signature(args, kwargs, True)
+    values, runtime = True, {}
+    if getattr(plan.lower, "fast_facts", None) is not None:
+        # the elementwise family keys scalars as its flat runners do (by type): one table
+        # kind per overload, or whichever learner came first would lock the other one out
+        found = _scalar_args(func, plan, args, kwargs, outs, capture)
+        if found is None:
+            return
+        values, runtime = found
+    sig = signature(args, kwargs, values)
     if sig is None:
         return
     ns = {"S": STATS, "F": STATS_FAST, "SIM": SIM, "NT": NeuronTensor, "MISS": MISS,
@@ -463,6 +488,7 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
                 guards.append(f"if {ref}._block is W{i}._block: return MISS")
     lines = wlines + guards + lines
     # 2. the recorded work, in order
+    scratch = []   # spans of the arrays replayed from snapshots (none may be shared)
     for n, entry in enumerate(capture):
         if entry[0] == "call":
             _tag, fn, cargs = entry
@@ -482,9 +508,17 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
                     xlo, xhi = _span(x)
                     if snaps[m] is None or any(xlo < hi and lo < xhi for lo, hi in spans):
                         return
+                    if any(xlo < hi and lo < xhi for lo, hi in scratch):
+                        # one scratch array handed from launch to launch (mm's contiguous
+                        # copy of a strided operand, then the product): each replay copy
+                        # would start from the learn call's values
+                        return
+                    scratch.append((xlo, xhi))
                     ns[f"SN{n}_{m}"] = snaps[m]
                     e = f"SN{n}_{m}.copy()"
                 exprs.append(e)
+            elif m in runtime:
+                exprs.append(runtime[m])   # this call's scalar (its type is the signature's)
             elif isinstance(x, (bool, int, float, np.generic)):
                 ns[f"C{n}_{m}"] = x
                 exprs.append(f"C{n}_{m}")
@@ -508,7 +542,36 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
 
         ns.update(unflatten=tree_unflatten, SPEC=spec)
         lines.append(f"return unflatten([{', '.join(results)}], SPEC)")
-    _add(func, True, sig, _build(plan.name, lines, ns))
+    _add(func, values, sig, _build(plan.name, lines, ns))
+
+
+def _scalar_args(func, plan, args, kwargs, outs: list, capture: list):
+    """An elementwise call learned from its one launch: (values_matter, {kernel argument
+    position: source text of that scalar in a call}), or None when it cannot be told."""
+    from .lower.common import bind
+    from .operands import unwrap_args
+
+    if len(capture) != 1 or capture[0][0] != "launch":
+        return None
+    kargs = capture[0][2]
+    uargs, ukw, _index = unwrap_args(args, kwargs)
+    a = bind(func, uargs, ukw)
+    facts = plan.lower.fast_facts(func, a, outs)
+    if facts is None:
+        return None
+    _tensors, scalars, values = facts
+    if values:
+        return True, {}   # the kernel depends on the value: constants, keyed by value
+    first = len(kargs) - len(scalars)
+    runtime = {}
+    for j, nm in enumerate(scalars):
+        v = a[nm]
+        ref = _ref(func, args, kwargs, nm)
+        if isinstance(v, torch.Tensor) or kargs[first + j] is not v and v is not None:
+            return None
+        if ref is not None and v is not None:
+            runtime[first + j] = ref
+    return False, runtime
 
 
 def _array_expr(x: np.ndarray, sources: list, ns: dict, tag: str):
