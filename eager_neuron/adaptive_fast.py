@@ -27,14 +27,13 @@ way. Only the elementwise family on flat operands is learned, never an op that c
 
 from __future__ import annotations
 
+import sys
 import threading
 
 from . import adaptive as _ad
 from . import fastpath as _fp
 from .config import config
 from .launch import HOOKS as _LAUNCH_HOOKS
-from .plan import _PLANS
-from .plan import fusible_lowerings as _fusible
 from .tensor import NeuronTensor
 
 TABLES: dict = {}       # func -> (values_matter, {signature: runner})
@@ -43,6 +42,7 @@ _TLS = threading.local()
 _MISS = _fp.MISS
 _PENDING = _ad.PENDING
 _STATE = _ad.STATE
+_PLAN_MOD: list = [None]
 
 
 def run(func, args, kwargs):
@@ -59,12 +59,17 @@ def run(func, args, kwargs):
     ptab = _fp.TABLES.get(func)
     if ptab is None:
         return _MISS
-    plan = _PLANS.get(func)
+    plans = _PLAN_MOD[0]
+    if plans is None:
+        # NOTE: eager_neuron.plan is loaded before any op runs; read from sys.modules, not
+        # imported, because plan imports the lowerings, which import this module
+        plans = _PLAN_MOD[0] = sys.modules[__package__ + ".plan"]
+    plan = plans._PLANS.get(func)
     if plan is None:
         return _MISS
     kind = plan.kind
     if kind == "kernel":
-        if plan.lower in _fusible() or plan.name in _ad.REDUCTIONS:
+        if plan.lower in plans.fusible_lowerings() or plan.name in _ad.REDUCTIONS:
             return _MISS   # recorded (or learned as a recording runner) by the slow path
     elif kind != "view":
         return _MISS
