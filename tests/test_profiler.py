@@ -399,6 +399,11 @@ def test_torch_profiler_record_function_labels_carry_the_kernels_they_cover(torc
     label = next(e for e in tp.events() if e.name == "my_forward")
     assert fwd and label.device_time_total == pytest.approx(sum(k.device_us for k in fwd),
                                                             rel=1e-9)
+    # loss.backward() runs its kernels on autograd's thread: the label around it carries them
+    bwd = [k for k in ours.events if k.type == "kernel" and k not in fwd]
+    label = next(e for e in tp.events() if e.name == "my_backward")
+    assert any(k.phase == "backward" for k in bwd)
+    assert label.device_time_total == pytest.approx(sum(k.device_us for k in bwd), rel=1e-9)
 
 
 def test_torch_profiler_chrome_trace_has_a_device_track(torch_prof):

@@ -212,6 +212,19 @@ def _parse(prof, bridge: _Bridge, events: list) -> list:
         bridge.kernels.append((fe, m, r, backward))
     # record_function labels: on the device, a label spans the kernels launched inside it
     bridge.labels = []
+    labels = [lab for lst in cpu_by_thread.values() for lab in lst
+              if lab.is_user_annotation and not lab.name.startswith("neuron::")]
+    # a backward kernel runs on autograd's thread, outside the label's CPU subtree: the innermost
+    # label around its launch (on another thread) takes it, so `with record_function("bwd"):
+    # loss.backward()` carries the backward's device time (outer labels get it through the tree)
+    for fe, m, _r, bwd in bridge.kernels:
+        if not bwd:
+            continue
+        around = [lab for lab in labels if lab.thread != m.thread
+                  and lab.time_range.start <= m.time_range.end <= lab.time_range.end]
+        if around:
+            inner = max(around, key=lambda lab: lab.time_range.start)
+            inner.append_kernel(fe.name, fe.device_index, fe.time_range.end - fe.time_range.start)
     for lst in cpu_by_thread.values():
         for lab in lst:
             if not lab.is_user_annotation or lab.name.startswith("neuron::"):
