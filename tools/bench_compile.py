@@ -4,8 +4,12 @@ Prints medians and ratios (one run on a shared machine: read ratios, not absolut
   1. the 6-op elementwise chain on 4M floats (the chain of tools/bench.py)
   2. an MLP training step (forward, MSE loss, backward, AdamW step)
   3. cold vs warm compile of the MLP step (a second process with the disk cache)
+  4. GPT-2 tiny training step (tests/test_hf_models.py's model; AdamW): torch CPU eager,
+     neuron eager, neuron compiled, inductor; cold compile of that step, neuron vs inductor
+     (fresh caches, one process each), and a warm neuron process
 
-    .venv/bin/python tools/bench_compile.py
+    .venv/bin/python tools/bench_compile.py              # everything
+    .venv/bin/python tools/bench_compile.py chain gpt2   # some sections
 """
 
 from __future__ import annotations
@@ -135,6 +139,97 @@ def compile_time_bench() -> None:
         print(f"  warm/cold {out[1] / out[0]:.2f} (target <= 0.10)")
 
 
+def _gpt2_parts():
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                    "tests"))
+    import test_hf_models as hf
+
+    model, batches = hf.build("gpt2")
+    for sub in model.modules():
+        if getattr(getattr(sub, "config", None), "use_cache", None):
+            sub.config.use_cache = False    # training: no KV cache
+    return model, batches, hf
+
+
+def _gpt2_step(model, batch, hf, device):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, eps=1e-4)
+    inputs = hf.to_device(batch, device)
+
+    def step():
+        opt.zero_grad()
+        loss = model(**inputs).loss
+        loss.backward()
+        opt.step()
+        return loss.detach()
+    return step
+
+
+def gpt2_bench() -> None:
+    print("== GPT-2 tiny training step (AdamW) ==")
+    model, batches, hf = _gpt2_parts()
+    res = {}
+    res["torch CPU eager"] = median_time(_gpt2_step(copy.deepcopy(model), batches[0], hf, "cpu"))
+    res["neuron eager"] = median_time(_gpt2_step(copy.deepcopy(model).to("neuron"), batches[0],
+                                                 hf, "neuron"))
+    eager_neuron.compile.reset_stats()
+    res["neuron compiled"] = median_time(torch.compile(_gpt2_step(
+        copy.deepcopy(model).to("neuron"), batches[0], hf, "neuron"), backend="neuron"))
+    s = eager_neuron.compile.stats()
+    try:
+        res["inductor (CPU)"] = median_time(torch.compile(_gpt2_step(
+            copy.deepcopy(model), batches[0], hf, "cpu")))
+    except Exception as exc:
+        print(f"  inductor unavailable: {type(exc).__name__}: {str(exc)[:100]}")
+    _report(res, "neuron compiled", targets={"torch CPU eager": 1.0})
+    print(f"  kernels per graph {s['kernels_per_graph']}, row kernels "
+          f"{s['row_kernel_launches']}, eager ops in graphs "
+          f"{sum(s['graph_eager_ops'].values())}, graph fallbacks {s['graph_fallbacks']}")
+
+
+_GPT2_COLD = """
+import time, os, sys, torch, warnings
+warnings.simplefilter("ignore")
+t0 = time.perf_counter()
+import eager_neuron
+import tools.bench_compile as b
+model, batches, hf = b._gpt2_parts()
+dev = "neuron" if sys.argv[1] == "neuron" else "cpu"
+step = b._gpt2_step(model.to(dev), batches[0], hf, dev)
+step = torch.compile(step, backend="neuron") if dev == "neuron" else torch.compile(step)
+step(); step()
+print("SECONDS", time.perf_counter() - t0, eager_neuron.stats()["compiles"])
+"""
+
+
+def gpt2_compile_bench() -> None:
+    print("== GPT-2 tiny step compile: cold neuron vs cold inductor vs warm neuron ==")
+    import tempfile
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = {}
+    with tempfile.TemporaryDirectory() as d:
+        env = dict(os.environ, EAGER_NEURON_CACHE_DIR=os.path.join(d, "neuron"),
+                   TORCHINDUCTOR_CACHE_DIR=os.path.join(d, "inductor"), PYTHONPATH=root)
+        for label, backend in (("neuron cold", "neuron"), ("neuron warm", "neuron"),
+                               ("inductor cold", "inductor")):
+            r = subprocess.run([sys.executable, "-c", _GPT2_COLD, backend], env=env, cwd=root,
+                               capture_output=True, text=True)
+            line = [ln for ln in r.stdout.splitlines() if ln.startswith("SECONDS")]
+            if not line:
+                print(f"  {label}: failed: {r.stderr[-300:]}")
+                continue
+            out[label] = float(line[0].split()[1])
+            print(f"  {label}: {out[label]:.2f} s to the second step "
+                  f"({line[0].split()[2]} Numba compiles)")
+    if "neuron cold" in out and "inductor cold" in out:
+        r = out["neuron cold"] / out["inductor cold"]
+        print(f"  neuron cold / inductor cold {r:.2f} (target <= 1.0: "
+              f"{'met' if r <= 1 else 'missed'})")
+    if "neuron cold" in out and "neuron warm" in out:
+        r = out["neuron warm"] / out["neuron cold"]
+        print(f"  neuron warm / cold {r:.2f} (target <= 0.10: {'met' if r <= 0.1 else 'missed'})")
+
+
 def _report(res: dict, ours: str, targets: dict) -> None:
     for k, v in res.items():
         print(f"  {k:>16}: {v * 1e3:9.3f} ms")
@@ -150,9 +245,11 @@ def _report(res: dict, ours: str, targets: dict) -> None:
 def main() -> None:
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, "
           f"{os.cpu_count()} cores", flush=True)
-    chain_bench()
-    mlp_bench()
-    compile_time_bench()
+    only = sys.argv[1:] or ["chain", "mlp", "compile", "gpt2", "gpt2-compile"]
+    for name, fn in (("chain", chain_bench), ("mlp", mlp_bench), ("compile", compile_time_bench),
+                     ("gpt2", gpt2_bench), ("gpt2-compile", gpt2_compile_bench)):
+        if name in only:
+            fn()
 
 
 if __name__ == "__main__":

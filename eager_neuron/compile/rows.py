@@ -641,6 +641,18 @@ class RowStep:
         self.ops = sorted({str(n.target) for n in self.nodes})
         self.lines = sorted({_stack_line(n) for n in self.nodes})
         self.stored_set = set(self.stores)
+        # run-time plan (no FX or meta lookups per launch)
+        from .program import _renderer_src
+
+        self.ins = [(j, node, mode) for j, (kind, node, mode) in enumerate(self.bufs)
+                    if kind == "in"]
+        self.outs = [(j, node, mode, kind == "mm", _val(node).dtype,
+                      _val(node).device.index or 0)
+                     for j, (kind, node, mode) in enumerate(self.bufs) if kind != "in"]
+        self.mm_ops = [_mm_args(n) for n in self.mm_nodes]
+        self.render = {k: _renderer_src(v) for k, v in self.src.items()}
+        self.extra = {"group_ops": self.n_nodes, "graph": True, "graph_ops": self.ops,
+                      "source_lines": self.lines}
 
     def _render(self, body, mm_lines, scalar_casts, parallel):
         n_bufs = len(self.bufs)
@@ -678,47 +690,55 @@ def _npt(node) -> str:
             _val(node).dtype])
 
 
-def _view3d(arr: np.ndarray, mode: str, F: tuple):
+def _view3d(arr: np.ndarray, mode: str, F: tuple, R: int):
     """The operand as an (A, B, C) strided view of its broadcast to the frame (C is 1 for row
-    modes), R = A * B, or None when its leading dimensions need more than two strides."""
+    modes), R = A * B, or None when its leading dimensions need more than two strides. A
+    writeable view of the operand's own memory (kernels only read it)."""
+    if arr.size == 0:
+        return None
     if mode == "rowflat":
-        arr = arr.reshape(arr.shape + (1,))
-        target = tuple(F[:-1]) + (1,)
-    elif mode == "rowkd":
+        shape, strides = arr.shape + (1,), arr.strides + (0,)
         target = tuple(F[:-1]) + (1,)
     else:
-        target = tuple(F)
-    try:
-        b = np.broadcast_to(arr, target)
-    except ValueError:
-        return None
+        shape, strides = arr.shape, arr.strides
+        target = tuple(F) if mode == "full" else tuple(F[:-1]) + (1,)
     C = target[-1]
-    cs = b.strides[-1] if C != 1 else 0
+    if shape == target and arr.flags.c_contiguous:
+        return arr.reshape(1, R, C)          # the common case: no stride arithmetic
+    nd = len(target)
+    if len(shape) > nd:
+        return None
+    pad = nd - len(shape)
+    st = [0] * pad + [0 if n == 1 else s for n, s in zip(shape, strides)]
+    for n, t in zip((1,) * pad + tuple(shape), target):
+        if n != t and n != 1:
+            return None
+    cs = st[-1] if C != 1 else 0
     # leading dims (size > 1) as runs that collapse into one stride each; at most two runs
     runs: list = []           # [size, stride of its innermost dim], innermost run first
-    for size, st in zip(reversed(target[:-1]), reversed(b.strides[:-1])):
+    for size, s_ in zip(reversed(target[:-1]), reversed(st[:-1])):
         if size == 1:
             continue
-        if runs and st == runs[-1][1] * runs[-1][0]:
+        if runs and s_ == runs[-1][1] * runs[-1][0]:
             runs[-1][0] *= size
         else:
-            runs.append([size, st])
+            runs.append([size, s_])
     if len(runs) > 2:
         return None
     if not runs:
-        shape, strides = (1, 1, C), (0, 0, cs)
+        v_shape, v_strides = (1, 1, C), (0, 0, cs)
     elif len(runs) == 1:
-        shape, strides = (1, runs[0][0], C), (0, runs[0][1], cs)
+        v_shape, v_strides = (1, runs[0][0], C), (0, runs[0][1], cs)
     else:
-        shape, strides = (runs[1][0], runs[0][0], C), (runs[1][1], runs[0][1], cs)
-    if arr.size == 0:
-        return None
-    return np.lib.stride_tricks.as_strided(b, shape, strides, writeable=False)
+        v_shape, v_strides = (runs[1][0], runs[0][0], C), (runs[1][1], runs[0][1], cs)
+    return np.lib.stride_tricks.as_strided(arr, v_shape, v_strides)
 
 
 def run(step: RowStep, env: dict, run_node, alloc, flat) -> bool:
     """Launch the step's kernel; False when it must run its nodes eagerly (then nothing ran)."""
+    from ..kernels import compile as kc
     from ..launch import launch
+    from ..tensor import NeuronTensor
     from .program import _renderer_src
     from .stats import CSTATS
 
@@ -727,50 +747,37 @@ def run(step: RowStep, env: dict, run_node, alloc, flat) -> bool:
     elif step.static_F is not None:
         F = step.static_F
     else:
-        mm = step.mm_nodes[0]
-        x, w = _mm_args(mm)
+        x, w = step.mm_ops[0]
         F = (env[x].shape[0], env[w].shape[1])
     R, C = int(math.prod(F[:-1])), int(F[-1])
     if R == 0 or C == 0:
         return False
     args = [None] * len(step.bufs)
     outs = {}
-    from ..tensor import NeuronTensor
-
-    for j, (kind, node, mode) in enumerate(step.bufs):
-        if kind == "in":
-            t = env[node]
-            if type(t) is not NeuronTensor:
+    for j, node, mode in step.ins:
+        t = env[node]
+        if type(t) is not NeuronTensor:
+            return False
+        arr = t._data.numpy()
+        if mode == "mat":
+            if arr.ndim != 2 or not (arr.flags.c_contiguous or arr.flags.f_contiguous):
                 return False
-            arr = t._data.numpy()
-            if mode == "mat":
-                if arr.ndim != 2 or not (arr.flags.c_contiguous or arr.flags.f_contiguous):
-                    return False
-                args[j] = arr
-                continue
-            v = _view3d(arr, mode, F)
-            if v is None:
-                return False
-            args[j] = v
-    for j, (kind, node, mode) in enumerate(step.bufs):
-        if kind == "in":
+            args[j] = arr
             continue
-        val = _val(node)
-        if kind == "mm" or mode == "full":
-            shape = F
-        elif mode == "rowkd":
-            shape = tuple(F[:-1]) + (1,)
-        else:
-            shape = tuple(F[:-1])
-        if kind == "mm" and node not in step.stored_set:
-            t = alloc(shape, val.dtype, val.device.index or 0)
-        else:
-            t = outs.get(node)
-            if t is None:
-                t = alloc(shape, val.dtype, val.device.index or 0)
+        v = _view3d(arr, mode, F, R)
+        if v is None:
+            return False
+        args[j] = v
+    rowkd = tuple(F[:-1]) + (1,)
+    for j, node, mode, is_mm, dtype, index in step.outs:
+        shape = F if (is_mm or mode == "full") else (rowkd if mode == "rowkd" else F[:-1])
+        t = outs.get(node)
+        if t is None:
+            t = alloc(shape, dtype, index)
+            if not is_mm or node in step.stored_set:
                 outs[node] = t
         a = t._data.numpy()
-        args[j] = a.reshape(R, C) if (kind == "mm" or mode == "full") else a.reshape(R)
+        args[j] = a.reshape(R, C) if (is_mm or mode == "full") else a.reshape(R)
     scalars = []
     for a in step.scalar_args:
         v = env[a] if isinstance(a, Node) else a
@@ -781,24 +788,19 @@ def run(step: RowStep, env: dict, run_node, alloc, flat) -> bool:
         elif isinstance(v, bool) or v is None:
             v = bool(v)
         scalars.append(v)
-    from ..kernels import compile as kc
-
     parallel = R * C >= PARALLEL_MIN and R >= 2 and kc.parallel_allowed()
     flops = float(R * C * step.n_nodes)
-    if step.mm_nodes:
+    if step.mm_ops:
         from ..lower.matmul import blas_threads
 
-        for mmn in step.mm_nodes:
-            x, _ = _mm_args(mmn)
+        for x, _ in step.mm_ops:
             k = env[x].shape[1]
             flops += 2.0 * R * C * k
             blas_threads(2.0 * R * C * k)
-    src = step.src[parallel]
     params = (R, C) + tuple(args) + tuple(scalars)
-    launch(("rows", step.digest[parallel]), _renderer_src(src), params,
+    launch(("rows", step.digest[parallel]), step.render[parallel], params,
            flops=flops, bytes_moved=float(sum(a.nbytes for a in args)),
-           engine="vector", extra={"group_ops": step.n_nodes, "graph": True,
-                                   "graph_ops": step.ops, "source_lines": step.lines})
+           engine="vector", extra=step.extra)
     CSTATS.fused_kernel_launches += 1
     CSTATS.fused_nodes += step.n_nodes
     CSTATS.row_kernel_launches += 1
