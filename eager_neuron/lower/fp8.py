@@ -222,8 +222,8 @@ def cpu_verdict(func, args=(), kwargs=None):
     if key in _VERDICTS:
         return _VERDICTS[key]
     verdict = None
-    try:
-        with torch.no_grad():
+    try:   # (the generator's state is kept: a probe must not move the user's random stream)
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
             func(*[_stand_in(v) for v in args], **{k: _stand_in(v) for k, v in kwargs.items()})
     except NotImplementedError as exc:
         verdict = exc
@@ -237,7 +237,7 @@ def cpu_verdict(func, args=(), kwargs=None):
 def refuse_like_cpu(func, args, kwargs) -> None:
     """Before a decomposition runs an op on float8 operands: raise what the CPU raises for it
     (rot90, isinf on e4m3fn, count_nonzero, ...), as the CPU's exception type."""
-    dtype = _fp8_of({i: v for i, v in enumerate(args)} | dict(kwargs), ())
+    dtype = _first_fp8(args) or _first_fp8(kwargs.values())
     if dtype is None:
         return
     refused = cpu_verdict(func, args, kwargs)
@@ -270,6 +270,18 @@ def dynamic_fp8(lower):
         return [(t.view(dtype) if t.dtype == torch.uint8 else t, b) for t, b in produced]
 
     return run
+
+
+def _first_fp8(values):
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            if v.dtype in FP8:
+                return v.dtype
+        elif isinstance(v, (list, tuple)):
+            for t in v:
+                if isinstance(t, torch.Tensor) and t.dtype in FP8:
+                    return t.dtype
+    return None
 
 
 def _fp8_of(a: dict, outs):
