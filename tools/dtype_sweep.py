@@ -90,6 +90,8 @@ def main(argv=None) -> int:
                 if not ran:
                     continue
                 verdict["fwd"] = verdict["fwd"] or f"harness: {T._short(exc)}"
+            if args.json:   # after every op: a long sweep stopped early still has its numbers
+                _dump(args.json, table, failures)
             for phase in sorted(ran):
                 row = table[(name, phase)]
                 row[1] += 1
@@ -101,11 +103,16 @@ def main(argv=None) -> int:
                     if args.verbose:
                         print(f"FAIL {oid} {name} {phase}: {verdict[phase][:160]}", flush=True)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"table": [[nm, ph, ok, tot] for (nm, ph), (ok, tot) in table.items()],
-                       "failures": failures}, f)
+        _dump(args.json, table, failures)
     _print(table, reasons)
     return 0
+
+
+def _dump(path: str, table, failures) -> None:
+    with open(path + ".tmp", "w") as f:
+        json.dump({"table": [[nm, ph, ok, tot] for (nm, ph), (ok, tot) in table.items()],
+                   "failures": failures}, f)
+    os.replace(path + ".tmp", path)
 
 
 def _print(table, reasons) -> None:
