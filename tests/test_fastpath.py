@@ -240,3 +240,36 @@ def test_attention_and_affineless_layer_norm_replay_equal_float64():
     assert _hits() - before >= 3   # attention forward, backward, layer norm replayed
     for a, b in zip(got, run("cpu")):
         torch.testing.assert_close(a, b)
+
+
+def test_repeated_training_step_runs_on_runners_and_equals_cpu():
+    from torch import nn
+
+    def make():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 4))
+
+    def steps(dev, n=3):
+        model = make().to(dev)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        g = torch.Generator().manual_seed(1)
+        losses = []
+        before = None
+        for _ in range(n):
+            x = torch.randn(8, 16, generator=g).to(dev)
+            y = torch.randint(0, 4, (8,), generator=g).to(dev)
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+            if dev != "cpu" and len(losses) == 2:
+                before = (_hits(), STATS.ops, STATS.compiles)
+        return losses, before
+
+    neuron, before = steps("neuron")
+    hits, ops, compiles = _hits() - before[0], STATS.ops - before[1], STATS.compiles - before[2]
+    assert compiles == 0
+    assert hits >= 0.75 * ops, (hits, ops)   # the rest: transfers, RNG, foreach drivers, loss
+    cpu, _ = steps("cpu")
+    torch.testing.assert_close(torch.tensor(neuron), torch.tensor(cpu), rtol=1e-4, atol=1e-5)
