@@ -39,7 +39,7 @@ import torch
 from torch.autograd import profiler as _ap
 from torch.autograd.profiler_util import FunctionEvent
 
-from .recording import _Kernel, _kernel_name, _start, _stop
+from .recording import _Kernel, _kernel_name, _Op, _start, _stop
 
 _CAL = "neuron::profiler_clock_sync"
 _PRIVATEUSE1 = torch._C._autograd.DeviceType.PrivateUse1
@@ -183,6 +183,10 @@ def _parse(prof, bridge: _Bridge, events: list) -> list:
         pos.update((id(e), i) for i, e in enumerate(lst))
     next_id = max((e.id for e in events), default=0) + 1
     free_at: dict = defaultdict(float)          # core -> when its last kernel ended
+    members = defaultdict(list)                  # adaptive eager: fused group -> its ops
+    for r in bridge.raw:
+        if type(r) is _Op and r.group is not None:
+            members[r.group].append(r.name.split("::")[-1].split(".")[0])
     device_events = []
     matched.sort(key=lambda p: p[1].time_range.start)
     for r, m in matched:
@@ -195,6 +199,8 @@ def _parse(prof, bridge: _Bridge, events: list) -> list:
         owner = _owner(same, idx)
         m.time_range.start = launch
         name = _kernel_name(ev["key"])
+        if r.group in members and ":" not in name:      # fused:add+mul+relu, as ours names it
+            name = f"{name}:{'+'.join(members[r.group])}"
         start = max(launch, free_at[core])
         free_at[core] = start + device_us
         fe = FunctionEvent(
