@@ -454,6 +454,21 @@ def test_torch_profiler_cpu_only_and_legacy_forms():
     assert any(e.device_type == DeviceType.PrivateUse1 for e in ap.function_events)
 
 
+@pytest.mark.skipif(not hasattr(eager_neuron, "adaptive"), reason="no adaptive eager yet")
+def test_torch_profiler_names_fused_kernels_after_their_ops():
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    x = torch.randn(100, device="neuron")
+    with eager_neuron.adaptive():
+        (x + 1).relu().sum().item()                 # compile the fused kernel first
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as tp:
+            v = (x + 1).relu().sum().item()
+    dev = [e for e in tp.events() if e.device_type == DeviceType.PrivateUse1]
+    assert any(e.name.startswith("fused:add+relu") for e in dev), [e.name for e in dev]
+    assert v == pytest.approx((x.cpu() + 1).relu().sum().item(), rel=1e-5)
+
+
 def test_record_function_blocks_enclose_their_kernels_in_eager_neuron_profile(tmp_path):
     torch.manual_seed(0)
     model = Net().to("neuron")
