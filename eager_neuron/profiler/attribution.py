@@ -246,6 +246,7 @@ def _transfer(eid: int, events: list, op_id, core: int, start: float, dur: float
         ev.depth, ev.thread, ev.phase, ev.grad_fn = op.depth + 1, op.thread, op.phase, op.grad_fn
         ev.file, ev.line, ev.function, ev.source = op.file, op.line, op.function, op.source
         ev.location, ev.shapes, ev.dtypes = op.location, op.shapes, op.dtypes
+        ev.label = op.label
     else:
         ev.location = "<outside ops>"
     return ev
