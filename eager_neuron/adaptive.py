@@ -587,6 +587,9 @@ def _spec(g: _Group, keep: list | None = None):
 # "background": a group whose fused kernel is not built yet runs op by op while the kernel
 # compiles on a background thread (eager_neuron/adaptive_compile.py); "sync": it compiles first
 COMPILE = ["background"]
+# background mode: the flush of a trace that finds its kernel unbuilt for this many times
+# queues the build (1: at once; 2: when the trace repeats)
+COMPILE_AFTER = [2]
 
 
 def set_compile_mode(mode: str) -> str:
@@ -610,12 +613,13 @@ class _Launch:
     its spec, launch key and full key (with the argument types), cost, and the kernel once it
     is built."""
 
-    __slots__ = ("spec", "key", "full_key", "flops", "bytes", "kernel")
+    __slots__ = ("spec", "key", "full_key", "flops", "bytes", "kernel", "seen")
 
     def __init__(self, spec, key, full_key, flops, nbytes) -> None:
         self.spec, self.key, self.full_key = spec, key, full_key
         self.flops, self.bytes = flops, nbytes
         self.kernel = None
+        self.seen = 0         # flushes that found no built kernel (see COMPILE_AFTER)
 
 
 _SIM = [None]
@@ -662,11 +666,16 @@ def _launch_group(g: _Group, reason: str) -> None:
         kernel = ent.kernel = _launch.MEMORY.get(ent.full_key)
     if (kernel is None and COMPILE[0] == "background" and not _launch.HOOKS
             and not config.cache_verify):
-        kernel = ent.kernel = _from_disk(ent, parallel, args)
+        if not ent.seen:
+            kernel = ent.kernel = _from_disk(ent, parallel, args)
         if kernel is None:
             # not built yet: never compile on the critical path. The ops run one by one now
-            # (exactly plain eager), the fused kernel builds in the background for next time
-            if not bg.submit(ent.full_key, _renderer(ent.spec, parallel), args):
+            # (exactly plain eager); once the trace repeats, the fused kernel builds in the
+            # background for next time (a trace seen once is not worth a compile, and the
+            # compiler would compete with the first step for the interpreter)
+            ent.seen += 1
+            if ent.seen >= COMPILE_AFTER[0] and \
+                    not bg.submit(ent.full_key, _renderer(ent.spec, parallel), args):
                 STATS.fusion_fallbacks += 1   # it failed to build: op by op, counted
             COUNTERS["deferred"] += 1
             _run_one_by_one(g, reason)

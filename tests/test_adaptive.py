@@ -696,16 +696,21 @@ def test_background_compile_first_call_runs_op_by_op_with_the_same_values(monkey
     monkeypatch.setattr(launch, "MEMORY", _NotBuiltYet(launch.MEMORY))
     monkeypatch.setattr(_ad, "_from_disk", lambda *a: None)
     plain = (prog()[0].cpu(), prog()[1].cpu())
-    deferred = _ad.COUNTERS["deferred"]
+    deferred, queued = _ad.COUNTERS["deferred"], bg.COUNTERS["queued"]
     first, s1 = run()
     assert _ad.COUNTERS["deferred"] == deferred + 1          # ran op by op ...
     assert s1["fused_launches"] == 0 and s1["launches"] >= 6
-    assert bg.wait(120)                                      # ... while the kernel built
+    assert bg.COUNTERS["queued"] == queued                   # (seen once: nothing to build)
+    again, s1 = run()
+    assert _ad.COUNTERS["deferred"] == deferred + 2 and s1["fused_launches"] == 0
+    assert bg.COUNTERS["queued"] == queued + 1               # ... it repeats: built, off
+    assert bg.wait(120)                                      # the critical path
     second, s2 = run()
     assert s2["fused_launches"] == 1 and s2["launches"] == 1 and s2["trace_hits"] == 1
     assert s2["compiles"] == 0
-    for a, b, c in zip(first, second, fused):
+    for a, b, c, d in zip(first, second, fused, again):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+        torch.testing.assert_close(a, d, rtol=0, atol=0)
         torch.testing.assert_close(a, c, rtol=0, atol=0)
     torch.testing.assert_close(first[0], plain[0], rtol=0, atol=0)
     torch.testing.assert_close(first[1], plain[1], rtol=1e-6, atol=1e-5)
