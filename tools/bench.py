@@ -143,7 +143,7 @@ def _breakdown() -> None:
     print(f"    {'sum of the stages':<28} {parts:6.2f}  (the rest is the runner's own Python)")
 
 
-def _tp_interleaved(fns: dict, repeat: int = 9) -> dict:
+def _tp_interleaved(fns: dict, repeat: int = 9, clock=time.perf_counter) -> dict:
     """Median seconds per function, the functions timed in turn within each repetition (so a
     burst of load on this shared machine hits all of them, not one)."""
     for fn in fns.values():
@@ -152,9 +152,9 @@ def _tp_interleaved(fns: dict, repeat: int = 9) -> dict:
     times = {name: [] for name in fns}
     for _ in range(repeat):
         for name, fn in fns.items():
-            t0 = time.perf_counter()
+            t0 = clock()
             fn()
-            times[name].append(time.perf_counter() - t0)
+            times[name].append(clock() - t0)
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
@@ -215,9 +215,16 @@ def throughput() -> None:
             ratio = res["cpu"] / res["neuron"]
             verdict = "" if target is None else \
                 f"  target >= {target}x: {'met' if ratio >= target else 'missed'}"
+            cpu_time = ""
+            if threads == 1:
+                # one thread: the work runs on this thread, so its CPU time is the op's cost
+                # without the time the scheduler gave other processes (read this under load)
+                ct = _tp_interleaved({"cpu": cpu_fn, "neuron": dev_fn}, clock=time.thread_time)
+                cpu_time = (f"  [cpu time {ct['cpu'] * 1e3:.3f} / {ct['neuron'] * 1e3:.3f} ms: "
+                            f"{ct['cpu'] / max(ct['neuron'], 1e-9):.2f}x]")
             print(f"  {name:>21}: torch {res['cpu'] * 1e3:8.3f} ms  neuron "
                   f"{res['neuron'] * 1e3:8.3f} ms  ({threads} thread{'s' * (threads > 1)})  "
-                  f"speed vs torch {ratio:5.2f}x{verdict}")
+                  f"speed vs torch {ratio:5.2f}x{verdict}{cpu_time}")
     torch.set_num_threads(default)
     numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
     print(f"  (load {os.getloadavg()[0]:.1f} at the end)")
