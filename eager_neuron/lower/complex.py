@@ -150,6 +150,8 @@ def run_complex(func, plan, a: dict, outs: list) -> None:
         return _matmul(base, a, outs[0])
     if base == "aten::addbmm":
         return _addbmm(a, outs[0])
+    if base == "aten::put" and _is_complex(a.get("self")) and _is_complex(a.get("source")):
+        return _put(a, outs[0])
     if base == "aten::linalg_vector_norm":
         # a norm depends on |z| only: the real lowering over abs(z)
         x = a["self"]
@@ -550,6 +552,26 @@ def _addbmm(a: dict, out: torch.Tensor) -> None:
     _matmul("aten::addmm", {"self": a["self"], "mat1": left.reshape(m, nb * k),
                             "mat2": right.reshape(nb * k, n), "beta": a.get("beta", 1),
                             "alpha": a.get("alpha", 1)}, out)
+
+
+def _put(a: dict, out: torch.Tensor) -> None:
+    """put on complex: index_put of (real, imag) rows into the flattened pairs of the result
+    (negative indices wrap in both; accumulate adds both parts)."""
+    from .. import ops
+
+    if out is not a["self"]:
+        elementwise("aten::_to_copy", {"self": a["self"]}, out)
+    if not out.is_contiguous() or out.is_conj() or out.is_neg():
+        raise NotImplementedError("complex put into a strided or conj/neg view")
+    src = a["source"]
+    pairs = torch.empty(tuple(src.shape) + (2,), dtype=out.dtype.to_real())
+    elementwise("aten::_to_copy", {"self": src}, torch.view_as_complex(pairs))
+    rows = torch.view_as_real(out).view(-1, 2)
+    index = a["index"].reshape(-1)
+    ops.KERNELS["aten::index_put_"](torch.ops.aten.index_put_.default,
+                                    {"self": rows, "indices": [index],
+                                     "values": pairs.view(-1, 2),
+                                     "accumulate": bool(a["accumulate"])}, [rows])
 
 
 class _Named:
