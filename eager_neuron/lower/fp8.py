@@ -216,7 +216,14 @@ def _sig(v):
 def cpu_verdict(func, args=(), kwargs=None):
     """None if PyTorch's CPU runs `func` on these operand dtypes, else the exception it raises
     (asked once per op and operand signature, on zero-filled stand-ins of the operands' shapes:
-    whether an op supports float8 is the CPU kernels' dtype dispatch, which neuron mirrors)."""
+    whether an op supports float8 is the CPU kernels' dtype dispatch, which neuron mirrors).
+
+    >>> x = torch.zeros(2, dtype=torch.float8_e4m3fn)
+    >>> cpu_verdict(torch.ops.aten.abs.default, (x,)) is None
+    True
+    >>> print(cpu_verdict(torch.ops.aten.neg.default, (x,)))
+    "neg_cpu" not implemented for 'Float8_e4m3fn'
+    """
     kwargs = kwargs or {}
     key = (func, tuple(_sig(v) for v in args), tuple((k, _sig(v)) for k, v in kwargs.items()))
     if key in _VERDICTS:
