@@ -277,9 +277,13 @@ COUNTERS = {"analyses": 0, "renders": 0, "deferred": 0}
 def record(op: str, expr: str, kinds: tuple, loads: tuple, scalar_casts: tuple, store: str,
            out: np.ndarray, operands: list, scalars: tuple, numel: int,
            reduce: str | None = None, blocks: dict | None = None, core: int | None = None,
-           trusted: bool = False) -> bool:
+           trusted: bool = False, static: int | None = None) -> bool:
     """Append one elementwise node (flat loop) to the pending group. False: not fusible here.
-    `trusted`: every array was made from its tensor by numpy() (+ reshape), never a copy."""
+
+    `trusted`: every array was made from its tensor by numpy() (+ reshape), never a copy, and
+    `operands` / `out` carry each tensor's block as a third item (`blocks` unused).
+    `static`: `static_id(...)` of this call's code, size and scalar types, when the caller
+    knows it already (a recording runner)."""
     if core is None or blocks is None:
         ctx = getattr(_context._TLS, "ctx", None)
         if core is None:
@@ -305,12 +309,17 @@ def record(op: str, expr: str, kinds: tuple, loads: tuple, scalar_casts: tuple, 
                 _flush_at_end_of_backward(key)
         # 1. buffers: operands and output, by (address, length, stride, dtype)
         g.descs = descs = []
-        op_idx = tuple([g.buf_index(arr, src, blocks.get(id(src)), trusted)
-                        for arr, src in operands])
-        out_idx = g.buf_index(out[0], out[1], blocks.get(id(out[1])), trusted)
+        if trusted:
+            op_idx = tuple([g.buf_index(arr, src, blk, True) for arr, src, blk in operands])
+            out_idx = g.buf_index(out[0], out[1], out[2], True)
+        else:
+            op_idx = tuple([g.buf_index(arr, src, blocks.get(id(src))) for arr, src in operands])
+            out_idx = g.buf_index(out[0], out[1], blocks.get(id(out[1])))
         # 2. the guard: a group that recorded the same guards before places this op as then
-        sig = (op, expr, kinds, loads, scalar_casts, store, reduce, numel, op_idx, out_idx,
-               tuple(map(type, scalars)), tuple(descs))
+        if static is None:
+            static = static_id(op, expr, kinds, loads, scalar_casts, store, reduce, numel,
+                               tuple(map(type, scalars)))
+        sig = (static, op_idx, out_idx, tuple(descs)) if descs else (static, op_idx, out_idx)
         cursor = g.cursor
         nxt = cursor.children.get(sig)
         if nxt is not None:
@@ -341,6 +350,25 @@ def record(op: str, expr: str, kinds: tuple, loads: tuple, scalar_casts: tuple, 
         g.n_nodes += 1
         g.ops.append(op)
         return True
+
+
+_STATICS: dict = {}
+
+
+def static_id(*static) -> int:
+    """A small integer standing for an op's code (op, expression, operand kinds, loads, scalar
+    casts, store, reduction), element count and scalar types in trace guards: equal parts,
+    equal id, for the life of the process.
+
+    >>> from eager_neuron.adaptive import MODULE as ad
+    >>> ad.static_id("t::neg", "-x0") == ad.static_id("t::neg", "-x0")
+    True
+    """
+    sid = _STATICS.get(static)
+    if sid is None:
+        with _lock:
+            sid = _STATICS.setdefault(static, len(_STATICS))
+    return sid
 
 
 def _apply(g: _Group, bk: tuple) -> None:

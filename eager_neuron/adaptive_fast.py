@@ -114,10 +114,14 @@ def learn(out, spec, kinds: tuple, numel: int, op_name: str) -> None:
     sig = _fp.signature(args, kwargs, values)
     if sig is None:
         return
+    stypes = tuple(bool if isinstance(a[nm], bool) or a[nm] is None else type(a[nm])
+                   for nm in spec.scalars)
     ns = {"REC": _ad.record, "PENDING": _PENDING, "SK": _ad.stream_key, "NT": NeuronTensor,
           "MISS": _MISS, "IDX": index, "F": COUNTERS, "SIM": _fp.SIM,
           "STATIC": (op_name, spec.expr, kinds, spec.loads, spec.scalar_casts,
-                     spec.store), "NUMEL": numel}
+                     spec.store), "NUMEL": numel,
+          "SID": _ad.static_id(op_name, spec.expr, kinds, spec.loads, spec.scalar_casts,
+                               spec.store, None, numel, stypes)}
     lines = ["if PENDING and (len(PENDING) > 1 or SK() not in PENDING): return MISS"]
     # 1. operands: each tensor's host buffer as a flat numpy array, with its block
     refs = []
@@ -160,10 +164,9 @@ def learn(out, spec, kinds: tuple, numel: int, op_name: str) -> None:
     out_flat = ".reshape(-1)" if len(outs[0].shape) != 1 else ""
     out_np = "out_np" if any(ln.startswith("out_np") for ln in lines) else \
         f"data.numpy(){out_flat}"
-    ops = ", ".join(f"({r}._data.numpy(){fl}, {r}._data)" for r, fl in refs)
-    blocks = ", ".join([f"id({r}._data): {r}._block" for r, _fl in refs] + ["id(data): block"])
-    lines += [f"REC(*STATIC, ({out_np}, data), [{ops}], ({''.join(s + ', ' for s in svals)}), "
-              f"NUMEL, None, {{{blocks}}}, IDX, True)",
+    ops = ", ".join(f"({r}._data.numpy(){fl}, {r}._data, {r}._block)" for r, fl in refs)
+    lines += [f"REC(*STATIC, ({out_np}, data, block), [{ops}], "
+              f"({''.join(s + ', ' for s in svals)}), NUMEL, None, None, IDX, True, SID)",
               "F['hits'] += 1", ret]
     runner = _fp._build(plan.name, lines, ns)
     with _fp._LOCK:
