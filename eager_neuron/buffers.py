@@ -22,6 +22,8 @@ from .adaptive import MODULE as _adaptive
 from .lower.common import DEVICE_DTYPES
 from .simulator import SIM
 
+# torch's own factory, not the pin_memory wrapper pinned.py installs as torch.empty_strided
+_EMPTY_STRIDED = torch._C._VariableFunctions.empty_strided
 _ITEMSIZE: dict = {}
 _POOLED_BYTES = 1 << 16   # from here up, buffers come from the core's caching pool
 
@@ -29,7 +31,7 @@ _POOLED_BYTES = 1 << 16   # from here up, buffers come from the core's caching p
 def alloc(index: int | None, shape, stride, dtype) -> tuple[torch.Tensor, object]:
     """A fresh device buffer: (host-backed view, block). index None means plain CPU (the mode)."""
     if index is None:
-        return torch.empty_strided(shape, stride, dtype=dtype), None
+        return _EMPTY_STRIDED(shape, stride, dtype=dtype), None
     if dtype not in DEVICE_DTYPES:
         raise errors.UnsupportedTensorError(
             f"{dtype} tensors are not supported on neuron (supported: float32, float64, "
@@ -49,7 +51,7 @@ def alloc(index: int | None, shape, stride, dtype) -> tuple[torch.Tensor, object
     if nbytes < _POOLED_BYTES:
         # small: the host allocator is cheap; the block only accounts the bytes
         block = SIM.core(index).alloc(nbytes, want_storage=False)
-        return torch.empty_strided(shape, stride, dtype=dtype), block
+        return _EMPTY_STRIDED(shape, stride, dtype=dtype), block
     try:
         block = SIM.core(index).alloc(nbytes)
     except torch.OutOfMemoryError:

@@ -47,6 +47,8 @@ TABLES: dict = {}
 LIMIT = 512          # signatures per overload: a loop over ever-new shapes stops learning
 MISS = object()      # a runner's answer when this call's operands need the slow path
 STATS_FAST = {"hits": 0, "learned": 0}
+# torch's own factory, not the pin_memory wrapper pinned.py installs as torch.empty_strided
+_EMPTY_STRIDED = torch._C._VariableFunctions.empty_strided
 _KW = object()       # marks where the keyword arguments start in a signature
 _LOCK = threading.Lock()
 _SCALARS = (float, int, bool)
@@ -303,7 +305,7 @@ def _alloc_lines(ns: dict, out: torch.Tensor, index: int, suffix: str = "",
                           f"data{x} = from_numpy(data_np{x})",
                           f"out_np{x} = data_np{x}.reshape(-1)"]
             return lines
-        ns["empty_strided"] = torch.empty_strided
+        ns["empty_strided"] = _EMPTY_STRIDED
         return lines + [f"data{x} = empty_strided(SHAPE{x}, STRIDE{x}, dtype=DT{x})"]
     ns["alloc"] = buffers.alloc
     return [f"data{x}, block{x} = alloc(IDX, SHAPE{x}, STRIDE{x}, DT{x})"]
