@@ -51,10 +51,12 @@ clean:
 
 # adaptive eager: long randomized differential run (CPU vs plain vs adaptive); FUZZ_N programs
 FUZZ_N ?= 2000
-.PHONY: fuzz fuzz-adaptive
+.PHONY: fuzz fuzz-adaptive fuzz-fastpath
 fuzz: fuzz-adaptive
 fuzz-adaptive: $(TSTAMP)
 	$(VPY) tools/fuzz_adaptive.py --programs $(FUZZ_N)
+fuzz-fastpath: $(TSTAMP)
+	$(VPY) tools/fuzz_fastpath.py --programs 400
 
 # 2 ranks on loopback: DDP and FSDP2 losses next to one CPU process, plus a 64 MB all-reduce row
 .PHONY: ddp

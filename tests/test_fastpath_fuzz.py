@@ -9,9 +9,16 @@ bounds; exact for integers and bools) and with EAGER_NEURON_FASTPATH=0 (bit-equa
 
 from __future__ import annotations
 
+import os
+import sys
+
+import pytest
 import torch
 
 from eager_neuron import fastpath
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
+import fuzz_fastpath  # noqa: E402
 
 
 def _hits() -> int:
@@ -108,3 +115,43 @@ def test_int_scalar_beyond_int64_takes_the_slow_path():
     assert fastpath.signature((x, 1 << 63), {}, False) is None
     assert fastpath.signature((x, (1 << 63) - 1), {}, False) is not None
     assert fastpath.signature((x, -(1 << 63) - 1), {}, False) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# the bounded fuzz run: every step kind once per program (the long run: make fuzz-fastpath)
+# ---------------------------------------------------------------------------------------------
+
+ALL_KINDS = ["binary", "inplace", "view", "inplace_any", "reduce", "norm", "mm", "cat",
+             "valued", "memclear", "out", "meta", "data", "default", "cast", "grad", "nograd",
+             "thread", "divzero", "index", "unary", "resize", "complex"]
+
+
+@pytest.mark.parametrize("seed", [3])
+def test_fuzz_programs_fast_equals_slow_and_cpu(seed):
+    # run_program raises Fail naming the first step where the replayed run (fast path on,
+    # new data, perturbed signatures) differs from the slow path or the CPU
+    hits = fuzz_fastpath.run_program(seed, kinds_in_order=ALL_KINDS)
+    assert hits["B2"] > 20   # the replays did go through runners
+    assert hits["C"] == 0    # and the slow run did not
+
+
+def test_fuzz_reports_a_wrong_runner(monkeypatch):
+    # the harness can fail: a runner that answers wrongly is caught by the slow comparison
+    real = fastpath._build
+
+    def corrupt(name, lines, ns):
+        run = real(name, lines, ns)
+        if not name.startswith("aten::mul"):
+            return run
+
+        def wrong(args, kwargs):
+            out = run(args, kwargs)
+            if isinstance(out, torch.Tensor) and out.is_floating_point() and out.numel():
+                out._data.view(-1)[0] += 1
+            return out
+        return wrong
+
+    monkeypatch.setattr(fastpath, "_build", corrupt)
+    with pytest.raises(fuzz_fastpath.Fail):
+        fuzz_fastpath.run_program(5, kinds_in_order=["binary", "inplace_any", "valued",
+                                                     "binary", "inplace", "grad"])

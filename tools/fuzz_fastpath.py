@@ -65,9 +65,10 @@ class Fail(Exception):
 # programs
 # ---------------------------------------------------------------------------------------------
 
-def make_program(seed: int, n_steps: int) -> list:
+def make_program(seed: int, n_steps: int, kinds_in_order: list | None = None) -> list:
     """A program: a list of (kind, params) the executor interprets; everything random about a
-    program (not its data) is fixed here."""
+    program (not its data) is fixed here. kinds_in_order: these step kinds, in this order,
+    instead of n_steps random ones."""
     r = random.Random(seed)
     kinds = (["new"] * 3 + ["unary"] * 4 + ["binary"] * 6 + ["inplace"] * 5 + ["out"] * 2
              + ["view"] * 3 + ["reduce"] * 3 + ["norm"] * 2 + ["mm"] * 2 + ["cat"] * 2
@@ -78,8 +79,8 @@ def make_program(seed: int, n_steps: int) -> list:
              ("new", {"shape": (3, 4), "dtype": torch.float32}),
              ("new", {"shape": (4, 3), "dtype": r.choice(FLOATS)}),
              ("new", {"shape": (6,), "dtype": r.choice(INTS)})]
-    for _ in range(n_steps):
-        k = r.choice(kinds)
+    for n in range(n_steps if kinds_in_order is None else len(kinds_in_order)):
+        k = r.choice(kinds) if kinds_in_order is None else kinds_in_order[n]
         p = {"r": r.random(), "i": r.randrange(1000), "j": r.randrange(1000),
              "k": r.randrange(1000), "perturb": r.random() < 0.35,
              "alt": r.randrange(6)}
@@ -740,10 +741,11 @@ def compare_cpu(ln: list, lc: list, what: str) -> None:
                 raise Fail(f"{what}: step {en[0]}: neuron {tn} cpu {tc}")
 
 
-def run_program(seed: int, n_steps: int = 14, verbose: bool = False) -> dict:
+def run_program(seed: int, n_steps: int = 14, verbose: bool = False,
+                kinds_in_order: list | None = None) -> dict:
     """Run program `seed` as described in the module docstring; raise Fail on a difference.
-    Returns the fast-path hits its replays made."""
-    program = make_program(seed, n_steps)
+    Returns the fast-path hits each run made ({"A": .., "B1": .., "B2": .., "C": 0})."""
+    program = make_program(seed, n_steps, kinds_in_order)
     variant = 1 + seed % 3
     prev_fast = config.fastpath
     prev_default = torch.get_default_dtype()
