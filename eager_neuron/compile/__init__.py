@@ -45,9 +45,46 @@ def _on_dynamo() -> None:
     # graph break runs user code eagerly: it runs outside graphs, as a CUDA driver does
     _skip_dirs(tr)
     skip_runtime()
+    _allow_flex_attention()
     custom = sys.modules.get("eager_neuron.custom.core")
     if custom is not None:          # loaded later, it applies this itself
         custom.trace_into_call()
+
+
+def _allow_flex_attention() -> None:
+    """FlexAttention refuses devices outside its list; on neuron its HOP runs as on the CPU:
+    eager (dynamo's eager backend over the dense implementation) and compiled (the HOP is one
+    node of the graph, run through neuron dispatch), forward and backward."""
+    try:
+        import torch.nn.attention.flex_attention as fa
+    except Exception:    # noqa: BLE001 - an older torch without FlexAttention
+        return
+    check = fa._validate_device
+    if getattr(check, "_en_neuron", False):
+        return
+
+    def _validate_device(query, key, value):
+        if query.device.type == "neuron" and key.device == query.device == value.device:
+            return
+        check(query, key, value)
+
+    _validate_device._en_neuron = True
+    fa._validate_device = _validate_device
+    try:
+        import importlib
+
+        # (the package re-exports the HOP under the module's name: import the module itself)
+        hops = importlib.import_module("torch._higher_order_ops.flex_attention")
+
+        from ..tensor import NeuronTensor
+
+        # the dense implementations (scores materialized), op by op through neuron dispatch
+        hops.flex_attention.py_impl(NeuronTensor)(
+            lambda *args, **kwargs: hops.sdpa_dense(*args, **kwargs))
+        hops.flex_attention_backward.py_impl(NeuronTensor)(
+            lambda *args, **kwargs: hops.sdpa_dense_backward(*args, **kwargs))
+    except Exception:    # noqa: BLE001 - another torch layout: FlexAttention stays refused
+        fa._validate_device = check
 
 
 # user-level wrappers made of torch ops and registered custom kernels: dynamo traces them

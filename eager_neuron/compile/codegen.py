@@ -367,7 +367,7 @@ def partition(gm: GraphModule) -> list:
 
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     for node in gm.graph.nodes:
-        if node.op in ("placeholder", "output"):
+        if node.op in ("placeholder", "output", "get_attr"):   # get_attr: Program's constants
             continue
         reg = region_of.get(node)
         if reg is not None:

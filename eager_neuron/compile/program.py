@@ -164,6 +164,14 @@ class Program:
         split_var_mean(gm)
         graph = gm.graph
         self.placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+        # get_attr nodes: constants and subgraphs (a HOP's score_mod), fetched once
+        self.consts = {}
+        for n in graph.nodes:
+            if n.op == "get_attr":
+                obj = gm
+                for part in n.target.split("."):
+                    obj = getattr(obj, part)
+                self.consts[n] = obj
         self.output = next(n for n in graph.nodes if n.op == "output")
         steps = partition(gm)
         # last use of every value, for freeing as the program runs (its memory goes back to
@@ -204,7 +212,7 @@ class Program:
             last[n] = len(self.steps)
         frees = [[] for _ in self.steps]
         for n, i in last.items():
-            if i < len(self.steps) and n.op != "placeholder":
+            if i < len(self.steps) and n.op not in ("placeholder", "get_attr"):
                 frees[i].append(n)
         self.frees = frees
         self.n_kernels = sum(1 for k, _ in self.steps if k in ("fused", "rows"))
@@ -225,7 +233,7 @@ class Program:
         return "\n".join(lines)
 
     def __call__(self, *args):
-        env: dict = {}
+        env: dict = dict(self.consts)
         for p, a in zip(self.placeholders, args):
             env[p] = a
         CSTATS.graph_launches += 1
@@ -274,10 +282,26 @@ def _load(a, env):
     return a
 
 
+def _hop_impl(t):
+    """A higher-order op inside an AOT graph runs below autograd: its dense implementation
+    directly (FlexAttention's HOP would re-enter its autograd rule under a torch-function
+    mode no real tensor answers)."""
+    name = getattr(t, "_name", None)
+    if name in ("flex_attention", "flex_attention_backward"):
+        import importlib
+
+        hops = importlib.import_module("torch._higher_order_ops.flex_attention")
+        return hops.sdpa_dense if name == "flex_attention" else hops.sdpa_dense_backward
+    return t
+
+
 def _run_node(node: Node, env: dict) -> None:
     args = _load(node.args, env)
     kwargs = _load(node.kwargs, env)
     t = node.target
+    if isinstance(t, torch._ops.HigherOrderOperator):
+        CSTATS.eager_ops[f"higher_order.{t._name}"] += 1
+        t = _hop_impl(t)
     if isinstance(t, torch._ops.OpOverload):
         CSTATS.eager_ops[t.name()] += 1
     try:

@@ -760,8 +760,10 @@ def run(step: RowStep, env: dict, run_node, alloc, flat) -> bool:
             return False
         arr = t._data.numpy()
         if mode == "mat":
-            if arr.ndim != 2 or not (arr.flags.c_contiguous or arr.flags.f_contiguous):
+            if arr.ndim != 2:
                 return False
+            if not (arr.flags.c_contiguous or arr.flags.f_contiguous):
+                arr = np.ascontiguousarray(arr)   # a strided row pick (BERT's pooler): a copy
             args[j] = arr
             continue
         v = _view3d(arr, mode, F, R)
