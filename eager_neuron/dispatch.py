@@ -32,7 +32,6 @@ from .config import config
 from .context import OpContext
 from .fallback import log_op, run_fallback
 from .inplace import resize_out, resize_outs, run_inplace_view
-from .launch import HOOKS as _LAUNCH_HOOKS
 from .launch import launch
 from .lower.common import COMPLEX, FP8, HALF, bind
 from .operands import _check_tensor, _original, _unwrap, unwrap_args  # noqa: F401 -- API
@@ -82,13 +81,14 @@ def dispatch(func, args, kwargs, mode=None):
     # the fast path: a repeat of a signature a runner was left for (see fastpath.py), while
     # nothing watches ops one by one
     tab = _FAST_TABLES.get(func)
-    if (tab is not None and mode is None and not OP_HOOKS and not _LAUNCH_HOOKS
-            and not _STATE.enabled and not _adaptive.PENDING and not config.log
-            and not config.cache_verify and config.fastpath):
+    if (tab is not None and mode is None and not _STATE.enabled and not _adaptive.PENDING
+            and not config.log and not config.cache_verify and config.fastpath):
         sig = _fast.signature(args, kwargs, tab[0])
         run = tab[1].get(sig) if sig is not None else None
         if run is not None:
             try:
+                if OP_HOOKS:   # the profiler: the op's record around the runner's launches
+                    return _run_hooked(func, run, args, kwargs)
                 out = run(args, kwargs)
             except Exception as exc:   # out of memory: raised as the funnel raises it
                 if _backward.in_backward():
@@ -124,6 +124,17 @@ def dispatch(func, args, kwargs, mode=None):
         if mode is None and _backward.in_backward():
             return _placeholder_outputs(func, plan, args, kwargs, exc)
         raise
+
+
+def _run_hooked(func, run, args, kwargs):
+    """A runner under the profiler's op hook (a runner tells launch.HOOKS its launches); a call
+    the runner declines goes down the funnel inside the same op record."""
+    plan = _PLANS[func]
+    with OP_HOOKS[0](plan, args, kwargs):
+        out = run(args, kwargs)
+        if out is _fast.MISS:
+            return _dispatch_plan(func, plan, args, kwargs, None)
+        return out
 
 
 def _placeholder_outputs(func, plan, args, kwargs, exc):
@@ -191,7 +202,7 @@ def _run_view(func, args, kwargs, mode):
                 base = a[0]
                 break
     block = base._block if base is not None else None
-    if base is args[0] and not _STATE.enabled and not OP_HOOKS:
+    if base is args[0] and not _STATE.enabled:
         _fast.learn_view(func, args, kwargs, out)
     if isinstance(out, torch.Tensor):
         return _view_wrap(out, block, index)
@@ -280,7 +291,7 @@ def _run_kernel(func, plan, args, kwargs, mode):
             flush(f"non-fusible op {plan.name}")
             ctx.recording = False
     elif mode is None:
-        if _fast.capturable(plan) and config.fastpath and not _LAUNCH_HOOKS and \
+        if _fast.capturable(plan) and config.fastpath and \
                 dtypes.isdisjoint(_WIDENED):
             ctx = OpContext(index)   # the fast path learns this op from its launches
             ctx.capture = []

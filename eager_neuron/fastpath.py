@@ -31,11 +31,13 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from math import copysign
 
 import numpy as np
 import torch
 
+from .launch import HOOKS as _LAUNCH_HOOKS
 from .launch import MEMORY, full_key
 from .simulator import SIM
 from .stats import STATS
@@ -188,8 +190,20 @@ def _ref(func, args: tuple, kwargs: dict, name: str):
     return None
 
 
+def emit(t0: float, device_us: float, key, flops, nbytes, engine, extra) -> None:
+    """A replayed launch, told to launch.HOOKS (the profiler) as launch() tells a memory hit."""
+    event = {"key": key, "outcome": "memory", "compile_s": 0.0,
+             "host_us": (time.perf_counter() - t0) * 1e6, "device_us": device_us,
+             "bytes": nbytes, "flops": flops, "engine": engine}
+    if extra:
+        event.update(extra)
+    for hook in _LAUNCH_HOOKS:
+        hook(event)
+
+
 def _build(name: str, lines: list, ns: dict):
     src = "def run(args, kwargs):\n" + "".join(f"    {ln}\n" for ln in lines)
+    ns.update(LH=_LAUNCH_HOOKS, perf=time.perf_counter, emit=emit)
     code = compile(src, f"<eager_neuron fast {name}>", "exec")
     exec(code, ns)   # noqa: S102 -- our own generated source, one function per signature
     return ns["run"]
@@ -271,9 +285,11 @@ def learn_elementwise(func, plan, args, kwargs, index: int, a: dict, outs: list,
     flops = req[3] if len(req) > 3 else 0.0
     nbytes = req[4] if len(req) > 4 else 0.0
     engine = req[5] if len(req) > 5 else "vector"
-    ns.update(FLOPS=flops, NBYTES=nbytes, ENGINE=engine)
+    ns.update(FLOPS=flops, NBYTES=nbytes, ENGINE=engine, E=(req[0], flops, nbytes, engine, None))
+    lines.insert(len(lines) - 1, "t0 = perf() if LH else 0.0")
     lines += ["S.launches += 1", "S.memory_hits += 1", "F['hits'] += 1",
-              "SIM.cores[IDX].launch(FLOPS, NBYTES, ENGINE, 'fp32')", ret]
+              "d = SIM.cores[IDX].launch(FLOPS, NBYTES, ENGINE, 'fp32')",
+              "if LH: emit(t0, d, *E)", ret]
     _add(func, values, sig, _build(plan.name, lines, ns), (args, kwargs))
     return True
 
@@ -497,7 +513,7 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
             ns[f"H{n}"], ns[f"HA{n}"] = fn, cargs
             lines.append(f"H{n}(*HA{n})")
             continue
-        _tag, kernel, kargs, flops, nbytes, engine, dclass, core, snaps = entry
+        _tag, kernel, kargs, flops, nbytes, engine, dclass, core, snaps, lkey, extra = entry
         if core != index:
             return
         exprs = []
@@ -526,9 +542,12 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
                 exprs.append(f"C{n}_{m}")
             else:
                 return
-        ns.update({f"K{n}": kernel, f"L{n}": (flops, nbytes, engine, dclass)})
-        lines += [f"K{n}({', '.join(exprs)})", "S.launches += 1", "S.memory_hits += 1",
-                  f"SIM.cores[IDX].launch(*L{n})"]
+        ns.update({f"K{n}": kernel, f"L{n}": (flops, nbytes, engine, dclass),
+                   f"E{n}": (lkey, flops, nbytes, engine, extra)})
+        lines += ["t0 = perf() if LH else 0.0",
+                  f"K{n}({', '.join(exprs)})", "S.launches += 1", "S.memory_hits += 1",
+                  f"d = SIM.cores[IDX].launch(*L{n})",
+                  f"if LH: emit(t0, d, *E{n})"]
     # 3. results, shaped as the op returns them
     results = []
     for i, out in enumerate(outs):

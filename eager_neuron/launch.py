@@ -137,7 +137,7 @@ def launch(key: tuple, render: Callable[[], tuple[str, str]], args: tuple,
     device_us = sim.cores[core].launch(flops, bytes_moved, engine, dtype_class)
     if ctx is not None and ctx.capture is not None:   # the fast path is learning this op
         ctx.capture.append(("launch", kernel, args, flops, bytes_moved, engine, dtype_class,
-                            core, snaps))
+                            core, snaps, key, extra))
     if t0:
         host_us = (time.perf_counter() - t0) * 1e6
         event = {"key": key, "outcome": outcome, "compile_s": seconds, "host_us": host_us,

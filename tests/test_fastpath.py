@@ -180,14 +180,24 @@ def test_simulated_time_equal_to_the_slow_path():
     assert device_us(True) == pytest.approx(device_us(False))
 
 
-def test_profiler_sees_every_op():
-    x = torch.ones(4, device="neuron")
+def test_profiler_records_runner_ops_and_kernels():
+    x = torch.ones(2, 4, device="neuron")
+    w = torch.ones(4, 4, device="neuron")
     x + x
     x + x
+    x @ w
+    x @ w
     before = _hits()
-    with eager_neuron.profile():
+    with eager_neuron.profile() as prof:
         x + x
-    assert _hits() == before   # hooks installed: the funnel runs, and the profiler records
+        x @ w
+    assert _hits() - before == 2   # the runners ran under the profiler's hooks
+    rows = prof.rows()
+    ops = [r for r in rows if r["type"] == "op"]
+    kernels = [r for r in rows if r["type"] == "kernel"]
+    assert [r["name"] for r in ops] == ["aten::add.Tensor", "aten::mm"]
+    assert [rows[r["parent"]]["name"] for r in kernels] == ["aten::add.Tensor", "aten::mm"]
+    assert all(r["outcome"] == "memory" and r["device_us"] > 0 for r in kernels)
 
 
 def test_memory_cache_clear_forgets_runners():
