@@ -272,6 +272,12 @@ def _chalf(plan, base: str, a: dict, outs: list) -> None:
     convert with the cast family's float16 path); any other op refuses it."""
     from .cast import cast
 
+    if base == "aten::complex" and outs[0].dtype == torch.complex32:
+        # torch.complex(half, half): the pairs themselves (float16 values, exactly)
+        pair = torch.view_as_real(outs[0])
+        cast(a["real"].expand(outs[0].shape), pair[..., 0])
+        cast(a["imag"].expand(outs[0].shape), pair[..., 1])
+        return
     name = "src" if base in ("aten::copy", "aten::copy_") else "self"
     src, out = a.get(name), outs[0]
     if base not in _COPIES or not isinstance(src, torch.Tensor) or src.is_conj() or \
