@@ -2,10 +2,11 @@
 
 Per model: the training step (forward, loss, backward, AdamW step) compiled as one function;
 3+ steps compared with neuron eager step by step (losses and final parameters, rtol 1e-4 /
-atol 1e-5 as tools/model_sweep.py; dropout off: compiled masks are drawn in another order); CPU fallbacks (must be 0), graphs that fell back to
-eager, eager ops inside graphs; median wall time per step of torch CPU eager, neuron eager and
-neuron compiled, and the ratio compiled / torch CPU eager (targets: <= 1.0 on mlp and gpt2,
-<= 1.5 on every model); the cold compile time (first compiled step).
+atol 1e-5 as tools/model_sweep.py; dropout off: compiled masks are drawn in another order);
+CPU fallbacks (must be 0), graphs that fell back to eager, eager ops inside graphs; median
+wall time per step of torch CPU eager, neuron eager and neuron compiled, and the ratio
+compiled / torch CPU eager (targets: <= 1.0 on mlp and gpt2, <= 1.5 on every model); the
+cold compile time (first compiled step).
 
     .venv/bin/python tools/compile_sweep.py                      # every model
     .venv/bin/python tools/compile_sweep.py --models mlp,gpt2 --steps 5

@@ -505,7 +505,6 @@ class RowStep:
         self.shape_src = None
         self.scalar_args: list = []
         scalar_casts: list = []
-        lines: list = []
         mm_lines: list = []
         passes = sorted({oc[1].avail if oc[0] == "m" else 0
                          for m in members if m.kind == "red" for _, oc in m.operands}
@@ -580,13 +579,13 @@ class RowStep:
             outs = [m for m in stored if m.form == "full" and m.avail == s]
             need: set = set()
 
-            def want(m):
+            def want(m, need=need):
                 if m.idx in need or m.cls != "full":
                     return
                 need.add(m.idx)
                 for _, oc in m.operands:
                     if oc[0] == "m":
-                        want(oc[1])
+                        want(oc[1], need)
             for m in reds:
                 t, oc = m.operands[0]
                 if oc[0] == "m":
@@ -656,7 +655,8 @@ class RowStep:
 
     def _render(self, body, mm_lines, scalar_casts, parallel):
         n_bufs = len(self.bufs)
-        params = ["R", "C"] + [f"b{j}" for j in range(n_bufs)] + [f"s{j}" for j in range(len(scalar_casts))]
+        params = (["R", "C"] + [f"b{j}" for j in range(n_bufs)]
+                  + [f"s{j}" for j in range(len(scalar_casts))])
         digest = hashlib.sha1(("\n".join(body + mm_lines) + repr(scalar_casts) + repr(
             [b[2] for b in self.bufs]) + str(parallel)).encode()).hexdigest()[:12]
         name = f"rows_{digest}"
@@ -739,7 +739,6 @@ def run(step: RowStep, env: dict, run_node, alloc, flat) -> bool:
     from ..kernels import compile as kc
     from ..launch import launch
     from ..tensor import NeuronTensor
-    from .program import _renderer_src
     from .stats import CSTATS
 
     if step.shape_src is not None:
