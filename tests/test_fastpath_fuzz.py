@@ -153,5 +153,4 @@ def test_fuzz_reports_a_wrong_runner(monkeypatch):
 
     monkeypatch.setattr(fastpath, "_build", corrupt)
     with pytest.raises(fuzz_fastpath.Fail):
-        fuzz_fastpath.run_program(5, kinds_in_order=["binary", "inplace_any", "valued",
-                                                     "binary", "inplace", "grad"])
+        fuzz_fastpath.run_program(5, kinds_in_order=["valued"])   # x.t() * e among them
