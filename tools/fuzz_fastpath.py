@@ -735,7 +735,9 @@ def compare_cpu(ln: list, lc: list, what: str) -> None:
                 raise Fail(f"{what}: step {en[0]}: neuron {tn.dtype}{list(tn.shape)} vs cpu "
                            f"{tc.dtype}{list(tc.shape)}")
             if tn.is_floating_point() or tn.is_complex():
-                rtol, atol = TOL[tn.dtype]
+                # a float64 result may carry float32 rounding from earlier steps (x.sum() in
+                # float32, then .double()): float32's bound at least
+                rtol, atol = (max(a, b) for a, b in zip(TOL[tn.dtype], TOL[torch.float32]))
                 scale = max(1.0, float(tc.abs().nan_to_num(0, 0, 0).max())) if tc.numel() \
                     else 1.0
                 try:
