@@ -117,6 +117,19 @@ def test_int_scalar_beyond_int64_takes_the_slow_path():
     assert fastpath.signature((x, -(1 << 63) - 1), {}, False) is None
 
 
+def test_tables_stop_growing_at_the_limit(monkeypatch):
+    # a loop over ever-new shapes: each overload's table stops at fastpath.LIMIT signatures,
+    # and calls past it still answer (the slow way)
+    monkeypatch.setattr(fastpath, "LIMIT", 6)
+    fastpath.reset()
+    for n in range(1, 16):
+        x = torch.arange(float(n), device="neuron")
+        for _ in range(2):
+            assert (x * 3.0).cpu().tolist() == [3.0 * i for i in range(n)]
+    assert all(len(tab[1]) <= 6 for tab in fastpath.TABLES.values())
+    assert len(fastpath.TABLES[torch.ops.aten.mul.Tensor][1]) == 6
+
+
 # ---------------------------------------------------------------------------------------------
 # the bounded fuzz run: every step kind once per program (the long run: make fuzz-fastpath)
 # ---------------------------------------------------------------------------------------------
