@@ -340,21 +340,19 @@ class Group:
         return True
 
 
-def partition(gm: GraphModule) -> list:
+def partition(gm: GraphModule, regions=()) -> list:
     """[("group", Group) | ("node", Node) | ("rows", Region)] in program order.
 
     A node that is not fusible but reads nothing the open group computes (a view, a matmul of
     other values) is hoisted before the group instead of closing it, so one chain stays one
     kernel across the views and matmuls AOTAutograd interleaves. Mutating nodes are never moved.
     Row regions (rows.py: last-dim reductions, broadcast operands, matmul epilogues) are found
-    first; a region runs as one step where its last member stood.
+    first (by the caller, program.py, which passes them in: rows.py builds on this module);
+    a region runs as one step where its last member stood.
     """
-    from .rows import find_regions
-
     steps: list = []
     group = None
     hoisted: list = []
-    regions = find_regions(gm)
     region_of = {n: r for r in regions for n in r.order}
 
     def close():

@@ -16,7 +16,7 @@ from torch.fx import GraphModule, Node
 
 from ..config import config
 from .codegen import Group, LoweringError, _stack_line, expand_foreach, partition
-from .rows import RowStep, split_var_mean
+from .rows import RowStep, find_regions, split_var_mean
 from .stats import CSTATS
 
 _PARALLEL_MIN = 1 << 18
@@ -33,20 +33,6 @@ def _renderer(spec: tuple, parallel: bool):
         vm = VMATH_PRELUDE if needs_vmath(src) else ""
         special = getattr(ew, "SPECIAL_PRELUDE", "")
         sp = special if special and ew._SPECIAL_RE.search(src) else ""
-        return vm + ew.PRELUDE + sp + src, name
-    return render
-
-
-def _renderer_src(src: str):
-    """render() for a kernel whose source is already built (row regions)."""
-    from ..kernels.vmath import VMATH_PRELUDE, needs_vmath
-    from ..lower import elementwise as ew
-
-    def render():
-        vm = VMATH_PRELUDE if needs_vmath(src) else ""
-        special = getattr(ew, "SPECIAL_PRELUDE", "")
-        sp = special if special and ew._SPECIAL_RE.search(src) else ""
-        name = src.split("def ", 1)[1].split("(", 1)[0]
         return vm + ew.PRELUDE + sp + src, name
     return render
 
@@ -173,7 +159,7 @@ class Program:
                     obj = getattr(obj, part)
                 self.consts[n] = obj
         self.output = next(n for n in graph.nodes if n.op == "output")
-        steps = partition(gm)
+        steps = partition(gm, find_regions(gm))
         # last use of every value, for freeing as the program runs (its memory goes back to
         # the core's caching pool and the next allocation of that size reuses it)
         out_users = set(self.output.all_input_nodes)

@@ -641,7 +641,6 @@ class RowStep:
         self.lines = sorted({_stack_line(n) for n in self.nodes})
         self.stored_set = set(self.stores)
         # run-time plan (no FX or meta lookups per launch)
-        from .program import _renderer_src
 
         self.ins = [(j, node, mode) for j, (kind, node, mode) in enumerate(self.bufs)
                     if kind == "in"]
@@ -812,3 +811,17 @@ def run(step: RowStep, env: dict, run_node, alloc, flat) -> bool:
 def _mm_args(node):
     a = _bind(node.target, node)
     return (a["self"] if node.target is aten.mm.default else a["mat1"]), a["mat2"]
+
+
+def _renderer_src(src: str):
+    """render() for a kernel whose source is already built (row regions)."""
+    from ..kernels.vmath import VMATH_PRELUDE, needs_vmath
+    from ..lower import elementwise as ew
+
+    def render():
+        vm = VMATH_PRELUDE if needs_vmath(src) else ""
+        special = getattr(ew, "SPECIAL_PRELUDE", "")
+        sp = special if special and ew._SPECIAL_RE.search(src) else ""
+        name = src.split("def ", 1)[1].split("(", 1)[0]
+        return vm + ew.PRELUDE + sp + src, name
+    return render
