@@ -136,7 +136,7 @@ def test_tables_stop_growing_at_the_limit(monkeypatch):
 
 ALL_KINDS = ["binary", "inplace", "view", "inplace_any", "reduce", "norm", "mm", "cat",
              "valued", "memclear", "out", "meta", "data", "default", "cast", "grad", "nograd",
-             "thread", "divzero", "index", "unary", "resize", "complex"]
+             "thread", "divzero", "index", "unary", "resize", "complex", "profiled"]
 
 
 @pytest.mark.parametrize("seed", [3])

@@ -74,7 +74,8 @@ def make_program(seed: int, n_steps: int, kinds_in_order: list | None = None) ->
              + ["view"] * 3 + ["reduce"] * 3 + ["norm"] * 2 + ["mm"] * 2 + ["cat"] * 2
              + ["meta"] * 2 + ["data"] + ["memclear"] + ["default"] + ["grad"] * 2
              + ["nograd"] + ["thread"] + ["divzero"] + ["index"] + ["complex"]
-             + ["valued"] * 2 + ["cast"] * 2 + ["inplace_any"] * 3 + ["resize"])
+             + ["valued"] * 2 + ["cast"] * 2 + ["inplace_any"] * 3 + ["resize"]
+             + ["profiled"] * 2)
     steps = [("new", {"shape": (3, 4), "dtype": torch.float32}),
              ("new", {"shape": (3, 4), "dtype": torch.float32}),
              ("new", {"shape": (4, 3), "dtype": r.choice(FLOATS)}),
@@ -89,7 +90,7 @@ def make_program(seed: int, n_steps: int, kinds_in_order: list | None = None) ->
             p["shape"] = r.choice(SHAPES)
             p["dtype"] = (r.choice(FLOATS) if kind < 0.6 else r.choice(INTS) if kind < 0.85
                           else torch.bool)
-        elif k in ("binary", "inplace", "out"):
+        elif k in ("binary", "inplace", "out", "profiled"):
             p["scalar"] = r.choice(SPECIAL) if r.random() < 0.3 else r.choice([2, -1.5, 0.5])
         steps.append((k, p))
     return steps
@@ -658,12 +659,20 @@ def st_resize(run, p, what, dev):
     run.record(f"{what}:view_sum", lambda: x.view(-1).sum())
 
 
+def st_profiled(run, p, what, dev):
+    """Other steps' ops under the profiler (its hooks see every op; runners still run)."""
+    inner = [st_binary, st_inplace, st_mm, st_norm, st_view, st_cast][p["j"] % 6]
+    ctx = eager_neuron.profile() if dev != "cpu" else contextlib.nullcontext()
+    with ctx:
+        inner(run, p, what + ":prof", dev)
+
+
 STEPS = {"unary": st_unary, "binary": st_binary, "inplace": st_inplace, "out": st_out,
          "view": st_view, "reduce": st_reduce, "norm": st_norm, "mm": st_mm, "cat": st_cat,
          "meta": st_meta, "data": st_data, "memclear": st_memclear, "default": st_default,
          "grad": st_grad, "nograd": st_nograd, "thread": st_thread, "divzero": st_divzero,
          "index": st_index, "complex": st_complex, "valued": st_valued, "cast": st_cast,
-         "inplace_any": st_inplace_any, "resize": st_resize}
+         "inplace_any": st_inplace_any, "resize": st_resize, "profiled": st_profiled}
 
 
 # ---------------------------------------------------------------------------------------------
