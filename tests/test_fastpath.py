@@ -283,3 +283,31 @@ def test_repeated_training_step_runs_on_runners_and_equals_cpu():
     assert hits >= 0.75 * ops, (hits, ops)   # the rest: transfers, RNG, foreach drivers, loss
     cpu, _ = steps("cpu")
     torch.testing.assert_close(torch.tensor(neuron), torch.tensor(cpu), rtol=1e-4, atol=1e-5)
+
+
+def test_foreach_bumps_versions_like_cpu_and_autograd_refuses_stale_tensors():
+    for dev in ("cpu", "neuron"):
+        p = torch.ones(3, device=dev)
+        q = torch.ones(3, device=dev)
+        v = p._version
+        torch._foreach_add_([p], [q])
+        torch._foreach_mul_([p], 2.0)
+        assert p._version - v == 2, dev
+        w = torch.ones(3, device=dev, requires_grad=True)
+        y = (w * w).sum()
+        with torch.no_grad():
+            torch._foreach_add_([w], 1.0)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.backward()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_dropout_backward_is_a_kernel_equal_to_cpu(dtype):
+    g = torch.randn(257, dtype=torch.float64).to(dtype)
+    g[0] = float("inf")     # 0 * inf is NaN where the mask drops it, as on the CPU
+    mask = torch.rand(257) > 0.3
+    mask[0] = False
+    want = torch.ops.aten.native_dropout_backward(g, mask, 1 / 0.7)
+    for _ in range(2):   # learn, then the runner
+        got = torch.ops.aten.native_dropout_backward(g.to("neuron"), mask.to("neuron"), 1 / 0.7)
+    torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0, equal_nan=True)

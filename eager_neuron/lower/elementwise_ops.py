@@ -89,6 +89,8 @@ OPS: dict = {
                     "_logit_eps(self, eps, T(1))", "out"),
     # -- activation backward ---------------------------------------------------------------------
     "aten::threshold_backward": ("T(0) if self <= threshold else grad_output", "out"),
+    # ATen's dropout backward: grad * mask * scale, left to right (0 * inf is NaN, as there)
+    "aten::native_dropout_backward": ("grad_output * T(mask) * scale", "out", {"mask": "bool"}),
     "aten::sigmoid_backward": ("grad_output * (T(1) - output) * output", "out"),
     "aten::tanh_backward": ("grad_output * (T(1) - output * output)", "out"),
     "aten::silu_backward": ("grad_output * (T(1) / (T(1) + math.exp(-self))) * (T(1) + self * "

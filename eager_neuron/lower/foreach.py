@@ -7,6 +7,9 @@ Adaptive eager fuses the resulting runs; plain eager pays one launch per element
 from __future__ import annotations
 
 import torch
+from torch.autograd.graph import increment_version
+
+from .. import tensor as _tensor
 
 _OVERLOAD = {"List": "Tensor", "Scalar": "Scalar", "ScalarList": "Scalar", "Tensor": "Tensor",
              "default": "default", "ScalarAndTensor": "Scalar", "Scalar_out": "Scalar"}
@@ -103,6 +106,7 @@ def run_foreach(func, plan, args, kwargs, mode):
         return run_fallback(func, plan, args, kwargs, mode, why=str(exc))
     n = len(args[0])
     results = []
+    direct = isinstance(per, torch._ops.OpOverload)
     for i in range(n):
         call, call_kw = [], dict(kwargs)
         for (is_list, scalars, name), a in zip(spec, args):
@@ -116,8 +120,20 @@ def run_foreach(func, plan, args, kwargs, mode):
         if mode is not None:
             with mode:
                 results.append(per(*call, **call_kw))
+        elif direct:
+            # straight into the funnel: the per-element op is below autograd already (the
+            # foreach op passed it), so the C++ round trip would only add its cost
+            results.append(_tensor._dispatch(per, tuple(call), call_kw))
         else:
-            results.append(per(*call, **call_kw))
+            results.append(per(*call, **call_kw))   # a composite (maximum_: op, then copy_)
+    if plan.mutates and mode is None:
+        # the version counters of the tensors written, once per tensor as on the CPU (calls made
+        # inside __torch_dispatch__ skip ADInplaceOrView: autograd's saved-tensor check relies
+        # on these to refuse a backward through a tensor the optimizer changed)
+        for (is_list, _scalars, _name), arg, schema_arg in zip(spec, args, func._schema.arguments):
+            if is_list and schema_arg.name in plan.mutates:
+                for t in arg:
+                    increment_version(t)
     if plan.mutates and not any(plan.ret_alias):
         return None
     return results
