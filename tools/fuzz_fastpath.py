@@ -296,8 +296,11 @@ def st_inplace(run, p, what, dev):
         if w.dim() >= 1 and w.shape[0] > 1:
             # on a copy no later step reads: for strided views ATen cannot tell the overlap
             # and the CPU's answer follows its loop order (fast vs slow only)
-            wc = base.clone().as_strided(w.shape, w.stride(), w.storage_offset())
-            fn, nm = (lambda: wc[1:].mul_(wc[:-1])), "ub_partial_overlap"
+            def fn():
+                wc = base.clone().as_strided(w.shape, w.stride(),
+                                             w.storage_offset() - base.storage_offset())
+                return wc[1:].mul_(wc[:-1])
+            nm = "ub_partial_overlap"
         else:
             fn, nm = (lambda: w.mul_(w)), "self"
     elif mode == 5:
@@ -838,6 +841,9 @@ def main(argv=None) -> int:
         except Fail as exc:
             failures += 1
             print(f"FAIL {exc}")
+        except Exception as exc:   # noqa: BLE001 -- an error outside a recorded step
+            failures += 1
+            print(f"ERROR seed {s}: {type(exc).__name__}: {exc}"[:600])
     n = len(seeds) if not isinstance(seeds, range) else len(seeds)
     print(f"{n} programs, {failures} failing, {total_hits} fast-path hits in the B2 replays, "
           f"{time.time() - t0:.0f} s; fastpath {fastpath.STATS_FAST}, stats ops {STATS.ops}")
