@@ -311,3 +311,16 @@ def test_dropout_backward_is_a_kernel_equal_to_cpu(dtype):
     for _ in range(2):   # learn, then the runner
         got = torch.ops.aten.native_dropout_backward(g.to("neuron"), mask.to("neuron"), 1 / 0.7)
     torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0, equal_nan=True)
+
+
+def test_value_dependent_templates_are_keyed_by_value():
+    # polygamma's order, round's decimals, pow's exponent change the kernel, not only its args
+    x = torch.rand(7, dtype=torch.float64) + 0.5
+    xn = x.to("neuron")
+    for n in (0, 1, 2, 3, 1):
+        torch.testing.assert_close(torch.polygamma(n, xn).cpu(), torch.polygamma(n, x))
+    for d in (0, 1, 2, -1, 1):
+        torch.testing.assert_close(torch.round(xn * 37, decimals=d).cpu(),
+                                   torch.round(x * 37, decimals=d))
+    for e in (2.0, 0.5, 3.0, -1.0, 1.7):
+        torch.testing.assert_close((xn ** e).cpu(), x ** e)

@@ -24,9 +24,9 @@ import re
 
 import torch
 
+from .. import adaptive_fast as _adaptive_fast
 from .. import errors
 from ..adaptive import MODULE as _adaptive
-from .. import adaptive_fast as _adaptive_fast
 from ..context import _TLS as _ctx_tls
 from ..kernels import compile as kc
 from ..kernels import elementwise as kew
@@ -333,12 +333,18 @@ def fast_facts(func, a: dict, outs: list, op_name: str):
     spec, _ = _spec_for(func, a, out.numel(), out.dtype, op_name, False)
     if spec.faults:
         return None
-    return spec.tensors, spec.scalars, op_name in _VALUE_KEYED
+    return spec.tensors, spec.scalars, callable(OPS[op_name][0]) and op_name not in _TYPE_KEYED
 
 
-# ops whose kernel depends on a number's value (pow's special exponents, round's decimals);
-# every other template reads only argument types and None-ness
-_VALUE_KEYED = frozenset({"aten::pow", "aten::round"})
+# Templates built per call (callable) may read a number's value (pow's special exponents,
+# round's decimals, polygamma's order): their runners are keyed by value. These read only
+# argument types, None-ness and strings (which a signature holds anyway): keyed by type, so
+# an optimizer's per-step scalars (div_ by the bias correction) reuse one runner.
+_TYPE_KEYED = frozenset({
+    "aten::div", "aten::floor_divide", "aten::clamp", "aten::clamp_min", "aten::clamp_max",
+    "aten::nan_to_num", "aten::logit", "aten::gelu", "aten::gelu_backward",
+    "aten::bitwise_left_shift", "aten::bitwise_right_shift",
+})
 
 
 def _py_cast(v) -> str:
