@@ -325,3 +325,13 @@ def test_float_mm_kernel_calls_mkl_when_torch_has_it():
         assert "_xgemm(a[i], b[i].T, out[i], 0.0)" in src and "np.dot" not in src
     else:
         assert "np.dot(a[i], b[i].T, out[i])" in src
+
+
+def test_addmm_bias_that_does_not_broadcast_raises_like_cpu():
+    # PyTorch's meta function accepts it (output shaped like the bias); the CPU refuses it, and
+    # BLAS would have written nothing into the returned buffer
+    args = (torch.arange(5.0), torch.ones(1, 5), torch.ones(5, 1))
+    with pytest.raises(RuntimeError, match="expanded size of the tensor"):
+        torch.addmm(*args)
+    with pytest.raises(RuntimeError, match="expanded size of the tensor"):
+        torch.addmm(*(t.to("neuron") for t in args))

@@ -138,6 +138,22 @@ def _scalar(v, dtype: torch.dtype):
     return int(v)
 
 
+def _check_shapes(op: str, out, a, b, bias) -> None:
+    """The CPU's shape checks, made before anything runs. PyTorch's meta function accepts some
+    calls the CPU refuses (an addmm bias that does not broadcast to (M, N) gets an output shaped
+    like the bias), and BLAS handed such shapes writes nothing (MKL prints 'Parameter 8 was
+    incorrect') while the op would return an uninitialized buffer."""
+    m_n = (a.shape[-2], b.shape[-1])
+    target = (*out.shape[:-2], *m_n)
+    if tuple(out.shape[-2:]) == m_n and a.shape[-1] == b.shape[-2] and (
+            bias is None or torch.broadcast_shapes(bias.shape, target) == target):
+        return
+    if bias is not None:
+        torch.empty(bias.shape, device="meta").expand(target)   # raises the CPU's own words
+    raise RuntimeError(f"{op}: mat1 and mat2 shapes cannot be multiplied "
+                       f"({'x'.join(map(str, a.shape))} and {'x'.join(map(str, b.shape))})")
+
+
 def gemm(op: str, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias=None, beta=1,
          alpha=1, batch: str = "none") -> None:
     """out = beta * bias + alpha * (a @ b), one launch.
@@ -145,6 +161,7 @@ def gemm(op: str, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias=None
     batch "none": a (M, K), b (K, N), out (M, N); "bmm": a (B, M, K), b (B, K, N), out (B, M, N);
     "sum": like "bmm" but out (M, N) sums the B products. bias broadcasts to out's shape.
     """
+    _check_shapes(op, out, a, b, bias)
     dtype = out.dtype
     if a.dtype != dtype or b.dtype != dtype or (bias is not None and bias.dtype != dtype):
         raise NotImplementedError(f"{op}: mixed dtypes {a.dtype}, {b.dtype} -> {dtype}")
