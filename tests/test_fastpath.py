@@ -324,3 +324,13 @@ def test_value_dependent_templates_are_keyed_by_value():
                                    torch.round(x * 37, decimals=d))
     for e in (2.0, 0.5, 3.0, -1.0, 1.7):
         torch.testing.assert_close((xn ** e).cpu(), x ** e)
+
+
+@pytest.mark.parametrize("op", ["abs", "floor", "ceil", "round", "trunc", "relu"])
+def test_ops_the_cpu_refuses_on_bool_are_refused(op):
+    x = torch.tensor([True, False])
+    with pytest.raises((NotImplementedError, RuntimeError)) as cpu:
+        getattr(torch, op)(x)
+    for _ in range(2):   # the refusal is never learned as a runner
+        with pytest.raises(type(cpu.value), match=str(cpu.value).split(" not ")[0][:20]):
+            getattr(torch, op)(x.to("neuron"))

@@ -123,6 +123,23 @@ _INT_ONLY = {"aten::bitwise_and": ("bitwise_and_cpu", True),
              "aten::gcd": ("gcd_cpu", False), "aten::lcm": ("lcm_cpu", False)}
 
 
+# Ops the CPU refuses on bool tensors (a bool result here would be an answer the CPU never
+# gives): op -> the CPU kernel's name (NotImplementedError), or the CPU's RuntimeError text
+_NO_BOOL = {"aten::abs": "abs_cpu", "aten::floor": "floor_vml_cpu",
+            "aten::ceil": "ceil_vml_cpu", "aten::trunc": "trunc_vml_cpu",
+            "aten::round": "round_vml_cpu", "aten::frac": "frac_cpu",
+            "aten::relu": RuntimeError("Boolean inputs not supported for relu")}
+
+
+def _check_no_bool(op_name: str, a: dict) -> None:
+    x = a.get("self")
+    if isinstance(x, torch.Tensor) and x.dtype == torch.bool:
+        refusal = _NO_BOOL[op_name]
+        if isinstance(refusal, Exception):
+            raise refusal
+        raise errors.NotImplementedForDtype(refusal, torch.bool)
+
+
 def _check_int_only(op_name: str, dtype) -> None:
     kernel, bool_ok = _INT_ONLY[op_name]
     if dtype.is_floating_point or dtype.is_complex or (dtype == torch.bool and not bool_ok):
@@ -133,6 +150,8 @@ def _build_spec(op_name: str, template: str, rule: str, arg_casts: dict, a: dict
                 as_scalar: tuple, out_dtype) -> _Spec:
     if op_name in _INT_ONLY:
         _check_int_only(op_name, out_dtype)
+    if op_name in _NO_BOOL:
+        _check_no_bool(op_name, a)
     bad = [v.dtype for v in (*(a[nm] for nm in names), torch.empty(0, dtype=out_dtype))
            if isinstance(v, torch.Tensor) and v.dtype not in NP_TYPE]
     if bad:
