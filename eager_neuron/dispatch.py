@@ -23,6 +23,7 @@ from . import backward as _backward
 from . import context as _context
 from . import errors
 from . import fastpath as _fast
+from . import fastpath_capture as _capture
 from . import tensor as _tensor_mod
 from .adaptive import MODULE as _adaptive
 from .buffers import _ITEMSIZE, _POOLED_BYTES, _span, alloc, to_host  # noqa: F401 -- API
@@ -291,7 +292,7 @@ def _run_kernel(func, plan, args, kwargs, mode):
             flush(f"non-fusible op {plan.name}")
             ctx.recording = False
     elif mode is None:
-        if _fast.capturable(plan) and config.fastpath and \
+        if _capture.capturable(plan) and config.fastpath and \
                 dtypes.isdisjoint(_WIDENED):
             ctx = OpContext(index)   # the fast path learns this op from its launches
             ctx.capture = []
@@ -313,7 +314,7 @@ def _run_kernel(func, plan, args, kwargs, mode):
                 launch(*req)
                 if ctx.capture and not _fast.learn_elementwise(
                         func, plan, args, kwargs, index, a, outs, leaves, req):
-                    _fast.learn_captured(func, plan, args, kwargs, index, outs, leaves, spec,
+                    _capture.learn_captured(func, plan, args, kwargs, index, outs, leaves, spec,
                                          ctx.capture)
         elif not dtypes.isdisjoint(FP8) and not getattr(lower, "handles_fp8", False):
             from .lower.fp8 import run_fp8  # float8 operands: the CPU's rules (lower/fp8.py)
@@ -330,7 +331,7 @@ def _run_kernel(func, plan, args, kwargs, mode):
         else:
             lower(func, a, outs)
             if ctx.capture:
-                _fast.learn_captured(func, plan, args, kwargs, index, outs, leaves, spec,
+                _capture.learn_captured(func, plan, args, kwargs, index, outs, leaves, spec,
                                      ctx.capture)
     except (errors.UnsupportedOpError, errors.UnsupportedTensorError, torch.OutOfMemoryError):
         raise

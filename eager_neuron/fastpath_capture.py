@@ -1,0 +1,261 @@
+"""The fast path's captured ops: the launches one slow call made, replayed on a repeat's buffers.
+
+While the funnel runs an op listed in CAPTURED (or an elementwise op the flat runner of
+fastpath.py does not take), launch() records each launch (kernel, arguments, cost) and the host
+calls a lowering marks replayable (blas_threads). If every array argument is a view of one of
+the op's own operands or outputs (found by address) or a small constant/scratch array of the
+lowering used by one launch only, the op leaves a runner that allocates the same outputs and
+replays the launches with arrays re-derived from this call's buffers (see docs/PERFORMANCE.md).
+
+>>> import torch, eager_neuron
+>>> from eager_neuron import fastpath_capture
+>>> "aten::mm" in fastpath_capture.CAPTURED
+True
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .fastpath import (
+    MISS,
+    SIM,
+    STATS,
+    STATS_FAST,
+    NeuronTensor,
+    _add,
+    _alloc_lines,
+    _build,
+    _eval,
+    _ref,
+    signature,
+)
+
+# ---------------------------------------------------------------------------------------------
+# captured ops: the launches (and replayable host calls) one slow call made, replayed
+# ---------------------------------------------------------------------------------------------
+
+# Ops whose lowerings act on the device only through launch() (and blas_threads, which the
+# capture replays): no host-side writes, no reads of tensor values on the host. Reviewed one by
+# one; a lowering that uses a scratch array or a constant array is never learned (its arrays
+# must all be views of the op's own operands and outputs).
+CAPTURED = frozenset({
+    "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm",
+    "aten::sum", "aten::mean",
+    # the cast family (lower/cast.py): elementwise copies; half types go through scratch
+    # buffers or reinterpreted views, which are never learned
+    "aten::clone", "aten::_to_copy", "aten::copy_", "aten::cat",
+    "aten::_softmax", "aten::_log_softmax", "aten::_softmax_backward_data",
+    "aten::_log_softmax_backward_data",
+    "aten::native_layer_norm", "aten::native_layer_norm_backward",
+    # fused attention (lower/attention.py): launch only; an absent mask is a constant array
+    "aten::_scaled_dot_product_fused_attention_overrideable",
+    "aten::_scaled_dot_product_fused_attention_overrideable_backward",
+})
+
+
+def capturable(plan) -> bool:
+    """May the fast path learn this op from its captured launches? The CAPTURED ops, and the
+    elementwise family (lower/elementwise.py poisons the capture of a call it cannot replay:
+    a kernel that can raise, a scalar read from a tensor)."""
+    if plan.out_args:
+        return False
+    return plan.name.split(".")[0] in CAPTURED or \
+        getattr(plan.lower, "fast_facts", None) is not None
+
+
+def _span(arr: np.ndarray) -> tuple:
+    lo = hi = arr.__array_interface__["data"][0]
+    for size, stride in zip(arr.shape, arr.strides):
+        if size == 0:
+            return lo, lo
+        if stride < 0:
+            lo += (size - 1) * stride
+        else:
+            hi += (size - 1) * stride
+    return lo, hi + arr.itemsize
+
+
+def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: list, spec,
+                   capture: list) -> None:
+    """After a plain-eager call of a CAPTURED op whose launches were recorded: leave a runner
+    that allocates the same outputs and replays the launches on this call's buffers."""
+    if not capture or any(not isinstance(o, (torch.Tensor, int, float, bool, type(None)))
+                          for o in outs):
+        return
+    values, runtime = True, {}
+    if getattr(plan.lower, "fast_facts", None) is not None:
+        # the elementwise family keys scalars as its flat runners do (by type): one table
+        # kind per overload, or whichever learner came first would lock the other one out
+        found = _scalar_args(func, plan, args, kwargs, outs, capture)
+        if found is None:
+            return
+        values, runtime = found
+    sig = signature(args, kwargs, values)
+    if sig is None:
+        return
+    ns = {"S": STATS, "F": STATS_FAST, "SIM": SIM, "NT": NeuronTensor, "MISS": MISS,
+          "IDX": index, "ndarray": np.ndarray}
+    wlines, guards, lines = [], [], []
+    # 1. sources: the outputs (fresh or written) and the neuron operands, by memory
+    sources = []   # (expression of a numpy view, its numpy array at learn time)
+    written = {}
+    for i, out in enumerate(outs):
+        target = plan.ret_alias[i] if i < len(plan.ret_alias) else None
+        if not isinstance(out, torch.Tensor):
+            if target is not None:
+                return
+            ns[f"R{i}"] = out   # a number or None the op returns (fixed by the signature)
+            continue
+        if target is not None:
+            ref = _ref(func, args, kwargs, target)
+            if ref is None or type(_eval(ref, args, kwargs)) is not NeuronTensor:
+                return
+            written[i] = ref
+            wlines.append(f"W{i} = {ref}")
+            lines.append(f"O{i} = W{i}._data.numpy()")
+            sources.append((f"O{i}", out.numpy()))
+            continue
+        shape, stride, dtype = leaves[i]
+        ns.update({f"SHAPE{i}": shape, f"STRIDE{i}": stride, f"DT{i}": dtype})
+        lines += _alloc_lines(ns, out, index, str(i), numpy_ok=False)
+        lines.append(f"O{i} = data{i}.numpy()")
+        sources.append((f"O{i}", out.numpy()))
+    inputs = []
+    for i, v in enumerate(args):
+        if type(v) is NeuronTensor:
+            inputs.append((f"args[{i}]", v))
+        elif isinstance(v, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in v):
+            if not all(type(x) is NeuronTensor for x in v):
+                return
+            inputs += [(f"args[{i}][{j}]", x) for j, x in enumerate(v)]
+    for k, v in kwargs.items():
+        if type(v) is NeuronTensor:
+            inputs.append((f"kwargs[{k!r}]", v))
+    for j, (ref, v) in enumerate(inputs):
+        if v.dtype.is_complex or v._data.is_neg():
+            return
+        if ref in written.values():
+            continue   # the written tensor is source O{i} already
+        sources.append((f"I{j}", v._data.numpy()))
+        lines.append(f"I{j} = {ref}._data.numpy()")
+    # two sources sharing memory: the lowering's choice between them cannot be told apart
+    spans = sorted(_span(arr) for _e, arr in sources if arr.size)
+    if any(a[1] > b[0] for a, b in zip(spans, spans[1:])):
+        return
+    for i, wref in written.items():
+        for ref, _v in inputs:
+            if ref != wref:
+                guards.append(f"if {ref}._block is W{i}._block: return MISS")
+    lines = wlines + guards + lines
+    # 2. the recorded work, in order
+    scratch = []   # spans of the arrays replayed from snapshots (none may be shared)
+    for n, entry in enumerate(capture):
+        if entry[0] == "call":
+            _tag, fn, cargs = entry
+            ns[f"H{n}"], ns[f"HA{n}"] = fn, cargs
+            lines.append(f"H{n}(*HA{n})")
+            continue
+        _tag, kernel, kargs, flops, nbytes, engine, dclass, core, snaps, lkey, extra = entry
+        if core != index:
+            return
+        exprs = []
+        for m, x in enumerate(kargs):
+            if isinstance(x, np.ndarray):
+                e = _array_expr(x, sources, ns, f"{n}_{m}")
+                if e is None:
+                    # not the op's memory: a lowering's own small constant or scratch array
+                    # (a stand-in for an absent operand) starts each replay as it started here
+                    xlo, xhi = _span(x)
+                    if snaps[m] is None or any(xlo < hi and lo < xhi for lo, hi in spans):
+                        return
+                    if any(xlo < hi and lo < xhi for lo, hi in scratch):
+                        # one scratch array handed from launch to launch (mm's contiguous
+                        # copy of a strided operand, then the product): each replay copy
+                        # would start from the learn call's values
+                        return
+                    scratch.append((xlo, xhi))
+                    ns[f"SN{n}_{m}"] = snaps[m]
+                    e = f"SN{n}_{m}.copy()"
+                exprs.append(e)
+            elif m in runtime:
+                exprs.append(runtime[m])   # this call's scalar (its type is the signature's)
+            elif isinstance(x, (bool, int, float, np.generic)):
+                ns[f"C{n}_{m}"] = x
+                exprs.append(f"C{n}_{m}")
+            else:
+                return
+        ns.update({f"K{n}": kernel, f"L{n}": (flops, nbytes, engine, dclass),
+                   f"E{n}": (lkey, flops, nbytes, engine, extra)})
+        lines += ["t0 = perf() if LH else 0.0",
+                  f"K{n}({', '.join(exprs)})", "S.launches += 1", "S.memory_hits += 1",
+                  f"d = SIM.cores[IDX].launch(*L{n})",
+                  f"if LH: emit(t0, d, *E{n})"]
+    # 3. results, shaped as the op returns them
+    results = []
+    for i, out in enumerate(outs):
+        if not isinstance(out, torch.Tensor):
+            results.append(f"R{i}")
+        else:
+            results.append(f"W{i}" if i in written else f"NT(data{i}, block{i}, IDX)")
+    lines.append("F['hits'] += 1")
+    if len(results) == 1 and spec.num_leaves == 1 and spec.type is None:
+        lines.append(f"return {results[0]}")
+    else:
+        from torch.utils._pytree import tree_unflatten
+
+        ns.update(unflatten=tree_unflatten, SPEC=spec)
+        lines.append(f"return unflatten([{', '.join(results)}], SPEC)")
+    _add(func, values, sig, _build(plan.name, lines, ns))
+
+
+def _scalar_args(func, plan, args, kwargs, outs: list, capture: list):
+    """An elementwise call learned from its one launch: (values_matter, {kernel argument
+    position: source text of that scalar in a call}), or None when it cannot be told."""
+    from .lower.common import bind
+    from .operands import unwrap_args
+
+    if len(capture) != 1 or capture[0][0] != "launch":
+        return None
+    kargs = capture[0][2]
+    uargs, ukw, _index = unwrap_args(args, kwargs)
+    a = bind(func, uargs, ukw)
+    facts = plan.lower.fast_facts(func, a, outs)
+    if facts is None:
+        return None
+    _tensors, scalars, values = facts
+    if values:
+        return True, {}   # the kernel depends on the value: constants, keyed by value
+    first = len(kargs) - len(scalars)
+    runtime = {}
+    for j, nm in enumerate(scalars):
+        v = a[nm]
+        ref = _ref(func, args, kwargs, nm)
+        if isinstance(v, torch.Tensor) or kargs[first + j] is not v and v is not None:
+            return None
+        if ref is not None and v is not None:
+            runtime[first + j] = ref
+    return False, runtime
+
+
+def _array_expr(x: np.ndarray, sources: list, ns: dict, tag: str):
+    """Source text giving array x from one of the sources' numpy views, or None."""
+    ptr = x.__array_interface__["data"][0]
+    lo, hi = _span(x)
+    for expr, base in sources:
+        if base.dtype != x.dtype:
+            continue
+        bptr = base.__array_interface__["data"][0]
+        if ptr == bptr and x.shape == base.shape and x.strides == base.strides:
+            return expr
+        if not base.flags.c_contiguous:
+            continue
+        blo, bhi = _span(base)
+        if ptr == bptr and x.flags.c_contiguous and x.size == base.size:
+            ns[f"SH{tag}"] = x.shape
+            return f"{expr}.reshape(SH{tag})"
+        if blo <= lo and hi <= bhi and x.size:
+            ns.update({f"SH{tag}": x.shape, f"ST{tag}": x.strides, f"OF{tag}": ptr - bptr})
+            return f"ndarray(SH{tag}, {expr}.dtype, {expr}, OF{tag}, ST{tag})"
+    return None
