@@ -563,7 +563,7 @@ def _addbmm(a: dict, out: torch.Tensor) -> None:
 def _put(a: dict, out: torch.Tensor) -> None:
     """put on complex: index_put of (real, imag) rows into the flattened pairs of the result
     (negative indices wrap in both; accumulate adds both parts)."""
-    from .. import ops
+    from .index import lower_index_put   # the family, not ops.py (which imports this module)
 
     if out is not a["self"]:
         elementwise("aten::_to_copy", {"self": a["self"]}, out)
@@ -574,10 +574,9 @@ def _put(a: dict, out: torch.Tensor) -> None:
     elementwise("aten::_to_copy", {"self": src}, torch.view_as_complex(pairs))
     rows = torch.view_as_real(out).view(-1, 2)
     index = a["index"].reshape(-1)
-    ops.KERNELS["aten::index_put_"](torch.ops.aten.index_put_.default,
-                                    {"self": rows, "indices": [index],
-                                     "values": pairs.view(-1, 2),
-                                     "accumulate": bool(a["accumulate"])}, [rows])
+    lower_index_put(torch.ops.aten.index_put_.default,
+                    {"self": rows, "indices": [index], "values": pairs.view(-1, 2),
+                     "accumulate": bool(a["accumulate"])}, [rows])
 
 
 class _Named:
