@@ -563,7 +563,7 @@ def _addbmm(a: dict, out: torch.Tensor) -> None:
 def _put(a: dict, out: torch.Tensor) -> None:
     """put on complex: index_put of (real, imag) rows into the flattened pairs of the result
     (negative indices wrap in both; accumulate adds both parts)."""
-    from .index import lower_index_put   # the family, not ops.py (which imports this module)
+    from .index import lower_index_put  # the family, not ops.py (which imports this module)
 
     if out is not a["self"]:
         elementwise("aten::_to_copy", {"self": a["self"]}, out)
