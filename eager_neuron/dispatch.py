@@ -293,7 +293,7 @@ def _run_kernel(func, plan, args, kwargs, mode):
             ctx.recording = False
     elif mode is None:
         if _capture.capturable(plan) and config.fastpath and \
-                dtypes.isdisjoint(_WIDENED):
+                dtypes.isdisjoint(_WIDENED) and not _fast.declined(func, args, kwargs):
             ctx = OpContext(index)   # the fast path learns this op from its launches
             ctx.capture = []
         else:
@@ -314,8 +314,8 @@ def _run_kernel(func, plan, args, kwargs, mode):
                 launch(*req)
                 if ctx.capture and not _fast.learn_elementwise(
                         func, plan, args, kwargs, index, a, outs, leaves, req):
-                    _capture.learn_captured(func, plan, args, kwargs, index, outs, leaves, spec,
-                                         ctx.capture)
+                    _learn_captured(func, plan, args, kwargs, index, outs, leaves, spec,
+                                    ctx.capture)
         elif not dtypes.isdisjoint(FP8) and not getattr(lower, "handles_fp8", False):
             from .lower.fp8 import run_fp8  # float8 operands: the CPU's rules (lower/fp8.py)
 
@@ -331,8 +331,8 @@ def _run_kernel(func, plan, args, kwargs, mode):
         else:
             lower(func, a, outs)
             if ctx.capture:
-                _capture.learn_captured(func, plan, args, kwargs, index, outs, leaves, spec,
-                                     ctx.capture)
+                _learn_captured(func, plan, args, kwargs, index, outs, leaves, spec,
+                                ctx.capture)
     except (errors.UnsupportedOpError, errors.UnsupportedTensorError, torch.OutOfMemoryError):
         raise
     except NotImplementedError as exc:
@@ -354,6 +354,15 @@ def _run_kernel(func, plan, args, kwargs, mode):
     if len(results) == 1 and spec.num_leaves == 1 and spec.type is None:
         return results[0]
     return tree_unflatten(results, spec)
+
+
+def _learn_captured(func, plan, args, kwargs, index, outs, leaves, spec, capture) -> None:
+    """Learn a runner from the captured launches; a signature that fails to learn twice (its
+    operands share memory, a scratch array passes between launches...) is not tried again."""
+    learned = _fast.STATS_FAST["learned"]
+    _capture.learn_captured(func, plan, args, kwargs, index, outs, leaves, spec, capture)
+    if _fast.STATS_FAST["learned"] == learned:
+        _fast.failed(func, args, kwargs)
 
 
 _TLS_CTX = _context._TLS

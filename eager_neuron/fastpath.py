@@ -149,10 +149,30 @@ def _other(a, t, app) -> bool:
     return False
 
 
+_FAILED: dict = {}   # (func, signature by value) -> learning attempts that failed
+_FAILED_LIMIT = 2    # then the funnel stops capturing this signature (m @ m, scratch chains)
+
+
+def declined(func, args: tuple, kwargs: dict) -> bool:
+    """Has learning this call's signature failed often enough to stop trying?"""
+    if not _FAILED:
+        return False
+    sig = signature(args, kwargs, True)
+    return sig is None or _FAILED.get((func, sig), 0) >= _FAILED_LIMIT
+
+
+def failed(func, args: tuple, kwargs: dict) -> None:
+    """A learning attempt for this call's signature failed."""
+    sig = signature(args, kwargs, True)
+    if sig is not None and len(_FAILED) < 100_000:
+        _FAILED[(func, sig)] = _FAILED.get((func, sig), 0) + 1
+
+
 def reset() -> None:
     """Forget every runner (the memory cache was cleared, the chip rebuilt, or a fork)."""
     with _LOCK:
         TABLES.clear()
+        _FAILED.clear()
 
 
 os.register_at_fork(after_in_child=reset)   # a forked child must not run parallel kernels
