@@ -66,6 +66,8 @@ def signature(args: tuple, kwargs: dict, values: bool):
     """The call's signature as a tuple, or None when an operand cannot be taken fast."""
     sig = [len(args)]
     app = sig.append
+    # NOTE: the keyword loop below repeats this one on purpose: a helper call per operand
+    # costs ~0.1 us, and this runs once per op (keep the two loops alike)
     for a in args:
         t = type(a)
         if t is NeuronTensor:
