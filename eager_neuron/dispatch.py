@@ -130,7 +130,9 @@ def dispatch(func, args, kwargs, mode=None):
 def _run_hooked(func, run, args, kwargs):
     """A runner under the profiler's op hook (a runner tells launch.HOOKS its launches); a call
     the runner declines goes down the funnel inside the same op record."""
-    plan = _PLANS[func]
+    plan = _PLANS.get(func)
+    if plan is None:
+        plan = _PLANS[func] = _plan(func)
     with OP_HOOKS[0](plan, args, kwargs):
         out = run(args, kwargs)
         if out is _fast.MISS:
