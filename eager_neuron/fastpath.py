@@ -13,11 +13,14 @@ on it); lists, dtypes, strings and the default dtype by value. A call whose sign
 seen, or whose operands the runner cannot take (CPU tensors, aliasing between a written tensor
 and another operand), goes the slow way. Everything observable stays: `stats()` counts the op,
 the launch and the memory-cache hit as the slow path does, the simulated core is charged the
-same cost, and a runner never runs while something needs to watch the op (the profiler's
-hooks, EAGER_NEURON_LOG, adaptive eager, NeuronMode, cache verification).
+same cost; under the profiler a runner runs inside the op's record and reports each replayed
+launch to launch.HOOKS. A runner never runs under EAGER_NEURON_LOG, adaptive eager (which has
+its own recording runners, adaptive_fast.py), NeuronMode or cache verification.
 
-Families that leave runners: the elementwise family on flat operands (same shape, contiguous,
-or a single element) and view ops. Others always take the slow path.
+Families that leave runners here: the elementwise family on flat operands (same shape,
+contiguous, or a single element) and view ops; fastpath_capture.py learns the others from the
+launches their slow call made (matmul, reductions, norms, casts, attention, broadcasting
+elementwise ops). Everything else always takes the slow path.
 
 >>> import torch, eager_neuron
 >>> from eager_neuron import fastpath
