@@ -137,9 +137,15 @@ def test_ulps(kernels, name):
             torch.testing.assert_close(torch.from_numpy(got), torch.from_numpy(_exact(ref, x)),
                                        equal_nan=True, msg=lambda m, w=f"{name} {rng}": f"{w}: {m}")
         elif tol_torch is not None:
+            # torch's own kernel rounds differently per ISA (a CI run once saw it 1773 ulp from
+            # the exact exp under ATEN_CPU_CAPABILITY=default): agree with torch wherever torch
+            # is itself within the exact bound; ours is checked against float64 below everywhere
+            exact = _exact(ref, x)
             u = ulps(got, want)
+            u[ulps(want, exact) > tol_exact] = 0
             i = int(np.argmax(u))
-            report.append(f"{rng}: vs torch {u[i]:g} ulp at x={x[i]!r}")
+            report.append(f"{rng}: vs torch {u[i]:g} ulp at x={x[i]!r} (ours {got[i]!r}, "
+                          f"torch {want[i]!r}, exact {exact[i]!r})")
             assert u[i] <= tol_torch, report[-1]
         else:
             where_ = f"{name} {rng}"
