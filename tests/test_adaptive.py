@@ -4,6 +4,8 @@ import pytest
 import torch
 
 import eager_neuron
+from eager_neuron import adaptive_group as _grp
+from eager_neuron import adaptive_launch as _al
 from eager_neuron.adaptive import MODULE as _ad
 
 
@@ -692,9 +694,9 @@ def test_background_compile_first_call_runs_op_by_op_with_the_same_values(monkey
     fused, _ = run()   # sync: the fused kernel is built (or loaded from disk) and run
     # now as in a new process whose disk cache lacks it: no trace, no kernel in memory
     _ad.set_compile_mode("background")
-    monkeypatch.setattr(_ad, "_ROOT", [_ad._TNode()])
+    monkeypatch.setattr(_grp, "_ROOT", [_ad._TNode()])
     monkeypatch.setattr(launch, "MEMORY", _NotBuiltYet(launch.MEMORY))
-    monkeypatch.setattr(_ad, "_from_disk", lambda *a: None)
+    monkeypatch.setattr(_al, "_from_disk", lambda *a: None)
     plain = (prog()[0].cpu(), prog()[1].cpu())
     deferred, queued = _ad.COUNTERS["deferred"], bg.COUNTERS["queued"]
     first, s1 = run()

@@ -19,8 +19,6 @@ PACKAGES = {"eager_neuron": "eager_neuron", "kernels": "eager_neuron.kernels",
 
 _E, _L = "eager_neuron.", "eager_neuron.lower."
 ALLOWED = {
-    # -- the dispatch owner's files: adaptive still imports the elementwise renderer
-    (_E + "adaptive", _L + "elementwise"),
     # -- lower/host calls back into the funnel itself (its allocation lives in buffers.py, the
     #    operand unwrapping in operands.py, meta execution in meta.py): it runs copies through
     #    dispatch._run_kernel with its own Plans

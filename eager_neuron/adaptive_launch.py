@@ -1,0 +1,261 @@
+"""Adaptive eager's flush: launch a pending group as one fused kernel (or op by op).
+
+A group whose trace was launched before replays the kernel cached on its trace node (no spec,
+render or key); a new trace builds its spec and key once. A fused kernel in neither cache runs
+the group op by op (plain eager's kernels) while it compiles in the background
+(eager_neuron/adaptive_compile.py), unless the compile mode is "sync".
+
+>>> from eager_neuron.adaptive_launch import set_compile_mode
+>>> prev = set_compile_mode("sync"); set_compile_mode(prev)
+'sync'
+"""
+
+from __future__ import annotations
+
+import sys
+
+from . import elementwise_base as _ewb
+from .adaptive_group import COUNTERS, _Group, _observable, _spec, _sync
+from .cache import FORMAT_VERSION
+from .config import config
+from .stats import STATS
+
+# "background": a group whose fused kernel is not built yet runs op by op while the kernel
+# compiles on a background thread (eager_neuron/adaptive_compile.py); "sync": it compiles first
+COMPILE = ["background"]
+# background mode: the flush of a trace that finds its kernel unbuilt for this many times
+# queues the build (1: at once; 2: when the trace repeats)
+COMPILE_AFTER = [2]
+
+
+def set_compile_mode(mode: str) -> str:
+    """How a group whose fused kernel is not built yet runs: "background" (op by op now, the
+    fused kernel compiles on a background thread for the next time) or "sync" (compile, then
+    launch it). Returns the previous mode.
+
+    >>> from eager_neuron.adaptive import MODULE as ad
+    >>> prev = ad.set_compile_mode("sync"); ad.set_compile_mode(prev)
+    'sync'
+    """
+    if mode not in ("background", "sync"):
+        raise ValueError(f"adaptive compile mode must be 'background' or 'sync', not {mode!r}")
+    prev = COMPILE[0]
+    COMPILE[0] = mode
+    return prev
+
+
+class _Launch:
+    """A built launch of one trace (a node of the trace tree) and observable-stores pattern:
+    its spec, launch key and full key (with the argument types), cost, and the kernel once it
+    is built."""
+
+    __slots__ = ("spec", "key", "full_key", "flops", "bytes", "kernel", "seen")
+
+    def __init__(self, spec, key, full_key, flops, nbytes) -> None:
+        self.spec, self.key, self.full_key = spec, key, full_key
+        self.flops, self.bytes = flops, nbytes
+        self.kernel = None
+        self.seen = 0         # flushes that found no built kernel (see COMPILE_AFTER)
+
+
+_SIM = [None]
+
+
+def launch_group(g: _Group, reason: str) -> None:
+    from .kernels import compile as kc
+
+    numel = max(lp.numel for lp in g.loops)
+    parallel = numel >= _ewb.PARALLEL_MIN and kc.parallel_allowed()
+    if len(g.loops) == 1 and len(g.loops[0].nodes) == 1 and g.loops[0].nodes[0][6] is None:
+        _launch_single(g, parallel, reason)
+        return
+    from . import adaptive_compile as bg
+    from . import launch as _launch
+
+    cursor = g.cursor
+    mem_read = cursor.mem_read
+    if mem_read is None or len(mem_read) != len(g.bufs):
+        if g.lag:
+            _sync(g)
+        mem_read = cursor.mem_read = tuple(b.mem_read for b in g.bufs)
+    keep = _observable(g, mem_read)
+    args = tuple(b.arr for b in g.bufs) + tuple(g.scalars)
+    lkey = (tuple(keep), parallel)
+    ent = cursor.launches.get(lkey)
+    if ent is None:
+        # a trace not launched before: its spec, key and cost, once
+        STATS.trace_misses += 1
+        COUNTERS["analyses"] += 1
+        spec = _spec(g, keep)
+        stored = sum(g.bufs[n[5]].arr.nbytes for lp in spec[0] for n in lp[1]
+                     if n[5] is not None)
+        loaded = sum(b.arr.nbytes for b in g.bufs if b.last_read >= 0)
+        key = ("fused", spec, parallel)
+        ent = _Launch(spec, key, (FORMAT_VERSION,) + key + _launch.arg_types(args),
+                      float(numel * g.n_nodes), float(stored + loaded))
+        cursor.launches[lkey] = ent
+    else:
+        STATS.trace_hits += 1
+    kernel = ent.kernel
+    if kernel is None:
+        kernel = ent.kernel = _launch.MEMORY.get(ent.full_key)
+    if (kernel is None and COMPILE[0] == "background" and not _launch.HOOKS
+            and not config.cache_verify):
+        if not ent.seen:
+            kernel = ent.kernel = _from_disk(ent, parallel, args)
+        if kernel is None:
+            # not built yet: never compile on the critical path. The ops run one by one now
+            # (exactly plain eager); once the trace repeats, the fused kernel builds in the
+            # background for next time (a trace seen once is not worth a compile, and the
+            # compiler would compete with the first step for the interpreter)
+            ent.seen += 1
+            if ent.seen >= COMPILE_AFTER[0] and \
+                    not bg.submit(ent.full_key, _renderer(ent.spec, parallel), args):
+                STATS.fusion_fallbacks += 1   # it failed to build: op by op, counted
+            COUNTERS["deferred"] += 1
+            _run_one_by_one(g, reason)
+            return
+    try:
+        if kernel is not None and not _launch.HOOKS and "kernels" not in config.log \
+                and not config.cache_verify:
+            # the replay: one call, counted and charged as launch() does on a memory hit
+            kernel(*args)
+            STATS.memory_hits += 1
+            STATS.launches += 1
+            sim = _SIM[0]
+            if sim is None:
+                from .simulator import SIM as sim
+
+                _SIM[0] = sim
+            sim.cores[g.core].launch(ent.flops, ent.bytes, "vector", "fp32")
+        else:
+            failed = []
+
+            def replay(exc: Exception) -> None:
+                # the fused kernel could not be built: nothing ran, so op by op is exact
+                STATS.fusion_fallbacks += 1
+                failed.append(exc)
+                if "flush" in config.log:
+                    print(f"[eager_neuron] fused group failed to build ({type(exc).__name__}: "
+                          f"{str(exc)[:2000]}); running its ops one by one", file=sys.stderr)
+                _run_one_by_one(g, reason)
+
+            _launch.launch(ent.key, _renderer(ent.spec, parallel), args, flops=ent.flops,
+                           bytes_moved=ent.bytes, engine="vector",
+                           extra={"group_ops": g.n_nodes, "flush_reason": reason},
+                           core=g.core, on_build_error=replay)
+            if failed:
+                return
+            ent.kernel = _launch.MEMORY.get(ent.full_key)
+    except Exception as exc:
+        # NOTE: ops that can fault at run time (integer division, indexing) are never
+        # recorded, so this is a bug, not a user error: say which ops the group held
+        from .errors import KernelError, where
+
+        raise KernelError(
+            f"fused group of {g.n_nodes} ops failed on neuron: {type(exc).__name__}: {exc}\n"
+            f"  ops: {', '.join(g.ops)}\n{where()}") from exc
+    STATS.fused_launches += 1
+    STATS.fused_ops += g.n_nodes
+
+
+def _from_disk(ent: _Launch, parallel: bool, args: tuple):
+    """The fused kernel from the disk tier (an earlier process built it), else None."""
+    from . import launch as _launch
+
+    disk = _launch.DISK
+    if disk is None:
+        return None
+    source, _name = _renderer(ent.spec, parallel)()
+    kernel = disk.load(ent.full_key, args, source)
+    if kernel is None:
+        return None
+    STATS.disk_hits += 1
+    _launch.MEMORY.put(ent.full_key, kernel)
+    return kernel
+
+
+def _launch_single(g: _Group, parallel: bool, reason: str) -> None:
+    """A group of one elementwise node is plain eager's kernel, under plain eager's key: a
+    flush after a single op (the common case before a non-fusible op) compiles nothing new.
+    tests/test_adaptive.py checks that such a flush compiles nothing after plain eager ran."""
+    _launch_plain(g, g.loops[0].nodes[0], g.loops[0].nodes[0][3], parallel, reason)
+    STATS.fused_launches += 1
+    STATS.fused_ops += 1
+
+
+def _launch_plain(g: _Group, node, ops, parallel: bool, reason: str) -> None:
+    """Launch one recorded elementwise node with plain eager's kernel and key.
+
+    NOTE: the key and render mirror lower/elementwise.py lower_elementwise's flat launch."""
+    from .kernels import elementwise as kew
+    from .kernels import vmath
+    from .launch import launch
+    expr, loads, store, _ops, scal, out_idx, _reduce, node_id = node
+    kinds = tuple("one" if kind == "one" else "flat" for kind, _ in ops)
+    casts = tuple(g.scalar_casts[i] for i in scal)
+    arrays = [g.bufs[out_idx].arr] + [g.bufs[j].arr for _, j in ops]
+
+    def render():
+        COUNTERS["renders"] += 1
+        src, name = kew.render(expr, kinds, 1, loads, casts, store, parallel)
+        vm = vmath.VMATH_PRELUDE if vmath.needs_vmath(expr) else ""
+        return vm + _ewb.PRELUDE + src, name
+
+    launch(("elementwise", g.ops[node_id], expr, kinds, 1, loads, casts, store, parallel,
+            _ewb.PRELUDE_ID), render, (*arrays, *(g.scalars[i] for i in scal)),
+           flops=float(arrays[0].size * max(1, expr.count("("))),
+           bytes_moved=float(sum(x.nbytes for x in arrays)), engine="vector",
+           extra={"group_ops": 1, "flush_reason": reason}, core=g.core)
+
+
+def _run_one_by_one(g: _Group, reason: str = "replay") -> None:
+    """Run the group node by node, in program order, each with its own small kernel: what
+    plain eager runs (every store kept). Used while the fused kernel builds in the background
+    and when it cannot be built; nothing of the group has run before."""
+    from .kernels import compile as kc
+    from .launch import launch
+
+    order = sorted((n[7], li, n) for li, lp in enumerate(g.loops) for n in lp.nodes)
+    writers = {n[7]: n[5] for lp in g.loops for n in lp.nodes}
+    allowed = kc.parallel_allowed()
+    for _id, li, node in order:
+        expr, loads, store, ops, scal, out_idx, reduce, _ = node
+        # a "val" operand refers to a node of the same loop: its buffer holds the value now
+        fixed = tuple(("buf", writers[ref]) if kind == "val" else (kind, ref)
+                      for kind, ref in ops)
+        numel = g.loops[li].numel
+        parallel = numel >= _ewb.PARALLEL_MIN and allowed
+        if reduce is None:
+            _launch_plain(g, node, fixed, parallel, reason)
+            continue
+        # a sum/mean epilogue: a one-node fused kernel over just its own buffers (shared by
+        # every group that reduces the same way)
+        remap: dict = {}
+        for _kind, j in fixed:
+            remap.setdefault(j, len(remap))
+        remap.setdefault(out_idx, len(remap))
+        spec = (((remap[fixed[0][1]],
+                  ((expr, loads, store, tuple((k, remap[j]) for k, j in fixed),
+                    tuple(range(len(scal))), remap[out_idx], reduce, 0),)),),
+                len(remap), tuple(g.scalar_casts[i] for i in scal))
+        args = tuple(g.bufs[j].arr for j in remap) + tuple(g.scalars[i] for i in scal)
+        launch(("fused", spec, False), _renderer(spec, False), args, core=g.core,
+               extra={"group_ops": 1, "flush_reason": reason})
+
+
+def _renderer(spec: tuple, parallel: bool):
+    """render() for launch: the fused source behind the preludes its expressions call."""
+    from .kernels import fused as kf
+    from .kernels.vmath import VMATH_PRELUDE, needs_vmath
+
+    def render():
+        COUNTERS["renders"] += 1
+        src, name = kf.render(spec, parallel)
+        vm = VMATH_PRELUDE if needs_vmath(src) else ""
+        return vm + _ewb.PRELUDE + _special_prelude(src) + src, name
+    return render
+
+
+def _special_prelude(src: str) -> str:
+    return _ewb.SPECIAL_PRELUDE if _ewb.SPECIAL_RE.search(src) else ""
