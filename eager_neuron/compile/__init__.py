@@ -45,6 +45,7 @@ def _on_dynamo() -> None:
     # graph break runs user code eagerly: it runs outside graphs, as a CUDA driver does
     _skip_dirs(tr)
     skip_runtime()
+    _tracing.trace_tensor_ctor_on_cpu()
     _allow_flex_attention()
     custom = sys.modules.get("eager_neuron.custom.core")
     if custom is not None:          # loaded later, it applies this itself

@@ -476,9 +476,10 @@ def _arg_sig(v, expect) -> tuple:
 
 def _resolve_per_tensor(packet, call, expect):
     """The per-tensor overload for one element of a foreach node, and (how many arguments
-    go positionally, the keyword names of the rest), or None when all are positional. Memoized by argument kinds and dtypes (not sizes):
-    the meta probes cost ~10 ms per tensor, and an optimizer step has hundreds of tensors of a
-    few kinds (this was 6 of the ~10 s the package added to a warm GPT-2 compile)."""
+    go positionally, the keyword names of the rest), or None when all are positional.
+    Memoized by argument kinds and dtypes (not sizes): the meta probes cost ~10 ms per
+    tensor, and an optimizer step has hundreds of tensors of a few kinds (this was 6 of the
+    ~10 s the package added to a warm GPT-2 compile)."""
     key = (packet._qualified_op_name, expect.dtype, expect.dim(),
            tuple(_arg_sig(v, expect) for v in call))
     hit = _RESOLVED.get(key)

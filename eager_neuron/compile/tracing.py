@@ -108,3 +108,36 @@ def run_outside_fake(fn, *args, **kwargs):
 
     with unset_fake_temporarily():
         return fn(*args, **kwargs)
+
+
+def trace_tensor_ctor_on_cpu() -> None:
+    """`torch.tensor(data, device="neuron")` traced by dynamo becomes a CPU constant and a
+    `_to_copy` to the device (a factory replayed by the program), as a CUDA tensor traces on a
+    machine without CUDA.
+
+    FakeTensorMode materializes the constructor's data on the device whenever the PrivateUse1
+    backend is available (its `avoid_device_init` is False): the C++ constructor then copies
+    to neuron with the Python key excluded, the copy allocates real memory and the following
+    `lift_fresh` meets a real NeuronTensor, which the fake mode refuses (the tracer fails on
+    its data_ptr). Telling the fake mode that neuron needs no device init makes it lift the
+    CPU data and move the fake to neuron: no device memory while tracing, nothing real in the
+    graph but a CPU constant. Only the fake mode reads this (torch 2.13); idempotent.
+
+    >>> import torch, eager_neuron
+    >>> f = torch.compile(lambda x: x + torch.tensor([1., 2.], device="neuron"), backend="neuron")
+    >>> f(torch.zeros(2, device="neuron")).tolist()
+    [1.0, 2.0]
+    """
+    import torch._subclasses.fake_tensor as ft
+
+    orig = ft._is_privateuse1_backend_available
+    if getattr(orig, "_en_neuron", False):
+        return
+
+    def _is_privateuse1_backend_available():
+        if torch._C._get_privateuse1_backend_name() == "neuron":
+            return False
+        return orig()
+
+    _is_privateuse1_backend_available._en_neuron = True
+    ft._is_privateuse1_backend_available = _is_privateuse1_backend_available

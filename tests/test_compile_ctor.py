@@ -1,0 +1,61 @@
+"""`torch.tensor(data, device="neuron")` inside a compiled region (HF's DynamicCache starts from
+`torch.tensor([])` on the device): traced as a CPU constant moved to the device by the program.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import eager_neuron  # noqa: F401 - the neuron device and backend
+from eager_neuron.compile import stats as cstats
+
+
+@pytest.fixture(autouse=True)
+def _reset():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _ctor_fn(x, scale):
+    t = torch.tensor([1.0, -2.0, 3.5], device="neuron")
+    s = torch.tensor(scale, device=x.device)                       # a 0-d tensor from a float
+    i = torch.tensor([[1, 2, 3]], device="neuron", dtype=torch.int64)
+    empty = torch.tensor([], device="neuron")                      # DynamicCache's start
+    return x * t + s * i + empty.numel(), torch.cat([empty, t])
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "neuron"])
+def test_tensor_ctor_in_a_traced_region_equals_eager(backend):
+    x = torch.arange(6, dtype=torch.float32).reshape(2, 3).to("neuron")
+    want = _ctor_fn(x, 0.5)
+    f = torch.compile(_ctor_fn, backend=backend, fullgraph=True)
+    got = f(x, 0.5)
+    for g, w in zip(got, want):
+        assert g.device.type == "neuron" and g.dtype == w.dtype and g.shape == w.shape
+        assert torch.equal(g.cpu(), w.cpu())          # exact: small integers and halves
+    # another Python value is another constant (dynamo guards on it), never a stale one
+    got = f(x, -4.0)
+    assert torch.equal(got[0].cpu(), _ctor_fn(x, -4.0)[0].cpu())
+
+
+def test_tensor_ctor_runs_as_a_device_copy_in_the_program():
+    before = cstats()
+    copies = before["graph_eager_ops"].get("aten::_to_copy", 0)
+    f = torch.compile(lambda x: x + torch.tensor([2.0, 4.0], device="neuron"), backend="neuron")
+    out = f(torch.ones(2, device="neuron"))
+    assert out.cpu().tolist() == [3.0, 5.0]
+    after = cstats()
+    assert after["graph_fallbacks"] == before["graph_fallbacks"]    # compiled, not replayed
+    assert after["graph_eager_ops"].get("aten::_to_copy", 0) > copies
+
+
+def test_tensor_ctor_under_export():
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return x * torch.tensor([3.0, 5.0], device="neuron")
+
+    x = torch.ones(4, 2, device="neuron")
+    ep = torch.export.export(M(), (x,), strict=True)
+    assert torch.equal(ep.module()(x).cpu(), torch.tensor([[3.0, 5.0]] * 4))
