@@ -23,13 +23,7 @@ import torch
 from . import device as _dev
 from .simulator import SIM
 
-
-def get_device_capability(device=None) -> tuple[int, int]:
-    """(major, minor) of the simulated NeuronCore generation: NeuronCore-v3 (trn2) is (3, 0)."""
-    _dev.SIM.core(_dev._index(device))
-    core = SIM.profile.core_name                       # "NeuronCore-v3"
-    digits = "".join(c for c in core.rsplit("-v", 1)[-1] if c.isdigit()) or "0"
-    return int(digits), 0
+get_device_capability = _dev.get_device_capability   # device.py: get_device_properties reads it
 
 
 def _accelerator_capability(device=None, /) -> dict:

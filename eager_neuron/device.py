@@ -92,13 +92,19 @@ def get_device_name(device=None) -> str:
     return f"Simulated {SIM.profile.name} NeuronCore {index} (eager_neuron)"
 
 
+def get_device_capability(device=None) -> tuple[int, int]:
+    """(major, minor) of the simulated NeuronCore generation: NeuronCore-v3 (trn2) is (3, 0)."""
+    SIM.core(_index(device))
+    core = SIM.profile.core_name                       # "NeuronCore-v3"
+    digits = "".join(c for c in core.rsplit("-v", 1)[-1] if c.isdigit()) or "0"
+    return int(digits), 0
+
+
 def get_device_properties(device=None):
     """The simulated core's figures (a namespace, like torch.cuda.get_device_properties)."""
     index = _index(device)
     core = SIM.core(index)
     p = SIM.profile
-    from .devapi import get_device_capability
-
     major, minor = get_device_capability(index)
     # NOTE: the fields libraries read from torch.cuda.get_device_properties (accelerate,
     # transformers, vLLM-style checks) alongside the simulator's own figures
@@ -359,7 +365,9 @@ _registered = False
 
 
 def register() -> None:
-    """Rename PrivateUse1 to `neuron` and install torch.neuron, hooks, guard and the fallback."""
+    """Rename PrivateUse1 to `neuron` and install torch.neuron, hooks, guard and the fallback.
+    The conventions built on torch.neuron (conventions.py: storages, amp, devapi, ...) sit above
+    this module: eager_neuron/__init__.py installs them right after."""
     global _registered
     if _registered:
         return
@@ -372,9 +380,6 @@ def register() -> None:
     torch._C._acc.register_python_privateuseone_device_guard(_Guard())
     _install_fallback()
     install_accelerator_shims()
-    from . import conventions
-
-    conventions.install()
     _install_multicore_backward()
 
 

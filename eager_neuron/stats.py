@@ -11,6 +11,24 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+# Counters kept by a subsystem in its own object (eager_neuron.distributed's collectives): each
+# has snapshot() -> dict and reset(); eager_neuron.stats() shows them and reset_stats() resets
+# them with the rest. Registered here, so no subsystem wraps eager_neuron.stats() itself.
+_EXTRA: list = []
+
+
+def add_counters(counters) -> None:
+    """Show `counters.snapshot()` in eager_neuron.stats() and reset it with reset_stats().
+
+    >>> class C:
+    ...     def snapshot(self): return {"widgets": 0}
+    ...     def reset(self): pass
+    >>> add_counters(C()); "widgets" in STATS.snapshot(); _EXTRA.pop() and None
+    True
+    """
+    if counters not in _EXTRA:
+        _EXTRA.append(counters)
+
 
 class Stats:
     # NOTE: plain attributes, not a dict, because the hot path bumps them per op.
@@ -44,12 +62,16 @@ class Stats:
         self.fusion_fallbacks = 0
         self.trace_hits = 0      # adaptive: a flushed group replayed a trace launched before
         self.trace_misses = 0    # adaptive: a flushed group's trace was new (spec and key built)
+        for counters in _EXTRA:
+            counters.reset()
 
     def snapshot(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for name in self.__slots__:
             value = getattr(self, name)
             out[name] = dict(value) if isinstance(value, Counter) else value
+        for counters in _EXTRA:
+            out.update(counters.snapshot())
         return out
 
 

@@ -9,6 +9,9 @@ that memory alive through two Python attributes (`_neuron_host`, the host storag
 `_neuron_block`, the simulator block). Every view of one buffer gets the same storage object, so
 `torch.save` writes shared storage once and `torch.load` brings views back as views.
 
+This module sits below tensor.py in the import graph (NeuronTensor.untyped_storage() calls it);
+sending a neuron tensor to another process is NeuronTensor's own pickling (tensor.py).
+
 >>> import torch, eager_neuron
 >>> x = torch.arange(4.0, device="neuron")
 >>> x.untyped_storage().data_ptr() == x[1:].untyped_storage().data_ptr() != 0
@@ -23,8 +26,6 @@ import weakref
 
 import torch
 
-from .tensor import DEVICES
-
 # host storage _cdata -> its neuron storage (alive while some user holds it or a tensor uses it)
 _BY_HOST: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
@@ -37,7 +38,8 @@ def neuron_storage(host: torch.UntypedStorage, index: int, block,
     if s is not None and s._neuron_host is host and s.device.index == index:
         return s
     size = host.nbytes() if nbytes is None else nbytes
-    s = torch._C._construct_storage_from_data_pointer(host.data_ptr(), DEVICES[index], size)
+    s = torch._C._construct_storage_from_data_pointer(host.data_ptr(),
+                                                      torch.device("neuron", index), size)
     s._neuron_host = host        # the memory s points into stays alive as long as s does
     s._neuron_block = block      # and stays accounted on the simulated core
     _BY_HOST[key] = s
@@ -89,23 +91,6 @@ def _untyped_storage_new(cls, *args, device=None, **kwargs):
     return _ORIGINAL_NEW(cls, *args, device=device, **kwargs)
 
 
-def _rebuild_from_host(host: torch.Tensor, device: str, requires_grad: bool) -> torch.Tensor:
-    t = host.to(device)
-    if requires_grad:
-        t.requires_grad_(True)
-    return t
-
-
-def _reduce_for_process(t):
-    """Sending a neuron tensor to another process (DataLoader workers, mp.Queue): its bytes go
-    through CPU shared memory and the receiver puts them on its own simulated device. (A
-    neuron storage cannot be shared by file descriptor: that is CPU-only in PyTorch.)"""
-    from .buffers import to_host
-
-    return (_rebuild_from_host, (to_host(t, reason="send to another process"), str(t.device),
-                                 t.requires_grad))
-
-
 def install() -> None:
     """Route `torch.UntypedStorage(..., device="neuron")` here instead of PyTorch's C++, which
     has no allocator for the device (a segfault)."""
@@ -114,12 +99,3 @@ def install() -> None:
         return
     _ORIGINAL_NEW = torch.UntypedStorage.__new__
     torch.UntypedStorage.__new__ = _untyped_storage_new
-    from multiprocessing.reduction import ForkingPickler
-
-    from torch.multiprocessing import reductions
-
-    from .tensor import NeuronTensor
-
-    reductions.init_reductions()   # PyTorch's reducers first (idempotent), ours for NeuronTensor
-
-    ForkingPickler.register(NeuronTensor, _reduce_for_process)

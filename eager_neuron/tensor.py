@@ -11,6 +11,8 @@ tensor([0, 1, 2], device='neuron:0')
 
 from __future__ import annotations
 
+from multiprocessing.reduction import ForkingPickler
+
 import torch
 
 DEVICES = [torch.device("neuron", i) for i in range(64)]
@@ -178,6 +180,16 @@ def _rebuild_neuron(host: torch.Tensor, index: int, requires_grad: bool):
     return t
 
 
+def _reduce_for_process(t):
+    """Sending a neuron tensor to another process (DataLoader workers, mp.Queue): its bytes go
+    through CPU shared memory and the receiver puts them on its own simulated device. (A
+    neuron storage cannot be shared by file descriptor: that is CPU-only in PyTorch.)"""
+    from .buffers import to_host
+
+    return (_rebuild_neuron, (to_host(t, reason="send to another process"), t._index,
+                              t.requires_grad))
+
+
 def _dispatch(func, args, kwargs):  # the funnel until dispatch.py registers itself
     raise RuntimeError("eager_neuron.dispatch was not imported")
 
@@ -191,3 +203,5 @@ def set_dispatcher(fn) -> None:
 
 
 torch.serialization.add_safe_globals([_rebuild_neuron])
+# `import torch` already installed PyTorch's own reducers (torch.multiprocessing does at import)
+ForkingPickler.register(NeuronTensor, _reduce_for_process)

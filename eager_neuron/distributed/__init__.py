@@ -23,28 +23,13 @@ def install() -> None:
     if _installed:
         return
     _installed = True
-    import eager_neuron
-
     from .. import ops
+    from ..stats import add_counters
 
     backend.register()
     collectives.install(ops.HOST)
     _jit_builtin_factories()
-    # NOTE: eager_neuron.stats()/reset_stats() live in eager_neuron/__init__.py (not ours): they
-    # are wrapped here, so the collective counters show and reset with the rest
-    base_stats, base_reset = eager_neuron.stats, eager_neuron.reset_stats
-
-    def stats() -> dict:
-        out = base_stats()
-        out.update(COUNTERS.snapshot())
-        return out
-
-    def reset_stats() -> None:
-        base_reset()
-        COUNTERS.reset()
-
-    stats.__doc__, reset_stats.__doc__ = base_stats.__doc__, base_reset.__doc__
-    eager_neuron.stats, eager_neuron.reset_stats = stats, reset_stats
+    add_counters(COUNTERS)   # eager_neuron.stats() shows them, reset_stats() resets them
 
 
 def _jit_builtin_factories() -> None:

@@ -9,16 +9,31 @@ from __future__ import annotations
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from ..adaptive import flush
+from ..buffers import alloc, to_host
+from ..operands import _original, unwrap_args
 from ..simulator import SIM
 from ..tensor import NeuronTensor
+from . import cast  # the cast family's lowerings (not via ops: ops imports this module)
+from .cast import _dense
 
 aten = torch.ops.aten
 
+# -- the funnel's kernel path, handed down ------------------------------------------------------
+# A same-core _to_copy/copy_ (or one under NeuronMode) is a device kernel: it runs through
+# dispatch's kernel path (placement, meta, allocation, adaptive recording, the fast path's
+# learning, error context) with a kernel Plan of the cast family. dispatch sits above this module
+# in the import graph (dispatch -> plan -> ops -> lower/host), so it is handed down once at
+# import, as tensor.py is handed the funnel: eager_neuron/__init__.py calls set_kernel_path().
+_RUN_KERNEL = None     # dispatch._run_kernel(func, plan, args, kwargs, mode)
+_PLAN = None           # plan.Plan, the class of the Plans below
+_PLANS: dict = {}      # plan._PLANS: func -> its Plan (host_compute reads its op's written args)
 
-def _d():
-    from .. import dispatch
 
-    return dispatch
+def set_kernel_path(run_kernel, plan_class, plans: dict) -> None:
+    """Hand this module dispatch's kernel path (called once, by eager_neuron/__init__.py)."""
+    global _RUN_KERNEL, _PLAN, _PLANS
+    _RUN_KERNEL, _PLAN, _PLANS = run_kernel, plan_class, plans
 
 
 def _target_index(device) -> int | None:
@@ -37,12 +52,11 @@ def _charge(index: int, t: torch.Tensor) -> None:
 
 def to_device(host: torch.Tensor, index: int) -> NeuronTensor:
     """Copy a CPU tensor into a fresh device buffer on core `index` (keeps its strides)."""
-    d = _d()
     # dense layouts (channels_last, x.t()) keep their strides: .to("neuron",
     # memory_format=torch.channels_last) and module.to(...) keep the format, as on CUDA
-    if not host.is_contiguous() and not d._dense(host):
+    if not host.is_contiguous() and not _dense(host):
         host = host.contiguous()
-    data, block = d.alloc(index, host.shape, host.stride(), host.dtype)
+    data, block = alloc(index, host.shape, host.stride(), host.dtype)
     data.copy_(host)
     _charge(index, host)
     return NeuronTensor(data, block, index)
@@ -50,14 +64,13 @@ def to_device(host: torch.Tensor, index: int) -> NeuronTensor:
 
 def to_copy(func, args, kwargs, mode):
     """aten::_to_copy: cast on device, or move between host and device / between cores."""
-    d = _d()
     src = args[0]
     kw = dict(kwargs)
     device = kw.get("device")
     if isinstance(src, NeuronTensor):
         target = _target_index(device) if device is not None else src.device.index
         if target is None:  # device -> host
-            host = d.to_host(src, reason="copy to cpu")
+            host = to_host(src, reason="copy to cpu")
             kw.pop("non_blocking", None)
             if kw.get("dtype") in (None, src.dtype) and not kw.get("pin_memory") and \
                     kw.get("memory_format") in (None, torch.preserve_format):
@@ -66,14 +79,14 @@ def to_copy(func, args, kwargs, mode):
             return aten._to_copy.default(host, **kw)
         if target == src.device.index:
             kw.pop("device", None)
-            return d._run_kernel(func, _kernel_plan(func), (src,), kw, None)
+            return _RUN_KERNEL(func, _kernel_plan(func), (src,), kw, None)
         # core -> core: a device copy through HBM
-        d.flush("cross-core copy")
+        flush("cross-core copy")
         kw["device"] = torch.device("cpu")
         moved = aten._to_copy.default(src._data, **kw)
         if not moved.is_contiguous():
             moved = moved.contiguous()
-        data, block = d.alloc(target, moved.shape, moved.stride(), moved.dtype)
+        data, block = alloc(target, moved.shape, moved.stride(), moved.dtype)
         data.copy_(moved)
         SIM.copy_between(src.device.index, target, moved.numel() * moved.element_size())
         return NeuronTensor(data, block, target)
@@ -83,7 +96,7 @@ def to_copy(func, args, kwargs, mode):
         # NeuronMode: a cast of a CPU tensor is a kernel too (CPU in, CPU out)
         kw.pop("device", None)
         kw.pop("non_blocking", None)
-        return d._run_kernel(func, _kernel_plan(func), (src,), kw, mode)
+        return _RUN_KERNEL(func, _kernel_plan(func), (src,), kw, mode)
     kw["device"] = torch.device("cpu")
     host = aten._to_copy.default(src, **kw)
     if target is None:
@@ -95,24 +108,18 @@ _KPLANS: dict = {}
 
 
 def _kernel_plan(func):
-    from .. import dispatch
-    from . import cast  # the cast family's lowerings (not via ops: ops imports this module)
-
     plan = _KPLANS.get(func)
     if plan is None:
-        plan = dispatch.Plan("kernel", lower=cast.LOWERINGS["aten::_to_copy"],
+        plan = _PLAN("kernel", lower=cast.LOWERINGS["aten::_to_copy"],
                              name="aten::_to_copy", ret_alias=(None,))
         _KPLANS[func] = plan
     return plan
 
 
 def _copy_plan():
-    from .. import dispatch
-    from . import cast
-
     plan = _KPLANS.get("copy_")
     if plan is None:
-        plan = _KPLANS["copy_"] = dispatch.Plan(
+        plan = _KPLANS["copy_"] = _PLAN(
             "kernel", lower=cast.LOWERINGS["aten::copy_"], name="aten::copy_",
             ret_alias=("self",), mutates=("self",))
     return plan
@@ -120,36 +127,34 @@ def _copy_plan():
 
 def copy_(func, args, kwargs, mode):
     """aten::copy_(self, src): device<-host, host<-device, or on-device (cast + broadcast)."""
-    d = _d()
     dst, src = args[0], args[1]
     if isinstance(dst, NeuronTensor) and isinstance(src, NeuronTensor):
         if dst.device == src.device:
-            return d._run_kernel(func, _copy_plan(), args, kwargs, None)
-        d.flush("cross-core copy")
+            return _RUN_KERNEL(func, _copy_plan(), args, kwargs, None)
+        flush("cross-core copy")
         dst._data.copy_(src._data)
         SIM.copy_between(src.device.index, dst.device.index, src.numel() * src.element_size())
         return dst
     if isinstance(dst, NeuronTensor):  # host -> device
-        d.flush("copy to device")
+        flush("copy to device")
         dst._data.copy_(src)
         _charge(dst.device.index, dst._data)
         return dst
     if isinstance(src, NeuronTensor):  # device -> host
-        d.flush("copy to cpu")
+        flush("copy to cpu")
         dst.copy_(src._data)
         _charge(src.device.index, src._data)
         return dst
     if mode is not None and isinstance(src, torch.Tensor):
         # NeuronMode: a CPU-to-CPU copy_ is a kernel too
-        return d._run_kernel(func, _copy_plan(), args, kwargs, mode)
+        return _RUN_KERNEL(func, _copy_plan(), args, kwargs, mode)
     return func(*args, **kwargs)
 
 
 def local_scalar_dense(func, args, kwargs, mode):
-    d = _d()
     x = args[0]
     if isinstance(x, NeuronTensor):
-        d.flush("item")
+        flush("item")
         _charge(x.device.index, x._data)
         return x._data.item()
     return func(*args, **kwargs)
@@ -157,9 +162,8 @@ def local_scalar_dense(func, args, kwargs, mode):
 
 def rng_inplace(func, args, kwargs, mode):
     """normal_, uniform_, bernoulli_, ...: the CPU generator writes straight into device memory."""
-    d = _d()
-    uargs, ukw, index = d.unwrap_args(args, kwargs)
-    d.flush("rng")
+    uargs, ukw, index = unwrap_args(args, kwargs)
+    flush("rng")
     func(*uargs, **ukw)
     if index is not None:
         _charge(index, uargs[0])
@@ -168,18 +172,17 @@ def rng_inplace(func, args, kwargs, mode):
 
 def host_compute(func, args, kwargs, mode):
     """Factories and functional RNG: computed by the host, then copied to the device."""
-    d = _d()
-    uargs, ukw, index = d.unwrap_args(args, kwargs)
+    uargs, ukw, index = unwrap_args(args, kwargs)
     if index is not None:
         # the host reads (or writes) device tensors: adaptive eager's pending stores land first
         # (torch.linspace(start_t, end_t) read a recorded, unwritten start: garbage)
-        d.flush("host compute")
+        flush("host compute")
     dev_index = _target_index(ukw.get("device"))
     if "device" in ukw and ukw["device"] is not None:
         ukw["device"] = torch.device("cpu")
     if index is None:
         index = dev_index
-    plan = d._PLANS.get(func)
+    plan = _PLANS.get(func)
     written = [n for n in (plan.mutates if plan else ())]
     out = func(*uargs, **ukw)
     if index is None:
@@ -187,7 +190,7 @@ def host_compute(func, args, kwargs, mode):
     # 1. written arguments (out= factories, rrelu_with_noise's noise) already hold the result in
     #    device memory: charge the transfer, hand back the caller's own tensor
     for name in written:
-        _charge(index, d._original(func, args, kwargs, name))
+        _charge(index, _original(func, args, kwargs, name))
     # 2. fresh results travel to the device
     leaves, spec = tree_flatten(out)
     aliases = plan.ret_alias if plan is not None else ()
@@ -195,7 +198,7 @@ def host_compute(func, args, kwargs, mode):
     for i, v in enumerate(leaves):
         target = aliases[i] if i < len(aliases) else None
         if target is not None:
-            moved.append(d._original(func, args, kwargs, target))
+            moved.append(_original(func, args, kwargs, target))
         elif isinstance(v, torch.Tensor):
             moved.append(to_device(v, index))
         else:
