@@ -84,3 +84,43 @@ def coalesce(shape: tuple, strides_list: list) -> tuple[tuple, list]:
 def strided_np(t: torch.Tensor, shape: tuple, strides: tuple) -> np.ndarray:
     """A numpy view of t's buffer with the given (element) shape and strides."""
     return t.as_strided(shape, strides, t.storage_offset()).numpy()
+
+
+# ---------------------------------------------------------------------------------------------
+# Python ints beyond int64 as kernel scalars
+# ---------------------------------------------------------------------------------------------
+
+I64_MIN, I64_END = -2 ** 63, 2 ** 63
+# c10's names for the types of "value cannot be converted to type X without overflow"
+_C10_INT_NAME = {"np.int64": "int64_t", "np.int32": "int", "np.int16": "int16_t",
+                 "np.int8": "int8_t", "np.uint8": "uint8_t"}
+# ops whose Scalar arguments ATen converts with a range check (`Scalar::to<T>()`), not by
+# wrapping them into a tensor of the common dtype
+_CHECKED_SCALAR_OPS = frozenset({"aten::clamp", "aten::clamp_min", "aten::clamp_max"})
+
+
+def kernel_int(v: int, cast: str, op_name: str = ""):
+    """A Python int scalar as the kernel argument ATen's conversion to `cast` would make.
+
+    Python's arg parser hands an int in [2**63, 2**64) to ATen as a uint64 Scalar; TensorIterator
+    casts it to the common dtype, wrapping modulo 2**64 for integer dtypes (int64 + 2**63 is
+    int64 - 2**63). Numba would type such an int as uint64, and the kernel compiled first for a
+    signature would decide later calls (a uint64 kernel refuses -2**63): so the value is
+    converted here, to an int64, float or bool, whatever is in range.
+
+    >>> kernel_int(2 ** 63 + 1, "np.int64"), kernel_int(2 ** 63, "np.float32"), kernel_int(5, "")
+    (-9223372036854775807, 9.223372036854776e+18, 5)
+    """
+    in_i64 = I64_MIN <= v < I64_END
+    if op_name in _CHECKED_SCALAR_OPS and cast in _C10_INT_NAME:
+        info = np.iinfo(cast[3:])
+        if not info.min <= v <= info.max:
+            raise RuntimeError(f"value cannot be converted to type {_C10_INT_NAME[cast]} "
+                               f"without overflow (aten::{op_name.split('::')[-1]} on neuron)")
+    if in_i64:
+        return v
+    if cast in ("np.float32", "np.float64"):
+        return float(v)
+    if cast == "np.bool_":
+        return bool(v)
+    return (v + 2 ** 63) % 2 ** 64 - 2 ** 63

@@ -35,7 +35,8 @@ from ..kernels.elementwise_prelude import PRELUDE
 from ..launch import launch
 from . import cells as _cells
 from . import special as _special
-from .common import NP_TYPE, coalesce
+from .common import _CHECKED_SCALAR_OPS as _CHECKED
+from .common import I64_END, I64_MIN, NP_TYPE, coalesce, kernel_int
 from .elementwise_ops import OPS
 
 PARALLEL_MIN = 1 << 18   # below this a prange launch costs more than it saves
@@ -302,12 +303,15 @@ def lower_elementwise(func, a: dict, outs: list, op_name: str, defer: bool = Fal
     kinds = tuple(kinds)
     # 3. scalars: runtime arguments (a new alpha never recompiles), cast inside the kernel
     scalar_vals = []
-    for nm in spec.scalars:
+    for j, nm in enumerate(spec.scalars):
         v = a[nm]
         if isinstance(v, torch.Tensor):
             v = nps[nm].reshape(-1)[0].item()
         elif isinstance(v, bool) or v is None:
             v = bool(v)
+        elif type(v) is int and (op_name in _CHECKED or not I64_MIN <= v < I64_END):
+            # beyond int64: converted as ATen does (lower/common.py kernel_int)
+            v = kernel_int(v, spec.scalar_casts[j], op_name)
         scalar_vals.append(v)
     expr, loads, scalar_casts, store = spec.expr, spec.loads, spec.scalar_casts, spec.store
     parallel = n >= PARALLEL_MIN and kc.parallel_allowed()

@@ -336,3 +336,41 @@ DYNAMIC = {
     "aten::_histogramdd_from_bin_cts": dynamic_hdd_from_bin_cts,
     "aten::_histogramdd_from_bin_tensors": dynamic_hdd_from_bin_tensors,
 }
+
+
+# ---------------------------------------------------------------------------------------------
+# Meta kernels that refuse what the CPU refuses, with the CPU's exception type
+# ---------------------------------------------------------------------------------------------
+# dispatch sizes every output by running the op on meta tensors first. PyTorch's meta for frac
+# is its Python reference, `x - trunc(x)`: on a bool tensor it raises sub's RuntimeError
+# ("Subtraction ... with two bool tensors") and on an integer tensor it returns zeros, where
+# the CPU raises NotImplementedError ('"frac_cpu" not implemented for 'Long'') for every
+# non-float dtype, complex included.
+
+def _frac_meta_check(x) -> None:
+    if not x.dtype.is_floating_point:   # complex too: 'ComplexFloat'
+        from ..errors import NotImplementedForDtype
+
+        # the CPU's type and text (NotImplementedForDtype only carries them out of lowerings)
+        raise NotImplementedError(str(NotImplementedForDtype("frac_cpu", x.dtype)))
+
+
+def _frac_meta(self):
+    _frac_meta_check(self)
+    return torch._refs.frac(self)
+
+
+def _frac_meta_(self):
+    _frac_meta_check(self)
+    return self
+
+
+def _frac_meta_out(self, *, out):
+    _frac_meta_check(self)
+    return torch._refs.frac(self, out=out)
+
+
+_META_LIB = torch.library.Library("aten", "IMPL")
+_META_LIB.impl("frac", _frac_meta, "Meta")
+_META_LIB.impl("frac_", _frac_meta_, "Meta")
+_META_LIB.impl("frac.out", _frac_meta_out, "Meta")
