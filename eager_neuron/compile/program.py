@@ -15,8 +15,10 @@ import torch
 from torch.fx import GraphModule, Node
 
 from ..config import config
-from .codegen import Group, LoweringError, _stack_line, expand_foreach, partition
-from .rows import RowStep, find_regions, split_var_mean
+from .codegen import Group, LoweringError, _stack_line, partition
+from .foreach import expand_foreach
+from .rows import find_regions, split_var_mean
+from .rowstep import RowStep
 from .stats import CSTATS
 
 _PARALLEL_MIN = 1 << 18
@@ -239,7 +241,7 @@ class Program:
 
 def _run_rows(step, env: dict) -> None:
     from ..adaptive import MODULE as adaptive
-    from .rows import run
+    from .rowstep import run
 
     adaptive.flush("compiled graph")
     try:
