@@ -25,12 +25,14 @@ import threading
 import numpy as np
 import torch
 
+from . import adaptive_calls as _calls
 from . import adaptive_group as _grp
 from . import context as _context
 from .adaptive_group import (  # noqa: F401 -- re-exported: tests and tools read them here
     COUNTERS,
     _apply,
     _Buf,
+    _Call,
     _Group,
     _Loop,
     _overlaps,
@@ -47,6 +49,9 @@ MAX_BUFS = 96
 MAX_PINNED_BYTES = 1 << 28   # a group holding more device memory than this launches
 REDUCTIONS = {"aten::sum": "sum", "aten::mean": "mean",
               "aten::sum.dim_IntList": "sum", "aten::mean.dim": "mean"}
+# ops that join the pending group as calls of their own kernel (adaptive_calls.py); dispatch
+# hands them to try_record_reduction as it does the reductions
+REDUCTIONS.update({name: "call" for name in _calls.JOINABLE})
 
 _lock = threading.RLock()   # one lock for every group: record and flush are atomic
 
@@ -139,21 +144,7 @@ def record(op: str, expr: str, kinds: tuple, loads: tuple, scalar_casts: tuple, 
             blocks = ctx.blocks if ctx is not None else {}
     key = stream_key()
     with _lock:
-        g = PENDING.get(key)
-        if g is not None and g.core != core:
-            _flush_locked(key, "core change")
-            g = None
-        if g is not None and (g.n_nodes >= MAX_NODES
-                              or len(g.bufs) + len(operands) + 1 > MAX_BUFS
-                              or g.pinned_bytes > MAX_PINNED_BYTES):
-            _flush_locked(key, "buffer limit")
-            g = None
-        if g is None:
-            if not STATE.enabled:   # the state machine: only IDLE -> RECORDING records
-                raise AssertionError("adaptive eager: record() while OFF")
-            g = PENDING[key] = _Group(core)
-            if key[1] != -1:
-                _flush_at_end_of_backward(key)
+        g = _group_for(key, core, len(operands) + 1)
         # 1. buffers: operands and output, by (address, length, stride, dtype)
         g.descs = descs = []
         if trusted:
@@ -199,6 +190,81 @@ def record(op: str, expr: str, kinds: tuple, loads: tuple, scalar_casts: tuple, 
         return True
 
 
+def _group_for(key, core: int, n_args: int) -> _Group:
+    """The stream's pending group that can take an op of `n_args` more kernel arguments (the
+    current one, or a new one after launching it). Called under _lock."""
+    g = PENDING.get(key)
+    if g is not None and g.core != core:
+        _flush_locked(key, "core change")
+        g = None
+    if g is not None and (g.n_nodes >= MAX_NODES
+                          or len(g.bufs) + g.n_call_args + n_args > MAX_BUFS
+                          or g.pinned_bytes > MAX_PINNED_BYTES):
+        _flush_locked(key, "buffer limit")
+        g = None
+    if g is None:
+        if not STATE.enabled:   # the state machine: only IDLE -> RECORDING records
+            raise AssertionError("adaptive eager: record() while OFF")
+        g = PENDING[key] = _Group(core)
+        if key[1] != -1:
+            _flush_at_end_of_backward(key)
+    return g
+
+
+def record_call(name: str, a: dict, outs: list, blocks: dict) -> bool:
+    """A joinable op (adaptive_calls.JOINABLE): its launches, staged, join the pending group
+    as calls of its kernels (see eager_neuron/adaptive_calls.py). False: not joinable here (the
+    caller launches the group and runs the op as plain eager)."""
+    if not _calls.joinable(name, a, outs):
+        return False
+    ctx = getattr(_context._TLS, "ctx", None)
+    core = ctx.core if ctx is not None else 0
+    staged = _calls.stage(name, a, outs)
+    if staged is None:
+        return False
+    if not staged:
+        return True
+    tensors = [v for v in a.values() if isinstance(v, torch.Tensor)] + list(outs)
+    spans = _calls.spans(staged, tensors)
+    key = stream_key()
+    with _lock:
+        if spans is None:
+            # a scratch buffer of the lowering: what is pending launches, then these launches,
+            # as plain eager runs them (nothing of the op has run yet)
+            _calls.COUNTERS["declined"] += 1
+            _flush_locked(key, f"non-fusible op {name}")
+            _calls.run_now(staged, core)
+            return True
+        g = _group_for(key, core, sum(len(st[2]) for st in staged))
+        for blk in blocks.values():
+            if id(blk) not in g.pins:
+                g.pins[id(blk)] = blk
+                g.pinned_bytes += getattr(blk, "nbytes", 0)
+        if g.lag:
+            _sync(g)
+        for st in staged:
+            # every buffer of the group the call's arrays overlap keeps its stores (the call
+            # reads memory); ops recorded after the call go to loops after it (the floor)
+            hits = tuple(j for j, b in enumerate(g.bufs)
+                         if any(b.lo < hi and lo < b.hi for lo, hi in spans))
+            for j in hits:
+                g.bufs[j].mem_read = True
+            sig = (static_id(*_calls.guard(st)), hits)
+            nxt = g.cursor.children.get(sig)
+            if nxt is None:
+                nxt = g.cursor.children[sig] = _TNode()
+                _grp._TRACE_NODES[0] += 1
+            g.cursor = nxt
+            g.loops.append(_Call(st, g.n_nodes, spans))
+            g.floor = len(g.loops)
+            g.call_spans.extend(spans)
+            g.n_call_args += len(st[2])
+            g.n_nodes += 1
+            g.ops.append(name)
+        _calls.COUNTERS["joined"] += len(staged)
+    return True
+
+
 _STATICS: dict = {}
 
 
@@ -228,7 +294,7 @@ def _place(g: _Group, op_idx: tuple, out_idx: int, kinds: tuple, numel: int, red
     COUNTERS["analyses"] += 1
     barrier, aligned = _barrier(g, op_idx, out_idx, kinds, numel)
     target = None
-    for li in range(len(g.loops) - 1, max(barrier, 0) - 1, -1):
+    for li in range(len(g.loops) - 1, max(barrier, g.floor, 0) - 1, -1):
         loop = g.loops[li]
         if loop.numel != numel:
             continue
@@ -272,6 +338,8 @@ def pending_write(arr: np.ndarray, src) -> bool:
     if g.lag:
         _sync(g)
     probe = _Buf(arr, src.data_ptr(), None)
+    if any(probe.lo < hi and lo < probe.hi for lo, hi in g.call_spans):
+        return True
     return any(b.last_write >= 0 and _overlaps(b, probe) for b in g.bufs)
 
 
@@ -367,7 +435,12 @@ def _flush_locked(key, reason: str) -> None:
 
         print(f"[eager_neuron] flush ({reason}): {g.n_nodes} ops in {len(g.loops)} loops "
               f"-> 1 launch [{', '.join(sorted(set(g.ops)))}]\n{where()}", file=sys.stderr)
-    launch_group(g, reason)
+    # a flush while a joinable op is being lowered (memory pressure) launches for real
+    staged, _calls._TLS.staged = getattr(_calls._TLS, "staged", None), None
+    try:
+        launch_group(g, reason)
+    finally:
+        _calls._TLS.staged = staged
 
 
 
@@ -377,6 +450,8 @@ _TORCH_FLOAT = {torch.float32: "np.float32", torch.float64: "np.float64"}
 def try_record_reduction(name: str, a: dict, outs: list, blocks: dict) -> bool:
     """sum/mean over every element of a contiguous float tensor: a group epilogue."""
     kind = REDUCTIONS.get(name)
+    if kind == "call":
+        return record_call(name, a, outs, blocks)
     x, out = a.get("self"), outs[0]
     if kind is None or a.get("dtype") is not None or out.numel() != 1 or x.numel() <= 1:
         return False

@@ -68,6 +68,28 @@ class _Loop:
         self.last_writer: dict = {}   # buf index -> node id whose value it holds
 
 
+class _Call:
+    """A launch of a joinable op (the matmul family) inside the group: the fused kernel calls
+    the op's own kernel at this point of the program, with the op's own arguments (`args`, kept
+    whole: the arrays stay n-D). It sits in the group's list of loops, between loops: the loops
+    before it run before it, every op recorded after it goes into a loop after it (the group's
+    `floor`), so program order holds without analysing what the call reads and writes."""
+
+    __slots__ = ("key", "render", "args", "flops", "bytes", "engine", "dtype_class", "node_id",
+                 "spans", "numel", "nodes", "size_buf", "last_writer")
+
+    def __init__(self, staged: tuple, node_id: int, spans: list) -> None:
+        (self.key, self.render, self.args, self.flops, self.bytes, self.engine,
+         self.dtype_class) = staged
+        self.node_id = node_id
+        self.spans = spans            # [(lo, hi)] byte spans of its arrays (read and written)
+        # what loops have, empty: code walking the group's loops skips a call
+        self.numel = 0
+        self.nodes = ()
+        self.size_buf = None
+        self.last_writer: dict = {}
+
+
 class _Group:
     def __init__(self, core: int = 0) -> None:
         self.core = core              # the NeuronCore the group runs on (and is charged to)
@@ -93,6 +115,9 @@ class _Group:
         self.los: list = []
         self.los_j: list = []
         self.max_span = 0
+        self.floor = 0                # ops join loops from this index on (after the last call)
+        self.call_spans: list = []    # [(lo, hi)] of every call's arrays
+        self.n_call_args = 0
 
     def buf_index(self, arr: np.ndarray, src, block, trusted: bool = False) -> int:
         # NOTE: `arr` is a 1-D numpy view of the tensor `src` (numpy() + reshape, no copy),
@@ -154,10 +179,15 @@ class _Group:
         return found
 
     def touches(self, spans: list) -> bool:
-        """Does any buffer of the group intersect one of the byte spans [(lo, hi), ...]?"""
+        """Does any buffer (or call argument) of the group intersect one of the byte spans
+        [(lo, hi), ...]?"""
         for b in self.bufs:
             for lo, hi in spans:
                 if b.lo < hi and lo < b.hi:
+                    return True
+        for clo, chi in self.call_spans:
+            for lo, hi in spans:
+                if clo < hi and lo < chi:
                     return True
         return False
 
@@ -266,7 +296,12 @@ def _spec(g: _Group, keep: list | None = None):
         _sync(g)
     if keep is None:
         keep = _observable(g)
+    base = 0
     for loop in g.loops:
+        if type(loop) is _Call:
+            loops.append(("call", loop.key, base, len(loop.args)))
+            base += len(loop.args)
+            continue
         nodes = []
         for expr, loads, store, ops, scal, out_idx, reduce, node_id in loop.nodes:
             observable = (reduce is not None or keep[out_idx]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 
 from . import elementwise_base as _ewb
-from .adaptive_group import COUNTERS, _Group, _observable, _spec, _sync
+from .adaptive_group import COUNTERS, _Call, _Group, _observable, _spec, _sync
 from .cache import FORMAT_VERSION
 from .config import config
 from .stats import STATS
@@ -49,13 +49,16 @@ class _Launch:
     its spec, launch key and full key (with the argument types), cost, and the kernel once it
     is built."""
 
-    __slots__ = ("spec", "key", "full_key", "flops", "bytes", "kernel", "seen")
+    __slots__ = ("spec", "key", "full_key", "flops", "bytes", "kernel", "seen", "engine",
+                 "callees")
 
     def __init__(self, spec, key, full_key, flops, nbytes) -> None:
         self.spec, self.key, self.full_key = spec, key, full_key
         self.flops, self.bytes = flops, nbytes
         self.kernel = None
         self.seen = 0         # flushes that found no built kernel (see COMPILE_AFTER)
+        self.engine = "vector"
+        self.callees: dict = {}   # callee key -> its render(): the calls' kernels
 
 
 _SIM = [None]
@@ -66,11 +69,20 @@ def launch_group(g: _Group, reason: str) -> None:
 
     numel = max(lp.numel for lp in g.loops)
     parallel = numel >= _ewb.PARALLEL_MIN and kc.parallel_allowed()
-    if len(g.loops) == 1 and len(g.loops[0].nodes) == 1 and g.loops[0].nodes[0][6] is None:
-        _launch_single(g, parallel, reason)
-        return
     from . import adaptive_compile as bg
     from . import launch as _launch
+
+    calls = [lp for lp in g.loops if type(lp) is _Call]
+    if len(g.loops) == 1:
+        if calls:
+            # a call alone is plain eager's launch, under plain eager's key
+            c = calls[0]
+            _launch.launch(c.key, c.render, c.args, flops=c.flops, bytes_moved=c.bytes,
+                           engine=c.engine, dtype_class=c.dtype_class, core=g.core)
+            return
+        if len(g.loops[0].nodes) == 1 and g.loops[0].nodes[0][6] is None:
+            _launch_single(g, parallel, reason)
+            return
 
     cursor = g.cursor
     mem_read = cursor.mem_read
@@ -80,6 +92,8 @@ def launch_group(g: _Group, reason: str) -> None:
         mem_read = cursor.mem_read = tuple(b.mem_read for b in g.bufs)
     keep = _observable(g, mem_read)
     args = tuple(b.arr for b in g.bufs) + tuple(g.scalars)
+    if calls:
+        args += tuple(a for c in calls for a in c.args)
     lkey = (tuple(keep), parallel)
     ent = cursor.launches.get(lkey)
     if ent is None:
@@ -87,12 +101,17 @@ def launch_group(g: _Group, reason: str) -> None:
         STATS.trace_misses += 1
         COUNTERS["analyses"] += 1
         spec = _spec(g, keep)
-        stored = sum(g.bufs[n[5]].arr.nbytes for lp in spec[0] for n in lp[1]
-                     if n[5] is not None)
+        stored = sum(g.bufs[n[5]].arr.nbytes for lp in spec[0] if lp[0] != "call"
+                     for n in lp[1] if n[5] is not None)
         loaded = sum(b.arr.nbytes for b in g.bufs if b.last_read >= 0)
         key = ("fused", spec, parallel)
+        # NOTE: one charge for the whole kernel: the calls' cost (on their engine, the tensor
+        # engine for a matmul) plus the loops'
         ent = _Launch(spec, key, (FORMAT_VERSION,) + key + _launch.arg_types(args),
-                      float(numel * g.n_nodes), float(stored + loaded))
+                      float(numel * (g.n_nodes - len(calls)) + sum(c.flops for c in calls)),
+                      float(stored + loaded + sum(c.bytes for c in calls)))
+        ent.engine = calls[0].engine if calls else "vector"
+        ent.callees = {c.key: c.render for c in calls}
         cursor.launches[lkey] = ent
     else:
         STATS.trace_hits += 1
@@ -110,7 +129,7 @@ def launch_group(g: _Group, reason: str) -> None:
             # compiler would compete with the first step for the interpreter)
             ent.seen += 1
             if ent.seen >= COMPILE_AFTER[0] and \
-                    not bg.submit(ent.full_key, _renderer(ent.spec, parallel), args):
+                    not bg.submit(ent.full_key, _renderer(ent.spec, parallel, ent.callees), args):
                 STATS.fusion_fallbacks += 1   # it failed to build: op by op, counted
             COUNTERS["deferred"] += 1
             _run_one_by_one(g, reason)
@@ -127,7 +146,7 @@ def launch_group(g: _Group, reason: str) -> None:
                 from .simulator import SIM as sim
 
                 _SIM[0] = sim
-            sim.cores[g.core].launch(ent.flops, ent.bytes, "vector", "fp32")
+            sim.cores[g.core].launch(ent.flops, ent.bytes, ent.engine, "fp32")
         else:
             failed = []
 
@@ -140,8 +159,8 @@ def launch_group(g: _Group, reason: str) -> None:
                           f"{str(exc)[:2000]}); running its ops one by one", file=sys.stderr)
                 _run_one_by_one(g, reason)
 
-            _launch.launch(ent.key, _renderer(ent.spec, parallel), args, flops=ent.flops,
-                           bytes_moved=ent.bytes, engine="vector",
+            _launch.launch(ent.key, _renderer(ent.spec, parallel, ent.callees), args,
+                           flops=ent.flops, bytes_moved=ent.bytes, engine=ent.engine,
                            extra={"group_ops": g.n_nodes, "flush_reason": reason},
                            core=g.core, on_build_error=replay)
             if failed:
@@ -166,7 +185,7 @@ def _from_disk(ent: _Launch, parallel: bool, args: tuple):
     disk = _launch.DISK
     if disk is None:
         return None
-    source, _name = _renderer(ent.spec, parallel)()
+    source, _name = _renderer(ent.spec, parallel, ent.callees)()
     kernel = disk.load(ent.full_key, args, source)
     if kernel is None:
         return None
@@ -217,9 +236,16 @@ def _run_one_by_one(g: _Group, reason: str = "replay") -> None:
     from .launch import launch
 
     order = sorted((n[7], li, n) for li, lp in enumerate(g.loops) for n in lp.nodes)
+    # a call runs where it was recorded: after every node recorded before it
+    order += [(lp.node_id, li, lp) for li, lp in enumerate(g.loops) if type(lp) is _Call]
+    order.sort(key=lambda t: t[0])
     writers = {n[7]: n[5] for lp in g.loops for n in lp.nodes}
     allowed = kc.parallel_allowed()
     for _id, li, node in order:
+        if type(node) is _Call:
+            launch(node.key, node.render, node.args, flops=node.flops, bytes_moved=node.bytes,
+                   engine=node.engine, dtype_class=node.dtype_class, core=g.core)
+            continue
         expr, loads, store, ops, scal, out_idx, reduce, _ = node
         # a "val" operand refers to a node of the same loop: its buffer holds the value now
         fixed = tuple(("buf", writers[ref]) if kind == "val" else (kind, ref)
@@ -244,16 +270,22 @@ def _run_one_by_one(g: _Group, reason: str = "replay") -> None:
                extra={"group_ops": 1, "flush_reason": reason})
 
 
-def _renderer(spec: tuple, parallel: bool):
-    """render() for launch: the fused source behind the preludes its expressions call."""
+def _renderer(spec: tuple, parallel: bool, callees: dict | None = None):
+    """render() for launch: the fused source behind the preludes its expressions call and the
+    sources of the kernels it calls (`callees`: callee key -> that kernel's render())."""
     from .kernels import fused as kf
     from .kernels.vmath import VMATH_PRELUDE, needs_vmath
 
     def render():
         COUNTERS["renders"] += 1
-        src, name = kf.render(spec, parallel)
+        inner, names = [], {}
+        for ckey, crender in (callees or {}).items():
+            csrc, cname = crender()
+            inner.append(csrc)
+            names[ckey] = cname
+        src, name = kf.render(spec, parallel, names)
         vm = VMATH_PRELUDE if needs_vmath(src) else ""
-        return vm + _ewb.PRELUDE + _special_prelude(src) + src, name
+        return vm + _ewb.PRELUDE + _special_prelude(src) + "".join(inner) + src, name
     return render
 
 

@@ -30,6 +30,9 @@ DISK = None          # set by eager_neuron.cache.disk when the disk tier is enab
 _TLS = _context._TLS
 HOOKS: list = []     # profiler callbacks: fn(event dict)
 _SIM = [None]        # the simulator (imported on first launch: it imports this module's peers)
+# adaptive eager (eager_neuron/adaptive_calls.py, helper 2): fn(key, render, args, flops, bytes,
+# engine, dtype_class, core) -> True when it staged the launch into the pending fused group
+DEFER: list = [None]
 
 
 def arg_types(args: tuple) -> tuple:
@@ -96,6 +99,10 @@ def launch(key: tuple, render: Callable[[], tuple[str, str]], args: tuple,
     current op context's. `on_build_error(exc)`, if given, is called instead of raising when
     the kernel cannot be built (nothing has run: the caller may take another route).
     """
+    defer = DEFER[0]   # adaptive eager: a matmul joining the pending group (adaptive_calls.py)
+    if defer is not None and defer(key, render, args, flops, bytes_moved, engine, dtype_class,
+                                   core):
+        return
     fkey = (FORMAT_VERSION,) + key + arg_types(args)
     if config.cache_verify:   # debugging: the key must hold all that changes the source
         from .cache import verify
