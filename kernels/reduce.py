@@ -108,7 +108,8 @@ SCANS = {
 INDEX_SCANS = {"cummax": ">=", "cummin": "<="}
 
 HEADER = '@njit(error_model="numpy", nogil=True{extra})\n'
-COL_BLOCK = 256     # outputs per accumulator block in "col" mode (2 KiB of float64: stays in L1)
+COL_BLOCK = 1024    # outputs per accumulator block in "col" mode (8 KiB of float64: stays in L1)
+COL_ROWS = 4        # reduced rows per sweep over a "col" block's accumulators
 CHUNKS = 64         # partial accumulators in "chunk" mode (a few per thread)
 BLOCK = 512         # elements per partial sum in "block" mode
 
@@ -184,22 +185,45 @@ def render_reduce(op: str, ko: int, kr: int, acc_t: str, load_t: str, stores: tu
 def _render_col(lines, pass0, finals, outs, stores, sub, load, acc_t, parallel) -> str:
     init_code, step = pass0
     rng = "prange" if parallel else "range"
-    acc = lambda code: re.sub(r"\bacc\b", "accs[i - lo]", sub(code))
+    acc = lambda code: re.sub(r"\bacc\b", "accs[i]", sub(code))
+    # NOTE: the reduced dim is walked through the transposed view, whose rows `at[j, lo:hi]`
+    # Numba types as contiguous when `a` is F-ordered (the usual x.sum(0)), so the inner loop
+    # vectorizes; loops index from 0 (an index LLVM cannot prove non-negative, like i - lo,
+    # keeps Numba's negative-index wraparound select in the loop: measured 2x slower)
     lines += [
         "    n_out = a.shape[0]",
-        f"    for b in {rng}((n_out + {COL_BLOCK - 1}) // {COL_BLOCK}):",
-        f"        lo = b * {COL_BLOCK}",
+        "    at = a.T",
+        f"    for blk in {rng}((n_out + {COL_BLOCK - 1}) // {COL_BLOCK}):",
+        f"        lo = blk * {COL_BLOCK}",
         f"        hi = min(n_out, lo + {COL_BLOCK})",
     ]
     lines += _indent(sub(init_code), 2)
     lines += [f"        accs = np.empty(hi - lo, {acc_t})",
-              "        for i in range(lo, hi):", "            accs[i - lo] = acc",
-              "        for j in range(a.shape[1]):", "            for i in range(lo, hi):",
-              "                x = " + load.format("i, j")]
+              "        for i in range(hi - lo):", "            accs[i] = acc",
+              "        m = at.shape[0]", f"        m4 = m - m % {COL_ROWS}",
+              f"        for j in range(0, m4, {COL_ROWS}):"]
+    # COL_ROWS reduced rows per sweep over the block's accumulators (a quarter of their loads
+    # and stores); a sum adds the rows' values pairwise in the accumulator type first, any other
+    # op steps through them in order
+    lines += [f"            r{u} = at[j + {u}, lo:hi]" for u in range(COL_ROWS)]
+    lines.append("            for i in range(hi - lo):")
+    rload = lambda u: load.format("i").replace("a[", f"r{u}[")
+    if step == "acc += x":
+        vals = [f"{acc_t}({rload(u)})" for u in range(COL_ROWS)]
+        while len(vals) > 1:
+            vals = [f"({vals[k]} + {vals[k + 1]})" for k in range(0, len(vals), 2)]
+        lines.append(f"                accs[i] += {vals[0]}")
+    else:
+        for u in range(COL_ROWS):
+            lines.append(f"                x = {rload(u)}")
+            lines += _indent(acc(step), 4)
+    lines += ["        for j in range(m4, m):", "            r = at[j, lo:hi]",
+              "            for i in range(hi - lo):",
+              "                x = " + load.format("i").replace("a[", "r[")]
     lines += _indent(acc(step), 4)
-    lines.append("        for i in range(lo, hi):")
-    for out, store, final in zip(outs, stores, finals):
-        lines.append(f"            {out}[i] = {store}({acc(final)})")
+    for n_o, (out, store, final) in enumerate(zip(outs, stores, finals)):
+        lines += [f"        so{n_o} = {out}[lo:hi]", "        for i in range(hi - lo):",
+                  f"            so{n_o}[i] = {store}({acc(final)})"]
     return "\n".join(lines) + "\n"
 
 
@@ -209,12 +233,15 @@ def _render_block(lines, finals, stores, acc_t, load_t) -> str:
     1.5x faster but their per-block rounding left ~5x torch's cascade-sum error on 4M randn
     (4e-4 on a sum of 146, over the OpInfo tolerance): the partials stay in float64."""
     final = re.sub(r"\bA\(", f"{acc_t}(", finals[0])
+    # blocks are slice views indexed from 0 (see _render_col: no wraparound select)
     lines += ["    n = a.shape[1]", f"    nb = n // {BLOCK}", f"    acc = {acc_t}(0)",
               "    for b in range(nb):", f"        part = {acc_t}(0)",
-              f"        for j in range(b * {BLOCK}, b * {BLOCK} + {BLOCK}):",
-              "            part += a[0, j]", "        acc += part",
-              f"    part = {acc_t}(0)", f"    for j in range(nb * {BLOCK}, n):",
-              "        part += a[0, j]", "    acc += part",
+              f"        s = a[0, b * {BLOCK}:b * {BLOCK} + {BLOCK}]",
+              f"        for j in range({BLOCK}):",
+              f"            part += {acc_t}(s[j])", "        acc += part",
+              f"    part = {acc_t}(0)", f"    s = a[0, nb * {BLOCK}:]",
+              "    for j in range(s.shape[0]):",
+              f"        part += {acc_t}(s[j])", "    acc += part",
               f"    out0[0] = {stores[0]}({final})"]
     return "\n".join(lines) + "\n"
 
@@ -226,8 +253,10 @@ def _render_chunk(lines, pass0, finals, merge, stores, sub, load, acc_t, paralle
     lines += ["    n = a.shape[1]", f"    parts = np.empty({CHUNKS}, {acc_t})",
               f"    for c in {rng}({CHUNKS}):"]
     lines += _indent(sub(init_code), 2)
-    lines += [f"        for j in range(c * n // {CHUNKS}, (c + 1) * n // {CHUNKS}):",
-              "            x = " + load.format("0, j")]
+    # each chunk is a slice view indexed from 0 (see _render_col: no wraparound select)
+    lines += [f"        seg = a[0, c * n // {CHUNKS}:(c + 1) * n // {CHUNKS}]",
+              "        for j in range(seg.shape[0]):",
+              "            x = " + load.format("j").replace("a[", "seg[")]
     lines += _indent(sub(step), 3)
     lines += ["        parts[c] = acc"]
     lines += _indent(sub(init_code), 1)
