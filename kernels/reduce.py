@@ -1,4 +1,6 @@
 """Reduction family: reduce the trailing `kr` dims of an (outer..., inner...) view, and scans.
+(Just over 500 lines: the loss and segment_reduce renderers at the end reuse this file's header,
+substitution and accumulator helpers.)
 
 The lowering permutes the reduced dims last and coalesces both groups, so a kernel sees
 `a[i0..i(ko-1), j0..j(kr-1)]` and writes `out[i0..i(ko-1)]`; sizes are read from the arrays at

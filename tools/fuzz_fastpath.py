@@ -1,5 +1,7 @@
 """Differential fuzzer for the fast path (eager_neuron/fastpath.py): random programs, run so that
 the second run replays the runners the first left, compared op by op.
+(One file over 500 lines on purpose: a standalone script whose ~30 step kinds, `st_*`, are each
+a few lines read against the same Run and compare helpers.)
 
 Each seeded program (a list of steps: new tensors, elementwise ops with numbers, 0-d and
 one-element tensors, broadcasting, in-place ops on views of one buffer with exact and partial
