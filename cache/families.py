@@ -19,15 +19,16 @@ from __future__ import annotations
 import re
 
 from eager_neuron.cache.keys import KeyType
+from eager_neuron.elementwise_base import PRELUDE as _EW_PRELUDE
+from eager_neuron.elementwise_base import SPECIAL_PRELUDE as _SPECIAL_PRELUDE
 from eager_neuron.kernels import elementwise as _kew
 from eager_neuron.kernels import matmul as _kmm
 from eager_neuron.kernels import reduce as _kr
 from eager_neuron.kernels import special as _ksp
 from eager_neuron.kernels import vmath as _vmath
-from eager_neuron.kernels.elementwise_prelude import PRELUDE as _EW_PRELUDE
 
-# -- elementwise (lower/elementwise.py; adaptive eager's one-op groups use the same key) --------
-_SPECIAL_PRELUDE = _ksp.prelude()
+# -- elementwise (lower/elementwise.py renders every kernel through this type; adaptive eager's
+#    one-op groups use the same key) -------------------------------------------------------------
 # a special-function call in a rendered expression: lower/elementwise.py suffixes each helper with
 # its compute type (`_digamma(` -> `_digamma_float64(`)
 _SPECIAL_RE = re.compile(r"\b(" + "|".join(_ksp.HELPERS) + r")_float(?:32|64)\(")
@@ -40,6 +41,8 @@ def _special(expr: str) -> bool:
 
 def _render_elementwise(op, expr, kinds, rank, loads, scalar_casts, store, parallel,
                         prelude_id):
+    """The kernel of one elementwise op: [vmath polynomials] + the integer/float helpers +
+    [special functions, when the expression calls one] + the loop (kernels/elementwise.py)."""
     src, name = _kew.render(expr, kinds, rank, loads, scalar_casts, store, parallel)
     vm = _vmath.VMATH_PRELUDE if _vmath.needs_vmath(expr) else ""
     return vm + _EW_PRELUDE + (_SPECIAL_PRELUDE if _special(expr) else "") + src, name

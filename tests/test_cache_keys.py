@@ -32,7 +32,7 @@ _CASES = [
 
 
 @pytest.mark.parametrize("case", range(len(_CASES)))
-def test_elementwise_key_renders_what_the_lowering_renders(case):
+def test_elementwise_lowering_renders_through_its_key_type(case):
     func, args, kwargs, op_name = _CASES[case]
     a = bind(func, args, kwargs)
     meta = func(*args, **kwargs)
@@ -40,7 +40,44 @@ def test_elementwise_key_renders_what_the_lowering_renders(case):
     req = ew.lower_elementwise(func, a, [out], op_name, defer=True)
     key, render = req[0], req[1]
     assert families.type_of(key) is families.ELEMENTWISE, key
-    assert families.ELEMENTWISE.render(key) == render()
+    # the render launch() calls on a miss is the key type's, on this key: nothing else
+    assert render.func == families.ELEMENTWISE.render and render.args == (key,)
+    src, name = render()
+    assert f"def {name}(" in src and key[-1] == ew.PRELUDE_ID
+    fields = dict(zip(families.ELEMENTWISE.fields, key[1:]))
+    assert fields["op"] == op_name and fields["expr"] in src
+    # special-function helpers are added exactly when the expression calls one
+    assert (ew.SPECIAL_PRELUDE in src) == (op_name == "aten::digamma")
+
+
+def test_cache_verify_rerenders_elementwise_hits_through_the_key_type(monkeypatch):
+    """The debug switch (EAGER_NEURON_CACHE_VERIFY=1): every lookup, memory hits included,
+    re-renders the elementwise kernel through ELEMENTWISE; a renderer that reads anything but
+    the key (here: a flag) fails on the next hit, naming the key."""
+    from eager_neuron.cache import verify
+    from eager_neuron.config import config
+
+    real = families.ELEMENTWISE.renderer
+    calls, flag = [], {"extra": ""}
+
+    def renderer(*fields):
+        calls.append(fields)
+        src, name = real(*fields)
+        return src + flag["extra"], name
+
+    monkeypatch.setattr(families.ELEMENTWISE, "renderer", renderer)
+    monkeypatch.setattr(config, "cache_verify", True)
+    x = torch.randn(7, device="neuron")
+    before = verify.VERIFIER.checked
+    for _ in range(3):
+        y = x * 3.0 + 1.0              # the 2nd and 3rd rounds are memory hits
+    assert torch.allclose(y.cpu(), x.cpu() * 3.0 + 1.0)
+    assert verify.VERIFIER.checked - before == 6
+    assert len(calls) >= 6 and {c[0] for c in calls} >= {"aten::mul", "aten::add"}
+    flag["extra"] = "# read from outside the key\n"
+    with pytest.raises(Exception, match="renders different source") as info:
+        x * 3.0
+    assert "aten::mul" in str(info.value)
 
 
 def _keys_of(run) -> list:

@@ -19,7 +19,6 @@ compute type at render time; integer division by zero raises ZeroDivisionError l
 from __future__ import annotations
 
 import functools
-import hashlib
 import re
 
 import torch
@@ -27,19 +26,17 @@ import torch
 from .. import adaptive_fast as _adaptive_fast
 from .. import errors
 from ..adaptive import MODULE as _adaptive
+from ..cache.families import ELEMENTWISE
 from ..context import _TLS as _ctx_tls
+from ..elementwise_base import PARALLEL_MIN, PRELUDE, PRELUDE_ID, SPECIAL_PRELUDE  # noqa: F401
+from ..elementwise_base import SPECIAL_RE as _SPECIAL_RE
 from ..kernels import compile as kc
-from ..kernels import elementwise as kew
 from ..kernels import vmath as _vmath
-from ..kernels.elementwise_prelude import PRELUDE
 from ..launch import launch
 from . import cells as _cells
-from . import special as _special
 from .common import _CHECKED_SCALAR_OPS as _CHECKED
 from .common import I64_END, I64_MIN, NP_TYPE, coalesce, kernel_int
 from .elementwise_ops import OPS
-
-PARALLEL_MIN = 1 << 18   # below this a prange launch costs more than it saves
 
 # the op table (op -> template, compute rule, argument casts) and its template helpers live in
 # lower/elementwise_ops.py; the njit helpers the templates call in kernels/elementwise_prelude.py
@@ -48,13 +45,11 @@ _HELPERS = ("_div_trunc", "_div_floor", "_rem", "_fmod", "_pow", "_shl", "_shr",
 _HELPER_RE = re.compile(r"\b(" + "|".join(_HELPERS) + r")\(")
 # the integer helpers that raise (division by zero): such a kernel can fail after some stores
 _FAULTS_RE = re.compile(r"\b_(div_trunc|div_floor|rem|fmod)_i\(")
-# special functions (lower/special.py, kernels/special.py): their source is added to a kernel
-# only when its expression calls one
-SPECIAL_PRELUDE = _special.PRELUDE
-_SPECIAL_RE = _special.HELPER_RE
-# the preludes are part of the kernels' source: their hash is part of every kernel's key
-PRELUDE_ID = hashlib.sha1((PRELUDE + SPECIAL_PRELUDE + _vmath.VMATH_PRELUDE).encode()
-                          ).hexdigest()[:10]
+# PARALLEL_MIN, the preludes (PRELUDE, SPECIAL_PRELUDE: added only when an expression calls a
+# special function) and their digest PRELUDE_ID come from elementwise_base.py, which adaptive
+# eager's flush and compile/ read too; the source is rendered by the key's type
+# (cache/families.py ELEMENTWISE), from the key alone
+_RENDER = ELEMENTWISE.render
 _FLOATS = frozenset({torch.float32, torch.float64})
 
 
@@ -333,15 +328,11 @@ def lower_elementwise(func, a: dict, outs: list, op_name: str, defer: bool = Fal
             _adaptive.flush("special function" if spec.special else
                             "strided or broadcast operand")
 
-    special = spec.special
-
-    def render():
-        src, name = kew.render(expr, kinds, rank, loads, scalar_casts, store, parallel)
-        vm = _vmath.VMATH_PRELUDE if _vmath.needs_vmath(expr) else ""
-        return vm + PRELUDE + (SPECIAL_PRELUDE if special else "") + src, name
-
-    req = (("elementwise", op_name, expr, kinds, rank, loads, scalar_casts, store, parallel,
-            PRELUDE_ID), render, (*arrays, *scalar_vals), n * spec.flops,
+    # the key names every field the source depends on (cache/families.py ELEMENTWISE); the
+    # source is rendered from it alone, only on a memory miss
+    key = ("elementwise", op_name, expr, kinds, rank, loads, scalar_casts, store, parallel,
+           PRELUDE_ID)
+    req = (key, functools.partial(_RENDER, key), (*arrays, *scalar_vals), n * spec.flops,
            out_np.nbytes + in_bytes, spec.engine)
     if defer:
         return req
