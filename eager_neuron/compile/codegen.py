@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import operator
+from typing import NamedTuple
 
 import torch
 from torch.fx import GraphModule, Node
@@ -130,6 +131,7 @@ def _classify(node: Node, operand_ok=None):
         return None
     size = _sizes_key(val)
     fake = {}
+    sig = []
     cpu_scalars: set = set()
     for nm, v in a.items():
         if isinstance(v, Node):
@@ -137,8 +139,9 @@ def _classify(node: Node, operand_ok=None):
             if isinstance(mv, torch.Tensor):
                 if mv.device.type == "cpu" and mv.dim() == 0 and mv.dtype in _FUSIBLE_DTYPES:
                     # a CPU scalar tensor (an optimizer's bias correction): a kernel scalar
-                    fake[nm] = torch.empty((), dtype=mv.dtype, device="meta")
+                    fake[nm] = _MetaArg((), mv.dtype)
                     cpu_scalars.add(nm)
+                    sig.append((nm, fake[nm]))
                     continue
                 if mv.device != val.device or mv.dtype not in _FUSIBLE_DTYPES:
                     return None
@@ -149,35 +152,76 @@ def _classify(node: Node, operand_ok=None):
                 elif not one and (_sizes_key(mv) != size or not _is_contig(mv)
                                 or tuple(mv.shape) != tuple(val.shape)):
                     return None   # broadcast or strided operand: the eager kernel handles it
-                fake[nm] = torch.empty([1] * mv.dim(), dtype=mv.dtype, device="meta")
+                fake[nm] = _MetaArg((1,) * mv.dim(), mv.dtype)
             elif isinstance(mv, (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)):
                 fake[nm] = _concrete(mv)
+                sig.append((nm, "node", type(mv).__name__))
+                continue
             else:
                 return None
         elif isinstance(v, (list, tuple)) and any(isinstance(x, Node) for x in v):
             return None
         else:
             fake[nm] = v
-    template, rule = entry[0], entry[1]
-    if callable(template):
-        if any(isinstance(v, Node) and not isinstance(v.meta.get("val"), torch.Tensor)
-               for v in a.values()):
-            return None   # the template depends on a value only known at run time
-        try:
-            template = template(fake)
-        except Exception:
-            return None
-    names = ew._template_names(template, tuple(fake))
-    try:
-        spec = ew._build_spec(name, template, rule, entry[2] if len(entry) > 2 else {}, fake,
-                              names, tuple(nm in cpu_scalars for nm in names), val.dtype)
-    except NotImplementedError:
+            # (1 == 1.0 == True: the type is part of the key; a float by its repr, -0.0)
+            sig.append((nm, type(v).__name__, repr(v) if isinstance(v, float) else v))
+            continue
+        sig.append((nm, fake[nm]))
+    if callable(entry[0]) and any(isinstance(v, Node) and not isinstance(
+            v.meta.get("val"), torch.Tensor) for v in a.values()):
+        return None   # the template depends on a value only known at run time
+    spec = _spec_of(name, entry, fake, tuple(sig), frozenset(cpu_scalars), val.dtype)
+    if spec is None:
         return None
     tensors = tuple(a[nm] for nm in spec.tensors)
     if not tensors or any(not isinstance(t, Node) for t in tensors):
         return None   # (fill, full_like: no operand to take the size from; eager allocates)
     scalars = tuple(a[nm] for nm in spec.scalars)
     return _Elementwise(node, name, spec, tensors, scalars)
+
+
+_SPECS: dict = {}
+
+
+class _MetaArg(NamedTuple):
+    """A tensor operand as the spec builder sees it: a meta tensor of this shape and dtype."""
+    shape: tuple
+    dtype: torch.dtype
+
+
+def _spec_of(name, entry, fake, sig, cpu_scalars, dtype):
+    """The fused-kernel spec of one elementwise node, memoized by what it depends on: the op,
+    operand kinds (a tensor's rank and dtype, a scalar's type or a constant's value) and the
+    result dtype. Building one (meta tensors, the op's template) cost ~3 ms per node: a GPT-2
+    step's graphs have ~700 such nodes of a few dozen kinds (re-paid by every warm process)."""
+    from ..lower import elementwise as ew
+
+    try:
+        key = (name, sig, cpu_scalars, dtype)
+        hash(key)
+    except TypeError:    # an unhashable constant argument: build without memo
+        key = None
+    if key is not None and key in _SPECS:
+        return _SPECS[key]
+    fake = {nm: torch.empty(v.shape, dtype=v.dtype, device="meta")
+            if isinstance(v, _MetaArg) else v for nm, v in fake.items()}
+    spec = None
+    template, rule = entry[0], entry[1]
+    try:
+        if callable(template):
+            template = template(fake)
+        names = ew._template_names(template, tuple(fake))
+        spec = ew._build_spec(name, template, rule, entry[2] if len(entry) > 2 else {}, fake,
+                              names, tuple(nm in cpu_scalars for nm in names), dtype)
+    except NotImplementedError:
+        spec = None
+    except Exception:
+        if not callable(entry[0]):
+            raise
+        spec = None
+    if key is not None:
+        _SPECS[key] = spec
+    return spec
 
 
 _NP = {torch.float32: "np.float32", torch.float64: "np.float64", torch.int64: "np.int64",
