@@ -6,6 +6,11 @@ gradient multipliers); corner weights are products of (i1 - x) / (x - i0) factor
 then z, and corners are visited z, y, x (the CPU's tnw, tne, tsw, ... order). Interpolation
 and padding modes are runtime arguments: one kernel per dtype and direction.
 
+Half types: the CPU runs these loops with scalar_t = c10::Half / c10::BFloat16, whose every
+operator computes in float32 and rounds to the half type. The `rnd` variants compute in
+float32 and apply `_r` (round to nearest even in the half type) after every operation the CPU
+rounds, in the CPU's order; for float32/float64 `_r` is the identity.
+
 >>> src, name = render_grid_sample(False, "np.float32", False)
 >>> "def _source(" in src
 True
@@ -14,6 +19,39 @@ True
 from __future__ import annotations
 
 from .elementwise import kernel_name
+
+# _r: round to the half type (see the module docstring); applied to float32 values
+_ROUND = {
+    None: """\
+@njit(inline="always")
+def _r(x):
+    return x
+""",
+    "bf16": """\
+@njit(inline="always")
+def _r(x):
+    # nearest-even bfloat16 (8 significant bits; subnormals on bfloat16's 2**-133 grid)
+    if x == 0 or not math.isfinite(x):
+        return x
+    if abs(x) < 2.0 ** -126:
+        return np.float32(np.rint(x * 2.0 ** 133) / 2.0 ** 133)
+    m, e = math.frexp(x)
+    return np.float32(math.ldexp(np.rint(m * 256.0), e - 8))
+""",
+    "f16": """\
+@njit(inline="always")
+def _r(x):
+    # nearest-even float16 (11 significant bits, subnormals on a 2**-24 grid, inf from 65520)
+    if x == 0 or not math.isfinite(x):
+        return x
+    if abs(x) >= 65520.0:
+        return np.float32(math.copysign(math.inf, x))
+    if abs(x) < 2.0 ** -14:
+        return np.float32(np.rint(x * 2.0 ** 24) / 2.0 ** 24)
+    m, e = math.frexp(x)
+    return np.float32(math.ldexp(np.rint(m * 2048.0), e - 11))
+""",
+}
 
 _HELPERS = """\
 @njit(inline="always")
@@ -33,27 +71,27 @@ def _reflect(x, twice_low, twice_high):
         return {T}(0), {T}(0)
     lo = {T}(twice_low) / {T}(2)
     span = {T}(twice_high - twice_low) / {T}(2)
-    x = x - lo
+    x = _r(x - lo)
     sign = {T}(1)
     if x < 0:
         sign = {T}(-1)
         x = -x
     extra = np.fmod(x, span)
-    flips = int(math.floor(x / span))
+    flips = int(math.floor(_r(x / span)))
     if flips % 2 == 0:
-        return extra + lo, sign
-    return span - extra + lo, -sign
+        return _r(extra + lo), sign
+    return _r(_r(span - extra) + lo), -sign
 
 
 @njit(inline="always")
 def _source(coord, size, padding, align):
     # grid_sampler_compute_source_index_set_grad: (source index, d index / d coord)
     if align:
-        mult = {T}(size - 1) / {T}(2)
-        x = (coord + {T}(1)) / {T}(2) * {T}(size - 1)
+        mult = _r({T}(size - 1) / {T}(2))
+        x = _r(_r(_r(coord + {T}(1)) / {T}(2)) * {T}(size - 1))
     else:
-        mult = {T}(size) / {T}(2)
-        x = ((coord + {T}(1)) * {T}(size) - {T}(1)) / {T}(2)
+        mult = _r({T}(size) / {T}(2))
+        x = _r(_r(_r(_r(coord + {T}(1)) * {T}(size)) - {T}(1)) / {T}(2))
     if padding == 1:
         x, g = _clip(x, size)
         mult = mult * g
@@ -75,6 +113,69 @@ def _rint(v):
     if d > 0.5 or (d == 0.5 and r % 2 == 1):
         r += 1
     return int(r)
+
+
+@njit(inline="always")
+def _at(inp, n, c, y, x, sizes):
+    # an input value, 0 outside (the CPU's masked gather)
+    if x >= 0 and x < sizes[0] and y >= 0 and y < sizes[1]:
+        return inp[n, c, 0, y, x]
+    return {T}(0)
+
+
+@njit(inline="always")
+def _grad2d(inp, n, c, lo, fac, sizes, g, gsum):
+    # 2-d bilinear backward as the CPU's vectorised kernel (GridSamplerKernel.cpp) computes it:
+    # grad_grid from differences of neighbours, gx += ((ne - nw) * s + (se - sw) * n) * gOut
+    x0 = lo[0]
+    y0 = lo[1]
+    e, w_ = fac[0, 0], fac[0, 1]
+    s, nn = fac[1, 0], fac[1, 1]
+    v00 = _at(inp, n, c, y0, x0, sizes)
+    v01 = _at(inp, n, c, y0, x0 + 1, sizes)
+    v10 = _at(inp, n, c, y0 + 1, x0, sizes)
+    v11 = _at(inp, n, c, y0 + 1, x0 + 1, sizes)
+    tx = _r(_r(_r(_r(v01 - v00) * s) + _r(_r(v11 - v10) * nn)) * g)
+    ty = _r(_r(_r(_r(v10 - v00) * e) + _r(_r(v11 - v01) * w_)) * g)
+    gsum[0] = _r(gsum[0] + tx)
+    gsum[1] = _r(gsum[1] + ty)
+
+
+@njit(inline="always")
+def _gi2d(gi, go, grid, n, sizes, padding, align, pos, mult):
+    # 2-d bilinear grad_input in the CPU's order: its vectorised kernel takes the flattened
+    # grid points 16 at a time (one float vector of AVX-512) and, per channel, scatters the nw
+    # weights of all 16, then ne, sw, se; where two points share an input pixel the half-type
+    # sums round in that order
+    wd = grid.shape[3]
+    npts = grid.shape[2] * wd
+    lx = np.zeros(16, np.int64)
+    ly = np.zeros(16, np.int64)
+    fac = np.zeros((16, 2, 2), pos.dtype)
+    for st in range(0, npts, 16):
+        en = min(npts, st + 16)
+        for p in range(st, en):
+            _point(grid, n, 0, p // wd, p % wd, 2, sizes, padding, align, pos, mult)
+            for a in range(2):
+                lo = int(math.floor(pos[a]))
+                fac[p - st, a, 0] = _r({T}(lo + 1) - pos[a])
+                fac[p - st, a, 1] = _r(pos[a] - {T}(lo))
+                if a == 0:
+                    lx[p - st] = lo
+                else:
+                    ly[p - st] = lo
+        for c in range(gi.shape[1]):
+            for k in range(4):
+                cy = k // 2
+                cx = k % 2
+                for p in range(st, en):
+                    iy = ly[p - st] + cy
+                    ix = lx[p - st] + cx
+                    if iy < 0 or iy >= sizes[1] or ix < 0 or ix >= sizes[0]:
+                        continue
+                    g = go[n, c, 0, p // wd, p % wd]
+                    wt = _r(_r(fac[p - st, 0, cx] * fac[p - st, 1, cy]) * g)
+                    gi[n, c, 0, iy, ix] = _r(gi[n, c, 0, iy, ix] + wt)
 
 
 @njit(inline="always")
@@ -116,8 +217,8 @@ def {name}(out, inp, grid, interp, padding, align):
                         continue
                     for a in range(3):
                         lo[a] = int(math.floor(pos[a]))
-                        fac[a, 0] = {T}(lo[a] + 1) - pos[a]
-                        fac[a, 1] = pos[a] - {T}(lo[a])
+                        fac[a, 0] = _r({T}(lo[a] + 1) - pos[a])
+                        fac[a, 1] = _r(pos[a] - {T}(lo[a]))
                     for c in range(c_):
                         acc = {T}(0)
                         for cz in range(2):
@@ -131,8 +232,8 @@ def {name}(out, inp, grid, interp, padding, align):
                                 for cx in range(2):
                                     ix = lo[0] + cx
                                     if ix >= 0 and ix < sizes[0]:
-                                        wt = fac[0, cx] * fac[1, cy] * fac[2, cz]
-                                        acc += inp[n, c, iz, iy, ix] * wt
+                                        wt = _r(_r(fac[0, cx] * fac[1, cy]) * fac[2, cz])
+                                        acc = _r(acc + _r(inp[n, c, iz, iy, ix] * wt))
                         out[n, c, d, h, w] = acc
 """
 
@@ -168,14 +269,18 @@ def {name}(gi, gg, go, inp, grid, interp, padding, align, need_i, need_g):
                         if need_i and ix >= 0 and ix < sizes[0] and iy >= 0 and \\
                                 iy < sizes[1] and iz >= 0 and iz < sizes[2]:
                             for c in range(c_):
-                                gi[n, c, iz, iy, ix] += go[n, c, d, h, w]
+                                gi[n, c, iz, iy, ix] = _r(gi[n, c, iz, iy, ix] +
+                                                          go[n, c, d, h, w])
                     else:
                         for a in range(3):
                             lo[a] = int(math.floor(pos[a]))
-                            fac[a, 0] = {T}(lo[a] + 1) - pos[a]
-                            fac[a, 1] = pos[a] - {T}(lo[a])
+                            fac[a, 0] = _r({T}(lo[a] + 1) - pos[a])
+                            fac[a, 1] = _r(pos[a] - {T}(lo[a]))
                         for c in range(c_):
                             g = go[n, c, d, h, w]
+                            if dims == 2:
+                                _grad2d(inp, n, c, lo, fac, sizes, g, gsum)
+                                continue
                             for cz in range(2):
                                 iz = lo[2] + cz
                                 if iz < 0 or iz >= sizes[2]:
@@ -192,29 +297,34 @@ def {name}(gi, gg, go, inp, grid, interp, padding, align, need_i, need_g):
                                         fy = fac[1, cy]
                                         fz = fac[2, cz]
                                         if need_i:
-                                            gi[n, c, iz, iy, ix] += fx * fy * fz * g
+                                            wt = _r(_r(_r(fx * fy) * fz) * g)
+                                            gi[n, c, iz, iy, ix] = _r(gi[n, c, iz, iy, ix] + wt)
                                         v = inp[n, c, iz, iy, ix]
                                         sx = {T}(1) if cx == 1 else {T}(-1)
                                         sy = {T}(1) if cy == 1 else {T}(-1)
                                         sz = {T}(1) if cz == 1 else {T}(-1)
-                                        gsum[0] += sx * (v * fy * fz * g)
-                                        gsum[1] += sy * (v * fx * fz * g)
-                                        gsum[2] += sz * (v * fx * fy * g)
+                                        gsum[0] = _r(gsum[0] + sx * _r(_r(_r(v * fy) * fz) * g))
+                                        gsum[1] = _r(gsum[1] + sy * _r(_r(_r(v * fx) * fz) * g))
+                                        gsum[2] = _r(gsum[2] + sz * _r(_r(_r(v * fx) * fy) * g))
                     if need_g:
                         for a in range(dims):
-                            gg[n, d, h, w, a] = mult[a] * gsum[a]
+                            gg[n, d, h, w, a] = _r(mult[a] * gsum[a])
+        if need_i and dims == 2 and interp == 0:
+            _gi2d(gi, go, grid, n, sizes, padding, align, pos, mult)
 """
 
 HEADER = '@njit(error_model="numpy", nogil=True{extra})\n'
 
 
-def render_grid_sample(backward: bool, T: str, parallel: bool) -> tuple[str, str]:
+def render_grid_sample(backward: bool, T: str, parallel: bool,
+                       rnd: str | None = None) -> tuple[str, str]:
     """Forward `k(out, inp, grid, interp, padding, align)` or backward
     `k(gi, gg, go, inp, grid, interp, padding, align, need_i, need_g)`; inp (N, C, D, H, W),
     grid (N, D, H, W, dims) with dims 3 (or 2: a 2-d op with D = 1); interp 0 = bilinear,
-    1 = nearest; padding 0 = zeros, 1 = border, 2 = reflection."""
-    name = kernel_name("grid_sample", backward, T, parallel)
+    1 = nearest; padding 0 = zeros, 1 = border, 2 = reflection. `rnd` "bf16"/"f16": float32
+    arrays holding half values, every step rounded to that type as the CPU's half kernel."""
+    name = kernel_name("grid_sample", backward, T, parallel) + (f"_{rnd}" if rnd else "")
     body = (_BACKWARD if backward else _FORWARD).format(
         name=name, T=T, rng="prange" if parallel else "range")
     head = HEADER.format(extra=", parallel=True" if parallel else "")
-    return _HELPERS.format(T=T) + head + body, name
+    return _ROUND[rnd] + "\n\n" + _HELPERS.format(T=T) + head + body, name

@@ -19,6 +19,7 @@ from ..kernels import compile as kc
 from ..kernels import grid_sample as kgrid
 from ..kernels import resample as kresample
 from ..launch import launch
+from .cast import cast
 from .common import NP_TYPE
 from .pool import _FLOAT, PARALLEL_MIN, VERSION, _as5, _np, _numel
 
@@ -93,30 +94,64 @@ def _grid_views(inp, grid, *per_input):
     return (inp, grid) + tuple(per_input)
 
 
+GRID_VERSION = 4   # bump when kernels/grid_sample.py's rendered source changes
+_HALF_RND = {torch.bfloat16: "bf16", torch.float16: "f16"}
+
+
 def _grid_check(a, *ts) -> int:
     mode = a["interpolation_mode"]
     if mode not in (0, 1):
         raise NotImplementedError(f"grid_sampler interpolation mode {mode} (bicubic)")
     dtype = a["input"].dtype
-    if dtype not in _FLOAT or any(t is not None and t.dtype != dtype for t in ts):
+    if (dtype not in _FLOAT and dtype not in _HALF_RND) or \
+            any(t is not None and t.dtype != dtype for t in ts):
         raise NotImplementedError(f"grid_sampler on {dtype}")
     return mode
 
 
+def _f32(t):
+    """A half operand as float32 scratch (exact); None and float32/float64 as they are."""
+    if t is None or t.dtype not in _HALF_RND:
+        return t
+    out = torch.empty(t.shape, dtype=torch.float32)
+    cast(t, out)
+    return out
+
+
+def _scratch(t):
+    """Where the kernel writes a half result: float32 scratch, cast back by _put."""
+    if t is None or t.dtype not in _HALF_RND:
+        return t
+    return torch.empty(t.shape, dtype=torch.float32)
+
+
+def _put(tmp, t) -> None:
+    if t is not None and tmp is not t:
+        cast(tmp, t)   # exact: the kernel rounded every value to t's half type
+
+
 def lower_grid_sampler(func, a, outs):
+    """bfloat16/float16 (handles_half): the CPU's scalar_t = Half kernel rounds every step to
+    the half type (GridSampler.cpp); the `rnd` kernel does the same in float32."""
     inp, grid, out = a["input"], a["grid"], outs[0]
     mode = _grid_check(a, grid)
     if out.numel() == 0:
         return
-    iv, gv, ov = _grid_views(inp, grid, out)
-    T = NP_TYPE[out.dtype]
+    rnd = _HALF_RND.get(out.dtype)
+    o32 = _scratch(out)
+    iv, gv, ov = _grid_views(_f32(inp), _f32(grid), o32)
+    T = NP_TYPE[o32.dtype]
     parallel = inp.shape[0] > 1 and out.numel() >= PARALLEL_MIN and kc.parallel_allowed()
-    launch(("resample", "grid_sample", VERSION, T, parallel),
-           lambda: kgrid.render_grid_sample(False, T, parallel),
+    launch(("resample", "grid_sample", VERSION, GRID_VERSION, T, parallel, rnd),
+           lambda: kgrid.render_grid_sample(False, T, parallel, rnd),
            (_np(ov), _np(iv), _np(gv), int(mode), int(a["padding_mode"]),
             bool(a["align_corners"])),
            flops=16.0 * out.numel(), bytes_moved=_numel(inp, grid, out) * out.element_size(),
            engine="vector")
+    _put(o32, out)
+
+
+lower_grid_sampler.handles_half = True
 
 
 def lower_grid_sampler_backward(func, a, outs):
@@ -128,23 +163,29 @@ def lower_grid_sampler_backward(func, a, outs):
     if gi is None and gg is None:
         return
     if go.numel() == 0 or inp.numel() == 0:
-        from .cast import cast
         for t in (gi, gg):
             if t is not None and t.numel():
                 cast(torch.zeros((), dtype=t.dtype), t)
         return
-    iv, gv, gov, giv = _grid_views(inp, grid, go, gi)
-    ggv = (gg.unsqueeze(1) if grid.dim() == 4 else gg) if gg is not None else None
-    T = NP_TYPE[inp.dtype]
-    dummy = np.zeros((1,) * 5, inp.numpy().dtype)
+    rnd = _HALF_RND.get(inp.dtype)
+    gi32, gg32 = _scratch(gi), _scratch(gg)
+    iv, gv, gov, giv = _grid_views(_f32(inp), _f32(grid), _f32(go), gi32)
+    ggv = (gg32.unsqueeze(1) if grid.dim() == 4 else gg32) if gg32 is not None else None
+    T = NP_TYPE[iv.dtype]
+    dummy = np.zeros((1,) * 5, iv.numpy().dtype)
     parallel = inp.shape[0] > 1 and go.numel() >= PARALLEL_MIN and kc.parallel_allowed()
-    launch(("resample", "grid_sample_bw", VERSION, T, parallel),
-           lambda: kgrid.render_grid_sample(True, T, parallel),
+    launch(("resample", "grid_sample_bw", VERSION, GRID_VERSION, T, parallel, rnd),
+           lambda: kgrid.render_grid_sample(True, T, parallel, rnd),
            (_np(giv) if gi is not None else dummy, _np(ggv) if gg is not None else dummy,
             _np(gov), _np(iv), _np(gv), int(mode), int(a["padding_mode"]),
             bool(a["align_corners"]), gi is not None, gg is not None),
            flops=48.0 * go.numel(), engine="vector",
            bytes_moved=_numel(inp, grid, go, inp, grid) * go.element_size())
+    _put(gi32, gi)
+    _put(gg32, gg)
+
+
+lower_grid_sampler_backward.handles_half = True
 
 
 LOWERINGS = {
