@@ -22,6 +22,7 @@ from ..kernels import compile as kc
 from ..kernels import distance as kdist
 from ..launch import launch
 from .common import NP_TYPE, coalesce, strided_np
+from .linalg_base import zero
 
 VERSION = 1              # bump when this family's rendered source changes (disk cache key)
 PARALLEL_MIN = 1 << 16   # multiply-adds below which a prange launch costs more than it saves
@@ -71,12 +72,12 @@ def _batched(ts: list, batch: tuple) -> list:
 def lower_cdist(func, a, outs):
     x1, x2, p, out = a["x1"], a["x2"], float(a["p"]), outs[0]
     _check(x1, x2)
+    if out.numel() == 0:   # before the matmul-mode refusal: nothing to round differently
+        return
     mode = a["compute_mode"] or 0
     if p == 2 and (mode == 1 or (mode == 0 and (x1.shape[-2] > 25 or x2.shape[-2] > 25))):
         # PyTorch computes this case as a matmul (|a|^2 + |b|^2 - 2 a.b): a different rounding
         raise NotImplementedError("cdist p=2 in matmul mode")
-    if out.numel() == 0:
-        return
     norm = _norm(p, False)
     o, v1, v2 = _batched([out, x1, x2], tuple(out.shape[:-2]))
     T = NP_TYPE[out.dtype]
@@ -92,6 +93,11 @@ def lower_cdist_backward(func, a, outs):
     grad, x1, x2, dist, p, gi = a["grad"], a["x1"], a["x2"], a["cdist"], float(a["p"]), outs[0]
     _check(grad, x1, x2, dist)
     if gi.numel() == 0:
+        return
+    if grad.numel() == 0:
+        # an empty distance matrix (no rows in the other operand, or an empty batch that x1
+        # is broadcast over): the gradient is zero, and the kernel would write none of it
+        zero(gi)
         return
     norm = _norm(p, True)
     batch = tuple(grad.shape[:-2])
@@ -128,6 +134,9 @@ def lower_pdist_backward(func, a, outs):
     grad, x, dist, p, gi = a["grad"], a["self"], a["pdist"], float(a["p"]), outs[0]
     _check(grad, x, dist)
     if gi.numel() == 0:
+        return
+    if grad.numel() == 0:   # one row: no pairs, a zero gradient
+        zero(gi)
         return
     norm = _norm(p, True)
     T = NP_TYPE[gi.dtype]

@@ -1,0 +1,47 @@
+"""OpInfo defects found by the float32/int64/bool sweep (tools/dtype_sweep.py, every sample), each
+judged against an exact or float64 reference, with no CPU fallback allowed.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import eager_neuron
+
+
+def _fallbacks() -> dict:
+    return dict(eager_neuron.stats()["fallbacks"])
+
+
+@pytest.mark.parametrize("s1,s2,mode", [
+    ((0, 4, 5), (1, 3, 5), "use_mm_for_euclid_dist"),   # empty batch, x2 broadcast over it
+    ((4, 5), (0, 3, 5), "use_mm_for_euclid_dist"),      # x1 broadcast over an empty batch
+    ((0, 5), (4, 5), "use_mm_for_euclid_dist"),         # p=2 matmul mode, no rows
+    ((4, 5), (0, 5), "donot_use_mm_for_euclid_dist"),
+])
+@pytest.mark.parametrize("p", [1.0, 2.0])
+def test_cdist_empty_output_gradients_are_zero(s1, s2, mode, p):
+    """An empty distance matrix: the gradients of the non-empty operand are exactly zero (they
+    were never written: garbage up to 1e36), and the forward runs on the device (p=2 in matmul
+    mode fell back to the CPU)."""
+    torch.manual_seed(0)
+    x1 = torch.randn(s1, dtype=torch.float32)
+    x2 = torch.randn(s2, dtype=torch.float32)
+    n1 = x1.to("neuron").requires_grad_()
+    n2 = x2.to("neuron").requires_grad_()
+    before = _fallbacks()
+    d = torch.cdist(n1, n2, p=p, compute_mode=mode)
+    want_shape = torch.broadcast_shapes(s1[:-2], s2[:-2]) + (s1[-2], s2[-2])
+    assert tuple(d.shape) == tuple(want_shape) and d.numel() == 0
+    g1, g2 = torch.autograd.grad(d, (n1, n2), torch.randn(want_shape).to("neuron"))
+    assert _fallbacks() == before
+    assert torch.equal(g1.cpu(), torch.zeros(s1)) and torch.equal(g2.cpu(), torch.zeros(s2))
+
+
+def test_pdist_one_row_gradient_is_zero():
+    x = torch.tensor([[1.0, -2.0, 3.0]]).to("neuron").requires_grad_()
+    d = torch.pdist(x)
+    assert d.shape == (0,)
+    (g,) = torch.autograd.grad(d, x, torch.empty(0).to("neuron"))
+    assert torch.equal(g.cpu(), torch.zeros(1, 3))
