@@ -81,36 +81,45 @@ def render_softmax(log: bool, ko: int, acc_t: str, store: str,
     return s.text(), name
 
 
+_ROWSUM64 = '''
+@njit(error_model="numpy", nogil=True, fastmath={"reassoc"})
+def _sm_sum64(o):
+    # the float64 sum of a float32 row; reassoc lets LLVM split it into vector lanes (scalar
+    # partial sums written out in the source were not SLP-vectorized: 4 lanes cost more than
+    # the whole rest of the row). NOT inline="always": Numba inlines at its IR level, where the
+    # caller's flags would apply (the exp polynomial must not be reassociated)
+    s = np.float64(0)
+    for j in range(o.shape[0]):
+        s += np.float64(o[j])
+    return s
+'''
+
+
 def _softmax_f32(s: _Src, log: bool, ko: int, ix: str) -> str:
     """float32 rows: the max over integer keys, exp(x - max) by the vectorizable _vexp
     (kernels/vmath.py, 1 ulp, as torch's vectorized expf) into `out` in its own loop, then
-    summed in float64 by four independent accumulators (a single one is a serial chain of
-    float64 adds LLVM may not reorder); the max, exp and rescale loops vectorize."""
-    idx = lambda j: ", ".join([f"i{d}" for d in range(ko)] + [j])   # noqa: E731
-    n = f"a.shape[{ko}]"
+    summed in float64 (`_sm_sum64`, vectorized under reassoc in its own function); softmax
+    rescales by the float32 reciprocal, as torch's CPU kernel. Every loop vectorizes; rows are
+    views indexed from 0, so no loop keeps Numba's negative-index wraparound."""
+    rows = ", ".join(f"i{d}" for d in range(ko))
     # the row max as an integer max of order-preserving keys (vectorizes; a float max with NaN
     # propagation does not), any NaN flagged on the side: the max is then NaN, as torch's
-    s("mk = np.int32(-2147483648)", "nan = np.int32(0)", f"for j in range({n}):",
-      f"    b = _v_bits(a[{ix}])", "    kk = b ^ ((b >> 31) & np.int32(0x7FFFFFFF))",
+    s(f"r = a[{rows}]", f"o = out[{rows}]",
+      "mk = np.int32(-2147483648)", "nan = np.int32(0)", "for j in range(r.shape[0]):",
+      "    b = _v_bits(r[j])", "    kk = b ^ ((b >> 31) & np.int32(0x7FFFFFFF))",
       "    mk = kk if kk > mk else mk",
       "    nan |= np.int32((b & np.int32(0x7FFFFFFF)) > np.int32(0x7F800000))",
       "m = _v_float(mk ^ ((mk >> 31) & np.int32(0x7FFFFFFF)))",
       "m = np.float32(np.nan) if nan else m")
-    s(f"for j in range({n}):", f"    out[{ix}] = _vexp(a[{ix}] - m)",
-      "s0 = np.float64(0)", "s1 = np.float64(0)", "s2 = np.float64(0)", "s3 = np.float64(0)",
-      f"n4 = {n} - {n} % 4", "for j in range(0, n4, 4):",
-      f"    s0 += np.float64(out[{idx('j')}])", f"    s1 += np.float64(out[{idx('j + 1')}])",
-      f"    s2 += np.float64(out[{idx('j + 2')}])", f"    s3 += np.float64(out[{idx('j + 3')}])",
-      f"for j in range(n4, {n}):", f"    s0 += np.float64(out[{ix}])",
-      "t = (s0 + s1) + (s2 + s3)")
+    s("for j in range(r.shape[0]):", "    o[j] = _vexp(r[j] - m)", "t = _sm_sum64(o)")
     if log:
         # torch's order: (x - max) - log(sum)
-        s("ls = math.log(t)", f"for j in range({n}):",
-          f"    out[{ix}] = np.float32(np.float64(a[{ix}] - m) - ls)")
+        s("ls = math.log(t)", "for j in range(r.shape[0]):",
+          "    o[j] = np.float32(np.float64(r[j] - m) - ls)")
     else:
-        s("inv = np.float64(1) / t", f"for j in range({n}):",
-          f"    out[{ix}] = np.float32(out[{ix}] * inv)")
-    return VMATH_PRELUDE + "\n\n\n" + s.text()
+        s("inv = np.float32(np.float64(1) / t)", "for j in range(r.shape[0]):",
+          "    o[j] = o[j] * inv")
+    return VMATH_PRELUDE + "\n\n" + _ROWSUM64 + "\n\n" + s.text()
 
 
 def render_softmax_backward(log: bool, ko: int, acc_t: str, store: str,
