@@ -1,6 +1,7 @@
 """Randomized differential test of adaptive eager (tools/fuzz_adaptive.py): random programs of
-views, in-place and out= ops, host copies, 0-d CPU operands and reads agree on the CPU, in plain
-eager and in adaptive eager. A bounded number here; `make fuzz-adaptive` runs thousands."""
+views, in-place and out= ops, host copies, 0-d CPU operands, matmuls with their epilogues,
+scatters, copies and reads agree on the CPU, in plain eager and in adaptive eager (fused kernels
+built before they run: every group runs fused). A bounded number here; `make fuzz-adaptive` runs thousands."""
 
 import os
 import sys
@@ -37,7 +38,7 @@ def test_generator_is_seeded_and_covers_the_step_kinds():
     kinds = {s[0] for k in range(40) for s in fuzz_adaptive.generate(k)}
     assert {"slice", "t", "as_strided", "expand", "binary", "inplace", "out", "host_copy",
             "to_device", "cpu_scalar", "cpu_scalar_change", "read", "sum", "drop",
-            "int_div", "expand_write"} <= kinds
+            "int_div", "expand_write", "mm", "scatter", "contiguous"} <= kinds
 
 
 def test_the_checker_can_fail():

@@ -2,12 +2,15 @@
 
 A program is a list of steps over a few base tensors: random views (step slices, transposes,
 as_strided, expands for reads), functional, in-place and out= ops, host copies, 0-d CPU operands
-(changed after use), dtype mixes, reads and dropped temporaries. Each program runs on the CPU,
-in plain eager and in adaptive eager; every observation must agree: bitwise for values (the ops
-used are exactly rounded on every ISA: + - * / neg abs relu floor max where casts; not sqrt:
-torch's CPU float64 sqrt is not correctly rounded on every ISA),
-within float64 bounds for sums (their order differs), and by exception type where the CPU
-raises.
+(changed after use), dtype mixes, reads and dropped temporaries, and the ops adaptive eager
+joins as calls (mm/addmm/bmm on strided, transposed and broadcast operands with bias/epilogues,
+select_scatter, slice_scatter, contiguous copies). Each program runs on the CPU, in plain eager
+and in adaptive eager; every observation must agree: adaptive eager with plain eager bitwise,
+always; plain eager with the CPU bitwise for values (the ops used are exactly rounded on every
+ISA: + - * / neg abs relu floor max where casts; not sqrt: torch's CPU float64 sqrt is not
+correctly rounded on every ISA) except in programs with a matmul (BLAS's order may vary by
+ISA: within 1e-5 there), within float64 bounds for sums (their order differs), and by
+exception type where the CPU raises.
 
     python tools/fuzz_adaptive.py --programs 2000 --seed 0     # the long run (make fuzz-adaptive)
     python tools/fuzz_adaptive.py --show 17                    # print program 17
@@ -27,6 +30,9 @@ import time
 import torch
 
 import eager_neuron
+from eager_neuron.adaptive import MODULE as _ad
+
+COMPILE = ["sync"]   # adaptive eager's compile mode in check() (--compile)
 
 # the bases: name -> (dtype, numel); "big" is pooled memory (>= 64 KiB), the rest host-allocated
 BASES = {"f": (torch.float32, 48), "d": (torch.float64, 24), "i": (torch.int64, 24),
@@ -132,7 +138,7 @@ def generate(seed: int, n_ops: int | None = None) -> list:
         kind = rng.choice(["binary", "binary", "unary", "inplace", "inplace", "inplace", "out",
                            "host_copy", "to_device", "cpu_scalar", "cpu_scalar_change",
                            "read", "sum", "drop", "mix", "int_div", "int_inplace_float",
-                           "expand_write", "clone"])
+                           "expand_write", "clone", "mm", "mm", "scatter", "contiguous"])
         a = pick()
         if a is None:
             continue
@@ -233,6 +239,39 @@ def generate(seed: int, n_ops: int | None = None) -> list:
             src = pick(base=["f", "d"])
             if src is not None and env[src][1].dim() == 1:
                 steps.append(("expand_write", src))
+        elif kind == "mm" and dt[ab] in (torch.float32, torch.float64):
+            # x (rows, c) from any float tensor (reshape: a view or a copy) times a weight that
+            # is a view of a base (later writes to the base alias it), maybe transposed, maybe
+            # with a bias (addmm, broadcast), maybe batched (bmm over an expanded weight)
+            n = env[a][1].numel()
+            rows = rng.choice([r for r in (1, 2, 4) if n % r == 0])
+            c = n // rows
+            wb = "f" if dt[ab] == torch.float32 else "d"
+            k = rng.choice([1, 3, 4])
+            total = BASES[wb][1]
+            if c * k + k > total or c > 64:
+                continue
+            off = rng.randrange(0, total - c * k - k + 1)
+            mode = rng.choice(["mm", "mm_t", "addmm", "addmm_t", "bmm"])
+            if mode == "bmm" and rows % 2:
+                mode = "mm"
+            name = new_name("t")
+            steps.append(("mm", name, a, rows, wb, off, k, mode))
+            shp = (2, rows // 2, k) if mode == "bmm" else (rows, k)
+            env[name] = (name, torch.arange(rows * k).view(shp), True)
+            dt[name] = dt[ab]
+        elif kind == "scatter" and env[a][1].dim() >= 1 and shape[0] >= 2:
+            op = rng.choice(["select", "slice"])
+            name = new_name("t")
+            steps.append(("scatter", name, op, a, rng.randrange(shape[0])))
+            env[name] = (name, torch.arange(env[a][1].numel()).view(shape), True)
+            dt[name] = dt[ab]
+        elif kind == "contiguous":
+            name = new_name("t")
+            steps.append(("contiguous", name, a))
+            t_shape = shape[::-1] if len(shape) == 2 else shape
+            env[name] = (name, torch.arange(env[a][1].numel()).view(t_shape), True)
+            dt[name] = dt[ab]
     return steps
 
 
@@ -339,6 +378,30 @@ def execute(steps: list, dev: str) -> list:
                 env[name] = env[a] // env[b]
             elif kind == "expand_write":
                 env[step[1]][:1].expand(4).add_(1)
+            elif kind == "mm":
+                _, name, a, rows, wb, off, k, mode = step
+                x = env[a].reshape(rows, -1)
+                c = x.shape[1]
+                w = env[wb][off:off + c * k]
+                w = w.view(k, c).t() if mode.endswith("_t") else w.view(c, k)
+                if mode.startswith("addmm"):
+                    bias = env[wb][off + c * k:off + c * k + k]
+                    env[name] = torch.addmm(bias, x, w, beta=0.5 if off % 2 else 1)
+                elif mode == "bmm":
+                    env[name] = torch.bmm(x.reshape(2, rows // 2, c), w.expand(2, c, k))
+                else:
+                    env[name] = x @ w
+            elif kind == "scatter":
+                _, name, op, a, i = step
+                x = env[a]
+                if op == "select":
+                    env[name] = torch.select_scatter(x, x[0] * 1 if i % 2 else x[-1], 0, i)
+                else:
+                    half = x.shape[0] // 2
+                    env[name] = torch.slice_scatter(x, x[:half], 0, x.shape[0] - half)
+            elif kind == "contiguous":
+                x = env[step[2]]
+                env[step[1]] = (x.t() if x.dim() == 2 else x).contiguous()
         except Exception as exc:  # noqa: BLE001 -- compared across modes
             obs.append(("e", _kind(exc)))
     for name in sorted(env):
@@ -360,7 +423,7 @@ def _kind(exc: Exception) -> str:
     return type(exc).__name__
 
 
-def _same(a, b) -> str | None:
+def _same(a, b, tol: float = 0.0) -> str | None:
     if len(a) != len(b):
         return f"{len(a)} observations vs {len(b)}"
     for i, ((ka, va), (kb, vb)) in enumerate(zip(a, b)):
@@ -375,6 +438,9 @@ def _same(a, b) -> str | None:
         if ka == "v":
             if va.dtype != vb.dtype or va.shape != vb.shape:
                 return f"observation {i}: {va.dtype}{list(va.shape)} vs {vb.dtype}{list(vb.shape)}"
+            if tol and va.is_floating_point() and torch.allclose(va, vb, tol, tol,
+                                                                 equal_nan=True):
+                continue
             if not torch.equal(va, vb) and not (va.is_floating_point() and torch.equal(
                     va.isnan(), vb.isnan()) and torch.equal(va.nan_to_num(), vb.nan_to_num())):
                 diff = (va != vb).nonzero()[:3].tolist()
@@ -387,14 +453,21 @@ def check(steps: list) -> str | None:
     """None when CPU, plain eager and adaptive eager agree on the program; else what differs."""
     want = execute(steps, "cpu")
     plain = execute(steps, "neuron")
-    with eager_neuron.adaptive():
-        got = execute(steps, "neuron")
-    bad = _same(want, plain)
+    # "sync": every group runs its fused kernel (in the default background mode a trace seen
+    # once runs op by op, which is plain eager's kernels: nothing fused would be tested)
+    prev = _ad.set_compile_mode(COMPILE[0])
+    try:
+        with eager_neuron.adaptive():
+            got = execute(steps, "neuron")
+    finally:
+        _ad.set_compile_mode(prev)
+    # adaptive eager must give plain eager's bits; plain eager the CPU's (BLAS within 1e-5)
+    bad = _same(plain, got)
+    if bad:
+        return "adaptive vs plain: " + bad
+    bad = _same(want, plain, 1e-5 if any(s[0] == "mm" for s in steps) else 0.0)
     if bad:
         return "plain vs cpu: " + bad
-    bad = _same(want, got)
-    if bad:
-        return "adaptive vs cpu: " + bad
     return None
 
 
@@ -403,7 +476,10 @@ def main(argv=None) -> int:
     ap.add_argument("--programs", type=int, default=500)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--show", type=int, default=None, help="print one program and check it")
+    ap.add_argument("--compile", choices=("sync", "background"), default="sync",
+                    help="adaptive eager's compile mode (sync: every group runs fused)")
     args = ap.parse_args(argv)
+    COMPILE[0] = args.compile
     if args.show is not None:
         steps = generate(args.show)
         for s in steps:
@@ -417,8 +493,12 @@ def main(argv=None) -> int:
         if bad:
             failures.append(k)
             print(f"program {k}: {bad}", flush=True)
+    from eager_neuron import adaptive_calls
+
     print(f"{args.programs} programs, {len(failures)} disagree, {time.time() - t0:.1f} s; "
-          f"failing seeds: {failures[:50]}")
+          f"failing seeds: {failures[:50]}; calls joined {adaptive_calls.COUNTERS['joined']}, "
+          f"declined {adaptive_calls.COUNTERS['declined']}; fused launches "
+          f"{eager_neuron.stats()['fused_launches']}")
     return 1 if failures else 0
 
 

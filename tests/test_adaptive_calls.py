@@ -1,0 +1,187 @@
+"""Adaptive eager: ops joined as calls (eager_neuron/adaptive_calls.py) — a matmul and its
+epilogue, the copies around it — run inside one fused kernel and give plain eager's bits."""
+
+import pytest
+import torch
+
+import eager_neuron
+from eager_neuron import adaptive_calls
+from eager_neuron.adaptive import MODULE as _ad
+
+
+@pytest.fixture(autouse=True)
+def _fused_kernels_compile_first():
+    # these tests count fused launches: groups compile before they run (see test_adaptive.py)
+    prev = _ad.set_compile_mode("sync")
+    yield
+    _ad.set_compile_mode(prev)
+
+
+def _plain_and_adaptive(fn, *cpu_args):
+    """fn(*neuron args) in plain eager and in adaptive eager (fresh copies of the arguments
+    each): (plain result, adaptive result, adaptive stats, calls joined, calls declined)."""
+    plain = fn(*[a.to("neuron") for a in cpu_args])
+    plain = [t.cpu() for t in plain]
+    args = [a.to("neuron") for a in cpu_args]
+    joined, declined = adaptive_calls.COUNTERS["joined"], adaptive_calls.COUNTERS["declined"]
+    eager_neuron.reset_stats()
+    with eager_neuron.adaptive():
+        got = fn(*args)
+        got = [t.cpu() for t in got]
+    return (plain, got, eager_neuron.stats(), adaptive_calls.COUNTERS["joined"] - joined,
+            adaptive_calls.COUNTERS["declined"] - declined)
+
+
+def _bitwise(plain, got):
+    for p, g in zip(plain, got):
+        torch.testing.assert_close(g, p, rtol=0, atol=0)
+
+
+def test_linear_bias_activation_residual_scale_is_one_launch():
+    torch.manual_seed(0)
+    x, w, b = torch.randn(16, 24), torch.randn(8, 24), torch.randn(8)
+
+    def f(x, w, b):
+        h = torch.nn.functional.linear(x, w, b)          # addmm: bias, transposed weight
+        y = torch.nn.functional.gelu(h) * 0.5 + h        # activation, scale, residual
+        return [y, (y @ w).sum()]                         # a second matmul, a reduction
+
+    plain, got, s, joined, declined = _plain_and_adaptive(f, x, w, b)
+    _bitwise(plain, got)
+    assert joined == 2 and declined == 0
+    assert s["launches"] == 1 and s["fused_launches"] == 1, s["launches"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_bmm_baddbmm_with_expanded_and_transposed_operands_match_plain(dtype):
+    torch.manual_seed(1)
+    a, w, c = torch.randn(3, 5, 4, dtype=dtype), torch.randn(4, 6, dtype=dtype), \
+        torch.randn(3, 6, 5, dtype=dtype)
+
+    def f(a, w, c):
+        y = torch.bmm(a, w.expand(3, 4, 6)).relu()
+        bias = c.transpose(1, 2)[:, :4, :]                 # (3, 4, 6), strided
+        z = torch.baddbmm(bias, a.transpose(1, 2), y, beta=0.5, alpha=2.0)
+        return [z * 2.0 - 1.0]
+
+    plain, got, s, joined, _declined = _plain_and_adaptive(f, a, w, c)
+    _bitwise(plain, got)
+    assert joined == 2 and s["launches"] == 1
+
+
+def test_operand_written_after_the_call_is_read_before_the_write():
+    # the call runs where it was recorded: a later in-place write to its operand (the group's
+    # loops after the call) and its dropped output (pinned until the launch) change nothing
+    torch.manual_seed(2)
+    a, b = torch.randn(6, 5), torch.randn(5, 7)
+
+    def f(a, b):
+        y = a @ b
+        a.mul_(3.0)                 # a is read by the matmul before this write
+        z = y.relu() + 1.0
+        del y
+        b.zero_()
+        return [z, a, (a @ b).sum()]
+
+    plain, got, s, joined, _declined = _plain_and_adaptive(f, a, b)
+    _bitwise(plain, got)
+    assert joined == 2 and s["launches"] == 1
+
+
+def test_store_before_a_call_that_reads_it_is_kept():
+    # a temporary the group writes and nothing holds is still stored when a call reads it
+    torch.manual_seed(3)
+    x, w = torch.randn(4, 8), torch.randn(8, 3)
+
+    def f(x, w):
+        return [((x * 2.0 - 1.0) @ w).tanh()]
+
+    plain, got, s, joined, _declined = _plain_and_adaptive(f, x, w)
+    _bitwise(plain, got)
+    assert joined == 1 and s["launches"] == 1
+
+
+def test_a_call_with_a_scratch_copy_runs_at_once_with_plain_values():
+    # an operand BLAS cannot read in place (neither C nor F contiguous) is copied to host
+    # scratch by the lowering: the call does not join; the group launches, then the call
+    torch.manual_seed(4)
+    a, b = torch.randn(6, 10), torch.randn(5, 4)
+
+    def f(a, b):
+        t = a * 2.0
+        return [(t[:, ::2] @ b) + 1.0]
+
+    plain, got, s, joined, declined = _plain_and_adaptive(f, a, b)
+    _bitwise(plain, got)
+    assert declined == 1 and joined == 0
+    assert s["flushes"].get("non-fusible op aten::mm") == 1
+
+
+def test_copies_and_scatters_join_and_one_element_sources_do_not():
+    torch.manual_seed(5)
+    x = torch.randn(4, 6)
+
+    def f(x):
+        t = (x + 1.0).t().contiguous()                          # clone: joins
+        u = torch.select_scatter(t, t[0] * 2.0, 0, 3)           # joins
+        v = torch.slice_scatter(u, u[:3], 0, 3)                 # joins
+        w = torch.select_scatter(x[0], x[0, 0], 0, 1)           # a 0-d source: does not join
+        return [v * 1.5, w]
+
+    plain, got, s, joined, _declined = _plain_and_adaptive(f, x)
+    _bitwise(plain, got)
+    assert joined >= 3
+    assert s["flushes"].get("non-fusible op aten::select_scatter") == 1
+
+
+def test_repeated_mlp_steps_replay_with_a_fifth_of_the_launches_and_plain_bits():
+    def steps(adaptive):
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.GELU(),
+                                torch.nn.Linear(16, 5)).to("neuron")
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+        x = torch.randn(8, 12).to("neuron")
+        losses, launches, s = [], [], None
+        with eager_neuron.adaptive(adaptive):
+            for _ in range(4):
+                before = _ad.COUNTERS["analyses"], _ad.COUNTERS["renders"]
+                eager_neuron.reset_stats()
+                loss = m(x).pow(2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+                s = eager_neuron.stats()
+                launches.append(s["launches"])
+                work = (_ad.COUNTERS["analyses"] - before[0], _ad.COUNTERS["renders"] - before[1])
+        return losses, [p.detach().cpu() for p in m.parameters()], launches, s, work
+
+    plain_losses, plain_params, plain_launches, _, _ = steps(False)
+    losses, params, launches, s, work = steps(True)
+    assert losses == plain_losses
+    _bitwise(plain_params, params)
+    assert launches[-1] * 5 <= plain_launches[-1], (launches, plain_launches)
+    # the last step repeats the third: recognised, replayed, nothing analysed or rendered
+    assert work == (0, 0) and s["trace_misses"] == 0 and s["trace_hits"] >= 1
+
+
+def test_a_changed_operand_layout_does_not_replay_a_call():
+    torch.manual_seed(6)
+    a, w = torch.randn(5, 4, device="neuron"), torch.randn(6, 4, device="neuron")
+
+    def prog(w2):
+        return ((a @ w2) * 2.0).cpu()
+
+    plain_t, plain_c = prog(w.t()), prog(w.t().contiguous())
+    with eager_neuron.adaptive():
+        prog(w.t())
+        eager_neuron.reset_stats()
+        got_t = prog(w.t())                       # same layout: replayed
+        hits_t = eager_neuron.stats()["trace_hits"]
+        eager_neuron.reset_stats()
+        got_c = prog(w.t().contiguous())          # C instead of F layout: a new trace
+        s = eager_neuron.stats()
+    assert hits_t == 1 and s["trace_misses"] >= 1 and s["trace_hits"] == 0
+    # (BLAS rounds the two layouts differently: each equals plain eager's own)
+    torch.testing.assert_close(got_t, plain_t, rtol=0, atol=0)
+    torch.testing.assert_close(got_c, plain_c, rtol=0, atol=0)
