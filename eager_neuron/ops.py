@@ -5,7 +5,9 @@ Lookup order in dispatch (eager_neuron/plan.py): HOST (transfers, RNG, scalar re
 fallback (warned once, counted). Each family module under eager_neuron/lower/ exports LOWERINGS
 {op: lowering} and may export DYNAMIC {op: fn} for data-dependent output sizes. An op registered
 by two families fails `import eager_neuron` (DuplicateOpError) unless OVERRIDES below names it.
-In-place (`add_`) and out= (`add.out`) variants are read off torch's schemas, never listed.
+In-place (`add_`, `scatter_.src`) and out= (`add.out`) variants are read off torch's schemas for
+the families whose row allows them; a family lists an in-place op only when its lowering differs
+(`tril_`, `fill_`).
 docs/OPS.md is generated from this table by tools/gen_ops_doc.py.
 
 >>> from eager_neuron import ops
@@ -31,8 +33,8 @@ TABLE = {
     "cells":           (),   # several outputs per element: LSTM/GRU cells, frexp
     "cast":            (),   # _to_copy, copy_, clone (incl. bfloat16/float16 bits)
     "reduce":          (),   # sum/mean/prod, max/min/arg*, any/all, var/std, logsumexp, scans
-    "matmul":          (),   # mm, bmm, addmm, baddbmm, addbmm, mv, addmv, dot
-    "index":           (),   # embedding, index_select, gather, scatter*, index_add/put, masks
+    "matmul":          ("inplace",),  # mm, bmm, addmm, baddbmm, addbmm, mv, addmv, dot
+    "index":           ("inplace",),  # embedding, index_select, gather, scatter*, index_add/put
     "shape":           (),   # cat, pad, flip, roll, repeat, tril/triu, *_scatter
     "norm":            (),   # softmax/log_softmax, layer/batch/group norm (+ backward)
     "conv":            (),   # convolution and its backward, 1/2/3-d, transposed
@@ -47,7 +49,7 @@ TABLE = {
     "resample":        (),   # upsample_*, grid_sampler (+ backward)
     "distance":        (),   # _pdist / _cdist forward and backward
     "embedding_bag":   (),   # _embedding_bag (+ dense / per-sample-weight backward)
-    "extras":          (),   # DYNAMIC: repeat_interleave.Tensor, unique_dim
+    "extras":          ("inplace",),  # addr; DYNAMIC: repeat_interleave.Tensor, unique_dim
     "ctc":             (),   # DYNAMIC: _ctc_loss and its backward
     "fp8":             (),   # _scaled_mm (float8 operands, per-tensor / row-wise scales)
 }
@@ -106,21 +108,26 @@ def _module(name: str):
 
 
 def _variants(name: str, kinds: tuple) -> tuple[list, bool]:
-    """(in-place packet names, has out=) for a functional op, read off torch's schemas."""
-    if "::" not in name or "." in name or name.endswith("_"):
+    """(in-place names, has out=) for a functional op, read off torch's schemas: `add` gives
+    `add_` (every overload writes self), `scatter.src` gives `scatter_.src` (that overload
+    exists and writes self); out= is read for whole packets only."""
+    base, _, overload = name.partition(".")
+    if "::" not in name or base.endswith("_"):
         return [], False
-    ns, base = name.split("::")
+    ns, op = base.split("::")
     namespace = getattr(torch.ops, ns)
     inplace = []
-    if "inplace" in kinds and hasattr(namespace, base + "_"):
-        packet = getattr(namespace, base + "_")
-        if all(getattr(packet, ov)._schema.arguments[0].alias_info is not None
-               and getattr(packet, ov)._schema.arguments[0].alias_info.is_write
-               for ov in packet.overloads()):
-            inplace.append(f"{name}_")
-    has_out = "out" in kinds and hasattr(namespace, base) and any(
-        any(a.is_out for a in getattr(getattr(namespace, base), ov)._schema.arguments)
-        for ov in getattr(namespace, base).overloads())
+    if "inplace" in kinds and hasattr(namespace, op + "_"):
+        packet = getattr(namespace, op + "_")
+        overloads = [overload] if overload else packet.overloads()
+        if overload in packet.overloads() or not overload:
+            if all(getattr(packet, ov)._schema.arguments[0].alias_info is not None
+                   and getattr(packet, ov)._schema.arguments[0].alias_info.is_write
+                   for ov in overloads):
+                inplace.append(f"{base}_" + (f".{overload}" if overload else ""))
+    has_out = "out" in kinds and not overload and hasattr(namespace, op) and any(
+        any(a.is_out for a in getattr(getattr(namespace, op), ov)._schema.arguments)
+        for ov in getattr(namespace, op).overloads())
     return inplace, has_out
 
 
@@ -176,8 +183,9 @@ ALLOC = frozenset({
 
 # *** the CPU fallback: what runs on the host, counted (stats()["fallbacks"]) ******************
 # Every op not above and without a decomposition. The list is measured, not written: the
-# OpInfo sweep (`make coverage`) prints it; docs/OPS.md lists its current members. Decompositions
-# we refuse (they lower to prims or loop badly) go here too:
+# OpInfo sweep (`make coverage`, tools/op_coverage.py) prints its members; every run counts them
+# in stats()["fallbacks"], warned once per op. Decompositions we refuse (they lower to prims or
+# loop badly) go here too:
 NO_DECOMP = frozenset()
 # *** end of the fallback section ***************************************************************
 

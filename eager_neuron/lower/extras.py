@@ -327,8 +327,8 @@ def lower_addr(func, a, outs):
 
 lower_addr.handles_half = True
 
-LOWERINGS: dict = {"aten::linalg_eig": lower_linalg_eig, "aten::addr": lower_addr,
-                   "aten::addr_": lower_addr}   # addr_ had no decomposition: the CPU fallback
+# addr_ (read off the schema by ops.py) had no decomposition: it reached the CPU fallback
+LOWERINGS: dict = {"aten::linalg_eig": lower_linalg_eig, "aten::addr": lower_addr}
 DYNAMIC = {
     "aten::repeat_interleave.Tensor": dynamic_repeat_interleave,
     "aten::unique_dim": dynamic_unique_dim,

@@ -402,22 +402,20 @@ def _lowerings() -> dict:
         "aten::index_select": lower_index_select,
         "aten::gather": lower_gather,
         "aten::masked_scatter": lower_masked_scatter,
-        "aten::masked_scatter_": lower_masked_scatter,
         "aten::masked_scatter_backward": lower_masked_scatter_backward,
         "aten::nonzero_static": lower_nonzero_static,
         "aten::put": lower_put,
-        "aten::put_": lower_put,
+        "aten::index_add": lower_index_add,
+        "aten::index_put": lower_index_put,
+        "aten::_index_put_impl_": lower_index_put,
+        "aten::scatter_add": lower_scatter_add,
+        "aten::scatter_reduce.two": lower_scatter_reduce,
+        "aten::index_reduce": lower_index_reduce,
     }
-    for name in ("index_add", "index_add_"):
-        table[f"aten::{name}"] = lower_index_add
-    for name in ("index_put", "index_put_", "_index_put_impl_"):
-        table[f"aten::{name}"] = lower_index_put
-    for sfx in ("", "_"):
-        for ov in ("src", "value", "reduce", "value_reduce"):
-            table[f"aten::scatter{sfx}.{ov}"] = lower_scatter
-        table[f"aten::scatter_add{sfx}"] = lower_scatter_add
-        table[f"aten::scatter_reduce{sfx}.two"] = lower_scatter_reduce
-        table[f"aten::index_reduce{sfx}"] = lower_index_reduce
+    for ov in ("src", "value", "reduce", "value_reduce"):
+        table[f"aten::scatter.{ov}"] = lower_scatter
+    # the in-place variants (put_, index_add_, scatter_.src, ...) are read off the schemas by
+    # eager_neuron/ops.py (this family's row allows them)
     return table
 
 

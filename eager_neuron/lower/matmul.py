@@ -358,18 +358,15 @@ def dynamic_grouped_mm(func, a, index=-1):
 DYNAMIC = {"aten::_grouped_mm": dynamic_grouped_mm}
 
 
+# in-place variants (addmm_, baddbmm_, addbmm_, addmv_) are read off the schemas (ops.py)
 LOWERINGS = {
     "aten::_trilinear": lower_trilinear,
     "aten::mm": lower_mm,
     "aten::addmm": lower_addmm,
-    "aten::addmm_": lower_addmm,
     "aten::bmm": lower_bmm,
     "aten::baddbmm": lower_baddbmm,
-    "aten::baddbmm_": lower_baddbmm,
     "aten::addbmm": lower_addbmm,
-    "aten::addbmm_": lower_addbmm,
     "aten::mv": lower_mv,
     "aten::addmv": lower_addmv,
-    "aten::addmv_": lower_addmv,
     "aten::dot": lower_dot,
 }
