@@ -229,12 +229,13 @@ def render_pool(kind: str, T: str, lowest: str, parallel: bool,
     return helper + head + "\n".join(lines) + "\n", name
 
 
-# integer average: C division truncates toward zero (Python's // floors)
+# integer average: C division truncates toward zero (Python's // floors); the divisor is
+# negative under a negative divisor_override
 _TDIV = """\
 @njit(inline="always")
 def _tdiv(s, d):
-    q = abs(s) // d
-    return q if s >= 0 else -q
+    q = abs(s) // abs(d)
+    return q if (s >= 0) == (d > 0) else -q
 
 
 """

@@ -45,3 +45,29 @@ def test_pdist_one_row_gradient_is_zero():
     assert d.shape == (0,)
     (g,) = torch.autograd.grad(d, x, torch.empty(0).to("neuron"))
     assert torch.equal(g.cpu(), torch.zeros(1, 3))
+
+
+@pytest.mark.parametrize("divisor", [-2, -3, 3, None])
+def test_avg_pool_int64_truncates_toward_zero(divisor):
+    """Integer average pooling divides the window sum as C does (toward zero), also under a
+    negative divisor_override (it floored there: off by one on every inexact window)."""
+    torch.manual_seed(0)
+    x = torch.randint(-50, 50, (2, 3, 5, 6), dtype=torch.int64)
+    got = torch.nn.functional.avg_pool2d(x.to("neuron"), (2, 3), stride=(2, 1),
+                                         divisor_override=divisor).cpu()
+    sums = x.unfold(2, 2, 2).unfold(3, 3, 1).sum((-1, -2)).tolist()
+    d = divisor or 6
+
+    def tdiv(s):
+        q = abs(s) // abs(d)
+        return q if (s >= 0) == (d > 0) else -q
+
+    want = torch.tensor([[[[tdiv(s) for s in row] for row in ch] for ch in b] for b in sums])
+    assert torch.equal(got, want)
+    x3 = x[:, :, :4].unsqueeze(2).expand(2, 3, 2, 4, 6).contiguous()
+    got3 = torch.nn.functional.avg_pool3d(x3.to("neuron"), (2, 2, 3), stride=(2, 2, 1),
+                                          divisor_override=divisor).cpu()
+    sums3 = x3.unfold(2, 2, 2).unfold(3, 2, 2).unfold(4, 3, 1).sum((-1, -2, -3))
+    d = divisor or 12
+    want3 = torch.tensor([tdiv(s) for s in sums3.flatten().tolist()]).view(sums3.shape)
+    assert torch.equal(got3, want3)

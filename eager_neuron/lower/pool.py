@@ -21,7 +21,7 @@ from ..launch import launch
 from .cast import cast
 from .common import NP_TYPE
 
-VERSION = 2              # bump when this family's rendered source changes (disk cache key)
+VERSION = 3              # bump when this family's rendered source changes (disk cache key)
 PARALLEL_MIN = 1 << 18   # elements of work below which a prange launch costs more than it saves
 _FLOAT = frozenset({torch.float32, torch.float64})
 _INT = frozenset({torch.int64, torch.int32})
