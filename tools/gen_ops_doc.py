@@ -35,21 +35,30 @@ def _family_lines(ops, family: str, table: dict) -> list[str]:
     from eager_neuron.lower import elementwise
 
     lines = []
-    inplace = {n[:-1] for n, f in ops.FAMILY_OF.items()
-               if f == family and n.endswith("_") and n[:-1] in table}
+    # in-place variants (read off the schema, or a lowering of their own) are listed with their
+    # functional op: `add_` with `add`, `scatter_.src` with `scatter.src`
+    inplace = {}
+    for n, f in ops.FAMILY_OF.items():
+        base, dot, overload = n.partition(".")
+        if f == family and base.endswith("_") and base[:-1] + dot + overload in table:
+            inplace[base[:-1] + dot + overload] = n
+    shown = set(inplace.values())
     for name in sorted(table):
-        if name.endswith("_") and name[:-1] in inplace:
+        if name in shown:
             continue                       # listed with its functional op
         variants = []
         if name in inplace:
-            variants.append(f"`{_short(name)}_`")
+            variants.append(f"`{_short(inplace[name])}`")
         if name in ops.OUT_OK:
             variants.append("out=")
         how = []
+        fn = table[name]
         entry = elementwise.OPS.get(name) if family == "elementwise" else None
         if isinstance(entry, tuple):
             how.append("computes " + _RULES.get(entry[1], entry[1]))
-        if name.split(".")[0] in lcomplex.OPS:
+        if getattr(fn, "handles_half", False):
+            how.append("bfloat16/float16 in its own kernel")
+        if name.split(".")[0] in lcomplex.OPS or getattr(fn, "handles_complex", False):
             how.append("complex too")
         lines.append(f"| `{_short(name)}` | {', '.join(variants)} | {'; '.join(how)} |")
     return lines
@@ -83,9 +92,10 @@ def render() -> str:
         "   `make coverage` measures which OpInfo ops land here.",
         "",
         "Dtypes: bfloat16 and float16 are stored as such and computed in float32 (rounded to",
-        "nearest even); complex64/complex128 operands of an elementwise op marked *complex too*",
-        "run the complex kernel; other complex calls decompose or fall back. Integer and bool",
-        "operands follow torch's type promotion.",
+        "nearest even), unless the op is marked *bfloat16/float16 in its own kernel*;",
+        "complex64/complex128 operands of an op marked *complex too* run on the device (the",
+        "complex family or the op's own kernel); other complex calls decompose or fall back.",
+        "Integer and bool operands follow torch's type promotion.",
         "",
         "## Families",
         "",
