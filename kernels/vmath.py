@@ -305,7 +305,7 @@ def _vgelu_as(x):
     # (Abramowitz-Stegun 7.1.26, as _verf_as): q = t R(t) exp(-v^2) ~ erfc(|v|), t = 1/(1 + p|v|),
     # phi2 = 2 - q for x > 0, q for x < 0 (torch computes 1 + erf(v) there and cancels to 0
     # below -5.5; q keeps the tail, with A&S's absolute error). exp(-v^2) as _v_exp_core (v^2
-    # clamped at 104, where it rounds to 0; the 2^k scale in two exact halves, so the denormal
+    # clamped at 104, where it rounds to 0; scaled by 2^(k + 64) and 2^-64, so the denormal
     # tail of x in (-14.4, -13.2) rounds once). NaN reaches q through t; +-inf give inf and nan
     # as 0.5 x (1 + erf(x/sqrt2)) does.
     v = x * np.float32(0.70710678118654752)
@@ -334,10 +334,11 @@ def _vgelu_as(x):
     p = _vfma(p, z, np.float32(4.1665795894e-2))
     p = _vfma(p, z, np.float32(1.6666665459e-1))
     p = _vfma(p, z, np.float32(5.0000001201e-1))
-    k1 = k >> 1
-    e = (_vfma(p, z * z, z) + np.float32(1.0)) * _v_float((k1 + 127) << 23)
-    e = e * _v_float((k - k1 + 127) << 23)
-    q = (r * t) * e
+    # e = exp(-w) 2^64 (k + 64 >= -86: a normal scale, exact) and 2^-64 onto r t (exact unless
+    # r t < 2^-62, where q is 0 anyway): a denormal q is rounded once, by its last multiply, with
+    # 3 integer ops and a multiply fewer than two half scales (GELU is compute-bound in cache)
+    e = (_vfma(p, z * z, z) + np.float32(1.0)) * _v_float((k + (127 + 64)) << 23)
+    q = ((r * t) * np.float32(5.421010862427522e-20)) * e
     phi2 = np.float32(2.0) - q if x >= np.float32(0.0) else q
     phi2 = mid if a < np.float32(1.0) else phi2
     return (np.float32(0.5) * x) * phi2

@@ -1,0 +1,111 @@
+"""Throughput kernels (docs/THROUGHPUT.md): the loop shapes that make reductions and softmax run at
+memory speed stay correct at their edges, and their hot loops stay vectorized.
+
+Speed itself is printed by `make bench` (tools/bench.py throughput()), never asserted here.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import torch
+
+import eager_neuron  # noqa: F401
+from eager_neuron.kernels import norm as kn
+from eager_neuron.kernels import reduce as kr
+from eager_neuron.kernels.compile import compile_kernel
+from eager_neuron.lower import reduce as lred
+
+DEV = "neuron"
+NAN = float("nan")
+
+
+def _check(fn, x, **tol):
+    got = fn(x.to(DEV)).cpu()
+    want = fn(x.double()).to(got.dtype) if x.is_floating_point() else fn(x)
+    torch.testing.assert_close(got, want, equal_nan=True, **tol)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 6, 9])
+def test_col_mode_blocks_and_row_tails(rows):
+    """x.sum(0)-style ("col" mode): 1024 outputs per accumulator block (2500 = two full blocks
+    and a partial one), the reduced rows 4 per sweep (rows % 4 is the tail), NaN of either sign
+    in a swept row and in a tail row, integers summed exactly, a view whose rows are not
+    contiguous with each other."""
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 2500, generator=g)
+    x[0, 5] = NAN
+    x[rows - 1, 2400] = -NAN
+    x[rows // 2, 1024] = float("inf")
+    for fn in (lambda t: t.sum(0), lambda t: t.mean(0), lambda t: t.amax(0),
+               lambda t: t.amin(0), lambda t: t.abs().sum(0)):
+        _check(fn, x, atol=1e-6, rtol=2e-6)
+    i = torch.randint(-2**31, 2**31 - 1, (rows, 2500), generator=g, dtype=torch.int32)
+    torch.testing.assert_close(i.to(DEV).sum(0).cpu(), i.sum(0))   # int64 accumulator: exact
+    b = torch.randn(rows, 4000, generator=g)[:, 300:2800]           # rows strided by 4000
+    _check(lambda t: t.sum(0), b, atol=1e-6, rtol=2e-6)
+    _check(lambda t: t.amax(0), b)
+
+
+def test_chunk_mode_extremes_and_nan():
+    """One float output over a long row ("chunk" mode: prange over 64 slices): the extreme in the
+    last slice's last element, a NaN of either sign in any slice wins."""
+    n = 2 * lred.PARALLEL_MIN + 13
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, generator=g)
+    x[-1] = 99.0
+    x[n // 3] = -98.0
+    _check(lambda t: t.amax(), x)
+    _check(lambda t: t.amin(), x)
+    for pos in (0, n // 64 + 1, n - 1):
+        for nan in (NAN, -NAN):
+            y = x.clone()
+            y[pos] = nan
+            assert torch.isnan(y.to(DEV).amax().cpu()) and torch.isnan(y.to(DEV).amin().cpu())
+    _check(lambda t: t.double().sum(), x, atol=1e-9, rtol=1e-12)   # float64 chunk sum
+
+
+def test_float32_sum_within_one_rounding():
+    """float32 sum of one contiguous row (float64 partials) is the float64 sum rounded once (at
+    least as accurate as torch's float32 cascade sum), across block edges."""
+    g = torch.Generator().manual_seed(1)
+    for n in (1, 15, 16, 17, 511, 512, 1025, 1 << 20):
+        x = torch.randn(n, generator=g) * 10 + 3
+        exact = x.double().sum()
+        got = x.to(DEV).sum().cpu().double()
+        assert abs(got - exact) <= 0.5001 * abs(float(exact.float()) - float(
+            torch.nextafter(exact.float(), torch.tensor(float("inf"))))) + 1e-12, (n, got, exact)
+
+
+def _llvm(src: str, name: str, *args) -> str:
+    k = compile_kernel(src, name)
+    k(*args)
+    return "\n".join(k.inspect_llvm().values())
+
+
+def test_hot_loops_vectorize():
+    """The reduction and softmax loops keep vector IR (a loop that indexes from a possibly
+    negative base keeps Numba's wraparound select and loses it; a scalar float64 chain without
+    reassoc never had it)."""
+    vec = re.compile(r"<(4|8|16) x (float|double|i32)>")
+    a = np.random.default_rng(0).standard_normal((1, 5000)).astype(np.float32)
+    out = np.empty(1, np.float32)
+    for op, mode, acc, load in (("sum", "block", "np.float64", "np.float32"),
+                                ("kmax32", "chunk", "np.int32", "")):
+        src, name = kr.render_reduce(op, 1, 1, acc, load, ("np.float32",), 0, mode=mode,
+                                     fastmath=op == "sum")
+        assert vec.search(_llvm(src, name, out, a)), (op, mode)
+    col = np.asfortranarray(np.random.default_rng(1).standard_normal((300, 7)).astype(np.float32))
+    src, name = kr.render_reduce("sum", 1, 1, "np.float64", "np.float32", ("np.float32",), 0,
+                                 mode="col", fastmath=True)
+    assert vec.search(_llvm(src, name, np.empty(300, np.float32), col))
+    src, name = kn.render_softmax(False, 1, "np.float64", "np.float32")
+    rows = np.random.default_rng(2).standard_normal((3, 100)).astype(np.float32)
+    res = np.empty_like(rows)
+    ir = _llvm(src, name, res, rows)
+    assert re.search(r"fadd reassoc <\d+ x double>", ir), "softmax row sum not vectorized"
+    want = torch.softmax(torch.from_numpy(rows).double(), -1).float().numpy()
+    # exp(x - max) carries the float32 rounding of x - max (|x - max| ulp, as torch's kernel)
+    np.testing.assert_allclose(res, want, rtol=2e-6, atol=0)
