@@ -1,0 +1,64 @@
+"""Cached like NEFFs: a second process compiling the same training step (forward with row
+kernels, backward, a compiled AdamW step) builds no Numba kernel: every fused and row kernel
+comes from the disk cache, and its results are the first process's, bit for bit (same kernels,
+same order)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+_STEP = r"""
+import torch, eager_neuron
+torch.manual_seed(0)
+m = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.LayerNorm(16), torch.nn.GELU(),
+                        torch.nn.Linear(16, 5)).to("neuron")
+opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+x = torch.randn(8, 12).to("neuron")
+y = torch.randint(0, 5, (8,)).to("neuron")
+
+@torch.compile(backend="neuron")
+def step():
+    opt.zero_grad()
+    loss = torch.nn.functional.cross_entropy(torch.softmax(m(x), -1) * 3, y)
+    loss.backward()
+    opt.step()
+    return loss.detach()
+
+losses = [step().item() for _ in range(3)]
+s, c = eager_neuron.stats(), eager_neuron.compile.stats()
+print("RESULT", s["compiles"], s["disk_hits"], c["fused_kernel_launches"],
+      c["row_kernel_launches"], sum(c["graph_fallbacks"].values()),
+      " ".join(repr(v) for v in losses), m[0].weight.sum().item())
+"""
+
+
+def _result(out: str) -> list:
+    line = [ln for ln in out.splitlines() if ln.startswith("RESULT")]
+    assert line, out[-2000:]
+    return line[0].split()[1:]
+
+
+def test_second_process_builds_no_kernel_for_a_training_step():
+    from eager_neuron import launch
+    from eager_neuron.config import config
+
+    if launch.DISK is None:
+        pytest.skip("the disk tier is off in this process (EAGER_NEURON_DISK_CACHE=0)")
+    env = dict(os.environ, EAGER_NEURON_CACHE_DIR=config.cache_dir, EAGER_NEURON_DISK_CACHE="1")
+    runs = []
+    for _ in range(2):      # the first fills the shared cache (or finds it filled)
+        r = subprocess.run([sys.executable, "-c", _STEP], env=env, capture_output=True,
+                           text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+        runs.append(_result(r.stdout))
+    first, second = runs
+    compiles, disk_hits, fused, rows, fallbacks = (int(v) for v in second[:5])
+    assert compiles == 0, f"the second process compiled Numba kernels: {first} / {second}"
+    assert fallbacks == 0, second
+    assert fused > 0 and rows > 0           # both kernel kinds ran ...
+    assert disk_hits >= 2                    # ... loaded from the disk cache
+    assert second[5:] == first[5:], (first, second)   # the same kernels: the same numbers
