@@ -24,6 +24,7 @@ from . import context as _context
 from . import errors
 from . import fastpath as _fast
 from . import fastpath_capture as _capture
+from . import fastpath_foreach as _fast_foreach
 from . import tensor as _tensor_mod
 from .adaptive import MODULE as _adaptive
 from .buffers import _ITEMSIZE, _POOLED_BYTES, _span, alloc, to_host  # noqa: F401 -- API
@@ -186,7 +187,11 @@ def _dispatch_plan(func, plan, args, kwargs, mode, gated=False):
     if kind == "foreach":
         from .lower.foreach import run_foreach
 
-        return run_foreach(func, plan, args, kwargs, mode)
+        out = run_foreach(func, plan, args, kwargs, mode)
+        if mode is None and not _STATE.enabled and config.fastpath and \
+                not _fast.declined(func, args, kwargs):
+            _fast_foreach.learn_foreach(func, plan, args, kwargs, dispatch)
+        return out
     if kind == "inplace_view":
         return run_inplace_view(func, plan, args, kwargs, mode)
     return run_fallback(func, plan, args, kwargs, mode)

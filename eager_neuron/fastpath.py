@@ -91,7 +91,7 @@ def signature(args: tuple, kwargs: dict, values: bool):
                 return None   # out of int64: the kernel entry would refuse what ATen takes
         elif a is None:
             app(None)
-        elif not _other(a, t, app):
+        elif not _other(a, t, app, values):
             return None
     if kwargs:
         app(_KW)
@@ -116,7 +116,7 @@ def signature(args: tuple, kwargs: dict, values: bool):
                     return None
             elif a is None:
                 app(None)
-            elif not _other(a, t, app):
+            elif not _other(a, t, app, values):
                 return None
     # the default dtype: a Python number's result dtype follows it (int tensor + 1.5), and so
     # does an integer op's float result without any number (int / int, sqrt of an int tensor)
@@ -124,7 +124,7 @@ def signature(args: tuple, kwargs: dict, values: bool):
     return tuple(sig)
 
 
-def _other(a, t, app) -> bool:
+def _other(a, t, app, values: bool) -> bool:
     if t is list or t is tuple:
         if a and type(a[0]) is NeuronTensor:   # cat's tensors, a foreach op's lists
             app(t)
@@ -139,19 +139,71 @@ def _other(a, t, app) -> bool:
                 app(v._index)
             return True
         kind = type(a[0]) if a else int
-        if kind is not int and kind is not bool:
+        if kind is not int and kind is not bool and kind is not float:
             return False
         for v in a:
             if type(v) is not kind:
                 return False
         app(t)
         app(kind)   # [1, 0] and [True, False] hash alike: the element type tells them apart
+        if kind is float:
+            if not values:
+                app(len(a))   # an optimizer's per-parameter step sizes: kernel arguments
+                return True
+            for v in a:
+                if v == 0.0 or v != v:
+                    return False   # NaN never hits; -0.0 keys like 0.0 (see signature)
         app(tuple(a))
         return True
     if isinstance(a, _ATOMS):
         app(a)
         return True
     return False
+
+
+def full_np(x) -> np.ndarray:
+    """x's host view as a numpy array, cached on x (NeuronTensor._npc) while x._data is the
+    same object: a repeat's operands skip Tensor.numpy() (~0.7 us each)."""
+    d = x._data
+    c = x._npc
+    if c is not None and c[0] is d:
+        return c[1]
+    full = d.numpy()
+    x._npc = (d, full, None)
+    return full
+
+
+def flat_np(x) -> np.ndarray:
+    """x's host view as a 1-d numpy array (a flat runner's operand), cached as full_np's. Only
+    a view is cached: a flattened non-contiguous array would be a copy."""
+    d = x._data
+    c = x._npc
+    if c is not None and c[0] is d:
+        if c[2] is not None:
+            return c[2]
+        full = c[1]
+    else:
+        full = d.numpy()
+    if full.ndim == 1:
+        x._npc = (d, full, full)
+        return full
+    if d.is_contiguous():
+        flat = full.reshape(-1)
+        x._npc = (d, full, flat)
+        return flat
+    x._npc = (d, full, None)
+    return full.reshape(-1)
+
+
+def _charge_lines(ns: dict, index: int, flops, nbytes, engine, dclass: str, tag: str = "") -> str:
+    """Source charging core `index` for one replayed launch, into `d`: the cost computed now
+    (Core.cost_of), or launch()'s own computation if the core's profile changed since."""
+    core = SIM.cores[index]
+    prof, overhead, body = core.cost_of(flops, nbytes, engine, dclass)
+    ns.update({f"CORE{tag}": core, f"PROF{tag}": prof, f"CH{tag}": (overhead, body, engine, nbytes),
+               f"L{tag}": (flops, nbytes, engine, dclass)})
+    return (f"d = CORE{tag}.charge(*CH{tag}) if CORE{tag}.profile is PROF{tag} else "
+            f"CORE{tag}.launch(*L{tag})")
 
 
 _FAILED: dict = {}   # (func, signature by value) -> learning attempts that failed
@@ -268,8 +320,7 @@ def learn_elementwise(func, plan, args, kwargs, index: int, a: dict, outs: list,
         if ref is None or type(_eval(ref, args, kwargs)) is not NeuronTensor:
             return False
         refs[nm] = ref
-        flat = ".reshape(-1)" if v.dim() != 1 else ""
-        arrays.append(f"{ref}._data.numpy(){flat}")
+        arrays.append(f"FNP({ref})")
     # 2. scalars: runtime kernel arguments
     svals = []
     for j, nm in enumerate(scalars):
@@ -296,24 +347,24 @@ def learn_elementwise(func, plan, args, kwargs, index: int, a: dict, outs: list,
                 # an operand sharing the written tensor's buffer may overlap it partly: the
                 # slow path makes ATen's overlap check
                 lines.append(f"if {ref}._block is W._block: return MISS")
-        lines.append("data = W._data")
+        lines.append("out_np = FNP(W)")
         ret = "return W"
     else:
         shape, stride, dtype = leaves[0]
         ns.update(SHAPE=shape, STRIDE=stride, DT=dtype)
         lines += _alloc_lines(ns, outs[0], index)
         ret = _wrap_lines(ns, lines, index)
-    out_flat = ".reshape(-1)" if len(outs[0].shape) != 1 else ""
-    out_np = "out_np" if any(ln.startswith("out_np") for ln in lines) else \
-        f"data.numpy(){out_flat}"
-    lines.append(f"K({out_np}, {', '.join(arrays + svals)})")
+    if not any(ln.startswith("out_np") for ln in lines):
+        out_flat = ".reshape(-1)" if len(outs[0].shape) != 1 else ""
+        lines.append(f"out_np = data.numpy(){out_flat}")
+    lines.append(f"K(out_np, {', '.join(arrays + svals)})")
     flops = req[3] if len(req) > 3 else 0.0
     nbytes = req[4] if len(req) > 4 else 0.0
     engine = req[5] if len(req) > 5 else "vector"
-    ns.update(FLOPS=flops, NBYTES=nbytes, ENGINE=engine, E=(req[0], flops, nbytes, engine, None))
+    ns.update(FNP=flat_np, E=(req[0], flops, nbytes, engine, None))
     lines.insert(len(lines) - 1, "t0 = perf() if LH else 0.0")
     lines += ["S.launches += 1", "S.memory_hits += 1", "F['hits'] += 1",
-              "d = SIM.cores[IDX].launch(FLOPS, NBYTES, ENGINE, 'fp32')",
+              _charge_lines(ns, index, flops, nbytes, engine, "fp32"),
               "if LH: emit(t0, d, *E)", ret]
     _add(func, values, sig, _build(plan.name, lines, ns), (args, kwargs))
     return True
@@ -339,7 +390,7 @@ def _alloc_lines(ns: dict, out: torch.Tensor, index: int, suffix: str = "",
             ns.update({"np_empty": np.empty, "from_numpy": torch.from_numpy,
                        f"NPDT{x}": _NP_DTYPES[out.dtype], f"NUMEL{x}": out.numel()})
             if out.dim() == 1:
-                lines += [f"out_np{x} = np_empty(NUMEL{x}, NPDT{x})",
+                lines += [f"out_np{x} = data_np{x} = np_empty(NUMEL{x}, NPDT{x})",
                           f"data{x} = from_numpy(out_np{x})"]
             else:
                 lines += [f"data_np{x} = np_empty(SHAPE{x}, NPDT{x})",
@@ -357,10 +408,14 @@ def _wrap_lines(ns: dict, lines: list, index: int) -> str:
     directly, as NeuronTensor.__new__ makes it, without reading the metadata back."""
     from .tensor import DEVICES
 
-    ns.update(make=torch.Tensor._make_wrapper_subclass, DEV=DEVICES[index])
-    lines += ["r = make(NT, SHAPE, strides=STRIDE, storage_offset=0, dtype=DT, device=DEV, "
-              "requires_grad=False)",
+    ns.update(make=torch.Tensor._make_wrapper_subclass, DEV=DEVICES[index],
+              STRIDED=torch.strided)
+    # NOTE: positional (size, strides, storage_offset, memory_format, dtype, layout, device):
+    # the keyword form costs ~0.4 us more in the argument parser
+    lines += ["r = make(NT, SHAPE, STRIDE, 0, None, DT, STRIDED, DEV)",
               "r._data = data", "r._block = block", "r._index = IDX"]
+    if any(ln.startswith("data_np") or ln.startswith("out_np = data_np") for ln in lines):
+        lines.append("r._npc = (data, data_np, out_np)")
     return "return r"
 
 
@@ -385,7 +440,7 @@ def learn_view(func, args, kwargs, out) -> None:
     from .tensor import DEVICES
 
     ns = {"OP": func._op, "S": STATS, "F": STATS_FAST, "NT": NeuronTensor, "MISS": MISS,
-          "make": torch.Tensor._make_wrapper_subclass}
+          "make": torch.Tensor._make_wrapper_subclass, "STRIDED": torch.strided}
     call = "OP(x._data" + "".join(f", args[{i}]" for i in range(1, len(args)))
     call += ", **kwargs)" if kwargs else ")"
     lines = ["x = args[0]", f"out = {call}"]
@@ -394,8 +449,7 @@ def learn_view(func, args, kwargs, out) -> None:
         ns.update(SHAPE=tuple(out.shape), STRIDE=out.stride(), DT=out.dtype,
                   DEV=DEVICES[args[0]._index], IDX=args[0]._index)
         lines += ["if out.is_neg(): return MISS",
-                  "r = make(NT, SHAPE, strides=STRIDE, storage_offset=out.storage_offset(), "
-                  "dtype=DT, device=DEV, requires_grad=False)",
+                  "r = make(NT, SHAPE, STRIDE, out.storage_offset(), None, DT, STRIDED, DEV)",
                   "r._data = out", "r._block = x._block", "r._index = IDX",
                   "S.views += 1", "F['hits'] += 1", "return r"]
     else:

@@ -27,8 +27,10 @@ from .fastpath import (
     _add,
     _alloc_lines,
     _build,
+    _charge_lines,
     _eval,
     _ref,
+    full_np,
     signature,
 )
 
@@ -96,7 +98,7 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
     if sig is None:
         return
     ns = {"S": STATS, "F": STATS_FAST, "SIM": SIM, "NT": NeuronTensor, "MISS": MISS,
-          "IDX": index, "ndarray": np.ndarray}
+          "IDX": index, "ndarray": np.ndarray, "FULL": full_np}
     wlines, guards, lines = [], [], []
     # 1. sources: the outputs (fresh or written) and the neuron operands, by memory
     sources = []   # (expression of a numpy view, its numpy array at learn time)
@@ -114,7 +116,7 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
                 return
             written[i] = ref
             wlines.append(f"W{i} = {ref}")
-            lines.append(f"O{i} = W{i}._data.numpy()")
+            lines.append(f"O{i} = FULL(W{i})")
             sources.append((f"O{i}", out.numpy()))
             continue
         shape, stride, dtype = leaves[i]
@@ -139,7 +141,7 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
         if ref in written.values():
             continue   # the written tensor is source O{i} already
         sources.append((f"I{j}", v._data.numpy()))
-        lines.append(f"I{j} = {ref}._data.numpy()")
+        lines.append(f"I{j} = FULL({ref})")
     # two sources sharing memory: the lowering's choice between them cannot be told apart
     spans = sorted(_span(arr) for _e, arr in sources if arr.size)
     if any(a[1] > b[0] for a, b in zip(spans, spans[1:])):
@@ -186,11 +188,10 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
                 exprs.append(f"C{n}_{m}")
             else:
                 return
-        ns.update({f"K{n}": kernel, f"L{n}": (flops, nbytes, engine, dclass),
-                   f"E{n}": (lkey, flops, nbytes, engine, extra)})
+        ns.update({f"K{n}": kernel, f"E{n}": (lkey, flops, nbytes, engine, extra)})
         lines += ["t0 = perf() if LH else 0.0",
                   f"K{n}({', '.join(exprs)})", "S.launches += 1", "S.memory_hits += 1",
-                  f"d = SIM.cores[IDX].launch(*L{n})",
+                  _charge_lines(ns, index, flops, nbytes, engine, dclass, str(n)),
                   f"if LH: emit(t0, d, *E{n})"]
     # 3. results, shaped as the op returns them
     results = []

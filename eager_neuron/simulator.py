@@ -240,14 +240,24 @@ class Core:
         compute_s = flops / div[0] if flops else 0.0
         memory_s = bytes_moved / div[1] if bytes_moved else 0.0
         body = max(compute_s, memory_s) * 1e6
+        return self.charge(overhead, body, engine, bytes_moved)
+
+    def charge(self, overhead: float, body: float, engine: str, bytes_moved: float) -> float:
+        """The queue and counter updates of launch() for a kernel whose cost under this core's
+        current profile is known (the fast path's runners compute it once per signature)."""
         sim = self.sim
         q = self.queue
         start = q.tail_us
-        start = max(start, self.compute_free_us)
-        start = max(start, sim.host_us)
+        free = self.compute_free_us
+        if free > start:
+            start = free
+        host = sim.host_us
+        if host > start:
+            start = host
         end = start + overhead + body
         q.tail_us = self.compute_free_us = end
-        self.clock_us = max(self.clock_us, end)
+        if end > self.clock_us:
+            self.clock_us = end
         if config.launch_blocking:
             sim.host_us = end
         self.busy_us[engine] += body
@@ -255,6 +265,14 @@ class Core:
         self.launches += 1
         self.hbm_bytes += bytes_moved
         return overhead + body
+
+    def cost_of(self, flops: float, bytes_moved: float, engine: str, dtype_class: str = "fp32"
+                ) -> tuple:
+        """(profile, launch overhead us, body us) launch() charges for this kernel now."""
+        profile = self.profile
+        compute_s = flops / cost.engine_flops(profile, engine, dtype_class) if flops else 0.0
+        memory_s = bytes_moved / cost.core_bandwidth(profile) if bytes_moved else 0.0
+        return profile, profile.launch_overhead_us, max(compute_s, memory_s) * 1e6
 
     def transfer(self, nbytes: int) -> float:
         """A blocking host <-> device copy on the current queue; returns its duration (us)."""

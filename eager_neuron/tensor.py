@@ -22,6 +22,10 @@ class NeuronTensor(torch.Tensor):
     _data: torch.Tensor
     _block: object
     _index: int   # the device index (device.index costs a torch.device per read)
+    # (host view, its numpy view, its flat numpy view or None) cached by the fast path
+    # (fastpath.flat_np): valid while `_data` is that same object, which is never changed in
+    # place (in-place view ops give the wrapper a fresh alias: inplace.run_inplace_view)
+    _npc = None
 
     @staticmethod
     def __new__(cls, data: torch.Tensor, block, index: int = 0, requires_grad: bool = False):
@@ -107,7 +111,7 @@ class NeuronTensor(torch.Tensor):
             new.requires_grad_()
         if self.grad is not None:
             new.grad = copy.deepcopy(self.grad, memo)
-        rest = {k: v for k, v in self.__dict__.items() if k not in ("_data", "_block")}
+        rest = {k: v for k, v in self.__dict__.items() if k not in ("_data", "_block", "_npc")}
         new.__dict__.update(copy.deepcopy(rest, memo))
         memo[id(self)] = new
         return new

@@ -334,3 +334,77 @@ def test_ops_the_cpu_refuses_on_bool_are_refused(op):
     for _ in range(2):   # the refusal is never learned as a runner
         with pytest.raises(type(cpu.value), match=str(cpu.value).split(" not ")[0][:20]):
             getattr(torch, op)(x.to("neuron"))
+
+
+def _adamw_like(params, grads, k):
+    torch._foreach_mul_(params, 0.9)
+    torch._foreach_add_(params, grads, alpha=0.1)
+    denom = torch._foreach_sqrt([p.abs() for p in params])
+    torch._foreach_addcdiv_(params, grads, [d.add(1) for d in denom],
+                            [0.01 * i * (k + 1) for i in range(1, len(params) + 1)])
+    torch._foreach_lerp_(params, grads, 0.3)
+    return torch._foreach_div(params, [1.0 + 0.1 * k] * len(params))
+
+
+def test_foreach_runner_equals_the_funnel_and_counts_every_element():
+    torch.manual_seed(0)
+    shapes = [(7, 3), (7,), (4, 4), (1,)]
+    host = [torch.randn(s) for s in shapes]
+    grads = [torch.randn(s).to("neuron") for s in shapes]
+    fast = [h.to("neuron") for h in host]
+    slow = [h.to("neuron") for h in host]
+    for k in range(4):   # step sizes change every step: ScalarList values are kernel arguments
+        before = _hits()
+        ops = STATS.ops
+        out_fast = _adamw_like(fast, grads, k)
+        fast_ops, fast_hits = STATS.ops - ops, _hits() - before
+        config.fastpath = False
+        try:
+            ops = STATS.ops
+            out_slow = _adamw_like(slow, grads, k)
+            slow_ops = STATS.ops - ops
+        finally:
+            config.fastpath = True
+        for a, b in zip(fast + list(out_fast), slow + list(out_slow)):
+            assert torch.equal(a.cpu(), b.cpu())
+        assert fast_ops == slow_ops   # the elements are ops, whichever path ran them
+    assert fast_hits >= 6 * len(shapes)
+    assert torch.ops.aten._foreach_addcdiv_.ScalarList in fastpath.TABLES
+
+
+def test_foreach_runner_sends_an_aliasing_element_down_the_funnel():
+    # element 1 adds a tensor to itself: its flat runner declines (MISS), the funnel runs it;
+    # element 0 before it ran on its runner once, and element 2 after it runs too
+    a, b, c = (torch.arange(4.0).to("neuron") for _ in range(3))
+    x, y, z = (torch.arange(4.0) for _ in range(3))
+    one = torch.ones(4, device="neuron")
+    for _ in range(4):
+        before = _hits()
+        torch._foreach_add_([a, b, c], [one, b, one])
+        torch._foreach_add_([x, y, z], [torch.ones(4), y, torch.ones(4)])
+    assert _hits() - before >= 2
+    assert torch.equal(a.cpu(), x) and torch.equal(b.cpu(), y) and torch.equal(c.cpu(), z)
+
+
+def test_cached_numpy_views_follow_in_place_view_ops_and_data_swaps():
+    x = torch.arange(6.0).to("neuron")
+    y = torch.ones(6, device="neuron")
+    (x + y, x + y)                       # learn, and cache x's numpy view
+    x.resize_(3)                          # an in-place view op: a fresh host view
+    z = torch.ones(3, device="neuron")
+    assert (x + z).cpu().tolist() == [1.0, 2.0, 3.0]
+    (x + z)
+    x.set_(torch.full((3,), 7.0, device="neuron"))   # another buffer, same shape
+    assert (x + z).cpu().tolist() == [8.0, 8.0, 8.0]
+    w = torch.zeros(3, device="neuron")
+    (w + z, w + z)
+    w.data = torch.full((3,), 2.0, device="neuron")
+    assert (w + z).cpu().tolist() == [3.0, 3.0, 3.0]
+    w.add_(z)
+    w.add_(z)
+    assert w.cpu().tolist() == [4.0, 4.0, 4.0]
+    import copy
+
+    c = copy.deepcopy(w)
+    c.add_(z)
+    assert c.cpu().tolist() == [5.0, 5.0, 5.0] and w.cpu().tolist() == [4.0, 4.0, 4.0]

@@ -1,0 +1,99 @@
+"""The fast path's foreach runners: an optimizer's `_foreach_*` op replayed element by element.
+
+In plain eager a `_foreach_*` op (lower/foreach.py) sends one per-element op per list element
+down the funnel; each of those is a repeat the flat elementwise runners of fastpath.py already
+serve. A repeat of the whole foreach call (same lists of the same shapes, dtypes and strides:
+an optimizer's step) goes straight to those element runners, found once when the foreach call
+was learned, without the foreach lowering's per-element argument building, the funnel's entry
+or an element signature per element. An element whose runner declines (MISS: an aliasing
+operand) goes down the funnel on its own, as the foreach lowering would send it; the elements
+before it have run, exactly as in the lowering's loop. `stats()["ops"]` counts the elements as
+the funnel does; version counters of the written lists are bumped once per tensor.
+
+>>> import torch, eager_neuron
+>>> from eager_neuron import fastpath
+>>> ps = [torch.ones(3, device="neuron"), torch.ones(2, device="neuron")]
+>>> for _ in range(3):
+...     _ = torch._foreach_mul_(ps, 0.5)
+>>> ps[1].tolist(), torch.ops.aten._foreach_mul_.Scalar in fastpath.TABLES
+([0.125, 0.125], True)
+"""
+
+from __future__ import annotations
+
+from torch.autograd.graph import increment_version
+
+from .fastpath import MISS, TABLES, _add, _build, failed, signature
+from .stats import STATS
+
+
+def learn_foreach(func, plan, args, kwargs, dispatch) -> None:
+    """After a plain-eager foreach call ran every element down the funnel: leave a runner that
+    calls the element runners this call's elements have (none learned while one is missing;
+    the next call tries again, `fastpath.failed` caps the attempts)."""
+    from .lower.foreach import _per_tensor_op
+
+    try:
+        per, spec, _returns = _per_tensor_op(func)
+    except NotImplementedError:
+        return
+    tab = TABLES.get(per)
+    if tab is None or not args or not isinstance(args[0], (list, tuple)):
+        return
+    values = tab[0]
+    n = len(args[0])
+    pos, kw = [], []   # per foreach argument taken: source text of its element value
+    for j, ((is_list, scalars, name), a) in enumerate(zip(spec, args)):
+        if scalars:
+            return   # `.Tensor` overloads: one scalar per element read from a CPU tensor
+        if is_list and (not isinstance(a, (list, tuple)) or len(a) != n):
+            return
+        expr = f"A{j}[i]" if is_list else f"args[{j}]"
+        if name is None:
+            pos.append(expr)
+        else:
+            kw.append(f"{name!r}: {expr}")
+    runners = []
+    for i in range(n):
+        call, call_kw = [], dict(kwargs)
+        for (is_list, _scalars, name), a in zip(spec, args):
+            v = a[i] if is_list else a
+            if name is None:
+                call.append(v)
+            else:
+                call_kw[name] = v
+        sig = signature(tuple(call), call_kw, values)
+        run = tab[1].get(sig) if sig is not None else None
+        if run is None:
+            failed(func, args, kwargs)
+            return
+        runners.append(run)
+    sig = signature(args, kwargs, values)
+    if sig is None:
+        return
+    ns = {"R": tuple(runners), "N": n, "S": STATS, "MISS": MISS, "D": dispatch, "PER": per,
+          "incv": increment_version}
+    lines = [f"A{j} = args[{j}]" for j, (is_list, _s, _n) in enumerate(spec[:len(args)])
+             if is_list]
+    call = f"({', '.join(pos)},)" if pos else "()"
+    kwd = ("dict(kwargs, " if kwargs else "{") + ", ".join(kw) + ("})" if kwargs else "}")
+    if not kw:
+        kwd = "dict(kwargs)" if kwargs else "{}"
+    keep = not (plan.mutates and not any(plan.ret_alias))
+    lines += ["S.ops += N"]
+    if keep:
+        lines.append("out = []")
+    lines += ["for i in range(N):",
+              f"    c = {call}",
+              f"    k = {kwd}",
+              "    r = R[i](c, k)",
+              "    if r is MISS:",
+              "        S.ops -= 1   # the funnel counts this element itself",
+              "        r = D(PER, c, k)"]
+    if keep:
+        lines.append("    out.append(r)")
+    for j, ((is_list, _s, _n), schema_arg) in enumerate(zip(spec, func._schema.arguments)):
+        if is_list and j < len(args) and schema_arg.name in plan.mutates:
+            lines.append(f"incv(A{j})")
+    lines.append("return out" if keep else "return None")
+    _add(func, values, sig, _build(plan.name, lines, ns))
