@@ -54,6 +54,11 @@ CAPTURED = frozenset({
     # fused attention (lower/attention.py): launch only; an absent mask is a constant array
     "aten::_scaled_dot_product_fused_attention_overrideable",
     "aten::_scaled_dot_product_fused_attention_overrideable_backward",
+    # fused RNN cells (lower/cells.py): one launch on views of the operands and outputs, an
+    # absent bias an empty constant; the empty-input paths write on the host but launch
+    # nothing, and a call that launched nothing is never learned
+    "aten::_thnn_fused_lstm_cell", "aten::_thnn_fused_lstm_cell_backward_impl",
+    "aten::_thnn_fused_gru_cell", "aten::_thnn_fused_gru_cell_backward",
 })
 
 
@@ -173,13 +178,15 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
                     if snaps[m] is None or any(xlo < hi and lo < xhi for lo, hi in spans):
                         return
                     if any(xlo < hi and lo < xhi for lo, hi in scratch):
-                        # one scratch array handed from launch to launch (mm's contiguous
-                        # copy of a strided operand, then the product): each replay copy
-                        # would start from the learn call's values
-                        return
+                        return   # part of a scratch array seen before, not found as a view
                     scratch.append((xlo, xhi))
                     ns[f"SN{n}_{m}"] = snaps[m]
-                    e = f"SN{n}_{m}.copy()"
+                    e = f"X{n}_{m}"
+                    lines.append(f"{e} = SN{n}_{m}.copy()")
+                    # a scratch array handed from launch to launch (mm's contiguous copy of
+                    # a strided operand, then the product): later launches of this replay
+                    # use this replay's copy, found as a source like the op's own memory
+                    sources.append((e, x))
                 exprs.append(e)
             elif m in runtime:
                 exprs.append(runtime[m])   # this call's scalar (its type is the signature's)

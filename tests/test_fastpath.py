@@ -408,3 +408,33 @@ def test_cached_numpy_views_follow_in_place_view_ops_and_data_swaps():
     c = copy.deepcopy(w)
     c.add_(z)
     assert c.cpu().tolist() == [5.0, 5.0, 5.0] and w.cpu().tolist() == [4.0, 4.0, 4.0]
+
+
+def test_strided_matmul_operand_and_rnn_cells_replay_equal_float64():
+    # mm copies a row-sliced operand into a scratch array, then multiplies: the replay makes
+    # its own copy each call; the LSTM/GRU cells are learned from their one launch
+    torch.manual_seed(0)
+    w = torch.randn(6, 40, dtype=torch.float64)
+    wn = w.float().to("neuron")
+    before = _hits()
+    for t in range(5):
+        x = torch.randn(3, 7, 6)
+        got = (x.to("neuron")[:, t, :] @ wn).cpu().double()
+        want = x[:, t, :].double() @ w.float().double()
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert _hits() - before >= 3
+    for cell in (torch.nn.LSTMCell(6, 5), torch.nn.GRUCell(6, 5)):
+        dev = type(cell)(6, 5).to("neuron")
+        dev.load_state_dict(cell.state_dict())
+        before = _hits()
+        for _ in range(3):
+            x = torch.randn(3, 6, requires_grad=True)
+            xn = x.detach().to("neuron").requires_grad_()
+            out, outn = cell(x), dev(xn)
+            out = out[0] if isinstance(out, tuple) else out
+            outn = outn[0] if isinstance(outn, tuple) else outn
+            out.sum().backward()
+            outn.sum().backward()
+            torch.testing.assert_close(outn.cpu(), out, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(xn.grad.cpu(), x.grad, rtol=1e-5, atol=1e-6)
+        assert _hits() - before > 0
