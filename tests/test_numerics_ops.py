@@ -71,3 +71,16 @@ def test_avg_pool_int64_truncates_toward_zero(divisor):
     d = divisor or 12
     want3 = torch.tensor([tdiv(s) for s in sums3.flatten().tolist()]).view(sums3.shape)
     assert torch.equal(got3, want3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.complex64])
+def test_householder_product_without_reflectors_is_identity(dtype):
+    """tau of length 0: Q is the first n columns of the identity, exactly, and the gradient of
+    the input is None, as on the CPU (it raised "cannot reshape array of size 0")."""
+    A = torch.randn(2, 5, 3, dtype=dtype).to("neuron").requires_grad_()
+    tau = torch.empty(2, 0, dtype=dtype).to("neuron")
+    Q = torch.linalg.householder_product(A, tau)
+    assert torch.equal(Q.detach().cpu(), torch.eye(5, 3, dtype=dtype).expand(2, 5, 3))
+    (g,) = torch.autograd.grad(Q, A, torch.randn(2, 5, 3, dtype=dtype).to("neuron"),
+                               allow_unused=True)
+    assert g is None

@@ -91,11 +91,14 @@ def lower_householder_product(func, a, outs):
     if out.numel() == 0:
         return
     k = tau.shape[-1]
-    q = f64(A)
-    t64 = f64(tau)
-    if q.dtype != t64.dtype:
+    if A.is_complex() != tau.is_complex():
         raise RuntimeError(f"torch.linalg.householder_product: input and tau must have the same "
                            f"dtype, got {A.dtype} and {tau.dtype}")
+    if k == 0:   # no reflectors: the first n columns of the identity
+        _identity_into(out)
+        return
+    q = f64(A)
+    t64 = f64(tau)
     run("zungqr" if q.dtype == C128 else "orgqr", (b3(q), t64.numpy().reshape(-1, k)),
         flops=4.0 * q.numel() * k)
     put(q, out)
