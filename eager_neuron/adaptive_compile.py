@@ -36,15 +36,24 @@ COUNTERS = {"queued": 0, "built": 0, "failed": 0}
 
 
 def stand_ins(args: tuple) -> tuple:
-    """Arrays of the same Numba type as `args` (dtype, rank 1, C or strided layout) and the same
-    scalars: what the compiler types the kernel for, detached from device memory."""
+    """Arrays of the same Numba type as `args` (dtype, rank, C, F or strided layout) and the same
+    scalars: what the compiler types the kernel for, detached from device memory.
+
+    >>> [a.ndim for a in stand_ins((np.zeros((3, 4)), np.zeros((3, 4)).T))]
+    [2, 2]
+    """
     out = []
     for a in args:
         if type(a) is np.ndarray:
+            # the rank and layout Numba types the array by (a call's matmul operands are 2-D
+            # or 3-D, C, F or strided); a 0-d array is C-contiguous
+            shape = (2,) * a.ndim
             if a.flags.c_contiguous:
-                out.append(np.zeros(2, a.dtype))
+                out.append(np.zeros(shape, a.dtype))
+            elif a.flags.f_contiguous:
+                out.append(np.zeros(shape, a.dtype, order="F"))
             else:
-                out.append(np.zeros(4, a.dtype)[::2])
+                out.append(np.zeros((4,) * a.ndim, a.dtype)[(slice(None, None, 2),) * a.ndim])
         else:
             out.append(a)
     return tuple(out)

@@ -185,3 +185,26 @@ def test_a_changed_operand_layout_does_not_replay_a_call():
     # (BLAS rounds the two layouts differently: each equals plain eager's own)
     torch.testing.assert_close(got_t, plain_t, rtol=0, atol=0)
     torch.testing.assert_close(got_c, plain_c, rtol=0, atol=0)
+
+
+def test_background_build_of_a_group_with_calls_types_its_nd_arguments():
+    # the background compiler types the kernel on stand-ins of the arguments: a call's 2-D C
+    # and F operands must keep their rank and layout (a rank-1 stand-in fails to build and the
+    # group would run op by op for ever)
+    from eager_neuron import adaptive_compile as bg
+
+    torch.manual_seed(7)
+    x, w = torch.randn(6, 5, device="neuron"), torch.randn(3, 5, device="neuron")
+    want = ((x.cpu() @ w.cpu().t()) * 3.0 - 1.0)
+    _ad.set_compile_mode("background")
+    failed = bg.COUNTERS["failed"]
+    with eager_neuron.adaptive():
+        for _ in range(3):                       # seen twice: queued
+            got = ((x @ w.t()) * 3.0 - 1.0).cpu()
+        assert bg.wait(300)
+        eager_neuron.reset_stats()
+        got = ((x @ w.t()) * 3.0 - 1.0).cpu()
+        s = eager_neuron.stats()
+    assert bg.COUNTERS["failed"] == failed
+    assert s["launches"] == 1 and s["fused_launches"] == 1 and s["fusion_fallbacks"] == 0
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -144,7 +144,7 @@ def _breakdown() -> None:
     print(f"    {'sum of the stages':<28} {parts:6.2f}  (the rest is the runner's own Python)")
 
 
-def _tp_interleaved(fns: dict, repeat: int = 9, clock=time.perf_counter) -> dict:
+def _tp_interleaved(fns: dict, repeat: int = 15, clock=time.perf_counter) -> dict:
     """Median seconds per function, the functions timed in turn within each repetition (so a
     burst of load on this shared machine hits all of them, not one)."""
     for fn in fns.values():
@@ -173,16 +173,17 @@ def _tp_cases():
         return make
 
     return [
+        # issue 14: GELU, sum >= 1.0x, mm >= 0.95x, every other row kept >= 1.0x
         ("add 4M", vec(torch.add, n, n), "T", 1.0),
         ("gelu 4M", vec(F.gelu, n), "T", 1.0),
-        ("gelu tanh 4M", vec(lambda x: F.gelu(x, approximate="tanh"), n), "T", None),
+        ("gelu tanh 4M", vec(lambda x: F.gelu(x, approximate="tanh"), n), "T", 1.0),
         ("sum 4M", vec(torch.sum, n), 1, 1.0),
         ("mm 1024^2", vec(torch.mm, (1024, 1024), (1024, 1024)), "T", 0.95),
-        ("mean 4M", vec(torch.mean, n), 1, None),
-        ("amax 4M", vec(torch.amax, n), "T", None),
-        ("sum(1) 2048^2", vec(lambda x: x.sum(1), (2048, 2048)), "T", None),
-        ("sum(0) 2048^2", vec(lambda x: x.sum(0), (2048, 2048)), "T", None),
-        ("softmax(-1) 4096x1024", vec(lambda x: x.softmax(-1), (4096, 1024)), "T", None),
+        ("mean 4M", vec(torch.mean, n), 1, 1.0),
+        ("amax 4M", vec(torch.amax, n), "T", 1.0),
+        ("sum(1) 2048^2", vec(lambda x: x.sum(1), (2048, 2048)), "T", 1.0),
+        ("sum(0) 2048^2", vec(lambda x: x.sum(0), (2048, 2048)), "T", 1.0),
+        ("softmax(-1) 4096x1024", vec(lambda x: x.softmax(-1), (4096, 1024)), "T", 1.0),
     ]
 
 
@@ -201,7 +202,7 @@ def throughput() -> None:
     default = torch.get_num_threads()
     features = os.environ.get("NUMBA_CPU_FEATURES", "")
     width = 512 if "-prefer-256-bit" in features else "LLVM's default"
-    print(f"== throughput vs torch CPU eager (medians of 9, interleaved; load "
+    print(f"== throughput vs torch CPU eager (medians of 15, interleaved; load "
           f"{os.getloadavg()[0]:.1f}; vector width {width}) ==")
     cases = _tp_cases()
     made = {name: (make("cpu"), make("neuron")) for name, make, _t, _g in cases}
@@ -269,6 +270,11 @@ def adaptive_bench() -> None:
             step = _step_fn(make, batch)
             step()
             step()  # warm: compile once, state initialised
+            if mode:   # adaptive: the fused kernels queued by the warm steps finish building
+                from eager_neuron import adaptive_compile
+
+                adaptive_compile.wait(300)
+                step()
             eager_neuron.reset_stats()
             from eager_neuron.simulator import SIM
             t_dev0 = SIM.device_time_us()
