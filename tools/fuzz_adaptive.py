@@ -1,4 +1,6 @@
 """Randomized differential test of adaptive eager: CPU vs plain neuron vs adaptive neuron.
+(Over 500 lines on purpose: a standalone script whose generator and executor are two halves of
+one step vocabulary, read side by side.)
 
 A program is a list of steps over a few base tensors: random views (step slices, transposes,
 as_strided, expands for reads), functional, in-place and out= ops, host copies, 0-d CPU operands
