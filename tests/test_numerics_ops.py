@@ -84,3 +84,18 @@ def test_householder_product_without_reflectors_is_identity(dtype):
     (g,) = torch.autograd.grad(Q, A, torch.randn(2, 5, 3, dtype=dtype).to("neuron"),
                                allow_unused=True)
     assert g is None
+
+
+def test_scatter_with_empty_index_of_more_dims():
+    """An empty index with more dims than self (gather's backward of such an index) scatters
+    nothing: self is returned exactly (it raised "Dimension out of range")."""
+    s = torch.randn(5)
+    idx = torch.empty(2, 0, dtype=torch.long).to("neuron")
+    src = torch.empty(2, 0).to("neuron")
+    assert torch.equal(s.to("neuron").scatter_add(0, idx, src).cpu(), s)
+    assert torch.equal(s.to("neuron").scatter(0, idx, 2.0).cpu(), s)
+    x = s.to("neuron").requires_grad_()
+    out = torch.gather(x, 0, idx)
+    assert out.shape == (2, 0)
+    (g,) = torch.autograd.grad(out, x, torch.empty(2, 0).to("neuron"))
+    assert torch.equal(g.cpu(), torch.zeros(5))

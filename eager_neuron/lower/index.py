@@ -323,6 +323,14 @@ def _scatter(op: str, a, outs, reduce=None, include_self=True):
         raise NotImplementedError("scatter with src of another dtype")
     if index.numel():   # the CPU accepts an empty index of any integer dtype
         _int_index(index, op)
+    elif index.dim() > max(out.dim(), 1):
+        # an empty index may have more dims than self (gather's backward of an empty index):
+        # nothing is scattered, out is self
+        if out is not self and out.numel():
+            from .cast import cast as copy_into
+
+            copy_into(self, out)
+        return
     out1, index1 = _at_least_1d(out, index)
     dim = _dim(a, out1)
     copy = out is not self
