@@ -21,6 +21,7 @@ from .rows import find_regions, split_var_mean
 from .rowstep import RowStep
 from .stats import CSTATS
 
+aten = torch.ops.aten
 _PARALLEL_MIN = 1 << 18
 
 
@@ -126,6 +127,20 @@ class FusedStep:
                     static = tuple(int(s) for s in val.shape)
                 self.out_meta.append((j, node, val.dtype, val.device.index or 0, src, static))
         self.nodes += [cp for _, _, cp in self.absorbed]   # (an eager rerun copies)
+        # run-time work found once: the buffers whose size must equal their loop's, the
+        # scalars known now (converted) and those read from the environment
+        checks = []
+        for size_buf, loop_nodes in self.spec[0]:
+            for node in loop_nodes:
+                for kind, ref in node[3]:
+                    if kind == "buf" and ref != size_buf and (size_buf, ref) not in checks:
+                        checks.append((size_buf, ref))
+        self.size_checks = tuple(checks)
+        self.const_scalars = tuple(None if isinstance(a, Node) else _scalar(a)
+                                   for a in self.scalar_args)
+        self.node_scalars = tuple((i, a) for i, a in enumerate(self.scalar_args)
+                                  if isinstance(a, Node))
+        self.renders: dict = {}
         self.n_nodes = len(members)
         self.stores = [node for kind, node in bufs if kind == "out"]
         self.ops = sorted({el.op for el in members})
@@ -203,6 +218,7 @@ class Program:
             if i < len(self.steps) and n.op not in ("placeholder", "get_attr"):
                 frees[i].append(n)
         self.frees = frees
+        self.loaders = {x: _loader(x) for k, x in self.steps if k == "node"}
         self.n_kernels = sum(1 for k, _ in self.steps if k in ("fused", "rows"))
         CSTATS.graphs_compiled += 1
         CSTATS.kernels_per_graph.append(self.n_kernels)
@@ -225,13 +241,20 @@ class Program:
         for p, a in zip(self.placeholders, args):
             env[p] = a
         CSTATS.graph_launches += 1
+        # views skip dispatch only when no dispatch mode (a profiler's, a tracer's) must see them
+        direct = torch._C._len_torch_dispatch_stack() == 0 and \
+            torch._C._get_dispatch_mode(_FAKE) is None
         for (kind, x), frees in zip(self.steps, self.frees):
             if kind == "fused":
                 _run_fused(x, env)
             elif kind == "rows":
                 _run_rows(x, env)
             else:
-                _run_node(x, env)
+                loader = self.loaders.get(x)
+                if loader is None:
+                    _run_node(x, env)
+                elif not (direct and x.target in _VIEWS and _run_view(x, env, loader)):
+                    _run_node(x, env, loader)
             for n in frees:
                 env.pop(n, None)
         out = self.output.args[0]
@@ -283,9 +306,70 @@ def _hop_impl(t):
     return t
 
 
-def _run_node(node: Node, env: dict) -> None:
-    args = _load(node.args, env)
-    kwargs = _load(node.kwargs, env)
+def _loader(node: Node):
+    """env -> (args, kwargs) of one node, with the positions of its operands found once (the
+    generic walk over every argument cost ~10 us per node and run)."""
+    args, kwargs = node.args, node.kwargs
+    nested = (list, tuple, dict)
+    if any(isinstance(a, nested) for a in args) or any(
+            isinstance(v, nested) for v in kwargs.values()):
+        return lambda env: (_load(args, env), _load(kwargs, env))
+    base = list(args)
+    pos = [(i, a) for i, a in enumerate(args) if isinstance(a, Node)]
+    kbase = dict(kwargs)
+    kpos = [(k, v) for k, v in kwargs.items() if isinstance(v, Node)]
+
+    def load(env):
+        a = base.copy()
+        for i, n in pos:
+            a[i] = env[n]
+        if not kpos:
+            return a, kbase
+        kw = dict(kbase)
+        for k, n in kpos:
+            kw[k] = env[n]
+        return a, kw
+    return load
+
+
+_FAKE = torch._C._TorchDispatchModeKey.FAKE
+# aten views whose result on a neuron tensor is the same view of its host data, on the same
+# memory block (what dispatch's view path computes, without the dispatcher round trip)
+_VIEWS = frozenset({
+    aten.view.default, aten._unsafe_view.default, aten.t.default, aten.transpose.int,
+    aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default,
+    aten.expand.default, aten.slice.Tensor, aten.permute.default, aten.select.int,
+    aten.detach.default, aten.alias.default, aten.as_strided.default,
+})
+
+
+def _run_view(node: Node, env: dict, loader) -> bool:
+    """A view of a neuron tensor, straight from its host data; False: take the dispatch path
+    (another operand kind, or a view the host tensor refuses: dispatch raises the error)."""
+    from ..tensor import NeuronTensor
+
+    args, kwargs = loader(env)
+    base = args[0] if args else None
+    if type(base) is not NeuronTensor:
+        return False
+    data = base._data
+    if data.is_conj() or data.is_neg():
+        return False
+    try:
+        out = node.target(data, *args[1:], **kwargs)
+    except Exception:    # (dispatch gives the error its neuron form)
+        return False
+    env[node] = NeuronTensor(out, base._block, base._index)
+    CSTATS.graph_views += 1
+    return True
+
+
+def _run_node(node: Node, env: dict, loader=None) -> None:
+    if loader is None:
+        args = _load(node.args, env)
+        kwargs = _load(node.kwargs, env)
+    else:
+        args, kwargs = loader(env)
     t = node.target
     if isinstance(t, torch._ops.HigherOrderOperator):
         CSTATS.eager_ops[f"higher_order.{t._name}"] += 1
@@ -327,6 +411,17 @@ def _alloc(shape, dtype, index):
     return wrap(data, block, index)
 
 
+def _scalar(v):
+    """A kernel scalar argument as Numba takes it."""
+    if isinstance(v, torch.Tensor):   # a CPU scalar tensor operand
+        return v.item()
+    if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return v.node.pytype(v)
+    if isinstance(v, bool) or v is None:
+        return bool(v)
+    return v
+
+
 def _run_fused(step: FusedStep, env: dict) -> None:
     from ..adaptive import MODULE as adaptive
     from ..kernels import compile as kc
@@ -354,32 +449,26 @@ def _run_fused(step: FusedStep, env: dict) -> None:
             outs[node] = t
             args[j] = t._data.numpy().reshape(-1)
         # every flat buffer of a loop must have the loop's size (dynamic shapes: checked here)
-        for size_buf, nodes in step.spec[0]:
-            n = args[size_buf].shape[0]
-            for node in nodes:
-                for kind, ref in node[3]:
-                    if kind == "buf" and args[ref].shape[0] != n:
-                        ok = False
+        for size_buf, ref in step.size_checks:
+            if args[ref].shape[0] != args[size_buf].shape[0]:
+                ok = False
+                break
     if not ok:
         CSTATS.group_fallbacks["operand layout at run time"] += 1
         for node in step.nodes:
             _run_node(node, env)
         return
-    scalars = []
-    for a in step.scalar_args:
-        v = env[a] if isinstance(a, Node) else a
-        if isinstance(v, torch.Tensor):   # a CPU scalar tensor operand
-            v = v.item()
-        elif isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-            v = v.node.pytype(v)
-        elif isinstance(v, bool) or v is None:
-            v = bool(v)
-        scalars.append(v)
+    scalars = list(step.const_scalars)
+    for i, a in step.node_scalars:
+        scalars[i] = _scalar(env[a])
     numel = max(args[lp[0]].shape[0] for lp in step.spec[0])
     parallel = numel >= _PARALLEL_MIN and kc.parallel_allowed()
     nbytes = float(sum(a.nbytes for a in args))
+    render = step.renders.get(parallel)
+    if render is None:
+        render = step.renders[parallel] = _renderer(step.spec, parallel)
     try:
-        launch(("fused", step.spec, parallel), _renderer(step.spec, parallel),
+        launch(("fused", step.spec, parallel), render,
                (*args, *scalars), flops=float(numel * step.n_nodes), bytes_moved=nbytes,
                engine="vector", extra={"group_ops": step.n_nodes, "graph": True,
                                        "graph_ops": step.ops, "source_lines": step.lines})

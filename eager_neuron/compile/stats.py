@@ -16,6 +16,7 @@ class CompileStats:
         self.fused_kernel_launches = 0
         self.fused_nodes = 0              # aten nodes that ran inside fused kernels
         self.row_kernel_launches = 0      # of which row-region kernels (reductions, matmuls)
+        self.graph_views = 0              # views made from host data, without dispatch
         self.eager_ops: Counter = Counter()        # op name -> eager calls inside graphs
         self.graph_fallbacks: Counter = Counter()  # reason -> graphs run entirely in eager
         self.group_fallbacks: Counter = Counter()  # reason -> fused groups run op by op
@@ -28,6 +29,7 @@ class CompileStats:
             "fused_kernel_launches": self.fused_kernel_launches,
             "fused_nodes": self.fused_nodes,
             "row_kernel_launches": self.row_kernel_launches,
+            "graph_views": self.graph_views,
             "graph_eager_ops": dict(self.eager_ops),
             "graph_fallbacks": dict(self.graph_fallbacks),
             "group_fallbacks": dict(self.group_fallbacks),
