@@ -46,8 +46,8 @@ def _stepper(model, loss, device, compiled):
             # does): off, so that compiled and eager steps are comparable
             sub.p = 0.0
         if getattr(getattr(sub, "config", None), "use_cache", None):
-            # training needs no KV cache (HF's DynamicCache starts from torch.tensor([]) on
-            # the device, which dynamo cannot trace on neuron yet: see docs/COMPILE.md)
+            # training needs no KV cache (a compiled DynamicCache works: it would only add
+            # its per-layer tensors to every step of both sides)
             sub.config.use_cache = False
     opt = torch.optim.AdamW(m.parameters(), lr=1e-2, eps=1e-4)
 
