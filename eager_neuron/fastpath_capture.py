@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from numpy.lib.stride_tricks import as_strided as _as_strided
 
 from .fastpath import (
     MISS,
@@ -258,6 +259,12 @@ def _array_expr(x: np.ndarray, sources: list, ns: dict, tag: str):
         if ptr == bptr and x.shape == base.shape and x.strides == base.strides:
             return expr
         if not base.flags.c_contiguous:
+            blo, bhi = _span(base)
+            if ptr == bptr and blo <= lo and hi <= bhi and x.size:
+                # a strided operand re-viewed by the lowering from its first element (dims
+                # coalesced, a broadcast dim added): the same view of this call's operand
+                ns.update({f"SH{tag}": x.shape, f"ST{tag}": x.strides, "as_strided": _as_strided})
+                return f"as_strided({expr}, SH{tag}, ST{tag})"
             continue
         blo, bhi = _span(base)
         if ptr == bptr and x.flags.c_contiguous and x.size == base.size:

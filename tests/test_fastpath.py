@@ -438,3 +438,20 @@ def test_strided_matmul_operand_and_rnn_cells_replay_equal_float64():
             torch.testing.assert_close(outn.cpu(), out, rtol=1e-5, atol=1e-6)
             torch.testing.assert_close(xn.grad.cpu(), x.grad, rtol=1e-5, atol=1e-6)
         assert _hits() - before > 0
+
+
+def test_strided_and_expanded_elementwise_operands_replay_equal_cpu():
+    # the lowering re-views a sliced or broadcast operand (coalesced dims, stride 0): the
+    # replay takes the same view of this call's operand
+    before = _hits()
+    for _ in range(4):
+        y = torch.randn(2, 2, 8, 16)
+        x = torch.randn(2, 8, 1)
+        yn, xn = y.to("neuron"), x.to("neuron")
+        assert torch.equal((-yn[..., 8:]).cpu(), -y[..., 8:])
+        assert torch.equal((xn.expand(2, 8, 64) / 64).cpu(), x.expand(2, 8, 64) / 64)
+        z = yn[..., 8:]
+        z.mul_(3.0)
+        y[..., 8:].mul_(3.0)
+        assert torch.equal(yn.cpu(), y)
+    assert _hits() - before >= 6
