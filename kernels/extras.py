@@ -244,8 +244,29 @@ def eig_complex(a, w, v, status):
         status[b] = 0
 """
 
+# unique_consecutive along a dim: rows keep their order, a group starts where a row differs
+# from the one before it (NaN never equals: as the CPU's slice comparison)
+_UNIQUE_ROWS_CONSECUTIVE = """\
+def unique_rows_consecutive(x, perm, group, res):
+    n = x.shape[0]
+    g = -1
+    for i in range(n):
+        perm[i] = i
+        new = i == 0
+        if not new:
+            for k in range(x.shape[1]):
+                if x[i, k] != x[i - 1, k]:
+                    new = True
+                    break
+        if new:
+            g += 1
+        group[i] = g
+    res[0] = g + 1
+"""
+
 _SOURCES = {"repeat_count": _REPEAT_COUNT, "repeat_fill": _REPEAT_FILL,
             "unique_rows": _UNIQUE_ROWS, "unique_rows_fill": _UNIQUE_FILL,
+            "unique_rows_consecutive": _UNIQUE_ROWS_CONSECUTIVE,
             "hdd_minmax": _HDD_MINMAX, "hdd_edges": _HDD_EDGES, "hdd_count": _HDD_COUNT}
 
 

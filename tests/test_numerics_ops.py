@@ -99,3 +99,48 @@ def test_scatter_with_empty_index_of_more_dims():
     assert out.shape == (2, 0)
     (g,) = torch.autograd.grad(out, x, torch.empty(2, 0).to("neuron"))
     assert torch.equal(g.cpu(), torch.zeros(5))
+
+
+def _runs(rows: list) -> tuple:
+    """Reference unique_consecutive over a list of rows: (values, inverse, counts)."""
+    values, inverse, counts = [], [], []
+    for r in rows:
+        if not values or r != values[-1] or any(v != v for v in r):   # NaN never equals
+            values.append(r)
+            counts.append(0)
+        inverse.append(len(values) - 1)
+        counts[-1] += 1
+    return values, inverse, counts
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_unique_consecutive_along_a_dim(dtype, dim):
+    """unique_consecutive with a dim runs on the device (it was the CPU fallback): runs of equal
+    slices collapse in order; inverse and counts are returned as ATen's dim path does."""
+    torch.manual_seed(0)
+    x = torch.randint(0, 2, (6, 3)).to(dtype)
+    x[1] = x[0]
+    x[4] = x[3]
+    before = _fallbacks()
+    v, inv, cnt = torch.ops.aten.unique_consecutive(x.to("neuron"), False, False, dim)
+    assert _fallbacks() == before
+    moved = x.movedim(dim, 0)
+    vals, rinv, rcnt = _runs([r.tolist() for r in moved])
+    assert torch.equal(v.cpu(), torch.tensor(vals, dtype=dtype).reshape(
+        (len(vals),) + tuple(moved.shape[1:])).movedim(0, dim))
+    assert inv.cpu().tolist() == rinv and cnt.cpu().tolist() == rcnt
+
+
+def test_unique_consecutive_1d_dims():
+    """dim=0 of a 1-d tensor takes the flat path (no inverse/counts unless asked), dim=-1 the
+    dim path (both returned); NaNs stay distinct."""
+    x = torch.tensor([1.0, 1.0, float("nan"), float("nan"), 2.0, 1.0])
+    vals, rinv, rcnt = _runs([[v] for v in x.tolist()])
+    want = torch.tensor([v[0] for v in vals])
+    v, inv, cnt = torch.ops.aten.unique_consecutive(x.to("neuron"), False, False, 0)
+    assert torch.allclose(v.cpu(), want, equal_nan=True, rtol=0, atol=0)
+    assert inv.numel() == 0 and cnt.numel() == 0
+    v, inv, cnt = torch.ops.aten.unique_consecutive(x.to("neuron"), False, False, -1)
+    assert torch.allclose(v.cpu(), want, equal_nan=True, rtol=0, atol=0)
+    assert inv.cpu().tolist() == rinv and cnt.cpu().tolist() == rcnt

@@ -58,6 +58,12 @@ def dynamic_repeat_interleave(func, a, index=-1):
 
 
 def dynamic_unique_dim(func, a, index=-1):
+    return unique_along(a, index, consecutive=False)
+
+
+def unique_along(a, index, consecutive: bool) -> list:
+    """unique_dim, or unique_consecutive with a dim (`consecutive`: only runs of equal slices
+    collapse, in their order): [(values, block), (inverse, block), (counts, block)]."""
     from .cast import cast
 
     x, dim = a["self"], a["dim"]
@@ -81,7 +87,11 @@ def dynamic_unique_dim(func, a, index=-1):
     xr = rows.numpy().reshape(n, m)
     perm, tmp, group = (np.empty(n, np.int64) for _ in range(3))
     res = np.zeros(1, np.int64)
-    if n:
+    if n and consecutive:
+        launch(("extras", "unique_rows_consecutive", VERSION),
+               lambda: kex.render("unique_rows_consecutive"), (xr, perm, group, res),
+               flops=float(n * m), bytes_moved=float(xr.nbytes))
+    elif n:
         launch(("extras", "unique_rows", VERSION), lambda: kex.render("unique_rows"),
                (xr, perm, tmp, group, res), flops=float(n * max(1, np.log2(max(n, 2))) * m),
                bytes_moved=float(xr.nbytes * 2))

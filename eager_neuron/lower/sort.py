@@ -234,8 +234,12 @@ def dynamic_unique(func, a, index=-1):
 
 
 def dynamic_unique_consecutive(func, a, index=-1):
-    if a["dim"] is not None:
-        raise NotImplementedError("unique_consecutive along a dim")
+    # ATen takes the flat path for dim=0 of a 1-d tensor (inverse and counts only on request),
+    # not for dim=-1
+    if a["dim"] is not None and not (a["dim"] == 0 and a["self"].dim() == 1):
+        from .extras import unique_along
+
+        return unique_along(a, index, consecutive=True)
     return unique_flat(func, a["self"], index, consecutive=True,
                        want_inv=bool(a["return_inverse"]), want_counts=bool(a["return_counts"]))
 
