@@ -15,6 +15,7 @@ True
 from __future__ import annotations
 
 from .elementwise import kernel_name
+from .grid_sample import _ROUND
 
 HEADER = '@njit(error_model="numpy", nogil=True{extra})\n'
 
@@ -64,10 +65,10 @@ _TAPS = {
     if r < 0:
         r = {T}(0)
     i0 = min(int(math.floor(r)), isize - 1)
-    l1 = min(max(r - {T}(i0), {T}(0)), {T}(1))
+    l1 = _r(min(max(r - {T}(i0), {T}(0)), {T}(1)))
     idx[0] = i0
     idx[1] = i0 + 1 if i0 < isize - 1 else i0
-    wt[0] = {T}(1) - l1
+    wt[0] = _r({T}(1) - l1)
     wt[1] = l1
 """,
     # get_cubic_upsample_coefficients (A = -0.75), taps at floor(r) - 1 .. + 2, clamped
@@ -86,6 +87,7 @@ _TAPS = {
     wt[3] = ((a * x3 - {T}(5) * a) * x3 + {T}(8) * a) * x3 - {T}(4) * a
     for k in range(4):
         idx[k] = min(max(int(f) - 1 + k, 0), isize - 1)
+        wt[k] = _r(wt[k])
 """,
     # antialiased linear (_compute_indices_min_size_weights_aa): a triangle filter stretched
     # by the scale when downsampling, weights normalized to sum 1; unused taps weigh 0
@@ -190,8 +192,43 @@ def {name}(out, x, inv_z, inv_h, inv_w, align):
                 out[n, c, 0, oi, oj] = s
 """
 
+# half-type forward (upsample_linear1d / bilinear2d / trilinear3d / bicubic2d): the CPU's
+# cpu_upsample_linear / generic kernels store each axis' weights in the half type, then
+# interpolate in float32, the outermost axis outermost (Interpolate<n>: (sum_w x * ww) * wh ...),
+# and round once
+_GATHER_FORWARD = """\
+def {name}(out, x, inv_z, inv_h, inv_w, align):
+    zi, zw = _table(x.shape[2], out.shape[2], inv_z, align)
+    hi, hw = _table(x.shape[3], out.shape[3], inv_h, align)
+    wi, ww = _table(x.shape[4], out.shape[4], inv_w, align)
+    nz = 1 if x.shape[2] == 1 and out.shape[2] == 1 else zi.shape[1]
+    nh = 1 if x.shape[3] == 1 and out.shape[3] == 1 else hi.shape[1]
+    nw = wi.shape[1]
+    c_ = x.shape[1]
+    for p in {rng}(x.shape[0] * c_):
+        n = p // c_
+        c = p % c_
+        for oz in range(out.shape[2]):
+            for oi in range(out.shape[3]):
+                for oj in range(out.shape[4]):
+                    acc = {T}(0)
+                    for a in range(nz):
+                        sh = {T}(0)
+                        for b in range(nh):
+                            sw = {T}(0)
+                            for e in range(nw):
+                                sw += x[n, c, zi[oz, a], hi[oi, b], wi[oj, e]] * ww[oj, e]
+                            sh += sw * hw[oi, b]
+                        acc += sh * zw[oz, a]
+                    out[n, c, oz, oi, oj] = acc
+"""
+
+# inline: a separately compiled helper's symbol (`_table` plus Numba's per-process counter)
+# can coincide with another cached kernel's in the same process when both come from the disk
+# cache, and the loader then links the first one's body (seen: nearest float64's table read
+# by bicubic float32)
 _TABLE = """\
-@njit
+@njit(inline="always")
 def _table(isize, osize, inv, align):
     width = _width(isize, osize, inv, align)
     idx = np.zeros((osize, width), np.int64)
@@ -208,19 +245,24 @@ def _table(isize, osize, inv, align):
 
 
 def render_upsample_backward(mode: str, T: str, parallel: bool,
-                             forward: bool = False) -> tuple[str, str]:
+                             forward: bool | str = False,
+                             rnd: str | None = None) -> tuple[str, str]:
     """`k(gi, go, inv_z, inv_h, inv_w, align)`: gi (N, C, D, H, W) = the upsample's input
     gradient; inv_* is 1 / scale_factor per axis, or 0 when the sizes define the scale.
     With `forward` (antialiased modes, whose forward has no decomposition): `k(out, x, ...)`
-    the same tables gathered, width pass then height pass as the CPU does."""
-    name = kernel_name("upsample_bw", mode, T, parallel, forward)
+    the same tables gathered, width pass then height pass as the CPU does. forward="gather":
+    the linear/cubic forward of half tensors (float32 arrays holding half values), weights
+    rounded to `rnd` ("bf16"/"f16") as the CPU stores them."""
+    name = kernel_name("upsample_bw", mode, T, parallel, forward) + (f"_{rnd}" if rnd else "")
     taps = TAPS[mode]
     head = HEADER.format(extra=", parallel=True" if parallel else "")
-    helpers = _SCALE.format(T=T) + '@njit(inline="always")\n' + \
+    helpers = _ROUND[rnd] + "\n\n" + _SCALE.format(T=T) + '@njit(inline="always")\n' + \
         "def _taps(o, isize, osize, inv, align, idx, wt):\n" + \
         _TAPS[mode].format(T=T) + "\n\n" + _WIDTH.format(taps=taps, T=T) + \
         _TABLE.format(T=T)
-    if forward:
+    if forward == "gather":
+        body = _GATHER_FORWARD.format(name=name, T=T, rng="prange" if parallel else "range")
+    elif forward:
         body = _AA_FORWARD.format(name=name, T=T, rng="prange" if parallel else "range")
     else:
         body = _UPSAMPLE_BACKWARD.format(name=name, rng="prange" if parallel else "range",

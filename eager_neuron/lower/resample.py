@@ -23,6 +23,43 @@ from .cast import cast
 from .common import NP_TYPE
 from .pool import _FLOAT, PARALLEL_MIN, VERSION, _as5, _np, _numel
 
+UP_VERSION = 3     # bump when kernels/resample.py's upsample source changes
+
+
+def _upsample_half(mode: str, rank: int, half_weights: bool = True):
+    """upsample_linear1d / bilinear2d / trilinear3d / bicubic2d forward on bfloat16/float16
+    (handles_half): the CPU interpolates in float32 and rounds once, with each axis' weights
+    stored in the half type (linear1d, trilinear3d, bicubic2d) or in float32 (bilinear2d:
+    `half_weights` False), measured element by element against the CPU; the decomposition
+    would round every step to the half type. float32/float64: the same kernel (one launch for
+    the decomposition's gathers and blends); other dtypes decline to the decomposition."""
+    scale_names = {1: ("scales",), 2: ("scales_h", "scales_w"),
+                   3: ("scales_d", "scales_h", "scales_w")}[rank]
+
+    def lower(func, a, outs):
+        x, out = a["self"], outs[0]
+        if (x.dtype not in _HALF_RND and x.dtype not in _FLOAT) or out.dtype != x.dtype:
+            raise NotImplementedError(f"upsample {mode}: the decomposition for {x.dtype}")
+        rnd = _HALF_RND.get(x.dtype) if half_weights else None
+        if out.numel() == 0:
+            return
+        inv = [1.0 / s if s is not None and s > 0 else 0.0 for s in
+               (a.get(nm) for nm in scale_names)]
+        inv = [0.0] * (3 - rank) + inv
+        x32, o32 = _f32(x), _scratch(out)
+        parallel = out.numel() >= PARALLEL_MIN and kc.parallel_allowed()
+        T = NP_TYPE[o32.dtype]
+        taps = kresample.TAPS[mode] ** rank
+        launch(("resample", "upsample_gather", VERSION, UP_VERSION, mode, T, rnd, parallel),
+               lambda: kresample.render_upsample_backward(mode, T, parallel, "gather", rnd),
+               (_np(_as5(o32, rank)), _np(_as5(x32, rank))) + tuple(inv) +
+               (bool(a.get("align_corners") or False),),
+               flops=2.0 * out.numel() * taps, bytes_moved=_numel(x, out) * x.element_size(),
+               engine="vector")
+        _put(o32, out)
+    lower.handles_half = True
+    return lower
+
 
 def _upsample_backward(mode: str, rank: int):
     scale_names = {1: ("scales",), 2: ("scales_h", "scales_w"),
@@ -40,7 +77,7 @@ def _upsample_backward(mode: str, rank: int):
         inv = [0.0] * (3 - rank) + inv
         T = NP_TYPE[gi.dtype]
         parallel = go.numel() >= PARALLEL_MIN and kc.parallel_allowed()
-        key = ("resample", "upsample_backward", VERSION, mode, T, parallel)
+        key = ("resample", "upsample_backward", VERSION, UP_VERSION, mode, T, parallel)
         taps = kresample.TAPS[mode] ** rank
         launch(key, lambda: kresample.render_upsample_backward(mode, T, parallel),
                (_np(_as5(gi, rank)), _np(_as5(go, rank))) + tuple(inv) +
@@ -61,7 +98,7 @@ def lower_upsample_aa(func, a, outs):
                    (a["scales_h"], a["scales_w"])]
     T = NP_TYPE[x.dtype]
     parallel = out.numel() >= PARALLEL_MIN and kc.parallel_allowed()
-    launch(("resample", "upsample_aa", VERSION, T, parallel),
+    launch(("resample", "upsample_aa", VERSION, UP_VERSION, T, parallel),
            lambda: kresample.render_upsample_backward("aa_linear", T, parallel, forward=True),
            (_np(_as5(out, 2)), _np(_as5(x, 2))) + tuple(inv) + (bool(a["align_corners"]),),
            flops=4.0 * (out.numel() + x.numel()), engine="vector",
@@ -201,6 +238,10 @@ for _r in (1, 2, 3):
         f"aten::replication_pad{_r}d_backward": _replication_pad_backward(_r),
     })
 LOWERINGS.update({
+    "aten::upsample_linear1d": _upsample_half("linear", 1),
+    "aten::upsample_bilinear2d": _upsample_half("linear", 2, half_weights=False),
+    "aten::upsample_trilinear3d": _upsample_half("linear", 3),
+    "aten::upsample_bicubic2d": _upsample_half("cubic", 2),
     "aten::upsample_linear1d_backward": _upsample_backward("linear", 1),
     "aten::upsample_bilinear2d_backward": _upsample_backward("linear", 2),
     "aten::upsample_trilinear3d_backward": _upsample_backward("linear", 3),

@@ -1,0 +1,76 @@
+"""Half-precision upsampling (linear, bilinear, trilinear, bicubic) forward: one float32
+interpolation rounded once to the half type, per-axis weights stored in the half type where
+the CPU stores them so (lower/resample.py `_upsample_half`). Judged against float64 with
+dtype-derived bounds, and the weight rounding against a Python model of the 1-d case.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+import eager_neuron  # noqa: F401 - registers the device
+
+F = torch.nn.functional
+EPS = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
+CASES = (("linear", (2, 3, 7)), ("bilinear", (2, 3, 5, 7)), ("bicubic", (2, 3, 5, 7)),
+         ("trilinear", (1, 2, 4, 5, 6)))
+
+
+@pytest.mark.parametrize("dt,mode,shape", [(d, m, s) for d in EPS for m, s in CASES])
+def test_half_upsample_within_float64_bound(dt, mode, shape):
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(shape, generator=g) * 3).to(dt)
+    rank = len(shape) - 2
+    # each tap weight carries <= 1 rounding (|w| sums to <= 1.25 per axis for cubic), plus
+    # the final rounding of the result
+    for align, kw in itertools.product((False, True), ({"scale_factor": 1.7},
+                                                       {"size": (11,) * rank},
+                                                       {"scale_factor": 0.6})):
+        if mode == "bicubic" and align is False and "size" in kw:
+            x = x.contiguous(memory_format=torch.channels_last)
+        ours = F.interpolate(x.to("neuron"), mode=mode, align_corners=align, **kw).cpu()
+        assert ours.dtype == dt
+        ref = F.interpolate(x.double(), mode=mode, align_corners=align, **kw)
+        bound = 2 * rank * 1.25 ** rank * EPS[dt] * x.double().abs().max() + \
+            EPS[dt] * ref.abs()
+        err = (ours.double() - ref).abs()
+        assert (err <= bound).all(), (mode, align, kw, err.max().item())
+
+
+def _r(v: float, dt) -> float:
+    return float(torch.tensor(v, dtype=torch.float32).to(dt))
+
+
+@pytest.mark.parametrize("dt", list(EPS))
+def test_half_linear1d_weights_in_half_type(dt):
+    """out[o] = x[i0] * w0 + x[i1] * w1 in float32, w1 = half(frac), w0 = half(1 - w1)."""
+    x = (torch.randn(1, 1, 9, generator=torch.Generator().manual_seed(2)) * 3).to(dt)
+    osize = 23
+    ours = F.interpolate(x.to("neuron"), size=osize, mode="linear").cpu()
+    scale = torch.tensor(9 / osize, dtype=torch.float32)
+    v = x.float().flatten()
+    want = []
+    for o in range(osize):
+        src = float(scale * (torch.tensor(o, dtype=torch.float32) + 0.5) - 0.5)
+        src = max(src, 0.0)
+        i0 = min(math.floor(src), 8)
+        i1 = i0 + 1 if i0 < 8 else i0
+        w1 = _r(min(max(src - i0, 0.0), 1.0), dt)
+        w0 = _r(1.0 - w1, dt)
+        acc = torch.tensor(float(v[i0]) * w0, dtype=torch.float32) + \
+            torch.tensor(float(v[i1]) * w1, dtype=torch.float32)
+        want.append(float(acc))
+    assert torch.equal(ours.flatten(), torch.tensor(want).to(dt))
+
+
+def test_half_upsample_backward_still_runs():
+    x = torch.randn(1, 2, 4, 5).to(torch.bfloat16)
+    xn = x.to("neuron").requires_grad_()
+    F.interpolate(xn, scale_factor=2, mode="bilinear").float().sum().backward()
+    x64 = x.double().requires_grad_()
+    F.interpolate(x64, scale_factor=2, mode="bilinear").sum().backward()
+    assert torch.allclose(xn.grad.cpu().double(), x64.grad, rtol=2 ** -7, atol=2 ** -7)
