@@ -144,3 +144,17 @@ def test_unique_consecutive_1d_dims():
     v, inv, cnt = torch.ops.aten.unique_consecutive(x.to("neuron"), False, False, -1)
     assert torch.allclose(v.cpu(), want, equal_nan=True, rtol=0, atol=0)
     assert inv.cpu().tolist() == rinv and cnt.cpu().tolist() == rcnt
+
+
+@pytest.mark.parametrize("bins", [1, 4])
+def test_histogram_of_no_data_has_unit_edges(bins):
+    """histogram of an empty tensor without a range: edges linspace(0, 1) as ATen's outer edges
+    start (they were widened around 0 to [-0.5, 0.5]); counts zero, density NaN (0/0)."""
+    x = torch.empty(5, 0, 5).to("neuron")
+    h, e = torch.histogram(x, bins)
+    want = [i / bins for i in range(bins + 1)]
+    assert e.cpu().double().sub(torch.tensor(want, dtype=torch.float64)).abs().max() <= \
+        torch.finfo(torch.float32).eps
+    assert torch.equal(h.cpu(), torch.zeros(bins))
+    h, _ = torch.histogram(x, bins, density=True)
+    assert bool(h.cpu().isnan().all())

@@ -315,7 +315,8 @@ def dynamic_histogram(func, a, index=-1):
     n = x.numel()
     parts = min(torch.get_num_threads(), -(-n // HIST_GRAIN)) if n > HIST_GRAIN else 1
     info = np.zeros(3, np.float64)
-    lo, hi = (float(rng[0]), float(rng[1])) if rng is not None else (0.0, 0.0)
+    # no range and no data: ATen's outer edges start at [0, 1] (then nothing widens them)
+    lo, hi = (float(rng[0]), float(rng[1])) if rng is not None else (0.0, 0.0 if n else 1.0)
     launch(("sort", "histogram"), kso.render_histogram,
            (hist.numpy(), edges.numpy(), flat.numpy(), wf.numpy(), info, lo, hi,
             rng is None, w is not None, bool(a["density"]), max(1, -(-n // parts)), given),
