@@ -60,6 +60,12 @@ CAPTURED = frozenset({
     # nothing, and a call that launched nothing is never learned
     "aten::_thnn_fused_lstm_cell", "aten::_thnn_fused_lstm_cell_backward_impl",
     "aten::_thnn_fused_gru_cell", "aten::_thnn_fused_gru_cell_backward",
+    # index and loss kernels flag a bad index or value in an error array their lowering
+    # checks through launch.checked (replayed on the replay's flags); launch only otherwise
+    "aten::embedding", "aten::embedding_dense_backward", "aten::gather",
+    "aten::nll_loss_forward", "aten::nll_loss_backward", "aten::nll_loss2d_forward",
+    "aten::nll_loss2d_backward", "aten::mse_loss", "aten::mse_loss_backward",
+    "aten::binary_cross_entropy", "aten::binary_cross_entropy_backward",
 })
 
 
@@ -164,6 +170,22 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
             _tag, fn, cargs = entry
             ns[f"H{n}"], ns[f"HA{n}"] = fn, cargs
             lines.append(f"H{n}(*HA{n})")
+            continue
+        if entry[0] == "check":
+            # a host check of a launch's error flags (launch.checked): on this replay's flags
+            _tag, fn, cargs = entry
+            exprs = []
+            for m, x in enumerate(cargs):
+                if isinstance(x, np.ndarray):
+                    e = _array_expr(x, sources, ns, f"{n}_{m}")
+                    if e is None:
+                        return
+                    exprs.append(e)
+                else:
+                    ns[f"C{n}_{m}"] = x
+                    exprs.append(f"C{n}_{m}")
+            ns[f"H{n}"] = fn
+            lines.append(f"H{n}({', '.join(exprs)})")
             continue
         _tag, kernel, kargs, flops, nbytes, engine, dclass, core, snaps, lkey, extra = entry
         if core != index:

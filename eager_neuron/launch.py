@@ -88,6 +88,19 @@ def _build(key: tuple, render: Callable[[], tuple[str, str]], args: tuple):
     return kernel, "compile", seconds
 
 
+def checked(fn: Callable, *args) -> None:
+    """Run `fn(*args)`: a host-side check of what a kernel reported (an out-of-range index in
+    its error-flag array). While the fast path learns the op, the check is recorded so a
+    replay makes it too, on the replay's own flag array (fastpath_capture.py).
+
+    >>> checked(lambda flags: None, [0])
+    """
+    ctx = getattr(_TLS, "ctx", None)
+    if ctx is not None and ctx.capture is not None:
+        ctx.capture.append(("check", fn, args))
+    fn(*args)
+
+
 def launch(key: tuple, render: Callable[[], tuple[str, str]], args: tuple,
            flops: float = 0.0, bytes_moved: float = 0.0, engine: str = "vector",
            dtype_class: str = "fp32", extra: dict | None = None, core: int | None = None,

@@ -455,3 +455,40 @@ def test_strided_and_expanded_elementwise_operands_replay_equal_cpu():
         y[..., 8:].mul_(3.0)
         assert torch.equal(yn.cpu(), y)
     assert _hits() - before >= 6
+
+
+def test_index_and_loss_replays_keep_their_error_checks():
+    # embedding / gather / nll_loss / binary_cross_entropy flag bad input inside the kernel;
+    # the replay checks the flags of its own launch (launch.checked)
+    F = torch.nn.functional
+    torch.manual_seed(0)
+    w = torch.randn(10, 4)
+    wn = w.to("neuron")
+    logp = torch.randn(6, 5).log_softmax(1)
+    lpn = logp.to("neuron")
+    p = torch.rand(6)
+    pn = p.to("neuron")
+    for _ in range(3):
+        idx = torch.randint(0, 10, (3, 2))
+        assert torch.equal(F.embedding(idx.to("neuron"), wn).cpu(), F.embedding(idx, w))
+        tgt = torch.randint(0, 5, (6,))
+        torch.testing.assert_close(F.nll_loss(lpn, tgt.to("neuron")).cpu(),
+                                   F.nll_loss(logp.double(), tgt).float(), rtol=1e-6, atol=1e-7)
+        y = torch.rand(6)
+        torch.testing.assert_close(F.binary_cross_entropy(pn, y.to("neuron")).cpu(),
+                                   F.binary_cross_entropy(p.double(), y.double()).float(),
+                                   rtol=1e-5, atol=1e-6)
+        assert torch.equal(torch.gather(wn, 1, idx[:, :1].to("neuron") % 4).cpu(),
+                           torch.gather(w, 1, idx[:, :1] % 4))
+    aten = torch.ops.aten
+    for op in (aten.embedding.default, aten.nll_loss_forward.default,
+               aten.binary_cross_entropy.default, aten.gather.default):
+        assert op in fastpath.TABLES, op   # learned: the bad calls below meet their runners
+    with pytest.raises(IndexError, match="out of bounds"):
+        F.embedding(torch.tensor([[1, 10], [0, 2], [3, 4]]).to("neuron"), wn)
+    with pytest.raises(IndexError, match="out of bounds"):
+        F.nll_loss(lpn, torch.tensor([0, 1, 2, 3, 4, 7]).to("neuron"))
+    with pytest.raises(RuntimeError, match="between 0 and 1"):
+        F.binary_cross_entropy(pn * 3, torch.rand(6).to("neuron"))
+    with pytest.raises(IndexError, match="out of bounds"):
+        torch.gather(wn, 1, torch.tensor([[0], [1], [9]]).to("neuron"))

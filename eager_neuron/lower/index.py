@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ..kernels import index as kix
-from ..launch import launch
+from ..launch import checked, launch
 from .common import HALF, NP_TYPE, coalesce
 from .mask import (
     core_index,
@@ -39,6 +39,10 @@ from .shape import np_view as _np
 
 
 def _raise_bad(err: np.ndarray, op: str, dims) -> None:
+    checked(_check_bad, err, op, dims)   # the fast path replays the check (launch.checked)
+
+
+def _check_bad(err: np.ndarray, op: str, dims) -> None:
     """Turn a kernel's error record (flag, value, axis, size) into the CPU's IndexError."""
     if err[0]:
         raise IndexError(f"{op}: index {err[1]} is out of bounds for dimension "

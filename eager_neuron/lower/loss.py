@@ -18,7 +18,7 @@ import torch
 
 from ..kernels import loss as kloss
 from ..kernels import reduce as kr
-from ..launch import launch
+from ..launch import checked, launch
 from .common import NP_TYPE, coalesce, strided_np
 from .reduce import F64
 
@@ -49,8 +49,17 @@ def _scalar2(t: torch.Tensor) -> np.ndarray:
 
 
 def _raise_target(err: np.ndarray) -> None:
+    checked(_check_target, err)   # the fast path replays the check (launch.checked)
+
+
+def _check_target(err: np.ndarray) -> None:
     if err[1]:
         raise IndexError(f"Target {int(err[0])} is out of bounds.")
+
+
+def _check_01(err: np.ndarray) -> None:
+    if err[1]:
+        raise RuntimeError("all elements of input should be between 0 and 1")
 
 
 def _weight(w, dtype) -> tuple[np.ndarray, int]:
@@ -156,8 +165,7 @@ def _pointwise(name: str, expr: str, operands: list, out: torch.Tensor, reductio
            bytes_moved=float(sum(t.numel() * t.element_size() for t in operands)
                              + out.numel() * out.element_size()),
            engine="scalar" if "math." in expr else "vector")
-    if err[1]:
-        raise RuntimeError("all elements of input should be between 0 and 1")
+    checked(_check_01, err)
 
 
 def _weights(a, like: torch.Tensor) -> torch.Tensor:
