@@ -97,16 +97,47 @@ def render_bmm(load_a: str, load_b: str, with_self: bool, load_s: str, store: st
     return "\n".join(lines) + "\n", name
 
 
+# log(exp(a) + exp(b)) of complex a, b as the CPU's _log_add_exp_helper: the larger real part
+# factored out, log(1 + exp(min - max)) + max; a -inf real part adds nothing; NaN propagates
+_LOG_ADD_EXP = """\
+import cmath
+
+
+@njit(inline="always")
+def _log_add_exp(a, b):
+    if a.real != a.real or a.imag != a.imag or b.real != b.real or b.imag != b.imag:
+        return complex(math.nan, math.nan)
+    if a.real == -math.inf:
+        return b
+    if b.real == -math.inf:
+        return a
+    mx, mn = (a, b) if a.real >= b.real else (b, a)
+    if mx.real == math.inf:
+        return mx
+    return cmath.log(1.0 + cmath.exp(mn - mx)) + mx
+
+
+"""
+
+
 def render_scan(kind: str) -> tuple[str, str]:
     """Source of `k(x, o)` over x (R, N) complex128: o (R,) the product of each row ("prod"), or
-    o (R, N) its running product ("cumprod"), left to right in complex128."""
+    o (R, N) its running product ("cumprod") or running log-sum-exp ("logcumsumexp"), left to
+    right in complex128."""
     name = kernel_name("cscan", kind)
     store = "o[r] = acc" if kind == "prod" else "o[r, j] = acc"
-    body = (["        acc = np.complex128(1.0)",
-             "        for j in range(x.shape[1]):",
-             "            acc = acc * x[r, j]"]
-            + (["            " + store] if kind == "cumprod" else ["        " + store]))
-    src = ('@njit(error_model="numpy", nogil=True)\n'
+    if kind == "logcumsumexp":
+        body = ["        acc = complex(-math.inf, 0.0)",
+                "        for j in range(x.shape[1]):",
+                "            acc = _log_add_exp(acc, x[r, j])",
+                "            " + store]
+    else:
+        body = (["        acc = np.complex128(1.0)",
+                 "        for j in range(x.shape[1]):",
+                 "            acc = acc * x[r, j]"]
+                + (["            " + store] if kind == "cumprod" else ["        " + store]))
+    src = ((_LOG_ADD_EXP if kind == "logcumsumexp" else "") +
+           '@njit(error_model="numpy", nogil=True)\n'
            f"def {name}(x, o):\n"
            "    for r in range(x.shape[0]):\n" + "\n".join(body) + "\n")
     return src, name

@@ -81,7 +81,8 @@ def run_complex(func, plan, a: dict, outs: list) -> None:
         return plan.lower(func, dict(a, self=mask), outs)
     if base in _red.VARIANCE and is_complex(a.get("self")):
         return _red.variance(base, a, outs)
-    if base in ("aten::prod", "aten::cumprod") and is_complex(a.get("self")):
+    if base in ("aten::prod", "aten::cumprod", "aten::logcumsumexp", "aten::_logcumsumexp") \
+            and is_complex(a.get("self")):
         return _red.prod(base, a, outs[0])
     if base not in OPS and base in SPLIT and _parts.split(func, plan, a, outs):
         return

@@ -88,7 +88,8 @@ def variance(base: str, a: dict, outs: list) -> None:
 
 
 def prod(base: str, a: dict, out: torch.Tensor) -> None:
-    """prod / cumprod of a complex tensor along one dim (or all of it), in complex128."""
+    """prod / cumprod / logcumsumexp of a complex tensor along one dim (or all of it), in
+    complex128."""
     x = a["self"]
     dim = a.get("dim")
     if out.numel() == 0:
@@ -112,7 +113,8 @@ def prod(base: str, a: dict, out: torch.Tensor) -> None:
     else:
         res = torch.empty(x2.shape, dtype=torch.complex128)
         view = res.reshape(moved.shape).movedim(-1, d)
-    launch(("cscan", base, 1), lambda: kcx.render_scan(base.split("::")[1]),
+    kind = base.split("::")[1].lstrip("_")   # prod, cumprod, logcumsumexp
+    launch(("cscan", base, 2), lambda: kcx.render_scan(kind),
            (x2.numpy(), res.numpy()), flops=float(6 * x2.numel()),
            bytes_moved=float(32 * x2.numel()))
     elementwise("aten::_to_copy", {"self": view.reshape(out.shape)}, out)
