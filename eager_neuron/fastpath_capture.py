@@ -66,6 +66,18 @@ CAPTURED = frozenset({
     "aten::nll_loss_forward", "aten::nll_loss_backward", "aten::nll_loss2d_forward",
     "aten::nll_loss2d_backward", "aten::mse_loss", "aten::mse_loss_backward",
     "aten::binary_cross_entropy", "aten::binary_cross_entropy_backward",
+    # convolution, batch norm, pooling (lower/conv.py, norm.py, pool.py): launches on views;
+    # a strided operand's contiguous copy and a half operand's float32 copy are scratch
+    # arrays (replayed only when small: launch.py snapshots <= 256 bytes)
+    "aten::convolution", "aten::convolution_backward",
+    "aten::native_batch_norm", "aten::_native_batch_norm_legit",
+    "aten::_native_batch_norm_legit_no_training", "aten::_batch_norm_with_update",
+    "aten::_batch_norm_no_update", "aten::native_batch_norm_backward",
+    *(f"aten::{op}{r}d{sfx}" for r in (1, 2, 3) for op, sfx in (
+        ("max_pool", "_with_indices"), ("max_pool", "_with_indices_backward"),
+        ("avg_pool", ""), ("avg_pool", "_backward"), ("_adaptive_avg_pool", ""),
+        ("_adaptive_avg_pool", "_backward"), ("adaptive_max_pool", ""),
+        ("adaptive_max_pool", "_backward"))),
 })
 
 

@@ -492,3 +492,46 @@ def test_index_and_loss_replays_keep_their_error_checks():
         F.binary_cross_entropy(pn * 3, torch.rand(6).to("neuron"))
     with pytest.raises(IndexError, match="out of bounds"):
         torch.gather(wn, 1, torch.tensor([[0], [1], [9]]).to("neuron"))
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_conv_norm_pool_replays_equal_float64(layout):
+    # a small CNN's forward and backward, three times with new data on the same shapes: the
+    # second and third run on captured runners and still equal a float64 CPU reference
+    torch.manual_seed(0)
+
+    def net(m, x):
+        y = m[0](x)
+        y = m[1](y)
+        y = F.max_pool2d(y, 2, ceil_mode=True)
+        y = m[2](y)
+        y = F.avg_pool2d(y, 2, count_include_pad=False, padding=1)
+        return F.adaptive_avg_pool2d(y, 1).flatten(1)
+
+    F = torch.nn.functional
+    cpu = torch.nn.ModuleList([torch.nn.Conv2d(3, 4, 3, padding=1, stride=1, groups=1),
+                               torch.nn.BatchNorm2d(4),
+                               torch.nn.ConvTranspose2d(4, 2, 2, stride=1, dilation=2)])
+    dev = torch.nn.ModuleList([torch.nn.Conv2d(3, 4, 3, padding=1),
+                               torch.nn.BatchNorm2d(4),
+                               torch.nn.ConvTranspose2d(4, 2, 2, dilation=2)]).to("neuron")
+    dev.load_state_dict(cpu.state_dict())
+    ref = cpu.double()
+    fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
+    before = _hits()
+    for _ in range(3):
+        x = torch.randn(2, 3, 9, 9).to(memory_format=fmt)
+        xd = x.double().requires_grad_()
+        xn = x.to("neuron").requires_grad_()
+        want = net(ref, xd)
+        got = net(dev, xn)
+        torch.testing.assert_close(got.cpu().double(), want, rtol=1e-4, atol=1e-5)
+        want.square().sum().backward()
+        got.square().sum().backward()
+        torch.testing.assert_close(xn.grad.cpu().double(), xd.grad, rtol=1e-4, atol=1e-5)
+    for a, b in zip(dev.parameters(), ref.parameters()):
+        torch.testing.assert_close(a.grad.cpu().double(), b.grad, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(dev[1].running_var.cpu().double(), ref[1].running_var,
+                               rtol=1e-5, atol=1e-6)
+    assert torch.ops.aten.convolution.default in fastpath.TABLES
+    assert _hits() - before >= 10
