@@ -7,8 +7,9 @@ flags (which inputs/outputs exist, training or not) are static and change the re
 Arrays an op lacks are passed as 1-element dummies so the signature never changes.
 `A` is the compute type (float64 for float32 data: one rounding at the store).
 
->>> src, name = render_softmax(False, 1, "np.float64", "np.float32")
->>> "_vexp(" in src, "math.exp" in render_softmax(False, 1, "np.float64", "np.float64")[0]
+>>> A = "np.float64"
+>>> src, name = render_softmax(False, 1, A, "np.float32")
+>>> "_v_exp_neg(r[j] - m)" in src, "math.exp(" in render_softmax(False, 1, A, A)[0]
 (True, True)
 """
 
@@ -97,7 +98,8 @@ def _sm_sum64(o):
 
 def _softmax_f32(s: _Src, log: bool, ko: int, ix: str) -> str:
     """float32 rows: the max over integer keys, exp(x - max) by the vectorizable _vexp
-    (kernels/vmath.py, 1 ulp, as torch's vectorized expf) into `out` in its own loop, then
+    (kernels/vmath.py `_v_exp_neg`: 1 ulp, as torch's vectorized expf) into `out` in its own
+    loop, then
     summed in float64 (`_sm_sum64`, vectorized under reassoc in its own function); softmax
     rescales by the float32 reciprocal, as torch's CPU kernel. Every loop vectorizes; rows are
     views indexed from 0, so no loop keeps Numba's negative-index wraparound."""
@@ -111,7 +113,8 @@ def _softmax_f32(s: _Src, log: bool, ko: int, ix: str) -> str:
       "    nan |= np.int32((b & np.int32(0x7FFFFFFF)) > np.int32(0x7F800000))",
       "m = _v_float(mk ^ ((mk >> 31) & np.int32(0x7FFFFFFF)))",
       "m = np.float32(np.nan) if nan else m")
-    s("for j in range(r.shape[0]):", "    o[j] = _vexp(r[j] - m)", "t = _sm_sum64(o)")
+    # x - max <= 0 (or NaN): _v_exp_neg, bit for bit _vexp there, with fewer ops
+    s("for j in range(r.shape[0]):", "    o[j] = _v_exp_neg(r[j] - m)", "t = _sm_sum64(o)")
     if log:
         # torch's order: (x - max) - log(sum)
         s("ls = math.log(t)", "for j in range(r.shape[0]):",
