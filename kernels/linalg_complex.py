@@ -20,7 +20,19 @@ True
 
 from __future__ import annotations
 
-from .linalg_helpers import _HELPER, _SWAPS
+from .linalg_helpers import _HELPER, _SWAPS, _SYTF2, _SYTRS
+
+# LAPACK zsytf2 / zsytrs (complex symmetric, not Hermitian: no conjugation): the real
+# Bunch-Kaufman code with zsytf2's pivot measure CABS1(z) = |re z| + |im z| (so pivots equal the
+# CPU's) and complex accumulators
+_CABS1 = _HELPER + """\
+def _cabs1(z):
+    return abs(z.real) + abs(z.imag)
+"""
+_ZSYTF2 = _SYTF2.replace("def _sytf2(", "def _zsytf2(").replace("abs(a[", "_cabs1(a[")
+_ZSYTRS = _SYTRS.replace("def _sytrs(", "def _zsytrs(").replace("s = 0.0", "s = 0j") \
+    .replace("t = 0.0", "t = 0j").replace("def _swap_rows(", "def _zswap_rows(") \
+    .replace("_swap_rows(x,", "_zswap_rows(x,")
 
 _ZGETRF = _HELPER + '''\
 def _zgetrf(x, piv):
@@ -226,6 +238,17 @@ def _zfinite(x):
 
 # name -> (parameters, helpers, body over one batch index b): the complex batch kernels
 KERNELS = {
+    # complex symmetric LDL^T (linalg.ldl_factor/ldl_solve with hermitian=False)
+    "zldl_factor": ("a, piv, info", (_CABS1, _ZSYTF2), """\
+        x = a[b]
+        for i in range(x.shape[0]):
+            for j in range(i + 1, x.shape[1]):
+                x[i, j] = 0.0
+        info[b] = _zsytf2(x, piv[b])
+"""),
+    "zldl_solve": ("ld, piv, x, status", (_ZSYTRS,), """\
+        status[b] = 0 if _zsytrs(ld[b], piv[b], x[b]) else 1
+"""),
     # a (B, m, n) -> LU in place; piv (B, min(m, n)) int32; info (B,) int32
     "zlu_factor": ("a, piv, info", (_ZGETRF,), """\
         info[b] = _zgetrf(a[b], piv[b])
