@@ -42,8 +42,8 @@ JOINABLE = {
     # unless an operand has one element (see joinable)
     "aten::select_scatter": torch.ops.aten.select_scatter.default,
     "aten::slice_scatter": torch.ops.aten.slice_scatter.default,
-    "aten::_to_copy": torch.ops.aten._to_copy.default,
     "aten::clone": torch.ops.aten.clone.default,
+    # (not _to_copy: a host-kind op, its device transfers flush)
 }
 _MATMUL = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"})
 _FLOATS = frozenset({torch.float32, torch.float64})
