@@ -219,7 +219,10 @@ def record_call(name: str, a: dict, outs: list, blocks: dict) -> bool:
         return False
     ctx = getattr(_context._TLS, "ctx", None)
     core = ctx.core if ctx is not None else 0
-    staged = _calls.stage(name, a, outs)
+    try:
+        staged = _calls.stage(name, a, outs)
+    except Exception:  # noqa: BLE001 -- nothing ran: plain eager's path raises it again,
+        return False   # attributed to the user's line (or declined to the CPU fallback)
     if staged is None:
         return False
     if not staged:
