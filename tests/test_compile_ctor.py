@@ -1,5 +1,6 @@
-"""`torch.tensor(data, device="neuron")` inside a compiled region (HF's DynamicCache starts from
-`torch.tensor([])` on the device): traced as a CPU constant moved to the device by the program.
+"""Tensors a compiled program makes without a kernel: `torch.tensor(data, device="neuron")`
+inside a compiled region (HF's DynamicCache starts from `torch.tensor([])` on the device), traced
+as a CPU constant moved to the device by the program; and views, made from the host data.
 """
 
 from __future__ import annotations
@@ -59,3 +60,47 @@ def test_tensor_ctor_under_export():
     x = torch.ones(4, 2, device="neuron")
     ep = torch.export.export(M(), (x,), strict=True)
     assert torch.equal(ep.module()(x).cpu(), torch.tensor([[3.0, 5.0]] * 4))
+
+
+# -- views in a program: made from the host data, without dispatch ----------------------------
+
+def _views(x, w):
+    a = x.t().unsqueeze(0).expand(2, -1, -1)          # t, unsqueeze, expand
+    b = x.view(3, 4)[1:, ::2].permute(1, 0)           # view, slice (step 2), permute
+    c = x.transpose(0, 1).select(1, 2)                 # a strided pick
+    return (a * 2).sum(0) @ w, b + 1, c.detach(), x.view(-1)   # (the last aliases the input)
+
+
+def test_views_in_a_program_equal_eager():
+    x = torch.arange(12, dtype=torch.float32).reshape(4, 3).to("neuron")
+    w = torch.linspace(-1, 1, 8).reshape(4, 2).to("neuron")
+    f = torch.compile(_views, backend="neuron")
+    f(x, w)      # (AOTAutograd's first call runs under its custom-op checking mode: dispatch)
+    before = cstats()["graph_views"]
+    got = f(x, w)
+    want = _views(x, w)
+    assert cstats()["graph_views"] > before
+    for g, e in zip(got, want):
+        assert g.shape == e.shape and g.stride() == e.stride()
+        assert torch.equal(g.cpu(), e.cpu())      # exact: small integers times halves
+    # the aliasing output is a view of the input (AOTAutograd regenerates it from x)
+    assert got[3].data_ptr() == x.data_ptr()
+
+
+def test_views_under_a_dispatch_mode_go_through_dispatch():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = []
+
+    class Log(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    x = torch.arange(6, dtype=torch.float32).reshape(2, 3).to("neuron")
+    f = torch.compile(lambda x: x.t() + 1, backend="neuron")
+    f(x)                                  # compiled outside the mode
+    with Log():
+        out = f(x)
+    assert torch.ops.aten.t.default in seen      # the mode saw the view
+    assert torch.equal(out.cpu(), x.cpu().t() + 1)
