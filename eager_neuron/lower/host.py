@@ -223,8 +223,16 @@ def native_dropout(func, args, kwargs, mode):
         return x.clone(), torch.ones_like(x, dtype=torch.bool)
     if p == 1:
         return x * 0, torch.zeros_like(x, dtype=torch.bool)
-    noise = torch.empty_like(x).bernoulli_(1 - p)
-    noise.div_(1 - p)
+    if type(x) is NeuronTensor:
+        # the mask is drawn and scaled on the host (the CPU's generator and arithmetic, in the
+        # layout empty_like gives x) and sent as one transfer: two device ops fewer than
+        # drawing into a device tensor (bernoulli_ is a host op anyway)
+        host = torch.empty_like(x._data).bernoulli_(1 - p)
+        host.div_(1 - p)
+        noise = to_device(host, x._index)
+    else:
+        noise = torch.empty_like(x).bernoulli_(1 - p)
+        noise.div_(1 - p)
     return x * noise, noise != 0
 
 
