@@ -32,7 +32,9 @@ import torch
 
 from . import launch as _launch
 
-# op name -> its OpOverload (schema names as dispatch's Plan.name spells them)
+# op name -> its OpOverload (schema names as dispatch's Plan.name spells them). A lowering
+# listed here must do all its device work through launch() and read no device memory on the
+# host: no value reads, no launch.checked (an error flag read before the staged kernel ran)
 JOINABLE = {
     "aten::mm": torch.ops.aten.mm.default,
     "aten::addmm": torch.ops.aten.addmm.default,
