@@ -221,3 +221,13 @@ def test_a_lowering_that_refuses_raises_as_plain_and_loses_nothing(adaptive):
         with pytest.raises(RuntimeError, match="broadcast"):
             torch.addmm(bias, y, b)
         assert y.sum().item() == 24.0
+
+
+def test_the_neutral_elementwise_constants_are_the_lowerings():
+    # adaptive eager's flush keys a one-op group with plain eager's key (so it reuses plain's
+    # kernel) from eager_neuron/elementwise_base.py; lower/elementwise.py must agree with it
+    from eager_neuron import elementwise_base as ewb
+    from eager_neuron.lower import elementwise as ew
+
+    assert ew.PRELUDE_ID == ewb.PRELUDE_ID and ew.PARALLEL_MIN == ewb.PARALLEL_MIN
+    assert ew.PRELUDE == ewb.PRELUDE and ew.SPECIAL_PRELUDE == ewb.SPECIAL_PRELUDE
