@@ -145,8 +145,11 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
             continue
         shape, stride, dtype = leaves[i]
         ns.update({f"SHAPE{i}": shape, f"STRIDE{i}": stride, f"DT{i}": dtype})
-        lines += _alloc_lines(ns, out, index, str(i), numpy_ok=False)
-        lines.append(f"O{i} = data{i}.numpy()")
+        alloc = _alloc_lines(ns, out, index, str(i))
+        lines += alloc
+        # the numpy form allocates the array first (np.empty + from_numpy): its full view
+        lines.append(f"O{i} = data_np{i}" if any(ln.startswith((f"data_np{i} =", f"out_np{i} ="))
+                                                for ln in alloc) else f"O{i} = data{i}.numpy()")
         sources.append((f"O{i}", out.numpy()))
     inputs = []
     for i, v in enumerate(args):
@@ -237,11 +240,21 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
                   f"if LH: emit(t0, d, *E{n})"]
     # 3. results, shaped as the op returns them
     results = []
+    from .tensor import DEVICES
+
+    ns.update(make=torch.Tensor._make_wrapper_subclass, DEV=DEVICES[index], STRIDED=torch.strided)
     for i, out in enumerate(outs):
         if not isinstance(out, torch.Tensor):
             results.append(f"R{i}")
+        elif i in written:
+            results.append(f"W{i}")
         else:
-            results.append(f"W{i}" if i in written else f"NT(data{i}, block{i}, IDX)")
+            # the wrapper made directly from the signature's metadata (NeuronTensor.__new__
+            # reads it back from the host view), with its numpy view cached (fastpath.full_np)
+            lines += [f"r{i} = make(NT, SHAPE{i}, STRIDE{i}, 0, None, DT{i}, STRIDED, DEV)",
+                      f"r{i}._data = data{i}", f"r{i}._block = block{i}", f"r{i}._index = IDX",
+                      f"r{i}._npc = (data{i}, O{i}, None)"]
+            results.append(f"r{i}")
     lines.append("F['hits'] += 1")
     if len(results) == 1 and spec.num_leaves == 1 and spec.type is None:
         lines.append(f"return {results[0]}")
