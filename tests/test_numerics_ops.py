@@ -158,3 +158,14 @@ def test_histogram_of_no_data_has_unit_edges(bins):
     assert torch.equal(h.cpu(), torch.zeros(bins))
     h, _ = torch.histogram(x, bins, density=True)
     assert bool(h.cpu().isnan().all())
+
+
+@pytest.mark.parametrize("size", [0, 2, 7])
+def test_nonzero_static_complex(size):
+    """nonzero_static of a complex tensor (z != 0: either part) on the device, padded with
+    fill_value or cut, as the real one (it raised "no neuron kernel for complex tensors")."""
+    z = torch.tensor([[0j, 1j, 0j], [2 + 0j, 0j, -1 - 1j]], dtype=torch.complex64)
+    pos = [[i, j] for i in range(2) for j in range(3) if z[i, j] != 0]
+    want = (pos + [[-5, -5]] * size)[:size]
+    got = torch.nonzero_static(z.to("neuron"), size=size, fill_value=-5).cpu()
+    assert got.dtype == torch.int64 and got.tolist() == want

@@ -73,7 +73,7 @@ def run_complex(func, plan, a: dict, outs: list) -> None:
         mag = torch.empty(x.shape, dtype=outs[0].dtype)
         elementwise("aten::abs", {"self": x}, mag)
         return plan.lower(func, dict(a, self=mag), outs)
-    if base in ("aten::any", "aten::all") and is_complex(a.get("self")):
+    if base in ("aten::any", "aten::all", "aten::nonzero_static") and is_complex(a.get("self")):
         # truthiness of z is z != 0: the real lowering over that mask
         x = a["self"]
         mask = torch.empty(x.shape, dtype=torch.bool)
