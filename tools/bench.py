@@ -103,6 +103,13 @@ def _breakdown() -> None:
     ad, bd = a._data, b._data
     an, bn, on = ad.numpy(), bd.numpy(), np.empty(4, np.float32)
     core = SIM.cores[0]
+    charge = core.cost_of(4.0, 48.0, "vector", "fp32")[1:] + ("vector", 48.0)
+
+    def _drop(make):
+        # what a dropped result costs: the wrapper, its host view and its HBM block
+        r = make(NeuronTensor, (4,), (1,), 0, None, torch.float32, torch.strided, dev)
+        r._data, r._block = torch.from_numpy(np.empty(4, np.float32)), core.alloc_small(512)
+        r._index = 0
 
     class _Floor(torch.Tensor):
         """A wrapper subclass whose __torch_dispatch__ returns a ready tensor: the floor of
@@ -128,19 +135,22 @@ def _breakdown() -> None:
         "signature": lambda: fastpath.signature((a, b), {}, False),
         "out alloc (core + numpy)": lambda: (core.alloc_small(512), torch.from_numpy(
             np.empty(4, np.float32))),
-        "operand .numpy() x2": lambda: (ad.numpy(), bd.numpy()),
+        "operand numpy views x2 (cached)": lambda: (fastpath.flat_np(a), fastpath.flat_np(b)),
         "kernel call (Numba)": lambda: kernel(on, an, bn, 1),
-        "simulator charge": lambda: core.launch(4.0, 48.0, "vector", "fp32"),
-        "wrap (wrapper subclass)": lambda: make(NeuronTensor, (4,), strides=(1,),
-                                                storage_offset=0, dtype=torch.float32,
-                                                device=dev, requires_grad=False),
+        "simulator charge": lambda: core.charge(*charge),
+        "wrap (wrapper subclass)": lambda: make(NeuronTensor, (4,), (1,), 0, None,
+                                                torch.float32, torch.strided, dev),
         "torch CPU a + b": lambda: ad + bd,
+        "a result made and dropped": lambda: _drop(make),
     }
     res = _interleaved(stages, 2000, rounds=5)
     print("  breakdown of a repeat a + b (each stage alone, us):")
     for name, t in res.items():
         print(f"    {name:<28} {t * 1e6:6.2f}")
-    parts = sum(res[k] for k in list(stages)[1:-1]) * 1e6
+    drop = (res["a result made and dropped"] - res["out alloc (core + numpy)"]
+            - res["wrap (wrapper subclass)"]) * 1e6
+    parts = sum(res[k] for k in list(stages)[1:-2]) * 1e6 + drop
+    print(f"    {'-> dropping a result':<28} {drop:6.2f}  (made and dropped - alloc - wrap)")
     print(f"    {'sum of the stages':<28} {parts:6.2f}  (the rest is the runner's own Python)")
 
 
