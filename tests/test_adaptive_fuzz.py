@@ -1,7 +1,8 @@
 """Randomized differential test of adaptive eager (tools/fuzz_adaptive.py): random programs of
 views, in-place and out= ops, host copies, 0-d CPU operands, matmuls with their epilogues,
 scatters, copies and reads agree on the CPU, in plain eager and in adaptive eager (fused kernels
-built before they run: every group runs fused). A bounded number here; `make fuzz-adaptive` runs thousands."""
+built before they run: every group runs fused). A bounded number here; `make fuzz-adaptive` runs
+thousands."""
 
 import os
 import sys
