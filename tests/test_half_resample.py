@@ -20,7 +20,10 @@ CASES = (("linear", (2, 3, 7)), ("bilinear", (2, 3, 5, 7)), ("bicubic", (2, 3, 5
          ("trilinear", (1, 2, 4, 5, 6)))
 
 
-@pytest.mark.parametrize("dt,mode,shape", [(d, m, s) for d in EPS for m, s in CASES])
+# float16 in every mode; bfloat16 (another rounding function, same code) in one: each (mode,
+# dtype) is a kernel compile, and the suite's cold-cache budget is small
+@pytest.mark.parametrize("dt,mode,shape", [(torch.float16, m, s) for m, s in CASES] +
+                         [(torch.bfloat16, "bicubic", (2, 3, 5, 7))])
 def test_half_upsample_within_float64_bound(dt, mode, shape):
     g = torch.Generator().manual_seed(0)
     x = (torch.randn(shape, generator=g) * 3).to(dt)
@@ -65,12 +68,3 @@ def test_half_linear1d_weights_in_half_type(dt):
             torch.tensor(float(v[i1]) * w1, dtype=torch.float32)
         want.append(float(acc))
     assert torch.equal(ours.flatten(), torch.tensor(want).to(dt))
-
-
-def test_half_upsample_backward_still_runs():
-    x = torch.randn(1, 2, 4, 5).to(torch.bfloat16)
-    xn = x.to("neuron").requires_grad_()
-    F.interpolate(xn, scale_factor=2, mode="bilinear").float().sum().backward()
-    x64 = x.double().requires_grad_()
-    F.interpolate(x64, scale_factor=2, mode="bilinear").sum().backward()
-    assert torch.allclose(xn.grad.cpu().double(), x64.grad, rtol=2 ** -7, atol=2 ** -7)

@@ -23,7 +23,7 @@ from .cast import cast
 from .common import NP_TYPE
 from .pool import _FLOAT, PARALLEL_MIN, VERSION, _as5, _np, _numel
 
-UP_VERSION = 3     # bump when kernels/resample.py's upsample source changes
+UP_VERSION = 4     # bump when kernels/resample.py's upsample source changes
 
 
 def _upsample_half(mode: str, rank: int, half_weights: bool = True):
@@ -131,7 +131,7 @@ def _grid_views(inp, grid, *per_input):
     return (inp, grid) + tuple(per_input)
 
 
-GRID_VERSION = 4   # bump when kernels/grid_sample.py's rendered source changes
+GRID_VERSION = 5   # bump when kernels/grid_sample.py's rendered source changes
 _HALF_RND = {torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
