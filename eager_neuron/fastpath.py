@@ -419,6 +419,9 @@ def _wrap_lines(ns: dict, lines: list, index: int) -> str:
     return "return r"
 
 
+_SAME_VIEW = frozenset({torch.ops.aten.detach.default, torch.ops.aten.alias.default})
+
+
 def learn_view(func, args, kwargs, out) -> None:
     """After a plain-eager view op on one neuron tensor (args[0]): leave its runner."""
     if not args or type(args[0]) is not NeuronTensor:
@@ -444,6 +447,11 @@ def learn_view(func, args, kwargs, out) -> None:
     call = "OP(x._data" + "".join(f", args[{i}]" for i in range(1, len(args)))
     call += ", **kwargs)" if kwargs else ")"
     lines = ["x = args[0]", f"out = {call}"]
+    same = func in _SAME_VIEW and len(args) == 1 and not kwargs
+    if same:
+        # detach/alias: the host view itself (host views are never changed in place: an
+        # in-place view op gives its wrapper a fresh one), with its cached numpy view
+        lines[1] = "out = x._data"
     if single:
         # sizes, strides and dtype are the signature's: only the offset is read back
         ns.update(SHAPE=tuple(out.shape), STRIDE=out.stride(), DT=out.dtype,
@@ -451,6 +459,7 @@ def learn_view(func, args, kwargs, out) -> None:
         lines += ["if out.is_neg(): return MISS",
                   "r = make(NT, SHAPE, STRIDE, out.storage_offset(), None, DT, STRIDED, DEV)",
                   "r._data = out", "r._block = x._block", "r._index = IDX",
+                  *(["r._npc = x._npc"] if same else []),
                   "S.views += 1", "F['hits'] += 1", "return r"]
     else:
         lines += ["for o in out:",
