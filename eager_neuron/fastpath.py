@@ -66,7 +66,9 @@ _NEG_ZERO = ("-0.0",)     # -0.0 in a values-keyed signature (it compares equal 
 
 
 def signature(args: tuple, kwargs: dict, values: bool):
-    """The call's signature as a tuple, or None when an operand cannot be taken fast."""
+    """The call's signature as a tuple, or None when an operand cannot be taken fast. A neuron
+    tensor's part (dtype, sizes, strides, device index) is cached on it (`_sgc`) while its host
+    view is the same object (host views are never changed in place: see NeuronTensor._npc)."""
     sig = [len(args)]
     app = sig.append
     # NOTE: the keyword loop below repeats this one on purpose: a helper call per operand
@@ -75,10 +77,10 @@ def signature(args: tuple, kwargs: dict, values: bool):
         t = type(a)
         if t is NeuronTensor:
             d = a._data
-            app(d.dtype)
-            app(d.shape)
-            app(d.stride())
-            app(a._index)
+            c = a._sgc
+            if c is None or c[0] is not d:
+                c = a._sgc = (d, (d.dtype, d.shape, d.stride(), a._index))
+            app(c[1])
         elif t is float or t is int or t is bool:
             app(t)
             if values:
@@ -100,10 +102,10 @@ def signature(args: tuple, kwargs: dict, values: bool):
             t = type(a)
             if t is NeuronTensor:
                 d = a._data
-                app(d.dtype)
-                app(d.shape)
-                app(d.stride())
-                app(a._index)
+                c = a._sgc
+                if c is None or c[0] is not d:
+                    c = a._sgc = (d, (d.dtype, d.shape, d.stride(), a._index))
+                app(c[1])
             elif t is float or t is int or t is bool:
                 app(t)
                 if values:
@@ -133,10 +135,10 @@ def _other(a, t, app, values: bool) -> bool:
                 if type(v) is not NeuronTensor:
                     return False
                 d = v._data
-                app(d.dtype)
-                app(d.shape)
-                app(d.stride())
-                app(v._index)
+                c = v._sgc
+                if c is None or c[0] is not d:
+                    c = v._sgc = (d, (d.dtype, d.shape, d.stride(), v._index))
+                app(c[1])
             return True
         kind = type(a[0]) if a else int
         if kind is not int and kind is not bool and kind is not float:

@@ -26,6 +26,7 @@ class NeuronTensor(torch.Tensor):
     # (fastpath.flat_np): valid while `_data` is that same object, which is never changed in
     # place (in-place view ops give the wrapper a fresh alias: inplace.run_inplace_view)
     _npc = None
+    _sgc = None   # (host view, its fast-path signature part): fastpath.signature
 
     @staticmethod
     def __new__(cls, data: torch.Tensor, block, index: int = 0, requires_grad: bool = False):
@@ -111,7 +112,7 @@ class NeuronTensor(torch.Tensor):
             new.requires_grad_()
         if self.grad is not None:
             new.grad = copy.deepcopy(self.grad, memo)
-        rest = {k: v for k, v in self.__dict__.items() if k not in ("_data", "_block", "_npc")}
+        rest = {k: v for k, v in self.__dict__.items() if k not in ("_data", "_block", "_npc", "_sgc")}
         new.__dict__.update(copy.deepcopy(rest, memo))
         memo[id(self)] = new
         return new
