@@ -112,7 +112,7 @@ class NeuronTensor(torch.Tensor):
             new.requires_grad_()
         if self.grad is not None:
             new.grad = copy.deepcopy(self.grad, memo)
-        rest = {k: v for k, v in self.__dict__.items() if k not in ("_data", "_block", "_npc", "_sgc")}
+        rest = {k: v for k, v in self.__dict__.items() if k not in _NOT_COPIED}
         new.__dict__.update(copy.deepcopy(rest, memo))
         memo[id(self)] = new
         return new
@@ -168,6 +168,8 @@ class NeuronTensor(torch.Tensor):
 
 
 _DATA = torch._C.TensorBase.data
+# the device buffer (cloned instead) and the fast path's caches of its host view
+_NOT_COPIED = ("_data", "_block", "_npc", "_sgc")
 
 
 def wrap(data: torch.Tensor, block, index: int | None):
