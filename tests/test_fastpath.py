@@ -535,3 +535,20 @@ def test_conv_norm_pool_replays_equal_float64(layout):
                                rtol=1e-5, atol=1e-6)
     assert torch.ops.aten.convolution.default in fastpath.TABLES
     assert _hits() - before >= 10
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16])
+def test_clamp_bound_range_check_survives_replays(dtype):
+    # clamp's int bounds are checked against the tensor's dtype on the host (c10's overflow
+    # rule, under which uint8 takes -255..255): its runners are keyed by value, so a learned
+    # in-range bound never lets an out-of-range one through
+    c = torch.tensor([1, 2, 100], dtype=dtype)
+    x = c.to("neuron")
+    for b in (3, 3, 4, -1, -1, 127, 255, 256, 40000, -256, 3):
+        try:
+            want = c.clamp(min=b)
+        except RuntimeError:
+            with pytest.raises(RuntimeError, match="overflow"):
+                x.clamp(min=b)
+            continue
+        assert torch.equal(x.clamp(min=b).cpu(), want)

@@ -114,7 +114,10 @@ def kernel_int(v: int, cast: str, op_name: str = ""):
     in_i64 = I64_MIN <= v < I64_END
     if op_name in _CHECKED_SCALAR_OPS and cast in _C10_INT_NAME:
         info = np.iinfo(cast[3:])
-        if not info.min <= v <= info.max:
+        # c10's overflow check: an unsigned type also takes a negative value down to -max
+        # (uint8: clamp(min=-1) is accepted and wraps to 255)
+        low = -info.max if info.min == 0 else info.min
+        if not low <= v <= info.max:
             raise RuntimeError(f"value cannot be converted to type {_C10_INT_NAME[cast]} "
                                f"without overflow (aten::{op_name.split('::')[-1]} on neuron)")
     if in_i64:

@@ -347,7 +347,10 @@ def fast_facts(func, a: dict, outs: list, op_name: str):
     spec, _ = _spec_for(func, a, out.numel(), out.dtype, op_name, False)
     if spec.faults:
         return None
-    return spec.tensors, spec.scalars, callable(OPS[op_name][0]) and op_name not in _TYPE_KEYED
+    # keyed by value: a template built per call, or scalars range-checked on the host per call
+    # (kernel_int: an int bound beyond an integer tensor's dtype raises, as on the CPU)
+    return spec.tensors, spec.scalars, (callable(OPS[op_name][0]) and op_name not in _TYPE_KEYED
+                                        or op_name in _CHECKED)
 
 
 # Templates built per call (callable) may read a number's value (pow's special exponents,
