@@ -22,7 +22,7 @@ import hashlib
 import platform
 import sys
 
-FORMAT_VERSION = 1   # bump when any renderer's output or the disk entry layout changes
+FORMAT_VERSION = 2   # bump when any renderer's output or the disk entry layout changes
 
 
 class KeyType:

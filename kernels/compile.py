@@ -73,9 +73,29 @@ def numba():
         tune_target()
         import numba as nb
 
+        _unique_function_ids()
         _numba = nb
         torch.set_num_threads(threads)
     return _numba
+
+
+def _unique_function_ids() -> None:
+    """Start Numba's function counter at a random 40-bit offset in this process.
+
+    Numba names a compiled function after its qualified name, argument types and a per-process
+    counter (the `v<uid>` tag of the mangled name), and gives it linkonce_odr linkage: two
+    definitions of one name are assumed identical and the JIT keeps the first it loads. Kernels
+    compiled in different processes (the disk cache: workers, earlier runs) can reuse a counter
+    value, so two same-named helpers with different bodies would share one symbol once both are
+    loaded into one process (a resampling kernel once read another's table that way). With a
+    random start per process, names from different processes do not meet.
+    """
+    import itertools
+    import secrets
+
+    from numba.core.bytecode import FunctionIdentity
+
+    FunctionIdentity._unique_ids = itertools.count(secrets.randbits(40) + 1)
 
 
 class KernelCompileError(RuntimeError):
