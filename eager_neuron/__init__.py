@@ -19,12 +19,8 @@ from . import conventions as _conventions  # noqa: E402
 
 _conventions.install()   # storages, amp, devapi, pinned memory, ...: built on torch.neuron
 
-from . import dispatch as _dispatch  # noqa: E402,F401
-from .lower import host as _host  # noqa: E402
+from . import dispatch as _dispatch  # noqa: E402
 
-# lower/host.py sits below dispatch in the import graph: it is handed the kernel path it runs
-# same-core copies through (as tensor.py is handed the funnel)
-_host.set_kernel_path(_dispatch._run_kernel, _dispatch.Plan, _dispatch._PLANS)
 _dispatch.install_privateuse1_impls()
 
 from . import backward as _backward  # noqa: E402

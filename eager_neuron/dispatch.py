@@ -35,6 +35,7 @@ from .context import OpContext
 from .fallback import log_op, run_fallback
 from .inplace import resize_out, resize_outs, run_inplace_view
 from .launch import launch
+from .lower import host as _host
 from .lower.common import COMPLEX, FP8, HALF, bind
 from .operands import _check_tensor, _original, _unwrap, unwrap_args  # noqa: F401 -- API
 from .placement import check_placement
@@ -46,7 +47,6 @@ from .written import (
     _check_decomp_written,
     _check_partial_overlap,
     _check_written,
-    _dense,  # noqa: F401 -- used by lower/host.py as dispatch._dense
 )
 
 aten = torch.ops.aten
@@ -477,6 +477,9 @@ def _run_decomp(func, plan, decomp, args, kwargs, mode):
 
 
 _tensor_mod.set_dispatcher(dispatch)
+# lower/host.py sits below dispatch in the import graph: it is handed the kernel path it runs
+# same-core copies through, as tensor.py is handed the funnel
+_host.set_kernel_path(_run_kernel, Plan, _PLANS)
 
 _IMPL_LIB = None
 
