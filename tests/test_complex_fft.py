@@ -302,10 +302,17 @@ def test_stft_istft():
 def test_unimplemented_complex_op_names_op_dtype_and_fix():
     d = torch.randn(3, dtype=C64).to(DEV)
     with pytest.raises(eager_neuron.UnsupportedOpError) as info:
-        torch.logcumsumexp(d, 0)   # (no complex kernel and no decomposition)
+        torch.histc(d)   # no complex kernel (the CPU refuses it too, with a RuntimeError)
     text = str(info.value)
-    assert "aten::logcumsumexp" in text and "complex64" in text and "fix:" in text
+    assert "aten::histc" in text and "complex64" in text and "fix:" in text
     assert "test_complex_fft.py" in text
+
+
+def test_nan_to_num_replaces_each_part_as_the_cpu():
+    z = torch.tensor([complex(float("nan"), 1), complex(float("inf"), float("-inf")),
+                      complex(-float("inf"), float("nan")), 1 + 2j], dtype=C64)
+    for kw in ({}, {"nan": 0.5, "posinf": 7.0, "neginf": -3.0}):
+        assert torch.equal(torch.nan_to_num(z.to(DEV), **kw).cpu(), torch.nan_to_num(z, **kw))
 
 
 def test_complex32_is_storage_only():
