@@ -73,6 +73,9 @@ def _spans(args, kwargs) -> list:
 
 # Profiler hooks: each is a context-manager factory hook(plan, args, kwargs) entered around an op.
 OP_HOOKS: list = []
+# errors the funnel raises unchanged; any other error of a lowering (or of a runner replaying
+# it: a captured index check) is raised as errors.kernel_error words it
+_RAISED_AS_IS = (errors.UnsupportedOpError, errors.UnsupportedTensorError, torch.OutOfMemoryError)
 _FAST_TABLES = _fast.TABLES
 _STATE = _adaptive.STATE
 
@@ -88,14 +91,26 @@ def dispatch(func, args, kwargs, mode=None):
         sig = _fast.signature(args, kwargs, tab[0])
         run = tab[1].get(sig) if sig is not None else None
         if run is not None:
-            try:
-                if OP_HOOKS:   # the profiler: the op's record around the runner's launches
+            if OP_HOOKS:   # the profiler: the op's record around the runner's launches
+                try:
                     return _run_hooked(func, run, args, kwargs)
+                except Exception as exc:
+                    if _backward.in_backward():
+                        return _backward.failed(exc)
+                    raise
+            try:
                 out = run(args, kwargs)
-            except Exception as exc:   # out of memory: raised as the funnel raises it
+            except Exception as exc:   # as the funnel raises it: the op, your line, its args
+                # NOTE: no local holds the new error (its traceback would hold this frame: a
+                # cycle keeping the runner's output blocks allocated until the next collection)
+                if isinstance(exc, _RAISED_AS_IS):
+                    if _backward.in_backward():
+                        return _backward.failed(exc)
+                    raise
                 if _backward.in_backward():
-                    return _backward.failed(exc)
-                raise
+                    return _backward.failed(_kernel_error(_PLANS.get(func) or _plan(func),
+                                                          exc, args, kwargs))
+                raise _kernel_error(_PLANS.get(func) or _plan(func), exc, args, kwargs) from exc
             if out is not _fast.MISS:
                 return out
     if _STATE.enabled and mode is None and not OP_HOOKS:
@@ -135,7 +150,12 @@ def _run_hooked(func, run, args, kwargs):
     if plan is None:
         plan = _PLANS[func] = _plan(func)
     with OP_HOOKS[0](plan, args, kwargs):
-        out = run(args, kwargs)
+        try:
+            out = run(args, kwargs)
+        except _RAISED_AS_IS:
+            raise
+        except Exception as exc:   # the runner's own error, worded as the funnel words it
+            raise _kernel_error(plan, exc, args, kwargs) from exc
         if out is _fast.MISS:
             return _dispatch_plan(func, plan, args, kwargs, None)
         return out

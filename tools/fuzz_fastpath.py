@@ -77,7 +77,7 @@ def make_program(seed: int, n_steps: int, kinds_in_order: list | None = None) ->
              + ["meta"] * 2 + ["data"] + ["memclear"] + ["default"] + ["grad"] * 2
              + ["nograd"] + ["thread"] + ["divzero"] + ["index"] + ["complex"]
              + ["valued"] * 2 + ["cast"] * 2 + ["inplace_any"] * 3 + ["resize"]
-             + ["profiled"] * 2)
+             + ["profiled"] * 2 + ["foreach"] * 2 + ["cnn"] + ["embed"] + ["rnn"])
     steps = [("new", {"shape": (3, 4), "dtype": torch.float32}),
              ("new", {"shape": (3, 4), "dtype": torch.float32}),
              ("new", {"shape": (4, 3), "dtype": r.choice(FLOATS)}),
@@ -672,12 +672,85 @@ def st_profiled(run, p, what, dev):
         inner(run, p, what + ":prof", dev)
 
 
+def st_foreach(run, p, what, dev):
+    # an optimizer's foreach ops on lists that may hold one tensor twice or views of one buffer
+    dt = torch.float64 if p["r"] < 0.25 else torch.float32
+    base = run.data((6, 4), dt)
+    ts = [run.data((3, 4), dt), run.data((5,), dt), base[:2], base[2:5]]
+    form = p["alt"] % 3 if run.variant and p["perturb"] else p["j"] % 3
+    if form == 1:
+        ts = [ts[0], ts[0], ts[1]]          # the same tensor twice: element by element
+    elif form == 2:
+        ts = [base[:3], base[3:], base.t()[:2]]
+    grads = [run.data(tuple(t.shape), dt) for t in ts]
+    steps = [0.01 * (i + 1) * (1 + p["k"] % 3) for i in range(len(ts))]
+
+    def step():
+        torch._foreach_mul_(ts, 0.9)
+        torch._foreach_add_(ts, grads, alpha=0.1)
+        denom = torch._foreach_sqrt([t.abs() for t in ts])
+        torch._foreach_addcdiv_(ts, grads, torch._foreach_add(denom, 1.0), steps)
+        torch._foreach_lerp_(ts, grads, 0.25)
+        return tuple(t.clone() for t in ts)
+
+    run.record(f"{what}:foreach", step)
+
+
+def st_cnn(run, p, what, dev):
+    # convolution, batch norm and pooling (captured runners), forward and backward
+    dt = torch.float64 if p["r"] < 0.25 else torch.float32
+    F = torch.nn.functional
+    x = run.data((2, 3, 6, 6), dt)
+    if (p["j"] if not (run.variant and p["perturb"]) else p["alt"]) % 2:
+        x = x.to(memory_format=torch.channels_last)
+    w = run.data((4, 3, 3, 3), dt, requires_grad=True)
+    rm, rv = run.data((4,), dt), run.data((4,), dt).abs() + 1
+    xg = x.clone().requires_grad_()
+
+    def fwd():
+        y = F.conv2d(xg, w, padding=1, stride=1 + p["k"] % 2)
+        y = F.batch_norm(y, rm, rv, training=p["i"] % 2 == 0, momentum=0.3)
+        y = F.max_pool2d(y, 2, ceil_mode=True) + F.avg_pool2d(y, 2, ceil_mode=True)
+        y.square().sum().backward()
+        return y.detach(), xg.grad, w.grad, rm.clone(), rv.clone()
+
+    run.record(f"{what}:cnn", fwd)
+
+
+def st_embed(run, p, what, dev):
+    # embedding, gather and nll_loss with indices and targets out of range in some runs
+    F = torch.nn.functional
+    w = run.data((7, 3), torch.float32)
+    idx = run.data((2, 3), torch.int64, -1 if p["k"] % 3 == 0 else 0, 8)
+    run.record(f"{what}:embedding", lambda: F.embedding(idx, w))
+    run.record(f"{what}:gather", lambda: torch.gather(w, 1, idx.clamp(min=0) % 4))
+    logp = run.data((4, 5), torch.float32).log_softmax(1)
+    tgt = run.data((4,), torch.int64, 0, 6 if p["i"] % 2 else 5)
+    run.record(f"{what}:nll", lambda: F.nll_loss(logp, tgt))
+
+
+def st_rnn(run, p, what, dev):
+    # an LSTM over a batch-first input: strided mm operands and the fused cells, with grads
+    torch.manual_seed(p["i"])
+    lstm = torch.nn.LSTM(4, 3, batch_first=True).double()
+    lstm = lstm.to(dev)
+    x = run.data((2, 5, 4), torch.float64, requires_grad=True)
+
+    def fwd():
+        out, _ = lstm(x)
+        out.sum().backward()
+        return out.detach(), x.grad, lstm.weight_hh_l0.grad
+
+    run.record(f"{what}:lstm", fwd)
+
+
 STEPS = {"unary": st_unary, "binary": st_binary, "inplace": st_inplace, "out": st_out,
          "view": st_view, "reduce": st_reduce, "norm": st_norm, "mm": st_mm, "cat": st_cat,
          "meta": st_meta, "data": st_data, "memclear": st_memclear, "default": st_default,
          "grad": st_grad, "nograd": st_nograd, "thread": st_thread, "divzero": st_divzero,
          "index": st_index, "complex": st_complex, "valued": st_valued, "cast": st_cast,
-         "inplace_any": st_inplace_any, "resize": st_resize, "profiled": st_profiled}
+         "inplace_any": st_inplace_any, "resize": st_resize, "profiled": st_profiled,
+         "foreach": st_foreach, "cnn": st_cnn, "embed": st_embed, "rnn": st_rnn}
 
 
 # ---------------------------------------------------------------------------------------------
