@@ -107,10 +107,10 @@ def dispatch(func, args, kwargs, mode=None):
                     if _backward.in_backward():
                         return _backward.failed(exc)
                     raise
+                plan = _PLANS.get(func) or _plan(func)
                 if _backward.in_backward():
-                    return _backward.failed(_kernel_error(_PLANS.get(func) or _plan(func),
-                                                          exc, args, kwargs))
-                raise _kernel_error(_PLANS.get(func) or _plan(func), exc, args, kwargs) from exc
+                    return _backward.failed(_kernel_error(plan, exc, args, kwargs))
+                raise _kernel_error(plan, exc, args, kwargs) from exc
             if out is not _fast.MISS:
                 return out
     if _STATE.enabled and mode is None and not OP_HOOKS:

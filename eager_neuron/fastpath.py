@@ -126,6 +126,15 @@ def signature(args: tuple, kwargs: dict, values: bool):
     return tuple(sig)
 
 
+def _tensor_part(v) -> tuple:
+    """A neuron tensor's part of a signature, cached on it (as signature's loops inline it)."""
+    d = v._data
+    c = v._sgc
+    if c is None or c[0] is not d:
+        c = v._sgc = (d, (d.dtype, d.shape, d.stride(), v._index))
+    return c[1]
+
+
 def _other(a, t, app, values: bool) -> bool:
     if t is list or t is tuple:
         if a and type(a[0]) is NeuronTensor:   # cat's tensors, a foreach op's lists
@@ -134,11 +143,7 @@ def _other(a, t, app, values: bool) -> bool:
             for v in a:
                 if type(v) is not NeuronTensor:
                     return False
-                d = v._data
-                c = v._sgc
-                if c is None or c[0] is not d:
-                    c = v._sgc = (d, (d.dtype, d.shape, d.stride(), v._index))
-                app(c[1])
+                app(_tensor_part(v))
             return True
         kind = type(a[0]) if a else int
         if kind is not int and kind is not bool and kind is not float:
@@ -180,21 +185,17 @@ def flat_np(x) -> np.ndarray:
     a view is cached: a flattened non-contiguous array would be a copy."""
     d = x._data
     c = x._npc
-    if c is not None and c[0] is d:
-        if c[2] is not None:
-            return c[2]
-        full = c[1]
-    else:
-        full = d.numpy()
+    if c is not None and c[0] is d and c[2] is not None:
+        return c[2]
+    full = full_np(x)
     if full.ndim == 1:
-        x._npc = (d, full, full)
-        return full
-    if d.is_contiguous():
+        flat = full
+    elif d.is_contiguous():
         flat = full.reshape(-1)
-        x._npc = (d, full, flat)
-        return flat
-    x._npc = (d, full, None)
-    return full.reshape(-1)
+    else:
+        return full.reshape(-1)
+    x._npc = (d, full, flat)
+    return flat
 
 
 def _charge_lines(ns: dict, index: int, flops, nbytes, engine, dclass: str, tag: str = "") -> str:
@@ -356,7 +357,7 @@ def learn_elementwise(func, plan, args, kwargs, index: int, a: dict, outs: list,
         ns.update(SHAPE=shape, STRIDE=stride, DT=dtype)
         lines += _alloc_lines(ns, outs[0], index)
         ret = _wrap_lines(ns, lines, index)
-    if not any(ln.startswith("out_np") for ln in lines):
+    if target is None and "NPDT" not in ns:   # the numpy form and W's path define out_np
         out_flat = ".reshape(-1)" if len(outs[0].shape) != 1 else ""
         lines.append(f"out_np = data.numpy(){out_flat}")
     lines.append(f"K(out_np, {', '.join(arrays + svals)})")
@@ -416,7 +417,7 @@ def _wrap_lines(ns: dict, lines: list, index: int) -> str:
     # the keyword form costs ~0.4 us more in the argument parser
     lines += ["r = make(NT, SHAPE, STRIDE, 0, None, DT, STRIDED, DEV)",
               "r._data = data", "r._block = block", "r._index = IDX"]
-    if any(ln.startswith("data_np") or ln.startswith("out_np = data_np") for ln in lines):
+    if "NPDT" in ns:   # _alloc_lines' numpy form: data_np and out_np are its numpy views
         lines.append("r._npc = (data, data_np, out_np)")
     return "return r"
 

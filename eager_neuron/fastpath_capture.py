@@ -145,11 +145,9 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
             continue
         shape, stride, dtype = leaves[i]
         ns.update({f"SHAPE{i}": shape, f"STRIDE{i}": stride, f"DT{i}": dtype})
-        alloc = _alloc_lines(ns, out, index, str(i))
-        lines += alloc
+        lines += _alloc_lines(ns, out, index, str(i))
         # the numpy form allocates the array first (np.empty + from_numpy): its full view
-        lines.append(f"O{i} = data_np{i}" if any(ln.startswith((f"data_np{i} =", f"out_np{i} ="))
-                                                for ln in alloc) else f"O{i} = data{i}.numpy()")
+        lines.append(f"O{i} = data_np{i}" if f"NPDT{i}" in ns else f"O{i} = data{i}.numpy()")
         sources.append((f"O{i}", out.numpy()))
     inputs = []
     for i, v in enumerate(args):
