@@ -142,12 +142,55 @@ def _check_int_only(op_name: str, dtype) -> None:
         raise errors.NotImplementedForDtype(kernel, dtype)
 
 
+# ATen's sub_check (BinaryOps.h): subtraction refuses bool operands; a Python bool is wrapped
+# into a bool tensor first, so `mask - True` is the two-bool case
+_SUB_OPS = frozenset({"aten::sub", "aten::rsub"})
+
+
+def _is_bool(v) -> bool:
+    return type(v) is bool or (isinstance(v, torch.Tensor) and v.dtype == torch.bool)
+
+
+def _check_sub(a: dict) -> None:
+    self_b, other_b = _is_bool(a.get("self")), _is_bool(a.get("other"))
+    if self_b and other_b:
+        raise RuntimeError("Subtraction, the `-` operator, with two bool tensors is not "
+                           "supported. Use the `^` or `logical_xor()` operator instead.")
+    if self_b or other_b:
+        raise RuntimeError("Subtraction, the `-` operator, with a bool tensor is not supported. "
+                           "If you are trying to invert a mask, use the `~` or `logical_not()` "
+                           "operator instead.")
+
+
+# Binary ops whose Python-number operand ATen wraps into a tensor that takes part in type
+# promotion (a Python int in [2**63, 2**64) arrives as a uint64 Scalar). Their arguments that
+# do not promote (alpha, a where's condition) are left out by name.
+_WRAPPED_PROMOTE = frozenset({
+    "aten::add", "aten::sub", "aten::rsub", "aten::mul", "aten::div", "aten::true_divide",
+    "aten::floor_divide", "aten::remainder", "aten::fmod", "aten::pow", "aten::bitwise_and",
+    "aten::bitwise_or", "aten::bitwise_xor", "aten::bitwise_left_shift",
+    "aten::bitwise_right_shift", "aten::where"})
+_PROMOTED_ARGS = ("self", "other", "exponent")
+
+
+def _check_uint64_promotion(a: dict) -> None:
+    """The CPU's refusal of a uint64 Scalar (a Python int >= 2**63) against bool tensors only:
+    c10's promoteTypes(Bool, UInt64) raises, while an integer tensor takes the value modulo
+    2**64 (lower/common.py kernel_int)."""
+    tensors = [a[nm] for nm in _PROMOTED_ARGS if isinstance(a.get(nm), torch.Tensor)]
+    if tensors and all(t.dtype == torch.bool for t in tensors):
+        raise RuntimeError("Promotion for uint16, uint32, uint64 types is not supported, "
+                           "attempted to promote Bool and UInt64")
+
+
 def _build_spec(op_name: str, template: str, rule: str, arg_casts: dict, a: dict, names: tuple,
                 as_scalar: tuple, out_dtype) -> _Spec:
     if op_name in _INT_ONLY:
         _check_int_only(op_name, out_dtype)
     if op_name in _NO_BOOL:
         _check_no_bool(op_name, a)
+    if op_name in _SUB_OPS:
+        _check_sub(a)
     bad = [v.dtype for v in (*(a[nm] for nm in names), torch.empty(0, dtype=out_dtype))
            if isinstance(v, torch.Tensor) and v.dtype not in NP_TYPE]
     if bad:
@@ -306,6 +349,8 @@ def lower_elementwise(func, a: dict, outs: list, op_name: str, defer: bool = Fal
             v = bool(v)
         elif type(v) is int and (op_name in _CHECKED or not I64_MIN <= v < I64_END):
             # beyond int64: converted as ATen does (lower/common.py kernel_int)
+            if v >= I64_END and op_name in _WRAPPED_PROMOTE and nm in _PROMOTED_ARGS:
+                _check_uint64_promotion(a)
             v = kernel_int(v, spec.scalar_casts[j], op_name)
         scalar_vals.append(v)
     expr, loads, scalar_casts, store = spec.expr, spec.loads, spec.scalar_casts, spec.store

@@ -254,6 +254,9 @@ def _pow(a: dict) -> str:
     if not isinstance(exp, torch.Tensor):
         if integral and isinstance(base, torch.Tensor) and exp < 0:
             raise RuntimeError("Integers to negative integer powers are not allowed.")
+        if integral and isinstance(base, torch.Tensor) and exp >= 2 ** 63:
+            # ATen reads an integer pow's Scalar exponent as int64, with c10's range check
+            raise RuntimeError("value cannot be converted to type int64_t without overflow")
         special = _POW_SPECIAL.get(float(exp)) if not integral or exp in (0, 1, 2, 3) else None
         if special is not None:
             return special
