@@ -230,29 +230,49 @@ def record_call(name: str, a: dict, outs: list, blocks: dict) -> bool:
     tensors = [v for v in a.values() if isinstance(v, torch.Tensor)] + list(outs)
     spans = _calls.spans(staged, tensors)
     key = stream_key()
-    with _lock:
-        if spans is None:
+    if spans is None:
+        with _lock:
             # a scratch buffer of the lowering: what is pending launches, then these launches,
             # as plain eager runs them (nothing of the op has run yet)
             _calls.COUNTERS["declined"] += 1
             _flush_locked(key, f"non-fusible op {name}")
             _calls.run_now(staged, core)
-            return True
+        return True
+    sids = tuple(static_id(*_calls.guard(st)) for st in staged)
+    join_calls(name, staged, spans, list(blocks.values()), sids, core)
+    learn = LEARN_CALL[0]
+    if learn is not None:
+        learn(name, a, outs, staged, sids, core)
+    return True
+
+
+# adaptive_fast.learn_call (set when it loads: it imports this module): after a joined call,
+# leave the recording runner for its signature
+LEARN_CALL: list = [None]
+
+
+def join_calls(name: str, staged, spans: list, pins, sids: tuple, core: int) -> None:
+    """Append the staged launches of one joinable op to the calling stream's group (the slow
+    path's record_call and the recording runners of adaptive_fast share this). `spans`: the
+    byte spans of all their arrays; `pins`: the op's operand and output blocks; `sids`: per
+    launch, static_id of its guard (adaptive_calls.guard)."""
+    key = stream_key()
+    with _lock:
         g = _group_for(key, core, sum(len(st[2]) for st in staged))
-        for blk in blocks.values():
-            if id(blk) not in g.pins:
+        for blk in pins:
+            if blk is not None and id(blk) not in g.pins:
                 g.pins[id(blk)] = blk
                 g.pinned_bytes += getattr(blk, "nbytes", 0)
         if g.lag:
             _sync(g)
-        for st in staged:
+        for st, sid in zip(staged, sids):
             # every buffer of the group the call's arrays overlap keeps its stores (the call
             # reads memory); ops recorded after the call go to loops after it (the floor)
             hits = tuple(j for j, b in enumerate(g.bufs)
                          if any(b.lo < hi and lo < b.hi for lo, hi in spans))
             for j in hits:
                 g.bufs[j].mem_read = True
-            sig = (static_id(*_calls.guard(st)), hits)
+            sig = (sid, hits)
             nxt = g.cursor.children.get(sig)
             if nxt is None:
                 nxt = g.cursor.children[sig] = _TNode()
@@ -265,7 +285,6 @@ def record_call(name: str, a: dict, outs: list, blocks: dict) -> bool:
             g.n_nodes += 1
             g.ops.append(name)
         _calls.COUNTERS["joined"] += len(staged)
-    return True
 
 
 _STATICS: dict = {}

@@ -30,14 +30,19 @@ from __future__ import annotations
 import sys
 import threading
 
+import numpy as np
+import torch
+
 from . import adaptive as _ad
+from . import adaptive_calls as _calls
 from . import fastpath as _fp
+from . import fastpath_capture as _capture
 from .config import config
 from .launch import HOOKS as _LAUNCH_HOOKS
 from .tensor import NeuronTensor
 
 TABLES: dict = {}       # func -> (values_matter, {signature: runner})
-COUNTERS = {"hits": 0, "learned": 0}
+COUNTERS = {"hits": 0, "call_hits": 0, "learned": 0}
 _TLS = threading.local()
 _MISS = _fp.MISS
 _PENDING = _ad.PENDING
@@ -56,6 +61,10 @@ def run(func, args, kwargs):
         runner = tab[1].get(sig) if sig is not None else None
         if runner is not None:
             return runner(args, kwargs)
+    if func in _CALLS:
+        # a joinable op the slow path may join to the group: learn_call finds the call here
+        _TLS.joined = (func, args, kwargs)
+        return _MISS
     ptab = _fp.TABLES.get(func)
     if ptab is None:
         return _MISS
@@ -176,6 +185,135 @@ def learn(out, spec, kinds: tuple, numel: int, op_name: str) -> None:
         if tab[0] == values and len(tab[1]) < _fp.LIMIT:
             tab[1][sig] = runner
             COUNTERS["learned"] += 1
+
+
+# ---------------------------------------------------------------------------------------------
+# joined calls (adaptive_calls.py): a repeat stages its launches on this call's buffers
+# ---------------------------------------------------------------------------------------------
+
+# the joinable ops whose lowering the plain fast path may replay from captured launches
+# (fastpath_capture.CAPTURED: reviewed to act on the device only through launch())
+_CALLS = {f for n, f in _calls.JOINABLE.items() if n in _capture.CAPTURED}
+
+
+def learn_call(name: str, a: dict, outs: list, staged: list, sids: tuple, core: int) -> None:
+    """adaptive.record_call, right after op `name` joined the group with launches `staged`:
+    leave a recording runner for its signature that allocates the output, re-derives each
+    staged array from this call's buffers (as fastpath_capture derives a captured launch's)
+    and joins the launches to the group (adaptive.join_calls) with the guards found now."""
+    call = getattr(_TLS, "joined", None)
+    _TLS.joined = None
+    if call is None or not config.fastpath or len(outs) != 1:
+        return
+    func, args, kwargs = call
+    if _calls.JOINABLE.get(name) is not func:
+        return
+    # the call armed in run() is this one: every neuron operand's host view is one of `a`'s
+    datas = {id(v) for v in a.values() if isinstance(v, torch.Tensor)}
+    inputs = []
+    for i, v in enumerate(args):
+        if type(v) is NeuronTensor:
+            inputs.append((f"args[{i}]", v))
+        elif isinstance(v, (list, tuple, torch.Tensor)):
+            return
+    for k, v in kwargs.items():
+        if type(v) is NeuronTensor:
+            inputs.append((f"kwargs[{k!r}]", v))
+        elif isinstance(v, (list, tuple, torch.Tensor)):
+            return
+    if not inputs or any(id(v._data) not in datas or v._index != core for _r, v in inputs):
+        return
+    if len(datas) != len(inputs):
+        return
+    plans = sys.modules[__package__ + ".plan"]
+    plan = plans._PLANS.get(func)
+    if plan is None or any(plan.ret_alias) or plan.out_args:
+        return
+    tab = TABLES.get(func)
+    if tab is not None and len(tab[1]) >= _fp.LIMIT:
+        return
+    sig = _fp.signature(args, kwargs, True)
+    if sig is None:
+        return
+    out = outs[0]
+    ns = {"JOIN": _ad.join_calls, "PENDING": _PENDING, "SK": _ad.stream_key, "NT": NeuronTensor,
+          "MISS": _MISS, "IDX": core, "F": COUNTERS, "C": _calls.COUNTERS, "SIM": _fp.SIM,
+          "FULL": _fp.full_np, "ndarray": np.ndarray, "NAME": name, "SIDS": sids,
+          "SHAPE": tuple(out.shape), "STRIDE": out.stride(), "DT": out.dtype}
+    lines = ["if PENDING and (len(PENDING) > 1 or SK() not in PENDING): return MISS"]
+    lines += _fp._alloc_lines(ns, out, core)
+    lines.append("O = data_np" if "NPDT" in ns else "O = data.numpy()")
+    # sources: the output and the operands, each with its address expression
+    sources = [("O", out.numpy(), "data.data_ptr()")]
+    for j, (ref, v) in enumerate(inputs):
+        sources.append((f"I{j}", v._data.numpy(), f"{ref}._data.data_ptr()"))
+        lines.append(f"I{j} = FULL({ref})")
+    spans = sorted(_capture._span(arr) for _e, arr, _p in sources if arr.size)
+    if any(x[1] > y[0] for x, y in zip(spans, spans[1:])):
+        return   # operands sharing memory: which one the lowering read cannot be told apart
+    for e, _arr, pexpr in sources:
+        lines.append(f"P{e} = {pexpr}")
+    pairs = []   # per staged array: its span, as source pointer + offsets
+    launches = []
+    for n, st in enumerate(staged):
+        key, render, sargs, flops, nbytes, engine, dclass = st
+        exprs = []
+        for m, x in enumerate(sargs):
+            if type(x) is not np.ndarray:
+                if not isinstance(x, (bool, int, float, np.generic)):
+                    return
+                ns[f"C{n}_{m}"] = x
+                exprs.append(f"C{n}_{m}")
+                continue
+            if x.base is None:
+                # a small host array the lowering made (adaptive_calls._defer copied it): each
+                # join gets its own copy, as each slow join does
+                if x.nbytes > 4096:
+                    return
+                ns[f"SN{n}_{m}"] = x.copy()
+                exprs.append(f"SN{n}_{m}.copy()")
+                continue
+            e = _capture._array_expr(x, [(se, sa) for se, sa, _p in sources], ns, f"{n}_{m}")
+            if e is None:
+                return
+            lo, hi = _calls._extent(x.__array_interface__["data"][0], x.shape, x.strides,
+                                    x.itemsize)
+            exprs.append(e)
+            if hi <= lo:
+                continue
+            for se, sa, _p in sources:
+                base = sa.__array_interface__["data"][0]
+                slo, shi = _capture._span(sa)
+                if slo <= lo and hi <= shi:
+                    pairs.append(f"(P{se} + {lo - base}, P{se} + {hi - base})")
+                    break
+            else:
+                return
+        ns.update({f"K{n}": key, f"R{n}": render, f"E{n}": (flops, nbytes, engine, dclass)})
+        launches.append(f"(K{n}, R{n}, ({''.join(x + ', ' for x in exprs)}), *E{n})")
+    if name in _calls._MATMUL:
+        # the BLAS thread count the lowering sets per product (lower/matmul.py blas_threads)
+        from .lower.matmul import blas_threads
+
+        ns["BT"] = blas_threads
+        lines.append(f"BT({float(staged[0][3] / (out.shape[0] if out.dim() == 3 else 1))!r})")
+    pins = [f"{ref}._block" for ref, _v in inputs] + ["block"]
+    lines += [f"JOIN(NAME, ({''.join(x + ', ' for x in launches)}), "
+              f"[{', '.join(pairs)}], ({', '.join(pins)},), SIDS, IDX)",
+              f"C['staged'] += {len(staged)}"]
+    ret = _fp._wrap_lines(ns, lines, core)
+    lines += ["F['call_hits'] += 1", ret]
+    runner = _fp._build(plan.name, lines, ns)
+    with _fp._LOCK:
+        tab = TABLES.get(func)
+        if tab is None:
+            tab = TABLES[func] = (True, {})
+        if tab[0] and len(tab[1]) < _fp.LIMIT:
+            tab[1][sig] = runner
+            COUNTERS["learned"] += 1
+
+
+_ad.LEARN_CALL[0] = learn_call
 
 
 def reset() -> None:

@@ -35,6 +35,9 @@ import eager_neuron
 from eager_neuron.adaptive import MODULE as _ad
 
 COMPILE = ["sync"]   # adaptive eager's compile mode in check() (--compile)
+# adaptive runs per program in check() (--repeat): a repeat takes the recording runners and
+# replays the trace cache's kernels, which a first run only learns
+REPEAT = [2]
 
 # the bases: name -> (dtype, numel); "big" is pooled memory (>= 64 KiB), the rest host-allocated
 BASES = {"f": (torch.float32, 48), "d": (torch.float64, 24), "i": (torch.int64, 24),
@@ -462,15 +465,18 @@ def check(steps: list) -> str | None:
     # "sync": every group runs its fused kernel (in the default background mode a trace seen
     # once runs op by op, which is plain eager's kernels: nothing fused would be tested)
     prev = _ad.set_compile_mode(COMPILE[0])
+    runs = []
     try:
-        with eager_neuron.adaptive():
-            got = execute(steps, "neuron")
+        for _ in range(REPEAT[0]):
+            with eager_neuron.adaptive():
+                runs.append(execute(steps, "neuron"))
     finally:
         _ad.set_compile_mode(prev)
     # adaptive eager must give plain eager's bits; plain eager the CPU's (BLAS within 1e-5)
-    bad = _same(plain, got)
-    if bad:
-        return "adaptive vs plain: " + bad
+    for r, got in enumerate(runs):
+        bad = _same(plain, got)
+        if bad:
+            return f"adaptive (run {r + 1}) vs plain: " + bad
     bad = _same(want, plain, 1e-5 if any(s[0] == "mm" for s in steps) else 0.0)
     if bad:
         return "plain vs cpu: " + bad
@@ -484,8 +490,11 @@ def main(argv=None) -> int:
     ap.add_argument("--show", type=int, default=None, help="print one program and check it")
     ap.add_argument("--compile", choices=("sync", "background"), default="sync",
                     help="adaptive eager's compile mode (sync: every group runs fused)")
+    ap.add_argument("--repeat", type=int, default=2,
+                    help="adaptive runs per program (the repeats replay runners and traces)")
     args = ap.parse_args(argv)
     COMPILE[0] = args.compile
+    REPEAT[0] = max(1, args.repeat)
     if args.show is not None:
         steps = generate(args.show)
         for s in steps:
@@ -499,11 +508,13 @@ def main(argv=None) -> int:
         if bad:
             failures.append(k)
             print(f"program {k}: {bad}", flush=True)
-    from eager_neuron import adaptive_calls
+    from eager_neuron import adaptive_calls, adaptive_fast
 
     print(f"{args.programs} programs, {len(failures)} disagree, {time.time() - t0:.1f} s; "
           f"failing seeds: {failures[:50]}; calls joined {adaptive_calls.COUNTERS['joined']}, "
-          f"declined {adaptive_calls.COUNTERS['declined']}; fused launches "
+          f"declined {adaptive_calls.COUNTERS['declined']}, recorded by runners "
+          f"{adaptive_fast.COUNTERS['call_hits']}; trace hits "
+          f"{eager_neuron.stats()['trace_hits']}; fused launches "
           f"{eager_neuron.stats()['fused_launches']}")
     return 1 if failures else 0
 
