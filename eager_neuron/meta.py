@@ -18,6 +18,16 @@ _META: dict = {}
 _META_LIMIT = 50_000
 
 
+def _nan_to_num_inplace(self, nan=None, posinf=None, neginf=None):
+    # torch's meta for nan_to_num_ is its Python ref, which calls isneginf and so refuses
+    # complex; the out= overload writing self has the same checks and result (the CPU runs it)
+    return torch.ops.aten.nan_to_num.out(self, nan, posinf, neginf, out=self)
+
+
+# in-place ops whose torch meta function wrongly refuses operands the CPU accepts
+_META_VIA_OUT = {torch.ops.aten.nan_to_num_.default: _nan_to_num_inplace}
+
+
 def _spec(x):
     if isinstance(x, torch.Tensor):
         return (x.shape, x.stride(), x.dtype)
@@ -51,7 +61,7 @@ def meta_outputs(func, args, kwargs):
     mkw = {k: _to_meta(v) for k, v in kwargs.items()}
     if "device" in mkw and mkw["device"] is not None:
         mkw["device"] = "meta"
-    out = func(*margs, **mkw)
+    out = _META_VIA_OUT.get(func, func)(*margs, **mkw)
     leaves, spec = tree_flatten(out)
     leaves = [(tuple(v.shape), v.stride(), v.dtype) if isinstance(v, torch.Tensor) else v
               for v in leaves]

@@ -57,6 +57,9 @@ def run_complex(func, plan, a: dict, outs: list) -> None:
         ctx.recording = False
     _adaptive.flush(f"complex op {plan.name}")
     base = _base(plan.name)
+    refusal = CPU_REFUSES.get(base)
+    if refusal is not None:
+        raise RuntimeError(refusal)
     if _parts.has_chalf(a, outs):
         return _parts.chalf(plan, base, a, outs)
     if base in ("aten::sum", "aten::mean"):
@@ -134,6 +137,17 @@ def lower_complex_only(func, a, outs) -> None:
     run_complex(func, _Named(func), a, outs)
 
 
+# complex ops the CPU refuses though a decomposition would run them: its RuntimeError text
+CPU_REFUSES = {"aten::nansum": "nansum on CPU does not support complex inputs"}
+
+
+def lower_refused_complex(func, a, outs) -> None:
+    """Ops in CPU_REFUSES: complex operands reach run_complex (which raises the CPU's error);
+    real ones decline to PyTorch's decomposition (nanmean's nansum among them)."""
+    raise NotImplementedError(f"{func._schema.name}: real operands, via the decomposition")
+
+
 # ops no other family has; the rest reach run_complex through dispatch's dtype check
 LOWERINGS: dict = {name: lower_complex_only for name in (
     "aten::complex", "aten::polar", "aten::conj_physical", "aten::_conj_physical")}
+LOWERINGS.update({name: lower_refused_complex for name in CPU_REFUSES})

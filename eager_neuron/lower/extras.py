@@ -16,9 +16,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .. import errors
 from ..kernels import extras as kex
 from ..launch import launch
-from .common import HALF, NP_TYPE
+from .common import COMPLEX, HALF, NP_TYPE
 
 VERSION = 1
 
@@ -67,6 +68,8 @@ def unique_along(a, index, consecutive: bool) -> list:
     from .cast import cast
 
     x, dim = a["self"], a["dim"]
+    if x.dtype in COMPLEX:   # the CPU's unique_dim has no complex instance
+        raise errors.NotImplementedForDtype("unique_dim", x.dtype)
     if x.dim() == 0 or (x.dtype not in NP_TYPE and x.dtype not in HALF):
         raise NotImplementedError(f"unique_dim on a {x.dim()}-d {x.dtype} tensor")
     dim = dim + x.dim() if dim < 0 else dim

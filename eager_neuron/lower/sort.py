@@ -18,9 +18,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .. import errors
 from ..kernels import sort as kso
 from ..launch import launch
-from .common import HALF
+from .common import COMPLEX, HALF
 from .shape import axis_views, nbytes
 
 GRAIN = 32768   # at::internal::GRAIN_SIZE: ATen's radix-sort threshold
@@ -195,6 +196,8 @@ def unique_flat(func, x, index, *, consecutive: bool, want_inv: bool, want_count
     from ..buffers import alloc
     from .mask import core_index
 
+    if x.dtype in COMPLEX:   # the CPU's unique kernels have no complex instance
+        raise errors.NotImplementedForDtype("unique", x.dtype)
     core = core_index(index)
     flat = _flat_f(x)
     n = flat.numel()
