@@ -37,6 +37,7 @@ from . import adaptive as _ad
 from . import adaptive_calls as _calls
 from . import fastpath as _fp
 from . import fastpath_capture as _capture
+from .buffers import _span
 from .config import config
 from .launch import HOOKS as _LAUNCH_HOOKS
 from .tensor import NeuronTensor
@@ -60,14 +61,53 @@ def run(func, args, kwargs):
         sig = _fp.signature(args, kwargs, tab[0])
         runner = tab[1].get(sig) if sig is not None else None
         if runner is not None:
+            if _PENDING:
+                key = _SK()
+                if len(_PENDING) > 1 or key not in _PENDING:
+                    # as dispatch's gate: another thread's group touching this call's
+                    # memory launches first
+                    _ad.flush_others(_spans(args, kwargs))
             return runner(args, kwargs)
-    if func in _CALLS:
-        # a joinable op the slow path may join to the group: learn_call finds the call here
-        _TLS.joined = (func, args, kwargs)
+    kind = _KINDS.get(func)
+    if kind is None:
+        kind = _kind_of(func)
+    if kind is _SLOW:
+        if func in _CALLS:
+            # a joinable op the slow path may join to the group: learn_call finds it here
+            _TLS.joined = (func, args, kwargs)
         return _MISS
     ptab = _fp.TABLES.get(func)
     if ptab is None:
         return _MISS
+    if kind is _REDUCE and not _declined(args, kwargs):
+        return _MISS   # the slow path may record it (a whole-tensor sum/mean)
+    sig = _fp.signature(args, kwargs, ptab[0])
+    runner = ptab[1].get(sig) if sig is not None else None
+    if runner is None:
+        return _MISS
+    if _PENDING:
+        # as dispatch's gate: another thread's group touching this call's memory launches
+        # first; this thread's group launches before a non-fusible op
+        key = _SK()
+        if len(_PENDING) > 1 or key not in _PENDING:
+            _ad.flush_others(_spans(args, kwargs))
+        if kind is not _VIEW and key in _PENDING:
+            _ad.flush(f"non-fusible op {_NAMES[func]}")
+    return runner(args, kwargs)
+
+
+_SK = _ad.stream_key
+# what run() does with an op that has no recording runner, per overload (see _kind_of)
+_SLOW, _VIEW, _KERNEL, _REDUCE = "slow", "view", "kernel", "reduce"
+_KINDS: dict = {}
+_NAMES: dict = {}
+_FLOATS = (torch.float32, torch.float64)
+
+
+def _kind_of(func):
+    """_SLOW: the slow path always (it may record the op); _VIEW: a view op; _KERNEL: a
+    non-fusible kernel op (this thread's group launches, then plain eager's runner);
+    _REDUCE: sum/mean, plain eager's runner when _declined says the group cannot take it."""
     plans = _PLAN_MOD[0]
     if plans is None:
         # NOTE: eager_neuron.plan is loaded before any op runs; read from sys.modules, not
@@ -75,26 +115,62 @@ def run(func, args, kwargs):
         plans = _PLAN_MOD[0] = sys.modules[__package__ + ".plan"]
     plan = plans._PLANS.get(func)
     if plan is None:
-        return _MISS
-    kind = plan.kind
-    if kind == "kernel":
-        if plan.lower in plans.fusible_lowerings() or plan.name in _ad.REDUCTIONS:
-            return _MISS   # recorded (or learned as a recording runner) by the slow path
-    elif kind != "view":
-        return _MISS
-    sig = _fp.signature(args, kwargs, ptab[0])
-    runner = ptab[1].get(sig) if sig is not None else None
-    if runner is None:
-        return _MISS
-    if _PENDING:
-        # as dispatch's gate: another thread's group goes the slow way (it checks memory);
-        # this thread's group launches before a non-fusible op
-        key = _ad.stream_key()
-        if len(_PENDING) > 1 or key not in _PENDING:
-            return _MISS
-        if kind == "kernel":
-            _ad.flush(f"non-fusible op {plan.name}")
-    return runner(args, kwargs)
+        return _SLOW   # not planned yet: the slow path plans it (asked again next time)
+    kind = _SLOW
+    if plan.kind == "view":
+        kind = _VIEW
+    elif plan.kind == "kernel" and plan.lower not in plans.fusible_lowerings():
+        reduction = _ad.REDUCTIONS.get(plan.name)
+        if reduction is None:
+            kind = _KERNEL
+        elif reduction != "call" and func in _REDUCTION_ARGS:
+            kind = _REDUCE
+    _NAMES[func] = plan.name
+    _KINDS[func] = kind
+    return kind
+
+
+# sum/mean overloads run() may decline for the group: their (dim, dtype) argument positions
+_REDUCTION_ARGS = {torch.ops.aten.sum.default: (None, 1), torch.ops.aten.mean.default: (None, 1),
+                   torch.ops.aten.sum.dim_IntList: (1, 3), torch.ops.aten.mean.dim: (1, 3)}
+
+
+def _declined(args, kwargs) -> bool:
+    """Surely not recorded by adaptive.try_record_reduction (which takes only a whole-tensor
+    float sum/mean of a contiguous tensor of more than one element, no dtype argument): its
+    output has more than one element, or the operand does not qualify. False: maybe."""
+    if not args or type(args[0]) is not NeuronTensor or len(args) > 4:
+        return False
+    x = args[0]
+    if x.dtype not in _FLOATS or x.numel() <= 1 or not x.is_contiguous():
+        return True
+    if kwargs.get("dtype") is not None or (len(args) > 3 and args[3] is not None):
+        return True
+    dim = args[1] if len(args) > 1 else kwargs.get("dim")
+    if not dim:
+        return False   # every element (dim None or [])
+    nd = x.dim()
+    try:
+        reduced = {d % nd for d in dim} if nd else set()
+    except TypeError:
+        return False
+    kept = 1
+    for d, n in enumerate(x.shape):
+        if d not in reduced:
+            kept *= n
+    return kept != 1
+
+
+def _spans(args, kwargs) -> list:
+    """Byte spans [(lo, hi), ...] of the neuron tensors among an op's arguments (as dispatch's
+    gate computes them)."""
+    spans = []
+    for x in (*args, *kwargs.values()):
+        if type(x) is NeuronTensor:
+            spans.append(_span(x._data))
+        elif isinstance(x, (list, tuple)):
+            spans.extend(_span(v._data) for v in x if type(v) is NeuronTensor)
+    return spans
 
 
 def arm(func, plan, args, kwargs, index, a, outs, leaves) -> None:
@@ -131,7 +207,8 @@ def learn(out, spec, kinds: tuple, numel: int, op_name: str) -> None:
                      spec.store), "NUMEL": numel,
           "SID": _ad.static_id(op_name, spec.expr, kinds, spec.loads, spec.scalar_casts,
                                spec.store, None, numel, stypes)}
-    lines = ["if PENDING and (len(PENDING) > 1 or SK() not in PENDING): return MISS"]
+    # (run() launched every other stream's group touching this call's memory)
+    lines = []
     # 1. operands: each tensor's host buffer as a flat numpy array, with its block
     refs = []
     for nm in spec.tensors:
@@ -240,8 +317,7 @@ def learn_call(name: str, a: dict, outs: list, staged: list, sids: tuple, core: 
           "MISS": _MISS, "IDX": core, "F": COUNTERS, "C": _calls.COUNTERS, "SIM": _fp.SIM,
           "FULL": _fp.full_np, "ndarray": np.ndarray, "NAME": name, "SIDS": sids,
           "SHAPE": tuple(out.shape), "STRIDE": out.stride(), "DT": out.dtype}
-    lines = ["if PENDING and (len(PENDING) > 1 or SK() not in PENDING): return MISS"]
-    lines += _fp._alloc_lines(ns, out, core)
+    lines = _fp._alloc_lines(ns, out, core)
     lines.append("O = data_np" if "NPDT" in ns else "O = data.numpy()")
     # sources: the output and the operands, each with its address expression
     sources = [("O", out.numpy(), "data.data_ptr()")]
