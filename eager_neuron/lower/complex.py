@@ -70,6 +70,8 @@ def run_complex(func, plan, a: dict, outs: list) -> None:
         return _mm.addbmm(a, outs[0])
     if base == "aten::put" and is_complex(a.get("self")) and is_complex(a.get("source")):
         return _parts.put(a, outs[0])
+    if base == "aten::as_strided_scatter":
+        return _parts.as_strided_scatter(a, outs[0])
     if base == "aten::linalg_vector_norm":
         # a norm depends on |z| only: the real lowering over abs(z)
         x = a["self"]

@@ -132,3 +132,16 @@ def put(a: dict, out: torch.Tensor) -> None:
     lower_index_put(torch.ops.aten.index_put_.default,
                     {"self": rows, "indices": [index], "values": pairs.view(-1, 2),
                      "accumulate": bool(a["accumulate"])}, [rows])
+
+
+def as_strided_scatter(a: dict, out: torch.Tensor) -> None:
+    """as_strided_scatter on complex: out = self, then src copied into out's as_strided view
+    (sizes, strides and offset count complex elements, so the view is taken on the complex
+    tensor itself; the offset counts in out's storage, as ATen's clone, see lower/shape.py)."""
+    from .shape import as_strided_dst
+
+    if out is not a["self"]:
+        elementwise("aten::_to_copy", {"self": a["self"]}, out)
+    dst = as_strided_dst(out, a)
+    if dst.numel():
+        elementwise("aten::_to_copy", {"self": a["src"]}, dst)

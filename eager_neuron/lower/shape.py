@@ -200,9 +200,19 @@ lower_diagonal_scatter = _copy_then(
     lambda out, a: out.diagonal(a["offset"], a["dim1"], a["dim2"]))
 # NOTE: ATen clones self and views the clone: the offset counts in the clone's storage, which
 # starts where out's does (a fresh buffer), so None means out's own offset
-lower_as_strided_scatter = _copy_then(
-    lambda out, a: out.as_strided(a["size"], a["stride"], out.storage_offset() if
-                                  a["storage_offset"] is None else a["storage_offset"]))
+def as_strided_dst(out, a):
+    """as_strided_scatter's destination view of out; like ATen's copy_ into it, one whose
+    elements share memory (a stride 0) is refused."""
+    dst = out.as_strided(a["size"], a["stride"], out.storage_offset() if
+                         a["storage_offset"] is None else a["storage_offset"])
+    if dst.numel() > 1 and torch._debug_has_internal_overlap(dst) == 1:
+        raise RuntimeError("unsupported operation: more than one element of the written-to "
+                           "tensor refers to a single memory location. Please clone() the "
+                           "tensor before performing the operation.")
+    return dst
+
+
+lower_as_strided_scatter = _copy_then(as_strided_dst)
 
 
 def lower_hash_tensor(func, a, outs):
