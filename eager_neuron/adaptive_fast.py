@@ -71,6 +71,15 @@ def run(func, args, kwargs):
     kind = _KINDS.get(func)
     if kind is None:
         kind = _kind_of(func)
+    if kind is _FOREACH:
+        runner = _learn_foreach(func, args, kwargs)
+        if runner is None:
+            return _MISS
+        if _PENDING:
+            key = _SK()
+            if len(_PENDING) > 1 or key not in _PENDING:
+                _ad.flush_others(_spans(args, kwargs))
+        return runner(args, kwargs)
     if kind is _SLOW:
         if func in _CALLS:
             # a joinable op the slow path may join to the group: learn_call finds it here
@@ -98,7 +107,7 @@ def run(func, args, kwargs):
 
 _SK = _ad.stream_key
 # what run() does with an op that has no recording runner, per overload (see _kind_of)
-_SLOW, _VIEW, _KERNEL, _REDUCE = "slow", "view", "kernel", "reduce"
+_SLOW, _VIEW, _KERNEL, _REDUCE, _FOREACH = "slow", "view", "kernel", "reduce", "foreach"
 _KINDS: dict = {}
 _NAMES: dict = {}
 _FLOATS = (torch.float32, torch.float64)
@@ -119,6 +128,15 @@ def _kind_of(func):
     kind = _SLOW
     if plan.kind == "view":
         kind = _VIEW
+    elif plan.kind == "foreach":
+        from .lower.foreach import _per_tensor_op
+
+        try:
+            per = _per_tensor_op(func)[0]
+        except NotImplementedError:
+            per = None
+        if isinstance(per, torch._ops.OpOverload):
+            kind = _FOREACH
     elif plan.kind == "kernel" and plan.lower not in plans.fusible_lowerings():
         reduction = _ad.REDUCTIONS.get(plan.name)
         if reduction is None:
@@ -128,6 +146,99 @@ def _kind_of(func):
     _NAMES[func] = plan.name
     _KINDS[func] = kind
     return kind
+
+
+_FOREACH_FAILED: dict = {}   # (func, signature) -> failed attempts to learn a foreach runner
+
+
+def _learn_foreach(func, args, kwargs):
+    """A foreach op (an optimizer's `_foreach_*` update) whose elements all have recording
+    runners: the runner calling them in turn (learned on the fly, kept per signature), as
+    lower/foreach.py's loop would send the elements down the funnel; None: the slow path."""
+    from .lower.foreach import _per_tensor_op
+
+    per, spec, _returns = _per_tensor_op(func)
+    tab = TABLES.get(per)
+    if tab is None or not args or not isinstance(args[0], (list, tuple)):
+        return None
+    values = tab[0]
+    sig = _fp.signature(args, kwargs, values)
+    if sig is None:
+        return None
+    ftab = TABLES.get(func)
+    if ftab is not None and ftab[0] == values:
+        run = ftab[1].get(sig)
+        if run is not None:
+            return run
+    if _FOREACH_FAILED.get((func, sig), 0) >= 2 or len(_FOREACH_FAILED) > 10_000:
+        return None
+    n = len(args[0])
+    pos, kw = [], []   # per foreach argument taken: source text of its element value
+    for j, ((is_list, scalars, name), a) in enumerate(zip(spec, args)):
+        if scalars or (is_list and (not isinstance(a, (list, tuple)) or len(a) != n)):
+            return None   # `.Tensor` overloads read one CPU scalar per element
+        expr = f"A{j}[i]" if is_list else f"args[{j}]"
+        if name is None:
+            pos.append(expr)
+        else:
+            kw.append(f"{name!r}: {expr}")
+    runners = []
+    for i in range(n):
+        call, call_kw = [], dict(kwargs)
+        for (is_list, _scalars, name), a in zip(spec, args):
+            v = a[i] if is_list else a
+            if name is None:
+                call.append(v)
+            else:
+                call_kw[name] = v
+        esig = _fp.signature(tuple(call), call_kw, values)
+        run = tab[1].get(esig) if esig is not None else None
+        if run is None:
+            _FOREACH_FAILED[(func, sig)] = _FOREACH_FAILED.get((func, sig), 0) + 1
+            return None
+        runners.append(run)
+    plans = _PLAN_MOD[0]
+    plan = plans._PLANS.get(func) if plans is not None else None
+    if plan is None:
+        return None
+    from torch.autograd.graph import increment_version
+
+    from .stats import STATS
+
+    ns = {"R": tuple(runners), "N": n, "S": STATS, "MISS": _MISS, "PER": per,
+          "D": sys.modules[__package__ + ".tensor"]._dispatch, "incv": increment_version}
+    lines = [f"A{j} = args[{j}]" for j, (is_list, _s, _n) in enumerate(spec[:len(args)])
+             if is_list]
+    call = f"({', '.join(pos)},)" if pos else "()"
+    kwd = ("dict(kwargs, " if kwargs else "{") + ", ".join(kw) + ("})" if kwargs else "}")
+    if not kw:
+        kwd = "dict(kwargs)" if kwargs else "{}"
+    keep = not (plan.mutates and not any(plan.ret_alias))
+    lines += ["S.ops += N"]
+    if keep:
+        lines.append("out = []")
+    lines += ["for i in range(N):",
+              f"    c = {call}",
+              f"    k = {kwd}",
+              "    r = R[i](c, k)",
+              "    if r is MISS:",
+              "        S.ops -= 1   # the funnel counts this element itself",
+              "        r = D(PER, c, k)"]
+    if keep:
+        lines.append("    out.append(r)")
+    for j, ((is_list, _s, _n), schema_arg) in enumerate(zip(spec, func._schema.arguments)):
+        if is_list and j < len(args) and schema_arg.name in plan.mutates:
+            lines.append(f"incv(A{j})")
+    lines.append("return out" if keep else "return None")
+    runner = _fp._build(plan.name, lines, ns)
+    with _fp._LOCK:
+        ftab = TABLES.get(func)
+        if ftab is None:
+            ftab = TABLES[func] = (values, {})
+        if ftab[0] == values and len(ftab[1]) < _fp.LIMIT:
+            ftab[1][sig] = runner
+            COUNTERS["learned"] += 1
+    return runner
 
 
 # sum/mean overloads run() may decline for the group: their (dim, dtype) argument positions
@@ -395,6 +506,7 @@ _ad.LEARN_CALL[0] = learn_call
 def reset() -> None:
     """Forget every recording runner (with the plain fast path's runners)."""
     TABLES.clear()
+    _FOREACH_FAILED.clear()
 
 
 _fp.SIM.on_configure.append(reset)
