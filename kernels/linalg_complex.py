@@ -34,6 +34,191 @@ _ZSYTRS = _SYTRS.replace("def _sytrs(", "def _zsytrs(").replace("s = 0.0", "s = 
     .replace("t = 0.0", "t = 0j").replace("def _swap_rows(", "def _zswap_rows(") \
     .replace("_swap_rows(x,", "_zswap_rows(x,")
 
+# LAPACK zhetf2 / zhetrs (Hermitian, lower): Bunch-Kaufman on L D L^H. The pivot measure is
+# CABS1 off the diagonal and |re| on it (the diagonal of a Hermitian matrix is real: its
+# imaginary part is ignored and written as 0); rank-1 and rank-2 updates conjugate the second
+# factor, and 2x2 blocks of D are Hermitian [[d11, conj(d21)], [d21, d22]]
+_ZHETF2 = _HELPER + '''\
+def _zhetf2(a, piv):
+    # returns info (the first exactly-zero pivot column); 1-based pivots, negative for 2x2
+    n = a.shape[0]
+    alpha = (1.0 + math.sqrt(17.0)) / 8.0
+    info = 0
+    k = 0
+    while k < n:
+        kstep = 1
+        absakk = abs(a[k, k].real)
+        imax = k
+        colmax = 0.0
+        if k < n - 1:
+            imax = k + 1
+            colmax = -1.0
+            for i in range(k + 1, n):
+                v = abs(a[i, k].real) + abs(a[i, k].imag)
+                if v > colmax:
+                    colmax = v
+                    imax = i
+        kp = k
+        if max(absakk, colmax) == 0.0 or absakk != absakk:
+            if info == 0:
+                info = k + 1
+            a[k, k] = a[k, k].real
+        else:
+            if absakk < alpha * colmax:
+                rowmax = -1.0
+                for j in range(k, imax):
+                    v = abs(a[imax, j].real) + abs(a[imax, j].imag)
+                    if v > rowmax:
+                        rowmax = v
+                jm = -1.0
+                for i in range(imax + 1, n):
+                    v = abs(a[i, imax].real) + abs(a[i, imax].imag)
+                    if v > jm:
+                        jm = v
+                rowmax = max(rowmax, jm)
+                if absakk >= alpha * colmax * (colmax / rowmax):
+                    kp = k
+                elif abs(a[imax, imax].real) >= alpha * rowmax:
+                    kp = imax
+                else:
+                    kp = imax
+                    kstep = 2
+            kk = k + kstep - 1
+            if kp != kk:
+                for i in range(kp + 1, n):
+                    t = a[i, kk]
+                    a[i, kk] = a[i, kp]
+                    a[i, kp] = t
+                for j in range(kk + 1, kp):
+                    t = a[j, kk].conjugate()
+                    a[j, kk] = a[kp, j].conjugate()
+                    a[kp, j] = t
+                a[kp, kk] = a[kp, kk].conjugate()
+                r1 = a[kk, kk].real
+                a[kk, kk] = a[kp, kp].real
+                a[kp, kp] = r1
+                if kstep == 2:
+                    a[k, k] = a[k, k].real
+                    t = a[k + 1, k]
+                    a[k + 1, k] = a[kp, k]
+                    a[kp, k] = t
+            else:
+                a[k, k] = a[k, k].real
+                if kstep == 2:
+                    a[k + 1, k + 1] = a[k + 1, k + 1].real
+            if kstep == 1:
+                if k < n - 1:
+                    r1 = 1.0 / a[k, k].real
+                    # zher: A22 -= r1 x x^H (lower triangle, real diagonal)
+                    for j in range(k + 1, n):
+                        xj = a[j, k]
+                        if xj != 0:
+                            t = -r1 * xj.conjugate()
+                            a[j, j] = a[j, j].real + (t * xj).real
+                            for i in range(j + 1, n):
+                                a[i, j] += a[i, k] * t
+                        else:
+                            a[j, j] = a[j, j].real
+                    for i in range(k + 1, n):
+                        a[i, k] *= r1
+            elif k < n - 2:
+                d = abs(a[k + 1, k])
+                d11 = a[k + 1, k + 1].real / d
+                d22 = a[k, k].real / d
+                tt = 1.0 / (d11 * d22 - 1.0)
+                d21 = a[k + 1, k] / d
+                d = tt / d
+                for j in range(k + 2, n):
+                    wk = d * (d11 * a[j, k] - d21 * a[j, k + 1])
+                    wkp1 = d * (d22 * a[j, k + 1] - d21.conjugate() * a[j, k])
+                    for i in range(j, n):
+                        a[i, j] = a[i, j] - a[i, k] * wk.conjugate() \\
+                            - a[i, k + 1] * wkp1.conjugate()
+                    a[j, k] = wk
+                    a[j, k + 1] = wkp1
+                    a[j, j] = a[j, j].real
+        if kstep == 1:
+            piv[k] = kp + 1
+        else:
+            piv[k] = -(kp + 1)
+            piv[k + 1] = -(kp + 1)
+        k += kstep
+    return info
+'''
+
+_ZHETRS = _HELPER + '''\
+def _zhswap_rows(x, i, p):
+    for c in range(x.shape[1]):
+        t = x[i, c]
+        x[i, c] = x[p, c]
+        x[p, c] = t
+
+
+@njit(error_model="numpy", nogil=True)
+def _zhetrs(a, piv, x):
+    # LAPACK zhetrs (lower): x <- A^-1 x with A = L D L^H from _zhetf2; False on a bad pivot
+    n = a.shape[0]
+    m = x.shape[1]
+    for k in range(n):
+        if piv[k] == 0 or abs(piv[k]) > n:
+            return False
+    k = 0
+    while k < n:
+        if piv[k] > 0:
+            _zhswap_rows(x, k, piv[k] - 1)
+            for i in range(k + 1, n):
+                for c in range(m):
+                    x[i, c] -= a[i, k] * x[k, c]
+            s = 1.0 / a[k, k].real
+            for c in range(m):
+                x[k, c] *= s
+            k += 1
+        else:
+            if k + 1 >= n:
+                return False
+            _zhswap_rows(x, k + 1, -piv[k] - 1)
+            for i in range(k + 2, n):
+                for c in range(m):
+                    x[i, c] -= a[i, k] * x[k, c]
+            for i in range(k + 2, n):
+                for c in range(m):
+                    x[i, c] -= a[i, k + 1] * x[k + 1, c]
+            akm1k = a[k + 1, k]
+            akm1 = a[k, k] / akm1k.conjugate()
+            ak = a[k + 1, k + 1] / akm1k
+            denom = akm1 * ak - 1.0
+            for c in range(m):
+                bkm1 = x[k, c] / akm1k.conjugate()
+                bk = x[k + 1, c] / akm1k
+                x[k, c] = (ak * bkm1 - bk) / denom
+                x[k + 1, c] = (akm1 * bk - bkm1) / denom
+            k += 2
+    k = n - 1
+    while k >= 0:
+        if piv[k] > 0:
+            for c in range(m):
+                s = 0j
+                for i in range(k + 1, n):
+                    s += x[i, c] * a[i, k].conjugate()
+                x[k, c] -= s
+            _zhswap_rows(x, k, piv[k] - 1)
+            k -= 1
+        else:
+            if k < 1:
+                return False
+            for c in range(m):
+                s = 0j
+                t = 0j
+                for i in range(k + 1, n):
+                    s += x[i, c] * a[i, k].conjugate()
+                    t += x[i, c] * a[i, k - 1].conjugate()
+                x[k, c] -= s
+                x[k - 1, c] -= t
+            _zhswap_rows(x, k, -piv[k] - 1)
+            k -= 2
+    return True
+'''
+
 _ZGETRF = _HELPER + '''\
 def _zgetrf(x, piv):
     # LAPACK zgetf2 in place: the pivot is the first largest |re| + |im|; returns info
@@ -248,6 +433,17 @@ KERNELS = {
 """),
     "zldl_solve": ("ld, piv, x, status", (_ZSYTRS,), """\
         status[b] = 0 if _zsytrs(ld[b], piv[b], x[b]) else 1
+"""),
+    # Hermitian LDL^H (linalg.ldl_factor/ldl_solve with hermitian=True)
+    "zhldl_factor": ("a, piv, info", (_ZHETF2,), """\
+        x = a[b]
+        for i in range(x.shape[0]):
+            for j in range(i + 1, x.shape[1]):
+                x[i, j] = 0.0
+        info[b] = _zhetf2(x, piv[b])
+"""),
+    "zhldl_solve": ("ld, piv, x, status", (_ZHETRS,), """\
+        status[b] = 0 if _zhetrs(ld[b], piv[b], x[b]) else 1
 """),
     # a (B, m, n) -> LU in place; piv (B, min(m, n)) int32; info (B,) int32
     "zlu_factor": ("a, piv, info", (_ZGETRF,), """\

@@ -363,7 +363,7 @@ def lower_cholesky_solve(func, a, outs):
 
 
 # ---------------------------------------------------------------------------------------------
-# LDL^T (Bunch-Kaufman, LAPACK sytrf/sytrs with uplo 'L'; real inputs, so hermitian is moot)
+# LDL^T (Bunch-Kaufman, LAPACK sytrf/sytrs with uplo 'L'; hetrf/hetrs for complex hermitian)
 # ---------------------------------------------------------------------------------------------
 
 def lower_ldl_factor_ex(func, a, outs):
@@ -376,9 +376,8 @@ def lower_ldl_factor_ex(func, a, outs):
     x = f64(A)
     piv = int_scratch(pivots, batch + (n,))
     inf = int_scratch(info, batch)
-    if x.dtype == C128 and a.get("hermitian"):   # (helper 5) zhetf2 is not written
-        raise NotImplementedError("complex Hermitian ldl_factor")
-    run(zkind("ldl_factor", x), (b3(x), b2(piv), b1(inf)), flops=x.numel() * n / 3.0)
+    kind = "zhldl_factor" if x.dtype == C128 and a.get("hermitian") else zkind("ldl_factor", x)
+    run(kind, (b3(x), b2(piv), b1(inf)), flops=x.numel() * n / 3.0)
     put(x, LD)
     put_int(piv, pivots)
     put_int(inf, info)
@@ -397,9 +396,8 @@ def lower_ldl_solve(func, a, outs):
     cast(pivots.detach().expand(batch + (n,)), piv)
     x = f64(B, batch + (n, k))
     status = torch.empty(batch, dtype=I32)
-    if ld.dtype == C128 and a.get("hermitian"):   # (helper 5) zhetrs is not written
-        raise NotImplementedError("complex Hermitian ldl_solve")
-    run(zkind("ldl_solve", ld), (b3(ld), b2(piv), b3(x), b1(status)),
+    kind = "zhldl_solve" if ld.dtype == C128 and a.get("hermitian") else zkind("ldl_solve", ld)
+    run(kind, (b3(ld), b2(piv), b3(x), b1(status)),
         flops=2.0 * x.numel() * n)
     check_status(status, "linalg.ldl_solve", "pivots are not a valid ldl_factor output")
     put(x, out)
