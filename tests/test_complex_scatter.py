@@ -45,3 +45,20 @@ def test_as_strided_scatter_refuses_overlapping_destination(dt):
         torch.as_strided_scatter(x, src, (2, 2), (0, 1), 0)
     with pytest.raises(RuntimeError, match=words):
         torch.as_strided_scatter(x.to("neuron"), src.to("neuron"), (2, 2), (0, 1), 0)
+
+
+@pytest.mark.parametrize("dt", [torch.complex64, torch.complex128])
+def test_complex_masked_scatter_backward_exact(dt):
+    # the source's gradient: grad[mask] in row-major order, zero-padded to the source's size
+    g = torch.Generator().manual_seed(2)
+    grad = torch.randn(3, 4, dtype=dt, generator=g)
+    mask = torch.rand(3, 4, generator=g) > 0.4
+    before = eager_neuron.stats()["fallbacks"]
+    for gr in (grad, grad.conj(), grad[:, ::2], grad[0].expand(3, 4)):
+        m = mask[:, :gr.shape[1]]
+        want = [complex(gr[i, j]) for i in range(gr.shape[0]) for j in range(gr.shape[1])
+                if m[i, j]]
+        want += [0j] * (14 - len(want))
+        ours = torch.ops.aten.masked_scatter_backward(gr.to("neuron"), m.to("neuron"), [14])
+        assert ours.dtype == dt and ours.cpu().tolist() == want
+    assert eager_neuron.stats()["fallbacks"] == before

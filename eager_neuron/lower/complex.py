@@ -72,6 +72,8 @@ def run_complex(func, plan, a: dict, outs: list) -> None:
         return _parts.put(a, outs[0])
     if base == "aten::as_strided_scatter":
         return _parts.as_strided_scatter(a, outs[0])
+    if base == "aten::masked_scatter_backward":
+        return _parts.masked_scatter_backward(func, plan, a, outs[0])
     if base == "aten::linalg_vector_norm":
         # a norm depends on |z| only: the real lowering over abs(z)
         x = a["self"]

@@ -36,7 +36,7 @@ SPLIT = frozenset({
     "aten::replication_pad1d_backward", "aten::replication_pad2d_backward",
     "aten::replication_pad3d_backward", "aten::reflection_pad1d_backward",
     "aten::reflection_pad2d_backward", "aten::reflection_pad3d_backward",
-    "aten::masked_scatter_backward", "aten::replication_pad3d", "aten::reflection_pad3d",
+    "aten::replication_pad3d", "aten::reflection_pad3d",
     "aten::replication_pad2d",
 })
 _SPLIT_SCALARS = ("value", "fill_value")   # Scalars that split into real and imaginary parts
@@ -145,3 +145,18 @@ def as_strided_scatter(a: dict, out: torch.Tensor) -> None:
     dst = as_strided_dst(out, a)
     if dst.numel():
         elementwise("aten::_to_copy", {"self": a["src"]}, dst)
+
+
+def masked_scatter_backward(func, plan, a: dict, out: torch.Tensor) -> None:
+    """The source's gradient grad[mask], zero-padded: the real lowering over the (re, im) pairs
+    (the mask widened to them), so each selected element's pair lands in order in the
+    contiguous pairs of out."""
+    g = a["grad_output"]
+    if g.is_conj() or g.is_neg():   # the pairs of the values, not of the raw memory
+        tmp = torch.empty(g.shape, dtype=g.dtype)
+        elementwise("aten::_to_copy", {"self": g}, tmp)
+        g = tmp
+    pair = torch.view_as_real(g)
+    mask = a["mask"].expand(g.shape).unsqueeze(-1).expand(pair.shape)
+    plan.lower(func, {"grad_output": pair, "mask": mask, "sizes": list(a["sizes"]) + [2]},
+               [torch.view_as_real(out)])
