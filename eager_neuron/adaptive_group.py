@@ -272,20 +272,16 @@ def _observable(g: _Group, mem_read=None) -> list:
            for b, m in zip(g.bufs, mem_read)]
     if all(out):
         return out
-    # the seen ranges, merged into disjoint sorted spans; an unseen buffer is kept if it
-    # overlaps one (bisect on the span starts)
-    spans: list = []
-    for lo, hi in sorted((b.lo, b.hi) for b, seen in zip(g.bufs, out) if seen):
-        if spans and lo < spans[-1][1]:
-            if hi > spans[-1][1]:
-                spans[-1][1] = hi
-        else:
-            spans.append([lo, hi])
-    starts = [s[0] for s in spans]
-    for j, b in enumerate(g.bufs):
-        if not out[j]:
-            k = bisect.bisect_left(starts, b.hi) - 1
-            out[j] = k >= 0 and spans[k][1] > b.lo
+    # an unseen buffer is kept if it may share a byte with a seen one (its `ov` set: exact for
+    # equal strides, conservative otherwise)
+    bufs = g.bufs
+    seen = out[:]
+    for j, b in enumerate(bufs):
+        if not seen[j] and b.ov:
+            for k in b.ov:
+                if seen[k]:
+                    out[j] = True
+                    break
     return out
 
 
