@@ -125,8 +125,15 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
 
     if "graphs" in config.log:
         print(f"[eager_neuron] dynamo graph with {len(gm.graph.nodes)} nodes", file=sys.stderr)
+    kw = dict(partition_fn=default_partition, decompositions=_decompositions(),
+              keep_inference_input_mutations=True)
+    from . import artifact
+
+    if artifact.enabled():
+        # the whole AOTAutograd result cached across processes (compile/artifact.py)
+        fw_c, bw_c, inf_c = artifact.compilers()
+        with artifact.caching(gm):
+            return aot_module_simplified(gm, example_inputs, fw_compiler=fw_c, bw_compiler=bw_c,
+                                         inference_compiler=inf_c, **kw)
     return aot_module_simplified(gm, example_inputs, fw_compiler=fw, bw_compiler=bw,
-                                 inference_compiler=inference,
-                                 partition_fn=default_partition,
-                                 decompositions=_decompositions(),
-                                 keep_inference_input_mutations=True)
+                                 inference_compiler=inference, **kw)

@@ -20,6 +20,8 @@ class CompileStats:
         self.eager_ops: Counter = Counter()        # op name -> eager calls inside graphs
         self.graph_fallbacks: Counter = Counter()  # reason -> graphs run entirely in eager
         self.group_fallbacks: Counter = Counter()  # reason -> fused groups run op by op
+        self.programs_saved = 0           # compiled graphs written to torch's AOTAutograd cache
+        self.programs_loaded = 0          # ... and rebuilt from it (no AOTAutograd tracing)
 
     def snapshot(self) -> dict:
         return {
@@ -33,6 +35,8 @@ class CompileStats:
             "graph_eager_ops": dict(self.eager_ops),
             "graph_fallbacks": dict(self.graph_fallbacks),
             "group_fallbacks": dict(self.group_fallbacks),
+            "programs_saved": self.programs_saved,
+            "programs_loaded": self.programs_loaded,
         }
 
 

@@ -1,0 +1,166 @@
+"""Compiled programs cached across processes through torch's AOTAutograd cache.
+
+A warm process used to redo AOTAutograd's tracing (functionalization, the joint graph, the
+partitioner: a third of its time to the first step) because torch's AOTAutogradCache only
+serves compilers that return a serializable `OutputCode`. The neuron backend's compilers do:
+`NeuronOutputCode` holds the aten graph it compiled (with its fake values, pickled by torch's
+GraphPickler) and rebuilds the Program from it when a later process loads the entry, so a warm
+process skips AOTAutograd's tracing *and* finds the same graph to partition.
+
+Rules, the disk cache's:
+- never fatal: any failure to key, save or load an entry is a cache bypass (torch counts it,
+  the graph compiles as if uncached);
+- versioned: the key carries FORMAT, the backend's name and a hash of this package's source
+  (a change to the partitioner or the decompositions can never load a stale graph), next to
+  torch's own key (the dynamo graph, the input signature, torch's version and configs);
+- off with the disk cache (`EAGER_NEURON_DISK_CACHE=0`).
+Entries live in torch's cache directory (`TORCHINDUCTOR_CACHE_DIR`, .../aotautograd), as
+inductor's do; the kernels they run stay in the neuron disk cache.
+
+>>> import torch, eager_neuron
+>>> from eager_neuron.compile.artifact import cache_salt
+>>> cache_salt().startswith("eager_neuron/")
+True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import os
+import time
+
+import torch
+from torch._inductor.output_code import OutputCode
+
+from .stats import CSTATS
+
+# bump when what an entry holds changes meaning (the graph's pickled form, the Program's input)
+FORMAT = 1
+# the attribute of dynamo's GraphModule that salts torch's AOTAutograd cache key (its __dict__
+# is part of the key; torch's key otherwise ignores which backend compiles the graph)
+SALT_ATTR = "_eager_neuron_cache_salt"
+
+
+@functools.cache
+def cache_salt() -> str:
+    """The backend's part of the cache key: format, and a hash of the graph compiler's source."""
+    h = hashlib.sha256()
+    here = os.path.dirname(os.path.abspath(__file__))
+    for name in sorted(os.listdir(here)):
+        if name.endswith(".py"):
+            with open(os.path.join(here, name), "rb") as f:
+                h.update(name.encode() + b"\0" + f.read())
+    return f"eager_neuron/{FORMAT}/{h.hexdigest()[:24]}"
+
+
+def enabled() -> bool:
+    from ..config import config
+
+    return bool(config.disk_cache)
+
+
+def _ops_ok(name: str) -> bool:
+    """Ops GraphPickler may store by name: torch's and registered custom ops (a missing one
+    fails the load, which is a bypass)."""
+    return name.startswith("torch.ops.")
+
+
+class NeuronOutputCode(OutputCode):
+    """One compiled aten graph (forward, backward or inference) as torch's caches keep it."""
+
+    def __init__(self, gm: torch.fx.GraphModule, kind: str) -> None:
+        super().__init__()
+        from .backend import compile_graph
+
+        self._gm = gm
+        self._kind = kind
+        self._blob: bytes | None = None
+        self._boxed_call = True
+        t0 = time.time_ns()
+        self._fn = compile_graph(gm, None, kind)
+        # (torch's cache reports the time an entry saves; None there fails its hit path)
+        self._time_taken_ns = time.time_ns() - t0
+
+    def __call__(self, inputs):
+        return self._fn(inputs)
+
+    def prepare_for_serialization(self) -> None:
+        # (called on a shallow copy: the live program keeps its graph and callable)
+        from torch.fx._graph_pickler import GraphPickler, Options
+
+        if self._gm is not None:
+            self._blob = GraphPickler.dumps(self._gm, options=Options(ops_filter=_ops_ok))
+        self._gm = None
+        self._fn = None
+        CSTATS.programs_saved += 1
+
+    def post_compile(self, example_inputs, constants, graph_kwargs) -> None:
+        if self._fn is not None:
+            return
+        from torch._guards import detect_fake_mode
+        from torch.fx._graph_pickler import GraphPickler
+
+        from .backend import compile_graph
+
+        fake_mode = detect_fake_mode(example_inputs)
+        if fake_mode is None:
+            from torch._subclasses import FakeTensorMode
+            from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+            fake_mode = FakeTensorMode(shape_env=ShapeEnv())
+        gm = GraphPickler.loads(self._blob, fake_mode)
+        gm.recompile()
+        self._gm = gm
+        self._fn = compile_graph(gm, None, self._kind)
+        CSTATS.programs_loaded += 1
+
+    def set_triton_bundle(self, triton_bundle) -> None:
+        pass
+
+
+def compilers():
+    """(forward, backward, inference) compilers torch's AOTAutograd cache accepts."""
+    from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
+
+    ty = NeuronOutputCode
+
+    def make(kind):
+        return SerializableAOTDispatchCompiler(ty, lambda gm, inputs: ty(gm, kind))
+    return make("forward"), make("backward"), make("inference")
+
+
+@contextlib.contextmanager
+def caching(gm: torch.fx.GraphModule):
+    """Within: AOTAutograd keys `gm` with the backend's salt, bundles our OutputCode into its
+    entry, and compiles the backward at once (so the entry is written inside this call)."""
+    import torch._functorch.config as fconfig
+
+    unwrap_factories(gm)
+    setattr(gm, SALT_ATTR, cache_salt())
+    with fconfig.patch(bundled_autograd_cache=True, force_non_lazy_backward_lowering=True):
+        yield
+
+
+def unwrap_factories(gm: torch.fx.GraphModule) -> int:
+    """torch's factories that eager_neuron wraps in Python (for pin_memory=True:
+    eager_neuron/pinned.py) reach dynamo's graph as those wrappers, which torch's cache refuses
+    (an unknown Python function, not importable by name). A call that does not pin is the
+    factory itself: its node calls the builtin. Returns the number of nodes changed."""
+    done = 0
+    for node in gm.graph.nodes:
+        t = node.target
+        if node.op != "call_function" or not callable(t) or node.kwargs.get("pin_memory"):
+            continue
+        inner = getattr(t, "__wrapped__", None)
+        if inner is not None and getattr(t, "__module__", "") == "eager_neuron.pinned" and \
+                type(inner).__name__ == "builtin_function_or_method":
+            node.target = inner
+            done += 1
+    if done:
+        gm.recompile()
+    return done
+
+
+__all__ = ["FORMAT", "cache_salt", "enabled", "compilers", "caching", "NeuronOutputCode"]
