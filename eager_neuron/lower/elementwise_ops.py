@@ -108,7 +108,8 @@ OPS: dict = {
                                   "out"),
     "aten::softshrink_backward": ("T(0) if (self >= -lambd and self <= lambd) else "
                                   "grad_output", "out"),
-    "aten::hardswish_backward": ("T(0) if self < -3 else (grad_output if self > 3 else "
+    # the CPU's boundaries: 0 from x <= -3, grad_output from x >= 3 (bf16/fp16 inputs hit them)
+    "aten::hardswish_backward": ("T(0) if self <= -3 else (grad_output if self >= 3 else "
                                  "grad_output * (self / T(3) + T(0.5)))", "out"),
     # -- binary -----------------------------------------------------------------------------------
     "aten::add": ("self + alpha * other", "out"),
