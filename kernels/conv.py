@@ -20,6 +20,7 @@ True
 from __future__ import annotations
 
 from .elementwise import kernel_name
+from .halfround import ROUND_BF16
 
 HEADER = '@njit(error_model="numpy", nogil=True{extra})\n'
 
@@ -97,22 +98,6 @@ def _gemm(a, b, out):
 """
 
 
-# float32 -> the nearest bfloat16 (ties to even), kept in float32: the bit trick through a
-# one-element buffer `f` and its uint32 view `u` (Numba cannot view a scalar's bits)
-_ROUND_BF16 = """\
-@njit(inline="always")
-def _rb(v, f, u):
-    f[0] = v
-    b = u[0]
-    if (b & 0x7FFFFFFF) > 0x7F800000:
-        return v
-    u[0] = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
-    return f[0]
-
-
-"""
-
-
 def _walk(rng: str, parts: dict, spaces: int) -> list[str]:
     block = _PATCH_WALK.format(rng=rng, **parts)
     pad = " " * spaces
@@ -172,9 +157,7 @@ def render_conv_grad_input(pointwise: bool, parallel: bool, integer: bool,
     params = "gi, go, x, w, " + ("bias, " if has_bias else "") + _GEOMETRY
     lines = _head(name, params, parallel, integer)
     if bf16:
-        lines[0] = _ROUND_BF16 + lines[0]
-        lines += ["    rbf = np.empty(1, np.float32)",
-                  "    rbu = rbf.view(np.uint32)"]
+        lines[0] = ROUND_BF16 + lines[0]
     if has_bias:
         lines.append("    gi5 = gi.reshape((n_, c_, dp, h, wd))")
         target, flat = "gi5", "gi"
@@ -201,14 +184,14 @@ def render_conv_grad_input(pointwise: bool, parallel: bool, integer: bool,
         if bf16:
             lines += ["            for r in range(ckk):",
                       "                for j in range(ohw):",
-                      "                    cols[r, j] = _rb(cols[r, j], rbf, rbu)"]
+                      "                    cols[r, j] = _round_bf16(cols[r, j])"]
             dst = inside.split(" += ")[0]
-            inside = f"{dst} = _rb({dst} + cols[r, base + oj], rbf, rbu)"
+            inside = f"{dst} = _round_bf16({dst} + cols[r, base + oj])"
         lines += _walk(rng, {**_COL2IM, "inside": inside}, 12)
     if has_bias:
         epilogue = _bias_epilogue("gi", "c_", "dp * h * wd")
         if bf16:
-            epilogue[-1] = "                gi[n, o, j] = _rb(gi[n, o, j] + bo, rbf, rbu)"
+            epilogue[-1] = "                gi[n, o, j] = _round_bf16(gi[n, o, j] + bo)"
         lines += epilogue
     return "\n".join(lines) + "\n", name
 

@@ -19,8 +19,9 @@ True
 from __future__ import annotations
 
 from .elementwise import kernel_name
+from .halfround import ROUND_BF16, ROUND_F16
 
-# _r: round to the half type (see the module docstring); applied to float32 values. The half
+# _r: round to the half type (kernels/halfround.py); applied to float32 values. The half
 # forms are called, not inlined (inlining them at ~30 sites tripled the compile time); each has
 # its own name, so two cached kernels never carry one helper symbol with two bodies
 _ROUND = {
@@ -29,36 +30,8 @@ _ROUND = {
 def _r(x):
     return x
 """,
-    "bf16": """\
-@njit(error_model="numpy", nogil=True)
-def _r_bf16(x):
-    # nearest-even bfloat16 (8 significant bits; subnormals on bfloat16's 2**-133 grid)
-    if x == 0 or not math.isfinite(x):
-        return x
-    if abs(x) < 2.0 ** -126:
-        return np.float32(np.rint(x * 2.0 ** 133) / 2.0 ** 133)
-    m, e = math.frexp(x)
-    return np.float32(math.ldexp(np.rint(m * 256.0), e - 8))
-
-
-_r = _r_bf16
-""",
-    "f16": """\
-@njit(error_model="numpy", nogil=True)
-def _r_f16(x):
-    # nearest-even float16 (11 significant bits, subnormals on a 2**-24 grid, inf from 65520)
-    if x == 0 or not math.isfinite(x):
-        return x
-    if abs(x) >= 65520.0:
-        return np.float32(math.copysign(math.inf, x))
-    if abs(x) < 2.0 ** -14:
-        return np.float32(np.rint(x * 2.0 ** 24) / 2.0 ** 24)
-    m, e = math.frexp(x)
-    return np.float32(math.ldexp(np.rint(m * 2048.0), e - 11))
-
-
-_r = _r_f16
-""",
+    "bf16": ROUND_BF16 + "_r = _round_bf16\n",
+    "f16": ROUND_F16 + "_r = _round_f16\n",
 }
 
 _HELPERS = """\

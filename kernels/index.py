@@ -14,14 +14,14 @@ True
 from __future__ import annotations
 
 from .elementwise import kernel_name
-from .reduce import _RBF16
+from .halfround import ROUND_BF16
 
 HEADER = '@njit(error_model="numpy", nogil=True)'
 
 # Shared helpers, prepended to every kernel of this family.
-# _rbf16 (reduce's): x rounded to the nearest bfloat16, kept in float32, so a float32 buffer
+# _round_bf16 (halfround.py): x rounded to the nearest bfloat16, kept in float32, so a float32 buffer
 # stored through it accumulates exactly as a bfloat16 one does on the CPU
-PRELUDE = _RBF16 + '''
+PRELUDE = ROUND_BF16 + '''
 @njit(inline="always")
 def _fix(k, n, wrap):
     return k + n if (wrap and k < 0) else k

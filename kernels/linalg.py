@@ -296,9 +296,9 @@ _KERNELS = {
             c0 = c[b, 0, j]
             c1 = c[b, 1, j]
             c2 = c[b, 2, j]
-            out[b, 0, j] = _bf16(_bf16(a1 * c2) - _bf16(a2 * c1))
-            out[b, 1, j] = _bf16(_bf16(a2 * c0) - _bf16(a0 * c2))
-            out[b, 2, j] = _bf16(_bf16(a0 * c1) - _bf16(a1 * c0))
+            out[b, 0, j] = _round_bf16(_round_bf16(a1 * c2) - _round_bf16(a2 * c1))
+            out[b, 1, j] = _round_bf16(_round_bf16(a2 * c0) - _round_bf16(a0 * c2))
+            out[b, 2, j] = _round_bf16(_round_bf16(a0 * c1) - _round_bf16(a1 * c0))
 """),
     # the same for float16: each product and the difference rounded to float16
     "cross_f16": ("a, c, out", (_F16,), """\
@@ -309,9 +309,9 @@ _KERNELS = {
             c0 = c[b, 0, j]
             c1 = c[b, 1, j]
             c2 = c[b, 2, j]
-            out[b, 0, j] = _f16(_f16(a1 * c2) - _f16(a2 * c1))
-            out[b, 1, j] = _f16(_f16(a2 * c0) - _f16(a0 * c2))
-            out[b, 2, j] = _f16(_f16(a0 * c1) - _f16(a1 * c0))
+            out[b, 0, j] = _round_f16(_round_f16(a1 * c2) - _round_f16(a2 * c1))
+            out[b, 1, j] = _round_f16(_round_f16(a2 * c0) - _round_f16(a0 * c2))
+            out[b, 2, j] = _round_f16(_round_f16(a0 * c1) - _round_f16(a1 * c0))
 """),
     # a (B, n, n) -> L D L^T in the lower triangle (upper zeroed), piv (B, n), info (B,)
     "ldl_factor": ("a, piv, info", (_SYTF2,), """\

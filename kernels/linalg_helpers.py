@@ -11,6 +11,8 @@ True
 
 from __future__ import annotations
 
+from .halfround import ROUND_BF16, ROUND_F16
+
 HEADER = '@njit(error_model="numpy", nogil=True{extra})\n'
 _HELPER = '@njit(error_model="numpy", nogil=True)\n'
 
@@ -384,25 +386,6 @@ def _finite(x):
     return True
 '''
 
-_BF16 = _HELPER + '''\
-def _bf16(x):
-    # the nearest-even bfloat16 value of x (8 significant bits); 0, inf and nan pass through
-    if x == 0.0 or not math.isfinite(x):
-        return x
-    m, e = math.frexp(x)
-    return math.ldexp(np.rint(m * 256.0), e - 8)
-'''
-
-_F16 = _HELPER + '''\
-def _f16(x):
-    # the nearest-even float16 value of x (11 significant bits, subnormals below 2**-14 on a
-    # 2**-24 grid, overflow from 65520 up); 0, inf and nan pass through
-    if x == 0.0 or not math.isfinite(x):
-        return x
-    if abs(x) >= 65520.0:
-        return math.copysign(math.inf, x)
-    if abs(x) < 2.0 ** -14:
-        return np.rint(x * 2.0 ** 24) / 2.0 ** 24
-    m, e = math.frexp(x)
-    return math.ldexp(np.rint(m * 2048.0), e - 11)
-'''
+# the half types' rounding (kernels/halfround.py): bfloat16 / float16 kernels round each step
+_BF16 = ROUND_BF16
+_F16 = ROUND_F16

@@ -12,7 +12,7 @@ True
 
 from __future__ import annotations
 
-from .conv import _ROUND_BF16
+from .halfround import ROUND_BF16
 from .elementwise import kernel_name
 
 HEADER = '@njit(error_model="numpy", nogil=True{extra})\n'
@@ -208,12 +208,11 @@ def render_pool(kind: str, T: str, lowest: str, parallel: bool,
         lines.append(_avg_divisor())
         lines.append(_SCATTER_BODY.format(delta=f"go[n, c, oz, oi, oj] / {T}(d)").rstrip())
     elif kind == "adaptive_avg" and bf16:
-        helper = _ROUND_BF16
-        lines.insert(3, "        rbf = np.empty(1, np.float32)\n        rbu = rbf.view(np.uint32)")
+        helper = ROUND_BF16
         body = _SUM_BODY.format(acc=T).rstrip().replace(
-            "s += x[n, c, iz, ih, iw]", "s = _rb(s + x[n, c, iz, ih, iw], rbf, rbu)")
-        mean = (f"_rb(_rb(_rb(s / {T}(z1 - z0), rbf, rbu) / {T}(h1 - h0), rbf, rbu) / "
-                f"{T}(w1 - w0), rbf, rbu)")
+            "s += x[n, c, iz, ih, iw]", "s = _round_bf16(s + x[n, c, iz, ih, iw])")
+        mean = (f"_round_bf16(_round_bf16(_round_bf16(s / {T}(z1 - z0)) / {T}(h1 - h0)) / "
+                f"{T}(w1 - w0))")
         lines += [body, f"                    out[n, c, oz, oi, oj] = {mean}"]
     elif kind == "adaptive_avg":
         # PyTorch divides by each window extent in turn (not by their product): same rounding

@@ -27,6 +27,7 @@ from __future__ import annotations
 import re
 
 from .elementwise import kernel_name
+from .halfround import ROUND_BF16
 
 # name -> (passes [(init, step)], finals per output, merge for "chunk" (p: a partial), flags)
 # flags: "index" uses k (no dim sorting, row mode only); "multi" has several passes.
@@ -428,30 +429,16 @@ def render_segment() -> tuple[str, str]:
         "                    else:",
         "                        v = v + x",
         "                    if bf:",
-        "                        v = _rbf16(v)",
+        "                        v = _round_bf16(v)",
         "                if red == 1:",
         "                    if end - start == 0 and not has_init:",
         "                        v = np.nan",
         "                    elif end - start > 0 and v == v:",
         "                        d = data.dtype.type(end - start)",
-        "                        v = _rbf16(v / _rbf16(d)) if bf else v / d",
+        "                        v = _round_bf16(v / _round_bf16(d)) if bf else v / d",
         "                out[o, s, i] = v",
     ]
-    return _RBF16 + "\n".join(lines) + "\n", name
-
-
-_RBF16 = '''
-@njit(inline="always")
-def _rbf16(x):
-    if x != x:
-        return np.float32(x)
-    b = np.empty(1, np.float32)
-    b[0] = x
-    u = b.view(np.uint32)
-    u[0] = np.uint32((np.int64(u[0]) + 0x7FFF + ((np.int64(u[0]) >> 16) & 1)) & 0xFFFF0000)
-    return b[0]
-
-'''
+    return ROUND_BF16 + "\n".join(lines) + "\n", name
 
 
 def render_segment_backward() -> tuple[str, str]:

@@ -146,7 +146,7 @@ def render_histc() -> tuple[str, str]:
           "if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):", "    info[2] = 1",
           "    return",
           "left = np.float32(lo)", "right = np.float32(hi)", "nb = np.float32(bins)",
-          "if bf:", "    left = _rbf16(left)", "    right = _rbf16(right)",
+          "if bf:", "    left = _round_bf16(left)", "    right = _round_bf16(right)",
           "for b in range(bins):", "    hist[b] = 0",
           "part = np.zeros(bins, np.float32)",
           "for start in range(0, n, chunk):",
@@ -154,10 +154,10 @@ def render_histc() -> tuple[str, str]:
           "    for j in range(start, min(n, start + chunk)):", "        v = x[j]",
           "        if not (v >= left and v <= right):", "            continue",
           "        if bf:",
-          "            t = _rbf16(_rbf16(_rbf16(v - left) * nb) / _rbf16(right - left))",
+          "            t = _round_bf16(_round_bf16(_round_bf16(v - left) * nb) / _round_bf16(right - left))",
           "        else:", "            t = (v - left) * nb / (right - left)",
           "        pos = int(t)", "        if pos == bins:", "            pos -= 1",
-          "        part[pos] = _rbf16(part[pos] + np.float32(1)) if bf else part[pos] + 1",
+          "        part[pos] = _round_bf16(part[pos] + np.float32(1)) if bf else part[pos] + 1",
           "    for b in range(bins):", "        hist[b] += part[b]")
     return s.text(), name
 

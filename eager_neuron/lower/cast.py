@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import torch
 
+from ..kernels.halfround import BF16_BITS
 from . import elementwise as ew
 from .common import FP8
 
-# NOTE: every NaN becomes the quiet NaN 0x7FC0, as c10::round_to_nearest_even does (the CPU's
-# AVX2 path writes 0xFFFF for contiguous inputs; either is NaN, the payload is not observable)
-_F32_TO_BF16 = ("0x7FC0 if (x0 & 0x7FFFFFFF) > 0x7F800000 else "
-                "((x0 + 0x7FFF + ((x0 >> 16) & 1)) >> 16)")
+# NOTE: the one bfloat16 rule (kernels/halfround.py): every NaN becomes the quiet NaN 0x7FC0, as
+# c10::round_to_nearest_even does (the CPU's AVX2 path writes 0xFFFF for contiguous inputs;
+# either is NaN, the payload is not observable)
+_F32_TO_BF16 = BF16_BITS
 _BF16_TO_F32 = "(x0 & 0xFFFF) << 16"
 
 

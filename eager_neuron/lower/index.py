@@ -275,7 +275,7 @@ def _index_put_half(func, a, outs):
         self32 = a["self"].clone()   # NOTE: never for a half self (_up copies); kept for safety
     vals = a["values"]
     vals32 = _up(vals, vals) if vals.dtype in HALF else vals
-    rnd = "_rbf16({})" if out.dtype == torch.bfloat16 and a["accumulate"] else None
+    rnd = "_round_bf16({})" if out.dtype == torch.bfloat16 and a["accumulate"] else None
     lower_index_put(func, dict(a, self=self32, values=vals32), [self32], store=rnd)
     lower_to_copy(torch.ops.aten._to_copy.default, {"self": self32}, [out])
 
