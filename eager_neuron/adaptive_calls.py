@@ -1,12 +1,12 @@
 """Adaptive eager: a matmul joins the pending group; the fused kernel calls the matmul's kernel.
 
 A joinable op (JOINABLE: the matmul family on float32/float64) is lowered as plain eager lowers
-it, with its launches *staged* instead of run (launch.DEFER): what the group gets is the exact
-kernel, key and arguments plain eager would have launched. The fused kernel of the group calls
-that kernel between its loops, so a matmul and its epilogue (bias, activation, residual add,
-scale: the elementwise ops recorded after it) and the elementwise ops before it are one launch,
-and the values are plain eager's: the same kernel code runs on the same arguments in the same
-order.
+it, with its launches *staged* instead of run (the op context's launcher): what the group gets
+is the exact kernel, key and arguments plain eager would have launched. The fused kernel of the
+group calls that kernel between its loops, so a matmul and its epilogue (bias, activation,
+residual add, scale: the elementwise ops recorded after it) and the elementwise ops before it
+are one launch, and the values are plain eager's: the same kernel code runs on the same
+arguments in the same order.
 
 A staged launch joins only if each of its arrays lies inside one of the op's own operands or
 outputs (whose device blocks the group pins until it launches); otherwise (a scratch copy of a
@@ -30,6 +30,7 @@ import threading
 import numpy as np
 import torch
 
+from . import context as _context
 from . import launch as _launch
 
 # op name -> its OpOverload (schema names as dispatch's Plan.name spells them). A lowering
@@ -54,7 +55,7 @@ COUNTERS = {"staged": 0, "joined": 0, "declined": 0}
 
 
 def _defer(key, render, args, flops, bytes_moved, engine, dtype_class, core) -> bool:
-    """launch.DEFER: stage this thread's launch while a joinable op is being lowered."""
+    """The op context's launcher while a joinable op is lowered: stage the launch."""
     staged = getattr(_TLS, "staged", None)
     if staged is None:
         return False
@@ -93,13 +94,18 @@ def stage(name: str, a: dict, outs: list) -> list:
     plan = plans._PLANS.get(JOINABLE[name])
     if plan is None or plan.kind != "kernel":
         return None
-    if _launch.DEFER[0] is None:
-        _launch.DEFER[0] = _defer
+    # the op's own context, with a launcher that stages instead of running
+    cur = _context.current()
+    ctx = _context.OpContext(_launch.current_core()) if cur is None else \
+        _context.OpContext(cur.core, cur.mode, cur.recording, cur.blocks)
+    ctx.launcher = _defer
+    prev = _context.swap(ctx)
     _TLS.staged = staged = []
     try:
         plan.lower(JOINABLE[name], a, outs)
     finally:
         _TLS.staged = None
+        _context.swap(prev)
     COUNTERS["staged"] += len(staged)
     return staged
 

@@ -1,10 +1,12 @@
 """The op context: what one op's lowering needs to know about the call, passed down explicitly.
 
 dispatch() makes one `OpContext` per kernel op (the core, the mode, whether adaptive eager may
-record the op, the arguments' blocks) and installs it for the duration of the lowering. The
-launcher (`eager_neuron.launch.launch`) reads the core from it; a lowering that may be recorded
-asks `ctx.recording`. Nothing about an op lives in a module global, and the context is per
-thread (autograd's worker thread runs its own ops with its own contexts).
+record the op, the arguments' blocks, the launcher) and installs it for the duration of the
+lowering. `eager_neuron.launch.launch` hands each launch to the context's launcher: none runs
+the kernel and charges the context's core; adaptive eager's recorder stages it into the
+thread's pending group instead (adaptive_calls.py). A lowering that may be recorded asks
+`ctx.recording`. Nothing about an op lives in a module global, and the context is per thread
+(autograd's worker thread runs its own ops with its own contexts).
 
 >>> from eager_neuron.context import OpContext, current, using
 >>> with using(OpContext(core=1)):
@@ -31,21 +33,25 @@ class OpContext:
     blocks     id(host buffer) -> Block for the op's device operands and outputs
     capture    a list the launcher appends each launch (and replayable host call) to, while
                the fast path learns the op (see fastpath.py); None otherwise
+    launcher   None: launch() runs each kernel and charges `core`; else a recorder
+               fn(key, render, args, flops, bytes, engine, dtype_class, core) that takes the
+               launch instead (adaptive eager staging a matmul into the group)
     """
 
-    __slots__ = ("core", "mode", "recording", "blocks", "capture")
+    __slots__ = ("core", "mode", "recording", "blocks", "capture", "launcher")
 
     def __init__(self, core: int = 0, mode=None, recording: bool = False,
-                 blocks: dict | None = None) -> None:
+                 blocks: dict | None = None, launcher=None) -> None:
         self.core = core
         self.mode = mode
         self.recording = recording
         self.blocks = blocks if blocks is not None else {}
         self.capture = None
+        self.launcher = launcher
 
     def __repr__(self) -> str:
         return (f"OpContext(core={self.core}, mode={self.mode!r}, "
-                f"recording={self.recording})")
+                f"recording={self.recording}, launcher={self.launcher!r})")
 
 
 def current() -> OpContext | None:

@@ -30,9 +30,6 @@ DISK = None          # set by eager_neuron.cache.disk when the disk tier is enab
 _TLS = _context._TLS
 HOOKS: list = []     # profiler callbacks: fn(event dict)
 _SIM = [None]        # the simulator (imported on first launch: it imports this module's peers)
-# adaptive eager (eager_neuron/adaptive_calls.py, helper 2): fn(key, render, args, flops, bytes,
-# engine, dtype_class, core) -> True when it staged the launch into the pending fused group
-DEFER: list = [None]
 
 
 def arg_types(args: tuple) -> tuple:
@@ -110,11 +107,12 @@ def launch(key: tuple, render: Callable[[], tuple[str, str]], args: tuple,
     `key` is (family, op, static fields...); the arguments' types are appended here, so a new
     layout or dtype is a new kernel and a new size is not. The core charged is `core`, else the
     current op context's. `on_build_error(exc)`, if given, is called instead of raising when
-    the kernel cannot be built (nothing has run: the caller may take another route).
+    the kernel cannot be built (nothing has run: the caller may take another route). When the
+    op context has a launcher (adaptive eager staging a joined matmul), it takes the launch.
     """
-    defer = DEFER[0]   # adaptive eager: a matmul joining the pending group (adaptive_calls.py)
-    if defer is not None and defer(key, render, args, flops, bytes_moved, engine, dtype_class,
-                                   core):
+    ctx = getattr(_TLS, "ctx", None)
+    if ctx is not None and ctx.launcher is not None:
+        ctx.launcher(key, render, args, flops, bytes_moved, engine, dtype_class, core)
         return
     fkey = (FORMAT_VERSION,) + key + arg_types(args)
     if config.cache_verify:   # debugging: the key must hold all that changes the source
@@ -131,14 +129,12 @@ def launch(key: tuple, render: Callable[[], tuple[str, str]], args: tuple,
         except Exception as exc:
             if on_build_error is None:
                 raise
-            ctx = getattr(_TLS, "ctx", None)
             if ctx is not None:
                 ctx.capture = None   # the lowering goes another way: nothing to replay
             on_build_error(exc)
             return
         MEMORY.put(fkey, kernel)
     t0 = time.perf_counter() if (HOOKS or "kernels" in config.log) else 0.0
-    ctx = getattr(_TLS, "ctx", None)
     if ctx is not None and ctx.capture is not None:
         # the fast path is learning this op: small arrays as they are before the kernel runs
         # (a lowering's constant or scratch array is replayed from this copy)

@@ -19,8 +19,8 @@ from .halfround import ROUND_BF16
 HEADER = '@njit(error_model="numpy", nogil=True)'
 
 # Shared helpers, prepended to every kernel of this family.
-# _round_bf16 (halfround.py): x rounded to the nearest bfloat16, kept in float32, so a float32 buffer
-# stored through it accumulates exactly as a bfloat16 one does on the CPU
+# _round_bf16 (halfround.py): x rounded to the nearest bfloat16, kept in float32, so a float32
+# buffer stored through it accumulates exactly as a bfloat16 one does on the CPU
 PRELUDE = ROUND_BF16 + '''
 @njit(inline="always")
 def _fix(k, n, wrap):

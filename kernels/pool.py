@@ -12,8 +12,8 @@ True
 
 from __future__ import annotations
 
-from .halfround import ROUND_BF16
 from .elementwise import kernel_name
+from .halfround import ROUND_BF16
 
 HEADER = '@njit(error_model="numpy", nogil=True{extra})\n'
 
