@@ -312,7 +312,8 @@ def learn(out, spec, kinds: tuple, numel: int, op_name: str) -> None:
         return
     stypes = tuple(bool if isinstance(a[nm], bool) or a[nm] is None else type(a[nm])
                    for nm in spec.scalars)
-    ns = {"REC": _ad.record, "PENDING": _PENDING, "SK": _ad.stream_key, "NT": NeuronTensor,
+    ns = {"REC": _ad.record, "FNP": _fp.flat_np, "NOBLK": {}, "PENDING": _PENDING,
+          "SK": _ad.stream_key, "NT": NeuronTensor,
           "MISS": _MISS, "IDX": index, "F": COUNTERS, "SIM": _fp.SIM,
           "STATIC": (op_name, spec.expr, kinds, spec.loads, spec.scalar_casts,
                      spec.store), "NUMEL": numel,
@@ -359,11 +360,17 @@ def learn(out, spec, kinds: tuple, numel: int, op_name: str) -> None:
         lines += _fp._alloc_lines(ns, outs[0], index)
         ret = _fp._wrap_lines(ns, lines, index)
     out_flat = ".reshape(-1)" if len(outs[0].shape) != 1 else ""
-    out_np = "out_np" if any(ln.startswith("out_np") for ln in lines) else \
-        f"data.numpy(){out_flat}"
-    ops = ", ".join(f"({r}._data.numpy(){fl}, {r}._data, {r}._block)" for r, fl in refs)
+    if target is not None:
+        out_np = "FNP(W)"
+    elif any(ln.startswith("out_np") for ln in lines):
+        out_np = "out_np"
+    else:
+        out_np = f"data.numpy(){out_flat}"
+    # operands: their flat numpy views, cached on the tensors (fastpath.flat_np: a view, never
+    # a copy, for these flat operands)
+    ops = ", ".join(f"(FNP({r}), {r}._data, {r}._block)" for r, _fl in refs)
     lines += [f"REC(*STATIC, ({out_np}, data, block), [{ops}], "
-              f"({''.join(s + ', ' for s in svals)}), NUMEL, None, None, IDX, True, SID)",
+              f"({''.join(s + ', ' for s in svals)}), NUMEL, None, NOBLK, IDX, True, SID)",
               "F['hits'] += 1", ret]
     runner = _fp._build(plan.name, lines, ns)
     with _fp._LOCK:
