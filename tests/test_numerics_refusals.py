@@ -121,3 +121,68 @@ def test_integer_pow_exponent_beyond_int64_is_refused(dtype):
     x = torch.tensor([1, 0, -1, 2], device="neuron")
     assert (x ** (2 ** 62)).cpu().tolist() == [1, 0, 1, 0]   # 2**(2**62) wraps to 0 in int64
     assert (x.float() ** U64).cpu().tolist() == [1.0, 0.0, 1.0, float("inf")]
+
+
+def _b(device):
+    return torch.tensor([True, False, True, True], device=device)
+
+
+DTYPE_REFUSALS = {   # name -> (fn(device), the CPU's exception type, its words)
+    "kthvalue(bool)": (lambda d: _b(d).kthvalue(1), NotImplementedError, '"kthvalue_cpu"'),
+    "median(bool)": (lambda d: _b(d).median(), NotImplementedError, '"median_cpu"'),
+    "median(bool, 0)": (lambda d: _b(d).median(0), NotImplementedError, '"median_out"'),
+    "nanmedian(bool, 0)": (lambda d: _b(d).nanmedian(0), NotImplementedError, '"median_out"'),
+    "searchsorted(bool, bool)": (lambda d: torch.searchsorted(_b(d), _b(d)),
+                                 NotImplementedError, '"searchsorted_out_cpu"'),
+    "bucketize(bool, bool)": (lambda d: torch.bucketize(_b(d), _b(d)), NotImplementedError,
+                              '"searchsorted_out_cpu"'),
+    "argmax(bool)": (lambda d: _b(d).argmax(), RuntimeError, r"argmax\(\): does not support bool"),
+    "argmin(bool, 0)": (lambda d: _b(d).argmin(0), RuntimeError,
+                        r"argmin\(\): does not support bool"),
+    "dot(bool)": (lambda d: _b(d).dot(_b(d)), NotImplementedError, '"dot" not implemented'),
+    "cross(bool)": (lambda d: torch.linalg.cross(_b(d)[:3], _b(d)[1:]), NotImplementedError,
+                    '"cross" not implemented'),
+    "bincount(float)": (lambda d: torch.bincount(torch.tensor([1.0, 2.0], device=d)),
+                        NotImplementedError, '"bincount_cpu" not implemented for \'Float\''),
+    "bincount(bool)": (lambda d: torch.bincount(_b(d)), NotImplementedError,
+                       '"bincount_cpu" not implemented for \'Bool\''),
+    "softmax(int64, -1)": (lambda d: torch.softmax(torch.ones(2, 3, dtype=torch.int64,
+                                                              device=d), -1),
+                           NotImplementedError, '"softmax_lastdim_kernel_impl"'),
+    "softmax(int32, 0)": (lambda d: torch.softmax(torch.ones(2, 3, dtype=torch.int32,
+                                                             device=d), 0),
+                          NotImplementedError, '"softmax_kernel_impl" not implemented for \'Int\''),
+    "log_softmax(int64, 1)": (lambda d: torch.log_softmax(torch.ones(2, 3, dtype=torch.int64,
+                                                                     device=d), 1),
+                              NotImplementedError, '"log_softmax_lastdim_kernel_impl"'),
+    "softmax(bool 0-d)": (lambda d: torch.softmax(_b(d)[0], 0), NotImplementedError,
+                          '"softmax_lastdim_kernel_impl" not implemented for \'Bool\''),
+}
+
+
+@pytest.mark.parametrize("case", list(DTYPE_REFUSALS))
+def test_dtype_the_cpu_kernel_lacks_is_refused(case):
+    fn, kind, words = DTYPE_REFUSALS[case]
+    for device in ("cpu", "neuron"):
+        with pytest.raises(kind, match=words):
+            fn(device)
+
+
+def test_refused_ops_still_exact_for_their_dtypes():
+    """The neighbours of each refusal keep working (exact integer references)."""
+    x = torch.tensor([3, -1, 0, 2], device="neuron")
+    b = _b("neuron")
+    assert x.kthvalue(2).values.item() == 0
+    assert x.median().item() == 0
+    assert int(x.argmax()) == 0 and int(x.argmin()) == 1
+    assert int(x.dot(x)) == 14
+    (a0, a1, a2), (b0, b1, b2) = [3, -1, 0], [-1, 0, 2]
+    assert torch.linalg.cross(x[:3], x[1:]).cpu().tolist() == [a1 * b2 - a2 * b1,
+                                                               a2 * b0 - a0 * b2,
+                                                               a0 * b1 - a1 * b0]
+    # mixed dtypes compare in their common type, as on the CPU
+    assert torch.searchsorted(b.long().sort().values, b).cpu().tolist() == [1, 0, 1, 1]
+    assert torch.searchsorted(b.sort().values, x).cpu().tolist() == [4, 0, 0, 4]
+    assert torch.bincount(x.clamp(min=0)).cpu().tolist() == [2, 0, 1, 1]
+    assert b.max().item() is True and b.sort().values.cpu().tolist() == [False, True, True, True]
+    assert torch.softmax(torch.ones(0, 3, dtype=torch.int64, device="neuron"), 1).shape == (0, 3)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .. import errors
 from .cast import cast
 from .linalg_base import (  # noqa: F401 - re-exported for importers of lower.linalg
     C128,
@@ -411,6 +412,8 @@ def lower_cross(func, a, outs):
     """The CPU's bfloat16/float16 kernels round each product and the difference to the half
     type; the decomposition computes in float32 and rounds once (a last-bit difference)."""
     out = outs[0]
+    if out.dtype == torch.bool:   # the CPU's cross has no bool instance
+        raise errors.NotImplementedForDtype("cross", torch.bool)
     if out.dtype not in (torch.bfloat16, torch.float16):
         raise NotImplementedError("linalg_cross: exact via the decomposition for this dtype")
     if out.numel() == 0:

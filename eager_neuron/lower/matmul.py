@@ -17,6 +17,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .. import errors
+from .. import cost
 from ..cache.families import MATMUL_BLAS, MATMUL_LOOP
 from ..context import _TLS
 from ..kernels import compile as kc
@@ -225,10 +227,11 @@ def gemm(op: str, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias=None
 
         args = (_np(res3), _np(a3), _np(b3)) + scalars
     itemsize = out.element_size()
-    bytes_moved = (a.numel() + b.numel() + out.numel() * (2 if epilogue == "bias" else 1)) \
-        * itemsize
-    launch(key, render, args, flops=2.0 * nb * m * n * k, bytes_moved=bytes_moved,
-           engine="tensor", dtype_class="fp32")
+    flops, bytes_moved = cost.matmul_work(nb, m, n, k, itemsize, itemsize, itemsize)
+    if epilogue == "bias":   # the bias read at the output's size
+        bytes_moved += out.numel() * itemsize
+    launch(key, render, args, flops=flops, bytes_moved=bytes_moved, engine="tensor",
+           dtype_class="fp32")
     if res is not out:
         cast(res, out)
 
@@ -271,6 +274,8 @@ def lower_addmv(func, a, outs):
 
 
 def lower_dot(func, a, outs):
+    if a["self"].dtype == torch.bool:   # the CPU's dot has no bool instance
+        raise errors.NotImplementedForDtype("dot", torch.bool)
     # (1, K) @ (K, 1) -> (1, 1): np.dot sees m == n == 1 and calls BLAS dot
     gemm("dot", outs[0].reshape(1, 1), a["self"].unsqueeze(0), a["tensor"].unsqueeze(1))
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .. import errors
 from ..kernels import compile as kc
 from ..kernels import norm as kn
 from ..launch import launch
@@ -69,6 +70,12 @@ def _softmax(log: bool):
         x, out = a["self"], outs[0]
         if out.numel() == 0:
             return
+        if not (x.dtype.is_floating_point or x.dtype.is_complex):
+            # the CPU's refusal, by the kernel it would pick (a 0-d input is viewed as 1-d)
+            last = x.dim() == 0 or a["dim"] % x.dim() == x.dim() - 1
+            raise errors.NotImplementedForDtype(
+                f"{'log_' if log else ''}softmax{'_lastdim' if last else ''}_kernel_impl",
+                x.dtype)
         acc = _acc(out)
         kshape, _r, (ov, xv), _ = split([out, x], red_dims(x, a["dim"]))
         ko, store = len(kshape), NP_TYPE[out.dtype]

@@ -17,6 +17,7 @@ import math
 
 import torch
 
+from .. import cost
 from ..cache.families import REDUCE
 from ..kernels import compile as kc
 from ..kernels import reduce as kr
@@ -132,10 +133,11 @@ def reduce(op: str, x: torch.Tensor, outs: list, red: list, keepdim: bool, *, lo
 
     passes = 2 if "multi" in flags else 1
     scalar = op in ("logsumexp", "normp")
+    # cost.reduction_work per pass over x; the outputs (their own dtypes) written once
+    flops, nbytes = cost.reduction_work(x.numel() * passes, 0, x.element_size())
     launch(key, render, tuple(views) + (a,) + tuple(scalars),
-           flops=float(x.numel() * passes * (2 if scalar or passes > 1 else 1)),
-           bytes_moved=float(x.numel() * x.element_size() * passes
-                             + sum(o.numel() * o.element_size() for o in outs)),
+           flops=flops * (2 if scalar or passes > 1 else 1),
+           bytes_moved=nbytes + sum(o.numel() * o.element_size() for o in outs),
            engine="scalar" if scalar else "vector")
 
 
@@ -165,6 +167,8 @@ def _extreme(op: str):
         red = red_dims(x, a.get("dim"))
         t = NP_TYPE[x.dtype]
         schema = func._schema
+        if x.dtype == torch.bool and schema.name.startswith("aten::arg"):
+            raise RuntimeError(f"{schema.name[6:]}(): does not support bool input")
         indexed = schema.name.startswith("aten::arg") or schema.overload_name == "dim"
         kind = "arg" + op if indexed else op
         targets = list(outs)

@@ -56,6 +56,13 @@ def _check_dtype(op: str, x: torch.Tensor) -> None:
         raise NotImplementedError(f"{op} of a complex tensor")
 
 
+def _refuse_bool(kernel: str, x: torch.Tensor) -> None:
+    """The CPU kernels of kthvalue/median/searchsorted have no bool instance: refuse it as they
+    do (an answer here would be one the CPU never gives)."""
+    if x.dtype == torch.bool:
+        raise errors.NotImplementedForDtype(kernel, torch.bool)
+
+
 def lower_sort(func, a, outs):
     """sort / sort.stable (argsort arrives here too: it decomposes to sort)."""
     self = a["self"]
@@ -88,6 +95,7 @@ def lower_kthvalue(func, a, outs):
     self, k = a["self"], a["k"]
     vals, inds = outs
     _check_dtype("kthvalue", self)
+    _refuse_bool("kthvalue_cpu", self)
     rows("kthvalue", self, vals, inds, a["dim"], k - 1, 0, a["keepdim"])
 
 
@@ -96,6 +104,7 @@ def _median_dim(ignore_nan: bool):
         self = a["self"]
         vals, inds = outs
         _check_dtype("median", self)
+        _refuse_bool("median_out", self)
         if self.dim() and self.shape[a["dim"]] == 0:
             raise IndexError("median() cannot compute median for a dimension of size 0 "
                              "because the operation does not have an identity")
@@ -107,6 +116,7 @@ def _median_all(ignore_nan: bool):
     def lower(func, a, outs):
         self = a["self"]
         _check_dtype("median", self)
+        _refuse_bool("median_cpu", self)
         if self.numel() == 0:
             raise IndexError("median() operation does not have an identity for empty input "
                              "tensor")
@@ -134,6 +144,8 @@ def search(out: torch.Tensor, x, bd: torch.Tensor, sorter, right: bool) -> None:
         x = torch.full((), x, dtype=bd.dtype)   # the Scalar overloads: a one-element operand
     if x.is_complex() or bd.is_complex():
         raise NotImplementedError("searchsorted of complex tensors")
+    if x.dtype == bd.dtype:   # mixed dtypes compare in their common (non-bool) type
+        _refuse_bool("searchsorted_out_cpu", x)
     x, out = _as_1d(x, out)
     if out.numel() == 0:
         return
@@ -335,7 +347,10 @@ def dynamic_bincount(func, a, index=-1):
     from .mask import core_index
 
     x, w, minlength = a["self"], a["weights"], int(a["minlength"])
-    if x.dim() != 1 or x.is_floating_point() or x.dtype == torch.bool:
+    if x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
+        # the CPU dispatches on integral types before any other check
+        raise errors.NotImplementedForDtype("bincount_cpu", x.dtype)
+    if x.dim() != 1:
         raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
     if minlength < 0:
         raise RuntimeError("minlength should be >= 0")
