@@ -409,9 +409,23 @@ def _barrier(g: _Group, op_idx, out_idx: int, kinds: tuple, numel: int) -> tuple
     return barrier, True
 
 
+# a fusible op whose lowering launches instead of recording, for a reason its argument
+# signature decides: (op, signature) -> that flush reason (adaptive_fast.run then launches the
+# group and runs plain eager's runner instead of the funnel); WATCH.call: the op being watched
+DECLINED: dict = {}
+DECLINE_REASONS = frozenset({"strided or broadcast operand", "op that can fault",
+                             "special function"})
+WATCH = threading.local()
+
+
 def flush(reason: str) -> None:
     """Launch the calling stream's pending group (if any) as one fused kernel. `reason` is
     counted and logged."""
+    watched = WATCH.__dict__.get("call")
+    if watched is not None:
+        WATCH.call = None
+        if reason in DECLINE_REASONS and len(DECLINED) < 100_000:
+            DECLINED[watched] = reason
     if not PENDING:
         return
     if reason in _DEVICE_WIDE:

@@ -80,11 +80,33 @@ def run(func, args, kwargs):
             if len(_PENDING) > 1 or key not in _PENDING:
                 _ad.flush_others(_spans(args, kwargs))
         return runner(args, kwargs)
+    _WATCH.call = None
     if kind is _SLOW:
         if func in _CALLS:
             # a joinable op the slow path may join to the group: learn_call finds it here
             _TLS.joined = (func, args, kwargs)
-        return _MISS
+            return _MISS
+        ptab = _fp.TABLES.get(func)
+        if ptab is None:
+            return _MISS
+        sig = _fp.signature(args, kwargs, ptab[0])
+        if sig is None:
+            return _MISS
+        reason = _DECLINED.get((func, sig))
+        runner = ptab[1].get(sig) if reason is not None else None
+        if runner is None:
+            # the slow path may record it; if its lowering launches instead, for a reason its
+            # signature decides (adaptive.flush sees the reason), a repeat comes here
+            _WATCH.call = (func, sig)
+            return _MISS
+        # declined before: what the slow path does, without it (the group launches, then
+        # plain eager's runner)
+        if _PENDING:
+            key = _SK()
+            if len(_PENDING) > 1 or key not in _PENDING:
+                _ad.flush_others(_spans(args, kwargs))
+            _ad.flush(reason)
+        return runner(args, kwargs)
     ptab = _fp.TABLES.get(func)
     if ptab is None:
         return _MISS
@@ -106,6 +128,8 @@ def run(func, args, kwargs):
 
 
 _SK = _ad.stream_key
+_WATCH = _ad.WATCH
+_DECLINED = _ad.DECLINED
 # what run() does with an op that has no recording runner, per overload (see _kind_of)
 _SLOW, _VIEW, _KERNEL, _REDUCE, _FOREACH = "slow", "view", "kernel", "reduce", "foreach"
 _KINDS: dict = {}
@@ -514,6 +538,7 @@ def reset() -> None:
     """Forget every recording runner (with the plain fast path's runners)."""
     TABLES.clear()
     _FOREACH_FAILED.clear()
+    _DECLINED.clear()
 
 
 _fp.SIM.on_configure.append(reset)
