@@ -85,7 +85,6 @@ def run(func, args, kwargs):
         if func in _CALLS:
             # a joinable op the slow path may join to the group: learn_call finds it here
             _TLS.joined = (func, args, kwargs)
-            return _MISS
         ptab = _fp.TABLES.get(func)
         if ptab is None:
             return _MISS
@@ -101,6 +100,7 @@ def run(func, args, kwargs):
             return _MISS
         # declined before: what the slow path does, without it (the group launches, then
         # plain eager's runner)
+        _TLS.joined = None
         if _PENDING:
             key = _SK()
             if len(_PENDING) > 1 or key not in _PENDING:
