@@ -197,7 +197,9 @@ dev = "neuron" if sys.argv[1] == "neuron" else "cpu"
 step = b._gpt2_step(model.to(dev), batches[0], hf, dev)
 step = torch.compile(step, backend="neuron") if dev == "neuron" else torch.compile(step)
 step(); step()
-print("SECONDS", time.perf_counter() - t0, eager_neuron.stats()["compiles"])
+c = eager_neuron.compile.stats()
+print("SECONDS", time.perf_counter() - t0, eager_neuron.stats()["compiles"],
+      c["programs_loaded"], c["programs_saved"])
 """
 
 
@@ -219,8 +221,9 @@ def gpt2_compile_bench() -> None:
                 print(f"  {label}: failed: {r.stderr[-300:]}")
                 continue
             out[label] = float(line[0].split()[1])
+            parts = line[0].split()
             print(f"  {label}: {out[label]:.2f} s to the second step "
-                  f"({line[0].split()[2]} Numba compiles)")
+                  f"({parts[2]} Numba compiles, programs loaded/saved {parts[3]}/{parts[4]})")
     if "neuron cold" in out and "inductor cold" in out:
         r = out["neuron cold"] / out["inductor cold"]
         print(f"  neuron cold / inductor cold {r:.2f} (target <= 1.0: "

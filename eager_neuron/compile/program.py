@@ -15,8 +15,10 @@ import torch
 from torch.fx import GraphModule, Node
 
 from ..config import config
+from . import hostscalar
 from .codegen import Group, LoweringError, _stack_line, partition
 from .foreach import expand_foreach
+from .hostscalar import tensorize
 from .rows import find_regions, split_var_mean
 from .rowstep import RowStep
 from .stats import CSTATS
@@ -192,6 +194,7 @@ class Program:
                 self.steps.append(("rows", RowStep(x, users_outside)))
             else:
                 self.steps.append(("node", x))
+        self.n_host = _host_scalars(self.steps, out_users)
         self.frees: list = []
         last: dict = {}
         for i, (kind, x) in enumerate(self.steps):
@@ -207,8 +210,9 @@ class Program:
                 for step_node in x.stores:
                     last.setdefault(step_node, i)
             else:
-                reads = x.all_input_nodes
-                last.setdefault(x, i)
+                node = x.node if kind == "host" else x
+                reads = node.all_input_nodes
+                last.setdefault(node, i)
             for r in reads:
                 last[r] = i
         for n in out_users:
@@ -228,10 +232,14 @@ class Program:
     def describe(self) -> str:
         lines = [f"[eager_neuron] graph {self.name}: {len(self.placeholders)} inputs, "
                  f"{self.n_kernels} fused kernels, "
-                 f"{sum(1 for k, _ in self.steps if k == 'node')} eager nodes"]
+                 f"{sum(1 for k, _ in self.steps if k == 'node')} eager nodes, "
+                 f"{self.n_host} host scalar nodes"]
         for kind, x in self.steps:
             if kind in ("fused", "rows"):
                 lines.append(x.describe())
+            elif kind == "host":
+                lines.append(f"  host scalar: {x.node.name} = {x.node.target}  "
+                             f"# {_stack_line(x.node)}")
             else:
                 lines.append(f"  eager: {x.name} = {x.target}  # {_stack_line(x)}")
         return "\n".join(lines)
@@ -244,11 +252,20 @@ class Program:
         # views skip dispatch only when no dispatch mode (a profiler's, a tracer's) must see them
         direct = torch._C._len_torch_dispatch_stack() == 0 and \
             torch._C._get_dispatch_mode(_FAKE) is None
+        if self.n_host:
+            CSTATS.host_scalar_ops += self.n_host
+            with np.errstate(all="ignore"):      # (0-d torch math never warns: inf, nan)
+                return self._run(env, direct)
+        return self._run(env, direct)
+
+    def _run(self, env: dict, direct: bool):
         for (kind, x), frees in zip(self.steps, self.frees):
             if kind == "fused":
                 _run_fused(x, env)
             elif kind == "rows":
                 _run_rows(x, env)
+            elif kind == "host":
+                x.run(env)
             else:
                 loader = self.loaders.get(x)
                 if loader is None:
@@ -279,8 +296,29 @@ def _run_rows(step, env: dict) -> None:
         if not ok:
             CSTATS.group_fallbacks["row operand layout at run time"] += 1
     if not ok:
+        tensorize(env, step.nodes)
         for node in step.nodes:
             _run_node(node, env)
+
+
+def _host_scalars(steps: list, out_users) -> int:
+    """Eager 0-d CPU arithmetic nodes become host steps (compile/hostscalar.py); a value that
+    is not only a kernel's scalar argument or another host node's operand stays a tensor."""
+    forms = {x: f for kind, x in steps if kind == "node" and (f := hostscalar.plan(x))}
+    if not forms:
+        return 0
+    eager = {x for kind, x in steps if kind == "node" and x not in forms}
+    bufs = set()
+    for kind, x in steps:
+        if kind == "fused":
+            bufs.update(node for k, node in x.bufs if k == "in")
+        elif kind == "rows":
+            bufs.update(node for k, node, _ in x.bufs if k == "in")
+    for i, (_kind, x) in enumerate(steps):
+        if x in forms:
+            tensor = x in out_users or x in bufs or any(u in eager for u in x.users)
+            steps[i] = ("host", hostscalar.HostScalar(x, forms[x], tensor))
+    return len(forms)
 
 
 def _load(a, env):
@@ -415,6 +453,8 @@ def _scalar(v):
     """A kernel scalar argument as Numba takes it."""
     if isinstance(v, torch.Tensor):   # a CPU scalar tensor operand
         return v.item()
+    if isinstance(v, np.generic):     # a host scalar step's value (compile/hostscalar.py)
+        return v.item()
     if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         return v.node.pytype(v)
     if isinstance(v, bool) or v is None:
@@ -455,6 +495,7 @@ def _run_fused(step: FusedStep, env: dict) -> None:
                 break
     if not ok:
         CSTATS.group_fallbacks["operand layout at run time"] += 1
+        tensorize(env, step.nodes)
         for node in step.nodes:
             _run_node(node, env)
         return
@@ -477,6 +518,7 @@ def _run_fused(step: FusedStep, env: dict) -> None:
         if "graphs" in config.log:
             print(f"[eager_neuron] fused kernel failed ({type(exc).__name__}: {exc}); "
                   "running its ops one by one", file=sys.stderr)
+        tensorize(env, step.nodes)
         for node in step.nodes:
             _run_node(node, env)
         return

@@ -337,7 +337,7 @@ def run(step: RowStep, env: dict, run_node, alloc, flat) -> bool:
     scalars = []
     for a in step.scalar_args:
         v = env[a] if isinstance(a, Node) else a
-        if isinstance(v, torch.Tensor):
+        if isinstance(v, (torch.Tensor, np.generic)):   # (np: a host scalar step's value)
             v = v.item()
         elif isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
             v = v.node.pytype(v)

@@ -20,6 +20,7 @@ class CompileStats:
         self.eager_ops: Counter = Counter()        # op name -> eager calls inside graphs
         self.graph_fallbacks: Counter = Counter()  # reason -> graphs run entirely in eager
         self.group_fallbacks: Counter = Counter()  # reason -> fused groups run op by op
+        self.host_scalar_ops = 0          # 0-d CPU nodes run as numpy scalar math
         self.programs_saved = 0           # compiled graphs written to torch's AOTAutograd cache
         self.programs_loaded = 0          # ... and rebuilt from it (no AOTAutograd tracing)
 
@@ -35,6 +36,7 @@ class CompileStats:
             "graph_eager_ops": dict(self.eager_ops),
             "graph_fallbacks": dict(self.graph_fallbacks),
             "group_fallbacks": dict(self.group_fallbacks),
+            "host_scalar_ops": self.host_scalar_ops,
             "programs_saved": self.programs_saved,
             "programs_loaded": self.programs_loaded,
         }

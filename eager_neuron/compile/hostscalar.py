@@ -1,0 +1,117 @@
+"""0-d CPU tensor arithmetic of a compiled graph, run as numpy scalar math on the host.
+
+A compiled optimizer step (AdamW, Adam, ... with `capturable=False`) computes its bias
+corrections per parameter on the CPU `step` tensors: `1 - beta1 ** step`, its reciprocal, a
+square root, a negation... ~10 aten calls per parameter (~280 in a GPT-2 tiny step), each a
+torch dispatch on a 0-d tensor (~10 us). Their values only feed fused kernels as scalar
+arguments. Here each such node is one numpy operation on a numpy scalar of the tensor's dtype
+(~0.3 us): float32 stays float32 (a Python scalar operand is cast to it, as torch's type
+promotion does for a 0-d tensor), so +, -, *, /, sqrt, reciprocal and negation are the same
+IEEE operations torch's CPU kernels do, and `pow` calls the C library's pow for the dtype.
+A value that something other than a kernel's scalar argument reads (an eager node, the graph's
+output, a `copy_` back into the optimizer state) is stored as a 0-d CPU tensor as before.
+
+>>> import numpy as np
+>>> _OPS["sub"](np.float32(1.0), np.float32(0.25))
+np.float32(0.75)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.fx import Node
+
+aten = torch.ops.aten
+
+_NP = {torch.float32: np.float32, torch.float64: np.float64}
+
+_OPS = {
+    "add": lambda a, b: a + b,
+    "sub": lambda a, b: a - b,
+    "mul": lambda a, b: a * b,
+    "div": lambda a, b: a / b,
+    "rsub": lambda a, b: b - a,
+    "neg": lambda a: -a,
+    "sqrt": np.sqrt,
+    "reciprocal": lambda a: a.dtype.type(1) / a,
+    "pow": np.power,
+}
+
+# aten overload -> (operation, positional operands it takes, keyword arguments it accepts with
+# the values that keep it plain: an alpha other than 1 stays an eager node)
+_TABLE = {
+    aten.add.Tensor: ("add", 2), aten.sub.Tensor: ("sub", 2), aten.mul.Tensor: ("mul", 2),
+    aten.div.Tensor: ("div", 2), aten.rsub.Scalar: ("rsub", 2), aten.rsub.Tensor: ("rsub", 2),
+    aten.add.Scalar: ("add", 2), aten.sub.Scalar: ("sub", 2), aten.mul.Scalar: ("mul", 2),
+    aten.div.Scalar: ("div", 2), aten.neg.default: ("neg", 1), aten.sqrt.default: ("sqrt", 1),
+    aten.reciprocal.default: ("reciprocal", 1), aten.pow.Scalar: ("pow", 2),
+    aten.pow.Tensor_Scalar: ("pow", 2), aten.pow.Tensor_Tensor: ("pow", 2),
+}
+
+
+def _host_scalar_val(v) -> bool:
+    return isinstance(v, torch.Tensor) and v.device.type == "cpu" and v.dim() == 0 and \
+        v.dtype in _NP
+
+
+def plan(node: Node):
+    """The host form of `node` (op name, operand list, numpy type) or None."""
+    if node.op != "call_function" or node.target not in _TABLE:
+        return None
+    name, arity = _TABLE[node.target]
+    val = node.meta.get("val")
+    if not _host_scalar_val(val):
+        return None
+    if len(node.args) != arity or any(v != 1 for k, v in node.kwargs.items() if k == "alpha") \
+            or any(k != "alpha" for k in node.kwargs):
+        return None
+    dt = val.dtype
+    for a in node.args:
+        if isinstance(a, Node):
+            av = a.meta.get("val")
+            # a tensor operand: a CPU 0-d tensor of the same dtype (another dtype would promote)
+            if not (_host_scalar_val(av) and av.dtype == dt):
+                return None
+        elif isinstance(a, bool) or not isinstance(a, (int, float)):
+            return None
+    return _OPS[name], tuple(node.args), _NP[dt]
+
+
+class HostScalar:
+    """One 0-d CPU node as numpy math; `tensor` when some reader needs a torch tensor."""
+
+    __slots__ = ("node", "fn", "args", "np_type", "dtype", "tensor")
+
+    def __init__(self, node: Node, form, tensor: bool) -> None:
+        self.node = node
+        self.fn, self.args, self.np_type = form
+        self.dtype = node.meta["val"].dtype
+        self.tensor = tensor
+
+    def run(self, env: dict) -> None:
+        t = self.np_type
+        vals = []
+        for a in self.args:
+            if isinstance(a, Node):
+                v = env[a]
+                if not isinstance(v, np.generic):
+                    v = t(v.item())
+            else:
+                v = t(a)
+            vals.append(v)
+        out = t(self.fn(*vals))
+        env[self.node] = torch.tensor(out.item(), dtype=self.dtype) if self.tensor else out
+
+
+def tensorize(env: dict, nodes) -> None:
+    """Before nodes run through torch (an eager rerun of a kernel's nodes): numpy scalars they
+    read become the 0-d CPU tensors torch expects."""
+    for n in nodes:
+        for a in n.all_input_nodes:
+            v = env.get(a)
+            if isinstance(v, np.generic):
+                env[a] = torch.tensor(v.item(), dtype=a.meta["val"].dtype)
+
+
+__all__ = ["plan", "HostScalar", "tensorize"]
