@@ -80,65 +80,119 @@ _FAST_TABLES = _fast.TABLES
 _STATE = _adaptive.STATE
 
 
-def dispatch(func, args, kwargs, mode=None):
-    """Run one aten op. `mode` is the NeuronMode when entered through it (CPU in, CPU out)."""
-    STATS.ops += 1
-    # the fast path: a repeat of a signature a runner was left for (see fastpath.py), while
-    # nothing watches ops one by one
-    tab = _FAST_TABLES.get(func)
-    if (tab is not None and mode is None and not _STATE.enabled and not _adaptive.PENDING
-            and not config.log and not config.cache_verify and config.fastpath):
-        sig = _fast.signature(args, kwargs, tab[0])
-        run = tab[1].get(sig) if sig is not None else None
-        if run is not None:
-            if OP_HOOKS:   # the profiler: the op's record around the runner's launches
+def dispatch(func, args, kwargs, mode=None, plan=None):
+    """Run one aten op. `mode` is the NeuronMode when entered through it (CPU in, CPU out).
+
+    A kernel op is one call from here to its lowering and two to its launch: the lowering is
+    called in this frame, between `_kernel_setup` (outputs, context) and `_kernel_results`.
+    `plan`: the funnel's own re-entry into the kernel path (an op under the profiler's hook, a
+    same-core copy lower/host.py routes to the copy kernels): no fast path, not counted again.
+    """
+    entry = plan is None
+    if entry:
+        STATS.ops += 1
+        # the fast path: a repeat of a signature a runner was left for (see fastpath.py), while
+        # nothing watches ops one by one
+        tab = _FAST_TABLES.get(func)
+        if (tab is not None and mode is None and not _STATE.enabled and not _adaptive.PENDING
+                and not config.log and not config.cache_verify and config.fastpath):
+            sig = _fast.signature(args, kwargs, tab[0])
+            run = tab[1].get(sig) if sig is not None else None
+            if run is not None:
+                if OP_HOOKS:   # the profiler: the op's record around the runner's launches
+                    try:
+                        return _run_hooked(func, run, args, kwargs)
+                    except Exception as exc:
+                        if _backward.in_backward():
+                            return _backward.failed(exc)
+                        raise
                 try:
-                    return _run_hooked(func, run, args, kwargs)
-                except Exception as exc:
+                    out = run(args, kwargs)
+                except Exception as exc:   # as the funnel raises it: the op, your line, its args
+                    # NOTE: no local holds the new error (its traceback would hold this frame: a
+                    # cycle keeping the runner's output blocks allocated until the next collection)
+                    if isinstance(exc, _RAISED_AS_IS):
+                        if _backward.in_backward():
+                            return _backward.failed(exc)
+                        raise
+                    plan = _PLANS.get(func) or _plan(func)
                     if _backward.in_backward():
-                        return _backward.failed(exc)
-                    raise
+                        return _backward.failed(_kernel_error(plan, exc, args, kwargs))
+                    raise _kernel_error(plan, exc, args, kwargs) from exc
+                if out is not _fast.MISS:
+                    return out
+        if _STATE.enabled and mode is None and not OP_HOOKS:
+            # adaptive eager's fast path: a repeat of a recorded call records (adaptive_fast.py)
             try:
-                out = run(args, kwargs)
-            except Exception as exc:   # as the funnel raises it: the op, your line, its args
-                # NOTE: no local holds the new error (its traceback would hold this frame: a
-                # cycle keeping the runner's output blocks allocated until the next collection)
-                if isinstance(exc, _RAISED_AS_IS):
-                    if _backward.in_backward():
-                        return _backward.failed(exc)
-                    raise
-                plan = _PLANS.get(func) or _plan(func)
+                out = _adaptive_fast.run(func, args, kwargs)
+            except Exception as exc:
                 if _backward.in_backward():
-                    return _backward.failed(_kernel_error(plan, exc, args, kwargs))
-                raise _kernel_error(plan, exc, args, kwargs) from exc
+                    return _backward.failed(exc)
+                raise
             if out is not _fast.MISS:
                 return out
-    if _STATE.enabled and mode is None and not OP_HOOKS:
-        # adaptive eager's fast path: a repeat of a recorded call records (adaptive_fast.py)
-        try:
-            out = _adaptive_fast.run(func, args, kwargs)
-        except Exception as exc:
-            if _backward.in_backward():
-                return _backward.failed(exc)
-            raise
-        if out is not _fast.MISS:
-            return out
-    plan = _PLANS.get(func)
-    if plan is None:
-        plan = _PLANS[func] = _plan(func)
-    if "ops" in config.log:
-        log_op(plan, args, kwargs)
+        plan = _PLANS.get(func)
+        if plan is None:
+            plan = _PLANS[func] = _plan(func)
+        if "ops" in config.log:
+            log_op(plan, args, kwargs)
+        if OP_HOOKS or _adaptive.PENDING or plan.kind != "kernel":
+            try:
+                if OP_HOOKS:
+                    with OP_HOOKS[0](plan, args, kwargs):
+                        return _dispatch_plan(func, plan, args, kwargs, mode)
+                if _adaptive.PENDING:
+                    _adaptive_gate(plan, args, kwargs, mode)
+                if plan.kind != "kernel":
+                    return _dispatch_plan(func, plan, args, kwargs, mode, gated=True)
+            except Exception as exc:
+                if mode is None and _backward.in_backward():
+                    return _placeholder_outputs(func, plan, args, kwargs, exc)
+                raise
+    # the kernel path: 1-2. outputs and the op's context; 3. the lowering, called from here
+    # (half types computed in float32, rounded to nearest even); 4. the results
     try:
-        if OP_HOOKS:
-            with OP_HOOKS[0](plan, args, kwargs):
-                return _dispatch_plan(func, plan, args, kwargs, mode)
-        if _adaptive.PENDING:
-            _adaptive_gate(plan, args, kwargs, mode)
-        if plan.kind == "kernel":   # the hot path: one call from here to the lowering
-            return _run_kernel(func, plan, args, kwargs, mode)
-        return _dispatch_plan(func, plan, args, kwargs, mode, gated=True)
+        call = _kernel_setup(func, plan, args, kwargs, mode)
+        ctx = call[0]
+        if ctx is None:   # adaptive eager recorded the op: its result
+            return call[1]
+        _, a, outs, blocks, leaves, spec, index, dtypes = call
+        tls = _TLS_CTX
+        prev = getattr(tls, "ctx", None)
+        tls.ctx = ctx
+        try:
+            lower = plan.lower
+            if plan.prepare is not None and dtypes.isdisjoint(_WIDENED):
+                # the hot path: the lowering hands back its launch; dispatch -> launch
+                req = plan.prepare(func, a, outs)
+                if req is not None:
+                    launch(*req)
+                    if ctx.capture and not _fast.learn_elementwise(
+                            func, plan, args, kwargs, index, a, outs, leaves, req):
+                        _learn_captured(func, plan, args, kwargs, index, outs, leaves, spec,
+                                        ctx.capture)
+            elif not dtypes.isdisjoint(FP8) and not getattr(lower, "handles_fp8", False):
+                _route("fp8")(func, plan, a, outs)        # float8: the CPU's rules (lower/fp8.py)
+            elif not dtypes.isdisjoint(COMPLEX) and not getattr(lower, "handles_complex", False):
+                _route("complex")(func, plan, a, outs)    # complex operands: their own family
+            elif not dtypes.isdisjoint(HALF) and not getattr(lower, "handles_half", False):
+                _route("half")(func, plan, a, outs)       # computed in float32 (lower/half.py)
+            else:
+                lower(func, a, outs)
+                if ctx.capture:
+                    _learn_captured(func, plan, args, kwargs, index, outs, leaves, spec,
+                                    ctx.capture)
+        except (errors.UnsupportedOpError, errors.UnsupportedTensorError, torch.OutOfMemoryError):
+            raise
+        except NotImplementedError as exc:
+            return _lowering_declined(func, plan, args, kwargs, mode, exc)
+        except Exception as exc:
+            raise _kernel_error(plan, exc, args, kwargs) from exc
+        finally:
+            tls.ctx = prev
+        return _kernel_results(func, plan, args, kwargs, outs, blocks, index, spec)
     except Exception as exc:
-        if mode is None and _backward.in_backward():
+        if entry and mode is None and _backward.in_backward():
             return _placeholder_outputs(func, plan, args, kwargs, exc)
         raise
 
@@ -191,7 +245,7 @@ def _dispatch_plan(func, plan, args, kwargs, mode, gated=False):
     if kind == "view":
         return _run_view(func, args, kwargs, mode)
     if kind == "kernel":
-        return _run_kernel(func, plan, args, kwargs, mode)
+        return dispatch(func, args, kwargs, mode, plan)
     if kind == "decomp":
         if plan.mutates and mode is None:
             _check_decomp_written(func, plan, args, kwargs)
@@ -260,7 +314,10 @@ def _run_alloc(func, args, kwargs, mode):
     return wrap(data, block, index)
 
 
-def _run_kernel(func, plan, args, kwargs, mode):
+def _kernel_setup(func, plan, args, kwargs, mode) -> tuple:
+    """Steps 1-2 of a kernel op (see dispatch): (ctx, bound args, outputs, their blocks, meta
+    leaves, output spec, device index, dtypes); (None, result) when adaptive eager recorded
+    the op instead."""
     uargs, ukw, index = unwrap_args(args, kwargs)   # index None: CPU in, CPU out (the mode)
     if index is not None:   # CUDA's rule: no non-scalar CPU tensor next to device ones
         check_placement(func, args, kwargs, index)
@@ -301,8 +358,7 @@ def _run_kernel(func, plan, args, kwargs, mode):
     if plan.mutates and not dtypes.isdisjoint(COMPLEX):
         # a complex operand into a real written tensor (the float fast path skipped it)
         _check_decomp_written(func, plan, uargs, ukw, real_too=True)
-    # 3. run the lowering (half types computed in float32, rounded to nearest even) under the
-    #    op's context: its core, its mode, whether adaptive eager may record it
+    # the op's context: its core, its mode, whether adaptive eager may record it
     if _adaptive.STATE.enabled and mode is None and index is not None:
         fusible = plan.lower in _fusible()
         ctx = OpContext(index, None, fusible, _blocks_of(args, kwargs, outs, blocks))
@@ -313,7 +369,7 @@ def _run_kernel(func, plan, args, kwargs, mode):
             prev = _context.swap(ctx)
             try:
                 if _adaptive.try_record_reduction(plan.name, a, outs, ctx.blocks):
-                    return wrap(outs[0], blocks[0], index)
+                    return None, wrap(outs[0], blocks[0], index)
             finally:
                 _context.swap(prev)
             flush(f"non-fusible op {plan.name}")
@@ -329,46 +385,12 @@ def _run_kernel(func, plan, args, kwargs, mode):
                 ctx = _PLAIN_CTX[index] = OpContext(index or 0)
     else:
         ctx = OpContext(index or 0, mode)
-    tls = _TLS_CTX
-    prev = getattr(tls, "ctx", None)
-    tls.ctx = ctx
-    try:
-        lower = plan.lower
-        if plan.prepare is not None and dtypes.isdisjoint(_WIDENED):
-            # the hot path: the lowering hands back its launch; dispatch -> here -> launch
-            req = plan.prepare(func, a, outs)
-            if req is not None:
-                launch(*req)
-                if ctx.capture and not _fast.learn_elementwise(
-                        func, plan, args, kwargs, index, a, outs, leaves, req):
-                    _learn_captured(func, plan, args, kwargs, index, outs, leaves, spec,
-                                    ctx.capture)
-        elif not dtypes.isdisjoint(FP8) and not getattr(lower, "handles_fp8", False):
-            from .lower.fp8 import run_fp8  # float8 operands: the CPU's rules (lower/fp8.py)
+    return ctx, a, outs, blocks, leaves, spec, index, dtypes
 
-            run_fp8(func, plan, a, outs)
-        elif not dtypes.isdisjoint(COMPLEX) and not getattr(lower, "handles_complex", False):
-            from .lower.complex import run_complex  # complex operands: their own family
 
-            run_complex(func, plan, a, outs)
-        elif not dtypes.isdisjoint(HALF) and not getattr(lower, "handles_half", False):
-            from .lower.half import run_upcast
-
-            run_upcast(func, plan, a, outs)
-        else:
-            lower(func, a, outs)
-            if ctx.capture:
-                _learn_captured(func, plan, args, kwargs, index, outs, leaves, spec,
-                                ctx.capture)
-    except (errors.UnsupportedOpError, errors.UnsupportedTensorError, torch.OutOfMemoryError):
-        raise
-    except NotImplementedError as exc:
-        return _lowering_declined(func, plan, args, kwargs, mode, exc)
-    except Exception as exc:
-        raise _kernel_error(plan, exc, args, kwargs) from exc
-    finally:
-        tls.ctx = prev
-    # 4. results: written args come back as the caller's own objects
+def _kernel_results(func, plan, args, kwargs, outs, blocks, index, spec):
+    """Step 4 of a kernel op: written args come back as the caller's own objects, fresh
+    buffers as new device tensors."""
     results = []
     for i, out in enumerate(outs):
         target = plan.ret_alias[i] if i < len(plan.ret_alias) else None
@@ -393,6 +415,23 @@ def _learn_captured(func, plan, args, kwargs, index, outs, leaves, spec, capture
 
 
 _TLS_CTX = _context._TLS
+_ROUTES: dict = {}
+
+
+def _route(kind: str):
+    """The run_* of a dtype route (fp8, complex, half): imported on first use."""
+    fn = _ROUTES.get(kind)
+    if fn is None:
+        if kind == "fp8":
+            from .lower.fp8 import run_fp8 as fn
+        elif kind == "complex":
+            from .lower.complex import run_complex as fn
+        else:
+            from .lower.half import run_upcast as fn
+        _ROUTES[kind] = fn
+    return fn
+
+
 _WIDENED = COMPLEX | HALF | FP8   # dtypes whose ops take the complex / half / fp8 routes
 _PLAIN_CTX: dict = {}   # core -> the shared context of plain-eager ops on it (never recording)
 _KEEP_TYPE = (IndexError, ValueError, TypeError, ZeroDivisionError, torch.linalg.LinAlgError)
@@ -499,7 +538,7 @@ def _run_decomp(func, plan, decomp, args, kwargs, mode):
 _tensor_mod.set_dispatcher(dispatch)
 # lower/host.py sits below dispatch in the import graph: it is handed the kernel path it runs
 # same-core copies through, as tensor.py is handed the funnel
-_host.set_kernel_path(_run_kernel, Plan, _PLANS)
+_host.set_kernel_path(dispatch, Plan, _PLANS)
 
 _IMPL_LIB = None
 

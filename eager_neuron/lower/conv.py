@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import cost
 from ..kernels import compile as kc
 from ..kernels import conv as kconv
 from ..launch import launch
@@ -103,9 +104,12 @@ class _Conv:
             and t.is_contiguous()
 
     def flops(self, n: int, o: int, cols: tuple) -> float:
+        """The implicit GEMM's FLOPs (cost.conv_work) for n samples, o output channels over
+        the output positions cols (the caller counts the bytes: it knows which tensors move)."""
         cg = self.w.shape[1]
-        return 2.0 * n * o * cols[0] * cols[1] * cols[2] * cg * \
-            self.kernel[0] * self.kernel[1] * self.kernel[2]
+        return cost.conv_work(n, cg * self.groups, o, cols[0] * cols[1] * cols[2],
+                              self.kernel[0] * self.kernel[1] * self.kernel[2], 0,
+                              self.groups, 0)[0]
 
 
 def _forward(cv: _Conv, out5: torch.Tensor, x5: torch.Tensor, bias, nbytes: int) -> None:

@@ -25,7 +25,7 @@ aten = torch.ops.aten
 # learning, error context) with a kernel Plan of the cast family. dispatch sits above this module
 # in the import graph (dispatch -> plan -> ops -> lower/host), so it is handed down once at
 # import, as tensor.py is handed the funnel: eager_neuron/__init__.py calls set_kernel_path().
-_RUN_KERNEL = None     # dispatch._run_kernel(func, plan, args, kwargs, mode)
+_RUN_KERNEL = None     # dispatch.dispatch(func, args, kwargs, mode, plan): the kernel path
 _PLAN = None           # plan.Plan, the class of the Plans below
 _PLANS: dict = {}      # plan._PLANS: func -> its Plan (host_compute reads its op's written args)
 
@@ -79,7 +79,7 @@ def to_copy(func, args, kwargs, mode):
             return aten._to_copy.default(host, **kw)
         if target == src.device.index:
             kw.pop("device", None)
-            return _RUN_KERNEL(func, _kernel_plan(func), (src,), kw, None)
+            return _RUN_KERNEL(func, (src,), kw, None, _kernel_plan(func))
         # core -> core: a device copy through HBM
         flush("cross-core copy")
         kw["device"] = torch.device("cpu")
@@ -96,7 +96,7 @@ def to_copy(func, args, kwargs, mode):
         # NeuronMode: a cast of a CPU tensor is a kernel too (CPU in, CPU out)
         kw.pop("device", None)
         kw.pop("non_blocking", None)
-        return _RUN_KERNEL(func, _kernel_plan(func), (src,), kw, mode)
+        return _RUN_KERNEL(func, (src,), kw, mode, _kernel_plan(func))
     kw["device"] = torch.device("cpu")
     host = aten._to_copy.default(src, **kw)
     if target is None:
@@ -130,7 +130,7 @@ def copy_(func, args, kwargs, mode):
     dst, src = args[0], args[1]
     if isinstance(dst, NeuronTensor) and isinstance(src, NeuronTensor):
         if dst.device == src.device:
-            return _RUN_KERNEL(func, _copy_plan(), args, kwargs, None)
+            return _RUN_KERNEL(func, args, kwargs, None, _copy_plan())
         flush("cross-core copy")
         dst._data.copy_(src._data)
         SIM.copy_between(src.device.index, dst.device.index, src.numel() * src.element_size())
@@ -147,7 +147,7 @@ def copy_(func, args, kwargs, mode):
         return dst
     if mode is not None and isinstance(src, torch.Tensor):
         # NeuronMode: a CPU-to-CPU copy_ is a kernel too
-        return _RUN_KERNEL(func, _copy_plan(), args, kwargs, mode)
+        return _RUN_KERNEL(func, args, kwargs, mode, _copy_plan())
     return func(*args, **kwargs)
 
 
