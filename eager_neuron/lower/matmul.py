@@ -17,8 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .. import errors
-from .. import cost
+from .. import cost, errors
 from ..cache.families import MATMUL_BLAS, MATMUL_LOOP
 from ..context import _TLS
 from ..kernels import compile as kc
