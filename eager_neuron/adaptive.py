@@ -316,11 +316,19 @@ def _place(g: _Group, op_idx: tuple, out_idx: int, kinds: tuple, numel: int, red
     COUNTERS["analyses"] += 1
     barrier, aligned = _barrier(g, op_idx, out_idx, kinds, numel)
     target = None
+    touched = set(op_idx)
+    touched.add(out_idx)
     for li in range(len(g.loops) - 1, max(barrier, g.floor, 0) - 1, -1):
         loop = g.loops[li]
         if loop.numel != numel:
             continue
         if li == barrier and not aligned:
+            continue
+        if loop.touched.isdisjoint(touched):
+            # NOTE: an op sharing no buffer with a loop opens its own: LLVM vectorizes a loop
+            # only when it can check its arrays for overlap at run time, which it gives up on
+            # for a loop over many arrays (an optimizer's update of every parameter of one
+            # size in one loop ran scalar, 4-5x slower than plain eager's kernels)
             continue
         target = li
         break

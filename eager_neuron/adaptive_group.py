@@ -59,13 +59,14 @@ def _overlaps(a: _Buf, b: _Buf) -> bool:
 
 
 class _Loop:
-    __slots__ = ("numel", "nodes", "size_buf", "last_writer")
+    __slots__ = ("numel", "nodes", "size_buf", "last_writer", "touched")
 
     def __init__(self, numel: int, size_buf: int) -> None:
         self.numel = numel
         self.nodes = []
         self.size_buf = size_buf
         self.last_writer: dict = {}   # buf index -> node id whose value it holds
+        self.touched: set = set()     # buf indices its nodes read or write
 
 
 class _Call:
@@ -76,7 +77,7 @@ class _Call:
     `floor`), so program order holds without analysing what the call reads and writes."""
 
     __slots__ = ("key", "render", "args", "flops", "bytes", "engine", "dtype_class", "node_id",
-                 "spans", "numel", "nodes", "size_buf", "last_writer")
+                 "spans", "numel", "nodes", "size_buf", "last_writer", "touched")
 
     def __init__(self, staged: tuple, node_id: int, spans: list) -> None:
         (self.key, self.render, self.args, self.flops, self.bytes, self.engine,
@@ -88,6 +89,7 @@ class _Call:
         self.nodes = ()
         self.size_buf = None
         self.last_writer: dict = {}
+        self.touched: set = set()
 
 
 class _Group:
@@ -231,8 +233,11 @@ def _apply(g: _Group, bk: tuple) -> None:
     ob = bufs[out_idx]
     if target > ob.last_write:
         ob.last_write = target
+    loop = g.loops[target]
+    loop.touched.update(op_idx)
+    loop.touched.add(out_idx)
     if not reduce:
-        g.loops[target].last_writer[out_idx] = node_id
+        loop.last_writer[out_idx] = node_id
 
 
 def _sync(g: _Group) -> None:
