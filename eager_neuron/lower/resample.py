@@ -1,7 +1,7 @@
 """Resampling lowerings: upsample (nearest, nearest-exact, linear, bilinear, trilinear, bicubic)
 and replication-padding backward, 1/2/3-d (their forwards decompose into gathers that have
 kernels; the backward passes are scatters), and grid_sampler 2-d/3-d forward and backward
-(bilinear and nearest; 2-d bicubic declines to PyTorch's decomposition). One launch each.
+(bilinear, nearest and 2-d bicubic). One launch each.
 
 >>> import torch, eager_neuron
 >>> x = torch.ones(1, 1, 2, device="neuron", requires_grad=True)
@@ -17,6 +17,7 @@ import torch
 
 from ..kernels import compile as kc
 from ..kernels import grid_sample as kgrid
+from ..kernels import grid_sample_cubic as kcubic
 from ..kernels import resample as kresample
 from ..launch import launch
 from .cast import cast
@@ -137,8 +138,8 @@ _HALF_RND = {torch.bfloat16: "bf16", torch.float16: "f16"}
 
 def _grid_check(a, *ts) -> int:
     mode = a["interpolation_mode"]
-    if mode not in (0, 1):
-        raise NotImplementedError(f"grid_sampler interpolation mode {mode} (bicubic)")
+    if mode not in (0, 1, 2) or (mode == 2 and a["grid"].dim() != 4):
+        raise NotImplementedError(f"grid_sampler interpolation mode {mode}")
     dtype = a["input"].dtype
     if (dtype not in _FLOAT and dtype not in _HALF_RND) or \
             any(t is not None and t.dtype != dtype for t in ts):
@@ -176,6 +177,8 @@ def lower_grid_sampler(func, a, outs):
         return
     rnd = _HALF_RND.get(out.dtype)
     o32 = _scratch(out)
+    if mode == 2:
+        return _grid_cubic(inp, grid, out, o32, a, rnd)
     iv, gv, ov = _grid_views(_f32(inp), _f32(grid), o32)
     T = NP_TYPE[o32.dtype]
     parallel = inp.shape[0] > 1 and out.numel() >= PARALLEL_MIN and kc.parallel_allowed()
@@ -206,6 +209,8 @@ def lower_grid_sampler_backward(func, a, outs):
         return
     rnd = _HALF_RND.get(inp.dtype)
     gi32, gg32 = _scratch(gi), _scratch(gg)
+    if mode == 2:
+        return _grid_cubic_backward(go, inp, grid, gi, gg, gi32, gg32, a, rnd)
     iv, gv, gov, giv = _grid_views(_f32(inp), _f32(grid), _f32(go), gi32)
     ggv = (gg32.unsqueeze(1) if grid.dim() == 4 else gg32) if gg32 is not None else None
     T = NP_TYPE[iv.dtype]
@@ -223,6 +228,38 @@ def lower_grid_sampler_backward(func, a, outs):
 
 
 lower_grid_sampler_backward.handles_half = True
+
+
+CUBIC_VERSION = 1   # bump when kernels/grid_sample_cubic.py's rendered source changes
+
+
+def _grid_cubic(inp, grid, out, o32, a, rnd) -> None:
+    """2-d bicubic forward (kernels/grid_sample_cubic.py), half types rounded as the CPU."""
+    iv, gv = _f32(inp), _f32(grid)
+    T = NP_TYPE[o32.dtype]
+    parallel = inp.shape[0] > 1 and out.numel() >= PARALLEL_MIN and kc.parallel_allowed()
+    launch(("resample", "grid_cubic", VERSION, CUBIC_VERSION, T, parallel, rnd),
+           lambda: kcubic.render_grid_cubic(False, T, parallel, rnd),
+           (_np(o32), _np(iv), _np(gv), int(a["padding_mode"]), bool(a["align_corners"])),
+           flops=40.0 * out.numel(), bytes_moved=_numel(inp, grid, out) * out.element_size(),
+           engine="vector")
+    _put(o32, out)
+
+
+def _grid_cubic_backward(go, inp, grid, gi, gg, gi32, gg32, a, rnd) -> None:
+    iv, gv, gov = _f32(inp), _f32(grid), _f32(go)
+    T = NP_TYPE[iv.dtype]
+    dummy = np.zeros((1,) * 4, iv.numpy().dtype)
+    parallel = inp.shape[0] > 1 and go.numel() >= PARALLEL_MIN and kc.parallel_allowed()
+    launch(("resample", "grid_cubic_bw", VERSION, CUBIC_VERSION, T, parallel, rnd),
+           lambda: kcubic.render_grid_cubic(True, T, parallel, rnd),
+           (_np(gi32) if gi is not None else dummy, _np(gg32) if gg is not None else dummy,
+            _np(gov), _np(iv), _np(gv), int(a["padding_mode"]), bool(a["align_corners"]),
+            gi is not None, gg is not None),
+           flops=160.0 * go.numel(), engine="vector",
+           bytes_moved=_numel(inp, grid, go, inp, grid) * go.element_size())
+    _put(gi32, gi)
+    _put(gg32, gg)
 
 
 LOWERINGS = {
