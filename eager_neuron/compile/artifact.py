@@ -139,8 +139,32 @@ def caching(gm: torch.fx.GraphModule):
 
     unwrap_factories(gm)
     setattr(gm, SALT_ATTR, cache_salt())
-    with fconfig.patch(bundled_autograd_cache=True, force_non_lazy_backward_lowering=True):
+    with fconfig.patch(bundled_autograd_cache=True, force_non_lazy_backward_lowering=True), \
+            _no_inductor_codegen_imports():
         yield
+
+
+@contextlib.contextmanager
+def _no_inductor_codegen_imports():
+    """torch's cache key (inductor's FxGraphHashDetails) first registers inductor's own codegen
+    backends, importing every one of them (C++, Triton, Halide, Metal, ...: 1.5-4.5 s, once
+    per process) only to read the custom passes registered per device. Those are registered by
+    the user's `register_backend_for_device` calls, never by that import: the key is the same
+    without it, so a neuron compile skips it."""
+    try:
+        import torch._inductor.codecache as cc
+    except Exception:    # noqa: BLE001 - another torch layout: nothing to skip
+        yield
+        return
+    orig = getattr(cc, "init_backend_registration", None)
+    if orig is None:
+        yield
+        return
+    cc.init_backend_registration = lambda: None
+    try:
+        yield
+    finally:
+        cc.init_backend_registration = orig
 
 
 def unwrap_factories(gm: torch.fx.GraphModule) -> int:
