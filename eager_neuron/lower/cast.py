@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels.halfround import BF16_BITS
+from ..launch import launch
 from . import elementwise as ew
 from .common import FP8
 
@@ -33,6 +34,9 @@ ew.OPS["cast::f_to_i8"] = (_VIA_I32 + " & 0xFF)", "none")
 ew.OPS["cast::f_to_i16"] = (_VIA_I32 + " & 0xFFFF)", "none")
 _SMALL_INT = {torch.int8: "cast::f_to_i8", torch.uint8: "cast::f_to_i8",
               torch.int16: "cast::f_to_i16"}
+# dtypes a plain elementwise copy converts between (numpy has them; not half, complex, fp8)
+_DIRECT = frozenset({torch.float32, torch.float64, torch.int64, torch.int32, torch.int16,
+                     torch.int8, torch.uint8, torch.bool})
 
 # -- float16 <-> float32 in kernels (bit arithmetic, as bfloat16 above) ------------------------
 # float32 bits -> float16 bits, round to nearest even (c10's fp16_ieee_from_fp32_value): NaN ->
@@ -147,12 +151,25 @@ def _cast_half(src: torch.Tensor, dst: torch.Tensor) -> None:
     _bits("cast::f32_to_bf16", src.expand(dst.shape), dst, torch.int32, torch.int16)
 
 
+def _copy_to(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """cast() as an op's lowering: a copy between the dtypes numpy has launches from here
+    (dispatch -> lowering -> launch); the half, fp8 and float->small-int conversions take
+    cast()'s routes."""
+    if dst.dtype in _DIRECT and src.dtype in _DIRECT and not (
+            dst.dtype in _SMALL_INT and src.dtype in (torch.float32, torch.float64)):
+        req = ew.lower_elementwise(None, {"self": src}, [dst], "aten::_to_copy", defer=True)
+        if req is not None:
+            launch(*req)
+        return
+    cast(src, dst)
+
+
 def lower_to_copy(func, a, outs) -> None:
-    cast(a["self"], outs[0])
+    _copy_to(a["self"], outs[0])
 
 
 def lower_copy(func, a, outs) -> None:
-    cast(a["src"], outs[0])
+    _copy_to(a["src"], outs[0])
 
 
 lower_to_copy.handles_half = True
@@ -167,7 +184,7 @@ LOWERINGS["aten::clone"].handles_half = True
 
 
 def _lower_copy_functional(func, a, outs) -> None:
-    cast(a["src"], outs[0])
+    _copy_to(a["src"], outs[0])
 
 
 _lower_copy_functional.handles_half = True
