@@ -133,3 +133,74 @@ def test_exp_neg_is_vexp_bit_for_bit():
     assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
     ok = ~np.isnan(x)
     assert (b[ok] >= 0).all() and np.isnan(b[~ok]).all() and b[-3] == 0.0
+
+
+@pytest.mark.parametrize("expr,kinds,loads,store,dtype", [
+    ("x0 + c0 * x1", ("flat", "flat"), ("np.float32", "np.float32"), "np.float32({})",
+     np.float32),
+    ("x0 * c0 + x1", ("flat", "one"), ("np.float64", "np.float64"), "np.float64({})",
+     np.float64),
+    ("x0 > x1", ("flat", "flat"), ("np.float32", "np.float32"), "np.bool_({})", np.bool_),
+])
+def test_streamed_elementwise_equals_plain_loop(monkeypatch, expr, kinds, loads, store, dtype):
+    """The streaming-store path of a parallel flat kernel (kernels/elementwise.py `_streamed`,
+    forced on for any size here) writes exactly what the plain serial loop writes: every output
+    offset against the 64-byte boundary (its serial head), sizes below, at and past a block with
+    a tail, an output aliasing its first input (in-place op); nothing outside the output."""
+    from eager_neuron.elementwise_base import PRELUDE
+    from eager_neuron.kernels import elementwise as kew
+
+    monkeypatch.setattr(kew, "NT_MIN_BYTES", 0)
+    if not kew.streams(expr, kinds, 1):
+        pytest.skip("no streaming stores on this architecture")
+    src, name = kew.render(expr, kinds, 1, loads, ("np.float64",), store, parallel=True)
+    assert "_nt_store64(out" in src
+    streamed = compile_kernel(PRELUDE + src, name)
+    src, name = kew.render(expr, kinds, 1, loads, ("np.float64",), store, parallel=False)
+    plain = compile_kernel(PRELUDE + src, name)
+    rng = np.random.default_rng(0)
+    for n in (1, 17, kew.NT_BLOCK - 1, kew.NT_BLOCK + 16, 3 * kew.NT_BLOCK + 37):
+        for off in range(0, 16, 3):
+            xs = [rng.standard_normal(n + 16).astype(np.float32)[off:off + n] if k == "flat"
+                  else np.array([1.5], np.float32) for k in kinds]
+            want = np.empty(n, dtype)
+            plain(want, *xs, 0.75)
+            buf = np.zeros(n + 32, dtype)
+            got = buf[off:off + n]
+            streamed(got, *xs, 0.75)
+            assert np.array_equal(got, want), (n, off)
+            assert not buf[:off].any() and not buf[off + n:].any(), (n, off)
+            if dtype is np.float32:   # in place: out is its first input
+                x0 = xs[0].copy()
+                streamed(x0, x0, *xs[1:], 0.75)
+                assert np.array_equal(x0, want), (n, off)
+    assert not kew.streams("_vgelu_as(x0)", ("flat",), 1)   # compute-bound: plain stores
+
+
+def test_two_stream_reductions_edges():
+    """Block-mode sums read a row as two interleaved halves plus a tail, paired chunks walk two
+    slices of unequal length side by side, row pairs walk rows i and i + rows/2 (the odd row
+    alone): each within the float64-referenced bound, NaN anywhere propagating."""
+    g = torch.Generator().manual_seed(3)
+    for n in (1023, 1024, 1025, 2048 + 3, 4096 * 3 + 511):
+        x = torch.randn(n, generator=g) * 10 + 3
+        exact = x.double().sum()
+        got = x.to(DEV).sum().cpu().double()
+        ulp = abs(float(exact.float()) - float(torch.nextafter(exact.float(),
+                                                                torch.tensor(float("inf")))))
+        assert abs(got - exact) <= 0.5001 * ulp + 1e-12, (n, got, exact)
+        _check(lambda t: t.mean(), x, atol=0, rtol=2e-7)
+    m = 2 * lred.PARALLEL_MIN + 63     # chunks of unequal length
+    x = torch.randn(m, generator=g)
+    for pos in (m // 2 + 5, m - 2):
+        y = x.clone()
+        y[pos] = 123.0
+        _check(lambda t: t.amax(), y)
+        y[pos] = -NAN
+        assert torch.isnan(y.to(DEV).amin().cpu())
+    for rows in (1, 2, 5):
+        x = torch.randn(rows, 700, generator=g)
+        x[rows - 1, 3] = NAN
+        for fn in (lambda t: t.sum(1), lambda t: t.amax(1), lambda t: t.abs().mean(1),
+                   lambda t: (t > 1).any(1)):
+            _check(fn, x, atol=1e-6, rtol=2e-6)
