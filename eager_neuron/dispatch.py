@@ -143,6 +143,8 @@ def dispatch(func, args, kwargs, mode=None, plan=None):
                         return _dispatch_plan(func, plan, args, kwargs, mode)
                 if _adaptive.PENDING:
                     _adaptive_gate(plan, args, kwargs, mode)
+                if plan.kind == "dynamic":   # one call less to its launches
+                    return _run_dynamic(func, plan, args, kwargs, mode)
                 if plan.kind != "kernel":
                     return _dispatch_plan(func, plan, args, kwargs, mode, gated=True)
             except Exception as exc:

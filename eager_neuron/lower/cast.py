@@ -109,6 +109,11 @@ def _f32(t: torch.Tensor) -> torch.Tensor:
 
 def cast(src: torch.Tensor, dst: torch.Tensor) -> None:
     """dst[...] = src, converting dtype and broadcasting src to dst's shape."""
+    if _direct(src, dst):   # a plain copy kernel, launched from here
+        req = ew.lower_elementwise(None, {"self": src}, [dst], "aten::_to_copy", defer=True)
+        if req is not None:
+            launch(*req)
+        return
     if src.dtype in FP8 or dst.dtype in FP8:
         return _cast_fp8(src, dst)
     if src.dtype == torch.bfloat16 or dst.dtype == torch.bfloat16 or \
@@ -151,12 +156,17 @@ def _cast_half(src: torch.Tensor, dst: torch.Tensor) -> None:
     _bits("cast::f32_to_bf16", src.expand(dst.shape), dst, torch.int32, torch.int16)
 
 
+def _direct(src: torch.Tensor, dst: torch.Tensor) -> bool:
+    """A copy between dtypes numpy has, by the plain copy kernel (not half, complex, fp8, nor
+    float -> small int, which spells out the CPU's wraparound)."""
+    return dst.dtype in _DIRECT and src.dtype in _DIRECT and not (
+        dst.dtype in _SMALL_INT and src.dtype in (torch.float32, torch.float64))
+
+
 def _copy_to(src: torch.Tensor, dst: torch.Tensor) -> None:
-    """cast() as an op's lowering: a copy between the dtypes numpy has launches from here
-    (dispatch -> lowering -> launch); the half, fp8 and float->small-int conversions take
-    cast()'s routes."""
-    if dst.dtype in _DIRECT and src.dtype in _DIRECT and not (
-            dst.dtype in _SMALL_INT and src.dtype in (torch.float32, torch.float64)):
+    """cast() as an op's lowering: a plain copy launches from here (dispatch -> lowering ->
+    launch); the other conversions take cast()'s routes."""
+    if _direct(src, dst):
         req = ew.lower_elementwise(None, {"self": src}, [dst], "aten::_to_copy", defer=True)
         if req is not None:
             launch(*req)
