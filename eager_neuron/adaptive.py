@@ -190,6 +190,77 @@ def record(op: str, expr: str, kinds: tuple, loads: tuple, scalar_casts: tuple, 
         return True
 
 
+def record_flat(op: str, expr: str, kinds: tuple, loads: tuple, scalar_casts: tuple, store: str,
+                out: tuple, operands: list, scalars: tuple, numel: int, core: int, static: int,
+                tails: tuple) -> None:
+    """record() for a recording runner (adaptive_fast.learn): every array was made from its
+    tensor by numpy() + reshape (`trusted`), `static` is known, and `tails` holds, per operand
+    and then the output, the (length, stride, dtype) part of its buffer key (fixed by the
+    runner's signature: flat arrays of `numel` elements or single elements)."""
+    key = (_get_ident(), _graph_task_id())
+    n_args = len(operands) + 1
+    with _lock:
+        g = PENDING.get(key)
+        if (g is None or g.core != core or g.n_nodes >= MAX_NODES
+                or len(g.bufs) + g.n_call_args + n_args > MAX_BUFS
+                or g.pinned_bytes > MAX_PINNED_BYTES):
+            g = _group_for(key, core, n_args)
+        g.descs = descs = []
+        index = g.index
+        op_idx = []
+        for (arr, src, blk), tail in zip(operands, tails):
+            k = (src.data_ptr(),) + tail
+            j = index.get(k)
+            op_idx.append(g.new_buf(k, arr, blk) if j is None else j)
+        op_idx = tuple(op_idx)
+        k = (out[1].data_ptr(),) + tails[-1]
+        out_idx = index.get(k)
+        if out_idx is None:
+            out_idx = g.new_buf(k, out[0], out[2])
+        sig = (static, op_idx, out_idx, tuple(descs)) if descs else (static, op_idx, out_idx)
+        nxt = g.cursor.children.get(sig)
+        if nxt is None:
+            _record_new(g, sig, op, expr, kinds, loads, store, op_idx, out_idx, scalars, numel,
+                        None)
+        else:
+            # recognised: the cached node, placed where it was placed before
+            new_loop, target, node, bk = nxt.step
+            if new_loop:
+                g.loops.append(_Loop(numel, out_idx))
+            g.loops[target].nodes.append(node)
+            g.lag.append(bk)
+            g.cursor = nxt
+        g.scalars.extend(scalars)
+        g.scalar_casts.extend(scalar_casts)
+        g.n_nodes += 1
+        g.ops.append(op)
+
+
+def _record_new(g: _Group, sig: tuple, op, expr, kinds, loads, store, op_idx, out_idx,
+                scalars, numel, reduce) -> None:
+    """The analysis of an op not recognised at the group's trace node: place it, apply its
+    bookkeeping, grow the trace tree (called under _lock)."""
+    if g.lag:
+        _sync(g)
+    target, ops, new_loop = _place(g, op_idx, out_idx, kinds, numel, reduce)
+    base = len(g.scalars)
+    node = (expr, loads, store, ops, tuple(range(base, base + len(scalars))), out_idx,
+            reduce, g.n_nodes)
+    g.loops[target].nodes.append(node)
+    bk = (target, ops, op_idx, out_idx, reduce, g.n_nodes)
+    _apply(g, bk)
+    if _grp._TRACE_NODES[0] >= _grp.MAX_TRACE_NODES:
+        _grp._ROOT[0] = _TNode()
+        _grp._TRACE_NODES[0] = 0
+    nxt = g.cursor.children[sig] = _TNode((new_loop, target, node, bk))
+    g.cursor = nxt
+    _grp._TRACE_NODES[0] += 1
+
+
+_get_ident = threading.get_ident
+_graph_task_id = torch._C._current_graph_task_id
+
+
 def _group_for(key, core: int, n_args: int) -> _Group:
     """The stream's pending group that can take an op of `n_args` more kernel arguments (the
     current one, or a new one after launching it). Called under _lock."""

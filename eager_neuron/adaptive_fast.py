@@ -336,7 +336,7 @@ def learn(out, spec, kinds: tuple, numel: int, op_name: str) -> None:
         return
     stypes = tuple(bool if isinstance(a[nm], bool) or a[nm] is None else type(a[nm])
                    for nm in spec.scalars)
-    ns = {"REC": _ad.record, "FNP": _fp.flat_np, "NOBLK": {}, "PENDING": _PENDING,
+    ns = {"RECF": _ad.record_flat, "FNP": _fp.flat_np, "PENDING": _PENDING,
           "SK": _ad.stream_key, "NT": NeuronTensor,
           "MISS": _MISS, "IDX": index, "F": COUNTERS, "SIM": _fp.SIM,
           "STATIC": (op_name, spec.expr, kinds, spec.loads, spec.scalar_casts,
@@ -393,8 +393,13 @@ def learn(out, spec, kinds: tuple, numel: int, op_name: str) -> None:
     # operands: their flat numpy views, cached on the tensors (fastpath.flat_np: a view, never
     # a copy, for these flat operands)
     ops = ", ".join(f"(FNP({r}), {r}._data, {r}._block)" for r, _fl in refs)
-    lines += [f"REC(*STATIC, ({out_np}, data, block), [{ops}], "
-              f"({''.join(s + ', ' for s in svals)}), NUMEL, None, NOBLK, IDX, True, SID)",
+    # per operand, then the output: the (length, stride, dtype) part of its buffer key
+    tails = []
+    for arr in [a[nm].numpy().reshape(-1) for nm in spec.tensors] + [outs[0].numpy().reshape(-1)]:
+        tails.append((arr.shape[0], arr.strides[0] if arr.shape[0] > 1 else 0, arr.dtype))
+    ns["TAILS"] = tuple(tails)
+    lines += [f"RECF(*STATIC, ({out_np}, data, block), [{ops}], "
+              f"({''.join(s + ', ' for s in svals)}), NUMEL, IDX, SID, TAILS)",
               "F['hits'] += 1", ret]
     runner = _fp._build(plan.name, lines, ns)
     with _fp._LOCK:

@@ -153,6 +153,18 @@ class _Group:
         self.descs.append((n, key[2], arr.dtype, block is not None, ov))
         return j
 
+    def new_buf(self, key: tuple, arr: np.ndarray, block) -> int:
+        """buf_index's second half for a key not in the group yet (key[0] is arr's address)."""
+        if block is not None and id(block) not in self.pins:
+            self.pins[id(block)] = block
+            self.pinned_bytes += getattr(block, "nbytes", 0)
+        self.index[key] = j = len(self.bufs)
+        b = _Buf(arr, key[0], block)
+        self.bufs.append(b)
+        ov = self._overlapping(b, j)
+        self.descs.append((key[1], key[2], key[3], block is not None, ov))
+        return j
+
     def _overlapping(self, b: _Buf, j: int) -> tuple:
         """Record (both ways) and return the indices of earlier buffers b overlaps."""
         lo, hi = b.lo, b.hi
