@@ -56,3 +56,16 @@ def _round_f16(x):
     return np.float32(math.ldexp(np.rint(m * 2048.0), e - 11))
 
 '''
+
+# one kernel source for both half types: kind 1 rounds to bfloat16, kind 2 to float16, any other
+# kind leaves x as it is (float32 arithmetic); paste after ROUND_BF16 and ROUND_F16
+ROUND_HALF = '''
+@njit(inline="always")
+def _round_half(x, kind):
+    if kind == 1:
+        return _round_bf16(x)
+    if kind == 2:
+        return _round_f16(x)
+    return x
+
+'''

@@ -27,7 +27,7 @@ from __future__ import annotations
 import re
 
 from .elementwise import kernel_name
-from .halfround import ROUND_BF16
+from .halfround import ROUND_BF16, ROUND_F16, ROUND_HALF
 
 # name -> (passes [(init, step)], finals per output, merge for "chunk" (p: a partial), flags)
 # flags: "index" uses k (no dim sorting, row mode only); "multi" has several passes.
@@ -448,7 +448,8 @@ SEGMENT = {"sum": 0, "mean": 1, "max": 2, "min": 3, "prod": 4}
 def render_segment() -> tuple[str, str]:
     """`k(out, data, lens, red, offsets, has_init, init, bf)`: ATen's segment reduce: data
     (outer, size, inner), lens (outer, L) lengths or offsets, out (outer, segments, inner); the
-    running value is in data's type (`bf`: bfloat16, every operation rounded as on the CPU);
+    running value is in data's type (`bf` 1: bfloat16, 2: float16, every operation rounded as
+    on the CPU);
     max/min take a NaN; an empty mean without `initial` is NaN."""
     name = kernel_name("segment")
     lines = _header(name, ["out", "data", "lens", "red", "offsets", "has_init", "init", "bf"],
@@ -485,16 +486,16 @@ def render_segment() -> tuple[str, str]:
         "                    else:",
         "                        v = v + x",
         "                    if bf:",
-        "                        v = _round_bf16(v)",
+        "                        v = _round_half(v, bf)",
         "                if red == 1:",
         "                    if end - start == 0 and not has_init:",
         "                        v = np.nan",
         "                    elif end - start > 0 and v == v:",
         "                        d = data.dtype.type(end - start)",
-        "                        v = _round_bf16(v / _round_bf16(d)) if bf else v / d",
+        "                        v = _round_half(v / _round_half(d, bf), bf) if bf else v / d",
         "                out[o, s, i] = v",
     ]
-    return ROUND_BF16 + "\n".join(lines) + "\n", name
+    return ROUND_BF16 + ROUND_F16 + ROUND_HALF + "\n".join(lines) + "\n", name
 
 
 def render_segment_backward() -> tuple[str, str]:

@@ -21,6 +21,7 @@ True
 from __future__ import annotations
 
 from .elementwise import kernel_name
+from .halfround import ROUND_F16, ROUND_HALF
 from .index import _ix, _Src
 from .sort_prelude import PRELUDE, RUN  # noqa: F401 -- RUN: the merge sort's run length
 
@@ -128,10 +129,10 @@ def render_search(c: int, store: str) -> tuple[str, str]:
 
 def render_histc() -> tuple[str, str]:
     """`k(hist, x, info, lo, hi, bins, auto, bf, chunk)`: ATen's histc (linear interpolation,
-    no local search) in the input's type: float32, or bfloat16 emulated (`bf`: every operation
-    rounded as c10::BFloat16 arithmetic does). Counts accumulate per `chunk` of x (the CPU's
-    per-thread histograms, bfloat16 ones rounding every add), summed in float32, rounded once by
-    the caller.
+    no local search) in the input's type: float32, or a half type emulated (`bf` 1: bfloat16,
+    2: float16; every operation rounded as c10 half arithmetic does, bins included). Counts
+    accumulate per `chunk` of x (the CPU's per-thread histograms, half ones rounding every add),
+    summed in float32, rounded once by the caller.
     `auto` (min == max given): the range is x's min/max.
     info = [lo, hi, bad]: bad = 1 when the range is not finite or empty (the lowering raises)."""
     name = kernel_name("histc")
@@ -146,7 +147,8 @@ def render_histc() -> tuple[str, str]:
           "if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):", "    info[2] = 1",
           "    return",
           "left = np.float32(lo)", "right = np.float32(hi)", "nb = np.float32(bins)",
-          "if bf:", "    left = _round_bf16(left)", "    right = _round_bf16(right)",
+          "if bf:", "    left = _round_half(left, bf)", "    right = _round_half(right, bf)",
+          "    nb = _round_half(nb, bf)",
           "for b in range(bins):", "    hist[b] = 0",
           "part = np.zeros(bins, np.float32)",
           "for start in range(0, n, chunk):",
@@ -154,13 +156,14 @@ def render_histc() -> tuple[str, str]:
           "    for j in range(start, min(n, start + chunk)):", "        v = x[j]",
           "        if not (v >= left and v <= right):", "            continue",
           "        if bf:",
-          "            t = _round_bf16(_round_bf16(_round_bf16(v - left) * nb)",
-          "                            / _round_bf16(right - left))",
+          "            t = _round_half(_round_half(_round_half(v - left, bf) * nb, bf)",
+          "                            / _round_half(right - left, bf), bf)",
           "        else:", "            t = (v - left) * nb / (right - left)",
           "        pos = int(t)", "        if pos == bins:", "            pos -= 1",
-          "        part[pos] = _round_bf16(part[pos] + np.float32(1)) if bf else part[pos] + 1",
+          "        part[pos] = _round_half(part[pos] + np.float32(1), bf) if bf else "
+          "part[pos] + 1",
           "    for b in range(bins):", "        hist[b] += part[b]")
-    return s.text(), name
+    return ROUND_F16 + ROUND_HALF + s.text(), name
 
 
 def render_histc_int() -> tuple[str, str]:

@@ -294,18 +294,21 @@ def lower_segment_reduce(func, a, outs):
     lens = a["lengths"] if a["lengths"] is not None else a["offsets"]
     if a["indices"] is not None or lens is None or a["reduce"] not in kr.SEGMENT:
         raise NotImplementedError("segment_reduce with indices")
-    if not (data.is_contiguous() and lens.is_contiguous()) or data.dtype == torch.float16:
-        raise NotImplementedError("segment_reduce of a non-contiguous or float16 tensor")
+    if not (data.is_contiguous() and lens.is_contiguous()):
+        raise NotImplementedError("segment_reduce of a non-contiguous tensor")
     if not data.is_floating_point():
         raise NotImplementedError(f"segment_reduce of {data.dtype}")
     if out.numel() == 0:
         return
-    bf = data.dtype == torch.bfloat16
+    # the half type the CPU's running value rounds to (kernels/halfround.py ROUND_HALF's kinds)
+    bf = {torch.bfloat16: 1, torch.float16: 2}.get(data.dtype, 0)
     d32 = _up(data, data) if bf else data
     o32 = torch.empty(out.shape, dtype=torch.float32) if bf else out
     outer = math.prod(data.shape[:axis])
     inner = math.prod(data.shape[axis + 1:])
     init = a["initial"]
+    if init is not None and bf:   # initial.to<scalar_t>(): the half value
+        init = float(torch.tensor(float(init), dtype=torch.float64).to(data.dtype))
     launch(("reduce", "segment"), kr.render_segment,
            (o32.numpy().reshape(outer, out.shape[axis], inner),
             d32.numpy().reshape(outer, data.shape[axis], inner),

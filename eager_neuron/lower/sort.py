@@ -263,16 +263,19 @@ def dynamic_unique_consecutive(func, a, index=-1):
 # histc (output size from meta) and bincount (DYNAMIC: max(x) + 1 bins)
 # ---------------------------------------------------------------------------------------------
 
+_HALF_KIND = {torch.bfloat16: 1, torch.float16: 2}   # halfround.ROUND_HALF's kinds
+
+
 def lower_histc(func, a, outs):
     x, out = a["self"], outs[0]
     if not x.is_floating_point() and x.dtype != torch.bool:
         return _histc_int(x, out, int(a["bins"]), a["min"], a["max"])
-    if not x.is_floating_point() or x.dtype == torch.float64 or x.dtype == torch.float16:
+    if not x.is_floating_point() or x.dtype == torch.float64:
         raise NotImplementedError(f"histc of {x.dtype}")
     bins = int(a["bins"])
     lo, hi = float(a["min"]), float(a["max"])
     flat = _flat_f(x)
-    bf = x.dtype == torch.bfloat16
+    bf = _HALF_KIND.get(x.dtype, 0)   # the half type the CPU computes in (kernels/halfround.py)
     hist = torch.empty(out.shape, dtype=torch.float32) if bf else out
     info = np.zeros(3, np.float64)
     # the CPU's at::parallel_for split over its threads: bfloat16 counts saturate per chunk
