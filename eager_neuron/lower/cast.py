@@ -163,39 +163,31 @@ def _direct(src: torch.Tensor, dst: torch.Tensor) -> bool:
         dst.dtype in _SMALL_INT and src.dtype in (torch.float32, torch.float64))
 
 
-def _copy_to(src: torch.Tensor, dst: torch.Tensor) -> None:
-    """cast() as an op's lowering: a plain copy launches from here (dispatch -> lowering ->
-    launch); the other conversions take cast()'s routes."""
-    if _direct(src, dst):
-        req = ew.lower_elementwise(None, {"self": src}, [dst], "aten::_to_copy", defer=True)
-        if req is not None:
-            launch(*req)
-        return
-    cast(src, dst)
+def _copy_lowering(src_name: str):
+    """The lowering of a copy op whose source argument is `src_name`: a plain copy launches
+    from it (dispatch -> lowering -> launch); the other conversions take cast()'s routes."""
+    def lower(func, a, outs) -> None:
+        src, dst = a[src_name], outs[0]
+        if _direct(src, dst):
+            req = ew.lower_elementwise(None, {"self": src}, [dst], "aten::_to_copy",
+                                       defer=True)
+            if req is not None:
+                launch(*req)
+            return
+        cast(src, dst)
+    lower.handles_half = True
+    return lower
 
 
-def lower_to_copy(func, a, outs) -> None:
-    _copy_to(a["self"], outs[0])
-
-
-def lower_copy(func, a, outs) -> None:
-    _copy_to(a["src"], outs[0])
-
-
-lower_to_copy.handles_half = True
-lower_copy.handles_half = True
+lower_to_copy = _copy_lowering("self")
+lower_to_copy.__name__ = "lower_to_copy"
+lower_copy = _copy_lowering("src")
+lower_copy.__name__ = "lower_copy"
 
 LOWERINGS = {
     "aten::_to_copy": lower_to_copy,
     "aten::copy_": lower_copy,
     "aten::clone": lower_to_copy,
 }
-LOWERINGS["aten::clone"].handles_half = True
-
-
-def _lower_copy_functional(func, a, outs) -> None:
-    _copy_to(a["src"], outs[0])
-
-
-_lower_copy_functional.handles_half = True
-LOWERINGS["aten::copy"] = _lower_copy_functional
+LOWERINGS["aten::copy"] = _copy_lowering("src")   # functional copy: a fresh output
+LOWERINGS["aten::copy"].__name__ = "lower_copy_functional"
