@@ -14,7 +14,11 @@ import numpy as np
 import torch
 from torch.fx import GraphModule, Node
 
+from ..adaptive import MODULE as _adaptive
 from ..config import config
+from ..kernels import compile as kc
+from ..launch import launch
+from ..tensor import NeuronTensor
 from . import hostscalar
 from .codegen import Group, LoweringError, _stack_line, partition
 from .foreach import expand_foreach
@@ -280,10 +284,9 @@ class Program:
 
 
 def _run_rows(step, env: dict) -> None:
-    from ..adaptive import MODULE as adaptive
     from .rowstep import run
 
-    adaptive.flush("compiled graph")
+    _adaptive.flush("compiled graph")
     try:
         ok = run(step, env, _run_node, _alloc, _flat)
     except Exception as exc:      # nothing was stored into env: the nodes rerun eagerly
@@ -384,8 +387,6 @@ _VIEWS = frozenset({
 def _run_view(node: Node, env: dict, loader) -> bool:
     """A view of a neuron tensor, straight from its host data; False: take the dispatch path
     (another operand kind, or a view the host tensor refuses: dispatch raises the error)."""
-    from ..tensor import NeuronTensor
-
     args, kwargs = loader(env)
     base = args[0] if args else None
     if type(base) is not NeuronTensor:
@@ -425,8 +426,6 @@ def _run_node(node: Node, env: dict, loader=None) -> None:
 
 
 def _flat(t) -> np.ndarray | None:
-    from ..tensor import NeuronTensor
-
     if type(t) is not NeuronTensor:
         return None
     arr = t._data.numpy()
@@ -435,18 +434,23 @@ def _flat(t) -> np.ndarray | None:
     return arr.reshape(-1)
 
 
+try:
+    from ..dispatch import alloc as _d_alloc
+    from ..dispatch import wrap as _d_wrap
+except ImportError:   # the dispatch owner moved them: the public way still works
+    _d_alloc = _d_wrap = None
+
+
 def _alloc(shape, dtype, index):
-    try:
-        from ..dispatch import alloc, wrap
-    except ImportError:   # the dispatch owner moved them: the public way still works
+    if _d_alloc is None:
         return torch.empty(shape, dtype=dtype, device=torch.device("neuron", index))
     stride = []
     acc = 1
     for s in reversed(shape):
         stride.append(acc)
         acc *= max(int(s), 1)
-    data, block = alloc(index, tuple(shape), tuple(reversed(stride)), dtype)
-    return wrap(data, block, index)
+    data, block = _d_alloc(index, tuple(shape), tuple(reversed(stride)), dtype)
+    return _d_wrap(data, block, index)
 
 
 def _scalar(v):
@@ -463,11 +467,7 @@ def _scalar(v):
 
 
 def _run_fused(step: FusedStep, env: dict) -> None:
-    from ..adaptive import MODULE as adaptive
-    from ..kernels import compile as kc
-    from ..launch import launch
-
-    adaptive.flush("compiled graph")
+    _adaptive.flush("compiled graph")
     args = [None] * len(step.bufs)
     outs = {}
     ok = True

@@ -21,8 +21,12 @@ import numpy as np
 import torch
 from torch.fx import Node
 
+from ..kernels import compile as kc
+from ..launch import launch
+from ..tensor import NeuronTensor
 from .codegen import _stack_line
 from .rows import PARALLEL_MIN, Region, _key, _mm_args, _val
+from .stats import CSTATS
 
 aten = torch.ops.aten
 
@@ -291,11 +295,6 @@ def _view3d(arr: np.ndarray, mode: str, F: tuple, R: int):
 
 def run(step: RowStep, env: dict, run_node, alloc, flat) -> bool:
     """Launch the step's kernel; False when it must run its nodes eagerly (then nothing ran)."""
-    from ..kernels import compile as kc
-    from ..launch import launch
-    from ..tensor import NeuronTensor
-    from .stats import CSTATS
-
     if step.shape_src is not None:
         F = tuple(env[step.shape_src].shape)
     elif step.static_F is not None:
