@@ -196,12 +196,15 @@ def _time_steps(model, batches, loss, device, ctx, steps, trace=None
     m = copy.deepcopy(model).to(device).train()
     opt = torch.optim.AdamW(m.parameters(), lr=1e-2, eps=1e-4)
     times, launches, dev_us, hits, misses = [], [], [], 0, 0
+    warm = 3   # untimed steps: the first allocates the optimizer state, the next two repeat
     with ctx():
-        for i in range(steps + 1):
+        for i in range(steps + warm):
             batch = batches[i % len(batches)]
-            if i == 1:
-                # adaptive eager: fused kernels the warm-up step queued finish building first
-                # (steady state is what is timed; the first step is measured on its own)
+            if 0 < i <= warm:
+                # adaptive eager: fused kernels the warm-up steps queued finish building first
+                # (a trace is compiled when it repeats, so the traces of the first steady step
+                # are queued in the next one; steady state is what is timed, the first step is
+                # measured on its own)
                 adaptive_compile.wait(600)
             eager_neuron.reset_stats()
             t0 = time.perf_counter()
@@ -211,7 +214,7 @@ def _time_steps(model, batches, loss, device, ctx, steps, trace=None
             opt.step()
             out.item()  # synchronize (adaptive eager flushes here)
             dt = time.perf_counter() - t0
-            if i:  # step 0 compiles and allocates optimizer state
+            if i >= warm:  # step 0 compiles and allocates optimizer state
                 s = eager_neuron.stats()
                 times.append(dt * 1e3)
                 launches.append(s["launches"])
