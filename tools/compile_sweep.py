@@ -5,8 +5,9 @@ Per model: the training step (forward, loss, backward, AdamW step) compiled as o
 atol 1e-5 as tools/model_sweep.py; dropout off: compiled masks are drawn in another order);
 CPU fallbacks (must be 0), graphs that fell back to eager, eager ops inside graphs; median
 wall time per step of torch CPU eager, neuron eager and neuron compiled, and the ratio
-compiled / torch CPU eager (targets: <= 1.0 on mlp and gpt2, <= 1.5 on every model); the
-cold compile time (first compiled step).
+compiled / torch CPU eager (targets: <= 1.0 on mlp and gpt2, <= 1.5 on every model), the
+three timed in turns step by step, with each side's process CPU time per step next to it
+(the load-independent view on a shared machine); the cold compile time (first compiled step).
 
     .venv/bin/python tools/compile_sweep.py                      # every model
     .venv/bin/python tools/compile_sweep.py --models mlp,gpt2 --steps 5
@@ -94,24 +95,28 @@ def run(name: str, steps: int) -> dict:
                eager_ops=sum(cs["graph_eager_ops"].values()),
                kernels=sum(cs["kernels_per_graph"]), graphs=cs["graphs_compiled"],
                max_err=max(float((a - b).abs().max()) for a, b in zip(lc, le)))
-    # 2. time per step (after the steps above: compiled and cached)
-    timed = {}
-    for label, device, compiled in (("cpu", "cpu", False), ("neuron", "neuron", False),
-                                    ("compiled", "neuron", True)):
-        if label == "compiled":
-            step = sc
-        else:
-            _, step = _stepper(model, loss, device, compiled)
-            step(batches[0])
-        ts = []
-        for i in range(steps + 2):
-            b = batches[i % len(batches)]
-            t0 = time.perf_counter()
+    # 2. time per step (after the steps above: compiled and cached). The three sides take
+    #    turns step by step, so a change of the shared machine's load hits them alike; wall
+    #    time (the target's measure) and this process's CPU time (what the step costs,
+    #    whatever the load; torch's idle intra-op threads spin on it too) per step
+    steppers = {"compiled": sc}
+    for label, device in (("cpu", "cpu"), ("neuron", "neuron")):
+        _, steppers[label] = _stepper(model, loss, device, False)
+        steppers[label](batches[0])
+    wall: dict = {k: [] for k in steppers}
+    cpu: dict = {k: [] for k in steppers}
+    for i in range(steps + 3):
+        b = batches[i % len(batches)]
+        for label, step in steppers.items():
+            t0, c0 = time.perf_counter(), time.process_time()
             step(b).item()
-            ts.append(time.perf_counter() - t0)
-        timed[label] = statistics.median(ts[1:]) * 1e3
-    row.update({f"{k}_ms": v for k, v in timed.items()})
-    row["ratio_cpu"] = timed["compiled"] / timed["cpu"]
+            wall[label].append(time.perf_counter() - t0)
+            cpu[label].append(time.process_time() - c0)
+    for label in steppers:
+        row[f"{label}_ms"] = statistics.median(wall[label][1:]) * 1e3
+        row[f"{label}_cpu_ms"] = statistics.median(cpu[label][1:]) * 1e3
+    row["ratio_cpu"] = row["compiled_ms"] / row["cpu_ms"]
+    row["ratio_cpu_time"] = row["compiled_cpu_ms"] / row["cpu_cpu_ms"]
     return row
 
 
@@ -139,7 +144,10 @@ def main(argv=None) -> int:
               f"{r['graph_fallbacks']:3d} {r['group_fallbacks']:3d} {r['eager_ops']:5d} "
               f"{r['kernels']:4d} {r['cold_s']:7.1f} {r['cpu_ms']:8.2f} {r['neuron_ms']:8.2f} "
               f"{r['compiled_ms']:8.2f} {r['ratio_cpu']:8.2f} <= {limit} {verdict}"
-              f" (max loss diff {r['max_err']:.1e})", flush=True)
+              f" (max loss diff {r['max_err']:.1e}); process CPU ms per step: torch "
+              f"{r['cpu_cpu_ms']:.1f}, neuron eager {r['neuron_cpu_ms']:.1f}, compiled "
+              f"{r['compiled_cpu_ms']:.1f} (compiled/torch {r['ratio_cpu_time']:.2f})",
+              flush=True)
     return 0
 
 
