@@ -64,27 +64,45 @@ class _Launch:
 _SIM = [None]
 
 
-def launch_group(g: _Group, reason: str) -> None:
+_MODS: list = []   # (kernels.compile, adaptive_compile, launch), imported on first use
+
+
+def _mods() -> list:
+    from . import adaptive_compile, launch
     from .kernels import compile as kc
 
+    _MODS[:] = [kc, adaptive_compile, launch]
+    return _MODS
+
+
+def launch_group(g: _Group, reason: str) -> None:
+    kc, bg, _launch = _MODS or _mods()
     numel = max(lp.numel for lp in g.loops)
     parallel = numel >= _ewb.PARALLEL_MIN and kc.parallel_allowed()
-    from . import adaptive_compile as bg
-    from . import launch as _launch
-
     calls = [lp for lp in g.loops if type(lp) is _Call]
+    cursor = g.cursor
     if len(g.loops) == 1:
         if calls:
-            # a call alone is plain eager's launch, under plain eager's key
+            # a call alone is plain eager's launch, under plain eager's key; the trace node
+            # keeps its kernel (the edge's guard holds the key and the argument types)
             c = calls[0]
+            kernel = cursor.launches.get("call")
+            if kernel is not None and not _launch.HOOKS and "kernels" not in config.log \
+                    and not config.cache_verify:
+                kernel(*c.args)
+                STATS.memory_hits += 1
+                STATS.launches += 1
+                _sim().cores[g.core].launch(c.flops, c.bytes, c.engine, c.dtype_class)
+                return
             _launch.launch(c.key, c.render, c.args, flops=c.flops, bytes_moved=c.bytes,
                            engine=c.engine, dtype_class=c.dtype_class, core=g.core)
+            cursor.launches["call"] = _launch.MEMORY.get(
+                (FORMAT_VERSION,) + c.key + _launch.arg_types(c.args))
             return
         if len(g.loops[0].nodes) == 1 and g.loops[0].nodes[0][6] is None:
             _launch_single(g, parallel, reason)
             return
 
-    cursor = g.cursor
     mem_read = cursor.mem_read
     if mem_read is None or len(mem_read) != len(g.bufs):
         if g.lag:
@@ -141,12 +159,7 @@ def launch_group(g: _Group, reason: str) -> None:
             kernel(*args)
             STATS.memory_hits += 1
             STATS.launches += 1
-            sim = _SIM[0]
-            if sim is None:
-                from .simulator import SIM as sim
-
-                _SIM[0] = sim
-            sim.cores[g.core].launch(ent.flops, ent.bytes, ent.engine, "fp32")
+            _sim().cores[g.core].launch(ent.flops, ent.bytes, ent.engine, "fp32")
         else:
             failed = []
 
@@ -178,6 +191,15 @@ def launch_group(g: _Group, reason: str) -> None:
     STATS.fused_ops += g.n_nodes
 
 
+def _sim():
+    sim = _SIM[0]
+    if sim is None:
+        from .simulator import SIM as sim
+
+        _SIM[0] = sim
+    return sim
+
+
 def _from_disk(ent: _Launch, parallel: bool, args: tuple):
     """The fused kernel from the disk tier (an earlier process built it), else None."""
     from . import launch as _launch
@@ -198,18 +220,36 @@ def _launch_single(g: _Group, parallel: bool, reason: str) -> None:
     """A group of one elementwise node is plain eager's kernel, under plain eager's key: a
     flush after a single op (the common case before a non-fusible op) compiles nothing new.
     tests/test_adaptive.py checks that such a flush compiles nothing after plain eager ran."""
-    _launch_plain(g, g.loops[0].nodes[0], g.loops[0].nodes[0][3], parallel, reason)
+    node = g.loops[0].nodes[0]
+    _kc, _bg, _launch = _MODS or _mods()
+    cursor = g.cursor
+    hit = cursor.launches.get(("one", parallel))
+    direct = not _launch.HOOKS and "kernels" not in config.log and not config.cache_verify
+    if hit is not None and direct:
+        # the trace node's kernel (plain eager's, found by _launch_plain the first time)
+        kernel, flops, nbytes = hit
+        _expr, _loads, _store, ops, scal, out_idx, _reduce, _nid = node
+        bufs, scalars = g.bufs, g.scalars
+        kernel(bufs[out_idx].arr, *[bufs[j].arr for _, j in ops], *[scalars[i] for i in scal])
+        STATS.memory_hits += 1
+        STATS.launches += 1
+        _sim().cores[g.core].launch(flops, nbytes, "vector", "fp32")
+    else:
+        found = _launch_plain(g, node, node[3], parallel, reason)
+        if found is not None and direct:
+            cursor.launches[("one", parallel)] = found
     STATS.fused_launches += 1
     STATS.fused_ops += 1
 
 
-def _launch_plain(g: _Group, node, ops, parallel: bool, reason: str) -> None:
-    """Launch one recorded elementwise node with plain eager's kernel and key.
+def _launch_plain(g: _Group, node, ops, parallel: bool, reason: str):
+    """Launch one recorded elementwise node with plain eager's kernel and key; returns
+    (kernel, flops, bytes) when the kernel is in the memory cache now, else None.
 
     NOTE: the key and render mirror lower/elementwise.py lower_elementwise's flat launch."""
     from .kernels import elementwise as kew
     from .kernels import vmath
-    from .launch import launch
+    from .launch import MEMORY, full_key, launch
     expr, loads, store, _ops, scal, out_idx, _reduce, node_id = node
     kinds = tuple("one" if kind == "one" else "flat" for kind, _ in ops)
     casts = tuple(g.scalar_casts[i] for i in scal)
@@ -221,11 +261,15 @@ def _launch_plain(g: _Group, node, ops, parallel: bool, reason: str) -> None:
         vm = vmath.VMATH_PRELUDE if vmath.needs_vmath(expr) else ""
         return vm + _ewb.PRELUDE + src, name
 
-    launch(("elementwise", g.ops[node_id], expr, kinds, 1, loads, casts, store, parallel,
-            _ewb.PRELUDE_ID), render, (*arrays, *(g.scalars[i] for i in scal)),
-           flops=float(arrays[0].size * max(1, expr.count("("))),
-           bytes_moved=float(sum(x.nbytes for x in arrays)), engine="vector",
+    key = ("elementwise", g.ops[node_id], expr, kinds, 1, loads, casts, store, parallel,
+           _ewb.PRELUDE_ID)
+    args = (*arrays, *(g.scalars[i] for i in scal))
+    flops = float(arrays[0].size * max(1, expr.count("(")))
+    nbytes = float(sum(x.nbytes for x in arrays))
+    launch(key, render, args, flops=flops, bytes_moved=nbytes, engine="vector",
            extra={"group_ops": 1, "flush_reason": reason}, core=g.core)
+    kernel = MEMORY.get(full_key(key, args))
+    return None if kernel is None else (kernel, flops, nbytes)
 
 
 def _run_one_by_one(g: _Group, reason: str = "replay") -> None:
