@@ -13,7 +13,7 @@ True
 from __future__ import annotations
 
 from .elementwise import kernel_name
-from .halfround import ROUND_BF16
+from .halfround import ROUND_BF16, ROUND_F16
 
 HEADER = '@njit(error_model="numpy", nogil=True{extra})\n'
 
@@ -169,11 +169,12 @@ def _avg_divisor() -> str:
 
 
 def render_pool(kind: str, T: str, lowest: str, parallel: bool,
-                integer: bool, bf16: bool = False) -> tuple[str, str]:
+                integer: bool, bf16: bool | str = False) -> tuple[str, str]:
     """One pooling kernel; `T` is the array's numpy type name, `lowest` the max-pool start,
     `integer` selects truncating division for average pooling of integer types; `bf16`
-    (adaptive_avg on float32 copies of bfloat16 data) rounds each add and each division to
-    bfloat16, as PyTorch's CPU adaptive_avg_pool3d computes in that dtype."""
+    (adaptive_avg on float32 copies of half data: True for bfloat16, "f16" for float16) rounds
+    each add and each division to that type, as PyTorch's CPU adaptive_avg_pool3d computes in
+    it."""
     name = kernel_name("pool3", kind, T, lowest, parallel, integer, bf16)
     rng = "prange" if parallel else "range"
     head = HEADER.format(extra=", parallel=True" if parallel else "")
@@ -208,17 +209,25 @@ def render_pool(kind: str, T: str, lowest: str, parallel: bool,
         lines.append(_avg_divisor())
         lines.append(_SCATTER_BODY.format(delta=f"go[n, c, oz, oi, oj] / {T}(d)").rstrip())
     elif kind == "adaptive_avg" and bf16:
-        helper = ROUND_BF16
+        # bf16 True: bfloat16; "f16": float16 (the CPU's 3-d kernel adds and divides in either)
+        helper, r = (ROUND_F16, "_round_f16") if bf16 == "f16" else (ROUND_BF16, "_round_bf16")
         body = _SUM_BODY.format(acc=T).rstrip().replace(
-            "s += x[n, c, iz, ih, iw]", "s = _round_bf16(s + x[n, c, iz, ih, iw])")
-        mean = (f"_round_bf16(_round_bf16(_round_bf16(s / {T}(z1 - z0)) / {T}(h1 - h0)) / "
-                f"{T}(w1 - w0))")
+            "s += x[n, c, iz, ih, iw]", f"s = {r}(s + x[n, c, iz, ih, iw])")
+        mean = f"{r}({r}({r}(s / {T}(z1 - z0)) / {T}(h1 - h0)) / {T}(w1 - w0))"
         lines += [body, f"                    out[n, c, oz, oi, oj] = {mean}"]
     elif kind == "adaptive_avg":
         # PyTorch divides by each window extent in turn (not by their product): same rounding
         mean = f"s / {T}(z1 - z0) / {T}(h1 - h0) / {T}(w1 - w0)"
         lines += [_SUM_BODY.format(acc=T).rstrip(),
                   f"                    out[n, c, oz, oi, oj] = {mean}"]
+    elif kind == "adaptive_avg_backward" and bf16:
+        # the CPU's 3-d half kernel: grad_output / kT / kH / kW and each += in the half type
+        helper, r = (ROUND_F16, "_round_f16") if bf16 == "f16" else (ROUND_BF16, "_round_bf16")
+        lines.append(_SCATTER_BODY.format(
+            delta=f"{r}({r}({r}(go[n, c, oz, oi, oj] / {T}(z1 - z0)) / {T}(h1 - h0)) / "
+                  f"{T}(w1 - w0))").rstrip().replace(
+            "gi[n, c, iz, ih, iw] += delta",
+            f"gi[n, c, iz, ih, iw] = {r}(gi[n, c, iz, ih, iw] + delta)"))
     elif kind == "adaptive_avg_backward":
         lines.append(_SCATTER_BODY.format(
             delta=f"go[n, c, oz, oi, oj] / {T}(z1 - z0) / {T}(h1 - h0) / {T}(w1 - w0)"

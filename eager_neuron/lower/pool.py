@@ -53,7 +53,7 @@ def _three(v, rank: int, fill: int, default=None) -> tuple:
 
 
 def _launch(kind: str, arrays: tuple, scalars: tuple, dtype, work: int, nbytes: int,
-            bf16: bool = False) -> None:
+            bf16: bool | str = False) -> None:
     floats_only = kind.startswith(("adaptive_avg", "fractional")) or kind == "avg_backward"
     ok = _FLOAT if floats_only else _FLOAT | _INT
     if dtype not in ok:
@@ -138,14 +138,15 @@ def _avg_pool_backward(rank: int):
 
 
 def _adaptive_avg(rank: int):
-    """Half inputs run in float32 (handles_half: cast here); the CPU's 3-d bfloat16 kernel
-    adds and divides in bfloat16, so that case rounds each step to bfloat16 too."""
+    """Half inputs run in float32 (handles_half: cast here); the CPU's 3-d half kernels add
+    and divide in the half type, so those cases round each step to it too."""
     def lower(func, a, outs):
         x, out = a["self"], outs[0]
         if out.numel() == 0:
             return
         half = x.dtype in (torch.bfloat16, torch.float16)
-        bf16 = rank == 3 and x.dtype == torch.bfloat16
+        # the CPU's 3-d kernel adds and divides in the half type (True: bfloat16)
+        bf16 = rank == 3 and ("f16" if x.dtype == torch.float16 else x.dtype == torch.bfloat16)
         x32, out32 = x, out
         if half:
             x32 = torch.empty(x.shape, dtype=torch.float32)
@@ -160,12 +161,23 @@ def _adaptive_avg(rank: int):
 
 
 def _adaptive_avg_backward(rank: int):
+    """Half operands: float32 copies; the 3-d kernels round as the forward's (see above)."""
     def lower(func, a, outs):
         gi, go = outs[0], a["grad_output"]
         if gi.numel() == 0:
             return
-        _launch("adaptive_avg_backward", (_as5(gi, rank), _as5(go, rank)), (), gi.dtype,
-                _numel(gi, go), _numel(gi, go) * gi.element_size())
+        half = gi.dtype in (torch.bfloat16, torch.float16)
+        bf16 = rank == 3 and ("f16" if gi.dtype == torch.float16 else gi.dtype == torch.bfloat16)
+        gi32, go32 = gi, go
+        if half:
+            go32 = torch.empty(go.shape, dtype=torch.float32)
+            cast(go, go32)
+            gi32 = torch.empty(gi.shape, dtype=torch.float32)
+        _launch("adaptive_avg_backward", (_as5(gi32, rank), _as5(go32, rank)), (), gi32.dtype,
+                _numel(gi, go), _numel(gi, go) * gi.element_size(), bf16)
+        if half:
+            cast(gi32, gi)
+    lower.handles_half = True
     return lower
 
 

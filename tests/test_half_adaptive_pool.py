@@ -1,0 +1,56 @@
+"""adaptive_avg_pool3d on float16/bfloat16: the CPU's 3-d kernel sums each window in the half type
+and divides by each window extent in turn (forward), and divides grad_output the same way and
+adds it in the half type (backward). References: those steps in float16/bfloat16 arithmetic
+written here (numpy float16 / torch bfloat16 scalars, each operation correctly rounded), and the
+float64 result within the bound the roundings allow (kernels/pool.py render_pool)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+import eager_neuron  # noqa: F401 - registers the device
+
+
+def _windows(isz, osz):
+    return [((o * isz) // osz, -(-((o + 1) * isz) // osz)) for o in range(osz)]
+
+
+def _rounder(dt):
+    if dt == torch.float16:
+        return lambda v: float(np.float16(v))
+    return lambda v: float(torch.tensor(v, dtype=torch.float64).to(dt))
+
+
+@pytest.mark.parametrize("dt", [torch.float16, torch.bfloat16])
+def test_adaptive_avg_pool3d_half_steps(dt):
+    r = _rounder(dt)
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(2, 5, 6, 4, generator=g) * 3).to(dt)   # (C, D, H, W), unbatched
+    osz = (3, 4, 3)
+    xn = x.to("neuron").requires_grad_()
+    out = torch.nn.functional.adaptive_avg_pool3d(xn, osz)
+    go = torch.randn(out.shape, generator=g).to(dt)
+    (gi,) = torch.autograd.grad(out, xn, go.to("neuron"))
+    out, gi = out.detach().cpu(), gi.cpu()
+    xs, gos = x.double().tolist(), go.double().tolist()
+    ref_gi = np.zeros(x.shape)
+    u = torch.finfo(dt).eps / 2
+    wins = [_windows(x.shape[1 + a], osz[a]) for a in range(3)]
+    for c, (oz, oh, ow) in itertools.product(range(2), itertools.product(*map(range, osz))):
+        (z0, z1), (h0, h1), (w0, w1) = wins[0][oz], wins[1][oh], wins[2][ow]
+        s, exact, mag = 0.0, 0.0, 0.0
+        for iz, ih, iw in itertools.product(range(z0, z1), range(h0, h1), range(w0, w1)):
+            v = xs[c][iz][ih][iw]
+            s, exact, mag = r(s + v), exact + v, mag + abs(v)
+        n = (z1 - z0) * (h1 - h0) * (w1 - w0)
+        want = r(r(r(s / (z1 - z0)) / (h1 - h0)) / (w1 - w0))
+        assert out[c, oz, oh, ow].item() == want
+        assert abs(want - exact / n) <= (n + 3) * u * mag / n
+        d = r(r(r(gos[c][oz][oh][ow] / (z1 - z0)) / (h1 - h0)) / (w1 - w0))
+        for iz, ih, iw in itertools.product(range(z0, z1), range(h0, h1), range(w0, w1)):
+            ref_gi[c, iz, ih, iw] = r(ref_gi[c, iz, ih, iw] + d)
+    np.testing.assert_array_equal(gi.double().numpy(), ref_gi)
