@@ -1,0 +1,103 @@
+"""Adaptive eager's recording runners (eager_neuron/adaptive_fast.py): a repeat of a joined call,
+a foreach update, or an op the group declined takes a runner, and gives plain eager's bits."""
+
+import pytest
+import torch
+
+import eager_neuron
+from eager_neuron import adaptive_fast, fastpath
+from eager_neuron.adaptive import MODULE as _ad
+
+
+@pytest.fixture(autouse=True)
+def _fused_kernels_compile_first():
+    # the tests count fused work: groups compile before they run (see test_adaptive.py)
+    prev = _ad.set_compile_mode("sync")
+    yield
+    _ad.set_compile_mode(prev)
+
+
+def _bitwise(plain, got):
+    for p, g in zip(plain, got):
+        torch.testing.assert_close(g, p, rtol=0, atol=0)
+
+
+def test_repeated_linear_layers_record_their_calls_on_runners():
+    torch.manual_seed(0)
+    x, w, b, w2 = (torch.randn(6, 5), torch.randn(7, 5), torch.randn(7), torch.randn(3, 7))
+
+    def f(x, w, b, w2):
+        h = torch.relu(torch.nn.functional.linear(x, w, b)) * 2.0    # addmm, t
+        return [h, (h @ w2.t()).sum(), torch.bmm(h.view(2, 3, 7), w2.t().expand(2, 7, 3))]
+
+    args = [t.to("neuron") for t in (x, w, b, w2)]
+    plain = [t.cpu() for t in f(*args)]
+    with eager_neuron.adaptive():
+        [t.cpu() for t in f(*args)]   # learns (the host reads launch the groups)
+        hits = adaptive_fast.COUNTERS["call_hits"]
+        staged = eager_neuron.adaptive_calls.COUNTERS["staged"]
+        before = _ad.COUNTERS["analyses"], _ad.COUNTERS["renders"]
+        got = [t.cpu() for t in f(*args)]
+        after = _ad.COUNTERS["analyses"], _ad.COUNTERS["renders"]
+    _bitwise(plain, got)
+    # addmm, mm and bmm of the repeat were recorded by runners, staged as the funnel stages
+    assert adaptive_fast.COUNTERS["call_hits"] - hits == 3
+    assert eager_neuron.adaptive_calls.COUNTERS["staged"] - staged == 3
+    assert after == before   # recognised traces: nothing analysed or rendered
+
+
+def test_a_call_with_other_strides_or_shared_operands_takes_the_slow_path():
+    torch.manual_seed(1)
+    a, w = torch.randn(4, 4, device="neuron"), torch.randn(4, 4, device="neuron")
+    with eager_neuron.adaptive():
+        for _ in range(2):
+            a @ w
+        hits = adaptive_fast.COUNTERS["call_hits"]
+        got_t = a @ w.t()            # a new signature (strides): no runner yet
+        got_same = w @ w             # the same signature, one tensor twice: the runner
+        got_t, got_same = got_t.cpu(), got_same.cpu()   # is kept (operands never alias)
+    assert adaptive_fast.COUNTERS["call_hits"] - hits == 1
+    _bitwise([(a @ w.t()).cpu(), (w @ w).cpu()], [got_t, got_same])
+
+
+def test_adamw_steps_take_foreach_runners_and_match_plain():
+    def train(adaptive):
+        torch.manual_seed(2)
+        m = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(),
+                                torch.nn.Linear(8, 2)).to("neuron")
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+        x = torch.randn(4, 5).to("neuron")
+        with eager_neuron.adaptive(adaptive):
+            for _ in range(4):
+                opt.zero_grad()
+                m(x).pow(2).mean().backward()
+                opt.step()
+        return [p.detach().cpu() for p in m.parameters()]
+
+    plain = train(False)
+    got = train(True)
+    _bitwise(plain, got)
+    learned = [f for f in adaptive_fast.TABLES if f._schema.name.startswith("aten::_foreach_")]
+    assert torch.ops.aten._foreach_lerp_.Scalar in learned, learned
+
+
+def test_a_declined_strided_op_repeats_as_plain_eager_after_the_same_flush():
+    torch.manual_seed(3)
+    x = torch.randn(2, 3, 4, device="neuron").transpose(1, 2)    # strided
+    b = torch.randn(3, device="neuron")
+    (x + b).cpu()   # plain eager: its runner
+    ref = ((x.cpu() + b.cpu()) * 2.0, x.cpu().contiguous())
+    eager_neuron.reset_stats()
+    with eager_neuron.adaptive():
+        for _ in range(3):
+            y = (b * 1.0).sum() + 0   # a pending group, launched by the declined op
+            z = (x + b) * 2.0         # broadcast, strided: declined (flush), then plain
+            c = x.contiguous()        # a strided clone: declined as well
+        hits = fastpath.STATS_FAST["hits"]
+        z2 = (x + b) * 2.0
+        assert fastpath.STATS_FAST["hits"] - hits == 1   # plain eager's runner for x + b
+        got = (z.cpu(), c.cpu(), z2.cpu())
+    _bitwise([ref[0], ref[1], ref[0]], got)
+    assert y.item() == b.sum().item()
+    flushes = eager_neuron.stats()["flushes"]
+    assert flushes["strided or broadcast operand"] >= 3, flushes
