@@ -220,8 +220,10 @@ def throughput() -> None:
         print(f"  -- {t} thread(s): torch.set_num_threads({t}), numba.set_num_threads({t}) --")
         for name, _make, kt, target in cases:
             threads = t if kt == "T" else kt
-            torch.set_num_threads(threads)
+            # numba first: its first set_num_threads starts the OpenMP layer, which resets
+            # torch's intra-op threads to the default (the first row ran torch on 2 threads)
             numba.set_num_threads(min(t, numba.config.NUMBA_NUM_THREADS))
+            torch.set_num_threads(threads)
             cpu_fn, dev_fn = made[name]
             res = _tp_interleaved({"cpu": cpu_fn, "neuron": dev_fn})
             ratio = res["cpu"] / res["neuron"]
