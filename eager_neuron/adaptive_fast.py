@@ -116,13 +116,14 @@ def run(func, args, kwargs):
     runner = ptab[1].get(sig) if sig is not None else None
     if runner is None:
         return _MISS
-    if _PENDING:
+    if _PENDING and kind is not _VIEW:
         # as dispatch's gate: another thread's group touching this call's memory launches
-        # first; this thread's group launches before a non-fusible op
+        # first; this thread's group launches before a non-fusible op (a view op reads and
+        # writes no memory: the ops using the view are gated themselves)
         key = _SK()
         if len(_PENDING) > 1 or key not in _PENDING:
             _ad.flush_others(_spans(args, kwargs))
-        if kind is not _VIEW and key in _PENDING:
+        if key in _PENDING:
             _ad.flush(f"non-fusible op {_NAMES[func]}")
     return runner(args, kwargs)
 
