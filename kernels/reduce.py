@@ -9,16 +9,18 @@ run time. An op is plain data: passes of (init, step) statements over the loaded
 accumulator type, `L(..)` the load cast, `cnt` the inner element count, `c0..` the scalars.
 
 Modes (which loop nest; all read the same strided view):
-- "row":   per output, loop over its inner elements (any op; prange over the outermost dim).
+- "row":   per output, loop over its inner elements (any op; prange over the outermost dim;
+           with one kept and one reduced dim, rows i and i + rows/2 side by side).
 - "col":   2-d only, inner dim strided and outer dim unit-stride (`x.sum(0)`): accumulators for a
            block of outputs, walking the reduced dim in the outer loop, so loads stay contiguous.
 - "chunk": one output, 1-d inner: prange over chunks, then merge the partial accumulators.
 - "block": float32 sum/mean to one output over a contiguous row: float64 block sums into a
-           float64 total, serial (at memory speed; the prange "chunk" mode lost to
-           oversubscription on a busy host: measured 20x slower with 2 cores under load).
+           float64 total, the row's two halves read side by side, serial (at memory speed;
+           the prange "chunk" mode lost to oversubscription on a busy host: measured 20x
+           slower with 2 cores under load).
 
 >>> src, name = render_reduce("sum", 1, 1, "np.float64", "np.float32", ("np.float32",), 0)
->>> "acc += x" in src
+>>> "acc0 += x" in src and "acc1 += x" in src   # row mode: two rows side by side
 True
 """
 
