@@ -103,7 +103,8 @@ def mlp_bench() -> None:
     _report(res, "neuron compiled", targets={"torch CPU eager": 1.0})
     s = eager_neuron.compile.stats()
     print(f"  kernels per graph {s['kernels_per_graph']}, eager ops in graphs "
-          f"{sum(s['graph_eager_ops'].values())} ({len(s['graph_eager_ops'])} kinds)")
+          f"{sum(s['graph_eager_ops'].values())} ({len(s['graph_eager_ops'])} kinds, all "
+          f"steps), host scalar ops {s['host_scalar_ops']}")
 
 
 _COLD = """
@@ -171,9 +172,11 @@ def gpt2_bench() -> None:
     res["torch CPU eager"] = median_time(_gpt2_step(copy.deepcopy(model), batches[0], hf, "cpu"))
     res["neuron eager"] = median_time(_gpt2_step(copy.deepcopy(model).to("neuron"), batches[0],
                                                  hf, "neuron"))
+    compiled = torch.compile(_gpt2_step(copy.deepcopy(model).to("neuron"), batches[0], hf,
+                                        "neuron"), backend="neuron")
+    res["neuron compiled"] = median_time(compiled)
     eager_neuron.compile.reset_stats()
-    res["neuron compiled"] = median_time(torch.compile(_gpt2_step(
-        copy.deepcopy(model).to("neuron"), batches[0], hf, "neuron"), backend="neuron"))
+    compiled()                       # the counters of one step
     s = eager_neuron.compile.stats()
     try:
         res["inductor (CPU)"] = median_time(torch.compile(_gpt2_step(
@@ -181,9 +184,10 @@ def gpt2_bench() -> None:
     except Exception as exc:
         print(f"  inductor unavailable: {type(exc).__name__}: {str(exc)[:100]}")
     _report(res, "neuron compiled", targets={"torch CPU eager": 1.0})
-    print(f"  kernels per graph {s['kernels_per_graph']}, row kernels "
-          f"{s['row_kernel_launches']}, eager ops in graphs "
-          f"{sum(s['graph_eager_ops'].values())}, graph fallbacks {s['graph_fallbacks']}")
+    print(f"  one step: {s['graph_launches']} graph launches, {s['fused_kernel_launches']} "
+          f"kernels ({s['row_kernel_launches']} row kernels), "
+          f"{sum(s['graph_eager_ops'].values())} eager ops in graphs, "
+          f"{s['host_scalar_ops']} host scalar ops, graph fallbacks {s['graph_fallbacks']}")
 
 
 _GPT2_COLD = """
