@@ -157,6 +157,24 @@ DTYPE_REFUSALS = {   # name -> (fn(device), the CPU's exception type, its words)
                               NotImplementedError, '"log_softmax_lastdim_kernel_impl"'),
     "softmax(bool 0-d)": (lambda d: torch.softmax(_b(d)[0], 0), NotImplementedError,
                           '"softmax_lastdim_kernel_impl" not implemented for \'Bool\''),
+    "hypot(bool, int32)": (lambda d: torch.hypot(_b(d), _b(d).int()), NotImplementedError,
+                           '"hypot_cpu" not implemented for \'Int\''),
+    "nextafter(int64)": (lambda d: torch.nextafter(_b(d).long(), _b(d).long()),
+                         NotImplementedError, '"nextafter_cpu" not implemented for \'Long\''),
+    "igamma(uint8, bool)": (lambda d: torch.igamma(_b(d).to(torch.uint8), _b(d)),
+                            NotImplementedError, '"igamma_cpu" not implemented for \'Byte\''),
+    "igammac(bool)": (lambda d: torch.igammac(_b(d), _b(d)), NotImplementedError,
+                      '"igammac_cpu" not implemented for \'Bool\''),
+    "remainder(bool, True)": (lambda d: _b(d) % True, NotImplementedError, '"remainder_cpu"'),
+    "fmod(bool)": (lambda d: torch.fmod(_b(d), _b(d)), NotImplementedError, '"fmod_cpu"'),
+    "div(bool, trunc)": (lambda d: torch.div(_b(d), _b(d), rounding_mode="trunc"),
+                         NotImplementedError, '"div_trunc_cpu"'),
+    "lerp(bool, 0.5)": (lambda d: torch.lerp(_b(d), _b(d), 0.5), NotImplementedError,
+                        '"lerp_kernel_scalar" not implemented for \'Bool\''),
+    "mask ** mask": (lambda d: _b(d) ** _b(d), NotImplementedError,
+                     '"pow" not implemented for \'Bool\''),
+    "True ** mask": (lambda d: True ** _b(d), NotImplementedError,
+                     '"pow" not implemented for \'Bool\''),
 }
 
 
@@ -186,3 +204,11 @@ def test_refused_ops_still_exact_for_their_dtypes():
     assert torch.bincount(x.clamp(min=0)).cpu().tolist() == [2, 0, 1, 1]
     assert b.max().item() is True and b.sort().values.cpu().tolist() == [False, True, True, True]
     assert torch.softmax(torch.ones(0, 3, dtype=torch.int64, device="neuron"), 1).shape == (0, 3)
+    # the common dtype decides: a float operand (or a Python number that promotes) is served
+    assert (b ** True).cpu().tolist() == [True, False, True, True]   # pow(Tensor, Scalar)
+    assert (b ** 2).cpu().tolist() == [1, 0, 1, 1]
+    assert torch.hypot(b, torch.tensor([0.0, 4.0, 0.0, 0.0], device="neuron")).cpu().tolist() \
+        == [1.0, 4.0, 1.0, 1.0]
+    assert (b // 1).cpu().tolist() == [1, 0, 1, 1] and (x % 2).cpu().tolist() == [1, 1, 0, 0]
+    assert torch.div(x, 2, rounding_mode="floor").cpu().tolist() == [1, -1, 0, 1]
+    assert torch.nextafter(x.float(), torch.zeros(4, device="neuron")).cpu().tolist()[2] == 0.0

@@ -136,6 +136,44 @@ def _check_no_bool(op_name: str, a: dict) -> None:
         raise errors.NotImplementedForDtype(refusal, torch.bool)
 
 
+# Ops whose CPU kernel has no instance for the operands' common dtype (torch.result_type of
+# the two operands, before any int-to-float promotion of the result): op -> (operand names,
+# the kernel's name, whether integers are refused too (else only bool)). The CPU raises
+# NotImplementedError naming the kernel and the common dtype.
+_COMMON_REFUSE = {
+    "aten::hypot": (("self", "other"), "hypot_cpu", True),
+    "aten::nextafter": (("self", "other"), "nextafter_cpu", True),
+    "aten::igamma": (("self", "other"), "igamma_cpu", True),
+    "aten::igammac": (("self", "other"), "igammac_cpu", True),
+    "aten::floor_divide": (("self", "other"), "div_floor_cpu", False),
+    "aten::remainder": (("self", "other"), "remainder_cpu", False),
+    "aten::fmod": (("self", "other"), "fmod_cpu", False),
+    "aten::lerp": (("self", "end"), None, True),
+    "aten::pow": (("self", "exponent"), "pow", False),
+    "aten::div": (("self", "other"), None, False),
+}
+
+
+def _check_common_refusal(op_name: str, a: dict) -> None:
+    names, kernel, ints_too = _COMMON_REFUSE[op_name]
+    x, y = (a.get(nm) for nm in names)
+    if not (isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor)):
+        return
+    if op_name == "aten::pow" and not isinstance(y, torch.Tensor):
+        return   # pow(Tensor, Scalar) special-cases its exponent (mask ** True is the mask)
+    if op_name == "aten::div":   # true division promotes to float; the rounding modes do not
+        if a.get("rounding_mode") is None:
+            return
+        kernel = f"div_{a['rounding_mode']}_cpu"
+    common = torch.result_type(x, y) if y is not None else x.dtype
+    if common.is_floating_point or common.is_complex or (common != torch.bool and not ints_too):
+        return
+    if kernel is None:   # lerp: by the weight's kind
+        kernel = "lerp_kernel_tensor" if isinstance(a.get("weight"), torch.Tensor) \
+            else "lerp_kernel_scalar"
+    raise errors.NotImplementedForDtype(kernel, common)
+
+
 def _check_int_only(op_name: str, dtype) -> None:
     kernel, bool_ok = _INT_ONLY[op_name]
     if dtype.is_floating_point or dtype.is_complex or (dtype == torch.bool and not bool_ok):
@@ -191,6 +229,8 @@ def _build_spec(op_name: str, template: str, rule: str, arg_casts: dict, a: dict
         _check_no_bool(op_name, a)
     if op_name in _SUB_OPS:
         _check_sub(a)
+    if op_name in _COMMON_REFUSE:
+        _check_common_refusal(op_name, a)
     bad = [v.dtype for v in (*(a[nm] for nm in names), torch.empty(0, dtype=out_dtype))
            if isinstance(v, torch.Tensor) and v.dtype not in NP_TYPE]
     if bad:
