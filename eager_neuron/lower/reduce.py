@@ -87,15 +87,17 @@ def extreme_init(dtype, op: str) -> str:
 # ---------------------------------------------------------------------------------------------
 
 def reduce(op: str, x: torch.Tensor, outs: list, red: list, keepdim: bool, *, load_t: str,
-           acc_t: str, scalars: tuple = (), init: str = "", what: str = "") -> None:
-    """Reduce x over `red` into outs (same shape each) with kernels/reduce.py op `op`."""
+           acc_t: str, scalars: tuple = (), init: str = "", what: str = "") -> tuple | None:
+    """The launch that reduces x over `red` into outs (same shape each) with kernels/reduce.py
+    op `op`, as launch()'s positional arguments; None when there is nothing to compute. The
+    lowering launches it (dispatch -> lowering -> launch)."""
     # 1. shape check: the meta output must be what these dims give, else decline
     keep = [1 if d in red else s for d, s in enumerate(x.shape)] if keepdim else \
         [s for d, s in enumerate(x.shape) if d not in red]
     if any(tuple(o.shape) != tuple(keep) for o in outs):
         raise NotImplementedError(f"{what}: unexpected output shape for dims {red}")
     if outs[0].numel() == 0:
-        return
+        return None
     _passes, _finals, _merge, flags = kr.OPS[op]
     if x.numel() == 0 and op in ("max", "min", "argmax", "argmin", "norminf", "normninf",
                                  "kmax32", "kmax64", "kmin32", "kmin64"):
@@ -135,10 +137,10 @@ def reduce(op: str, x: torch.Tensor, outs: list, red: list, keepdim: bool, *, lo
     scalar = op in ("logsumexp", "normp")
     # cost.reduction_work per pass over x; the outputs (their own dtypes) written once
     flops, nbytes = cost.reduction_work(x.numel() * passes, 0, x.element_size())
-    launch(key, render, tuple(views) + (a,) + tuple(scalars),
-           flops=flops * (2 if scalar or passes > 1 else 1),
-           bytes_moved=nbytes + sum(o.numel() * o.element_size() for o in outs),
-           engine="scalar" if scalar else "vector")
+    return (key, render, tuple(views) + (a,) + tuple(scalars),
+            flops * (2 if scalar or passes > 1 else 1),
+            nbytes + sum(o.numel() * o.element_size() for o in outs),
+            "scalar" if scalar else "vector")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -151,8 +153,10 @@ def _sum_like(op: str):
         x = a["self"]
         red = red_dims(x, a.get("dim"))
         t = NP_TYPE[out.dtype]
-        reduce(op, x, [out], red, a.get("keepdim", False), load_t=t, acc_t=acc_type(out.dtype),
-               what=op)
+        req = reduce(op, x, [out], red, a.get("keepdim", False), load_t=t,
+                     acc_t=acc_type(out.dtype), what=op)
+        if req is not None:
+            launch(*req)
     lower.__name__ = f"lower_{op}"
     return lower
 
@@ -178,11 +182,15 @@ def _extreme(op: str):
         bits = _KEY_BITS.get(x.dtype)
         if bits and not indexed:
             # float amax/amin/max/min: integer keys (kernels/reduce.py _key_extreme) vectorize
-            reduce(f"k{op}{bits}", x, targets, red, a.get("keepdim", False), load_t="",
-                   acc_t=f"np.int{bits}", what=schema.name.split("::")[1])
+            req = reduce(f"k{op}{bits}", x, targets, red, a.get("keepdim", False), load_t="",
+                         acc_t=f"np.int{bits}", what=schema.name.split("::")[1])
+            if req is not None:
+                launch(*req)
             return
-        reduce(kind, x, targets, red, a.get("keepdim", False), load_t="", acc_t=t,
-               init=extreme_init(x.dtype, op), what=schema.name.split("::")[1])
+        req = reduce(kind, x, targets, red, a.get("keepdim", False), load_t="", acc_t=t,
+                     init=extreme_init(x.dtype, op), what=schema.name.split("::")[1])
+        if req is not None:
+            launch(*req)
     lower.__name__ = f"lower_{op}"
     return lower
 
@@ -192,7 +200,10 @@ def _logical(op: str):
         x = a["self"]
         # NOTE: any(dim=()) reduces nothing (an elementwise test), unlike sum(dim=())
         red = red_dims(x, a.get("dim"), empty_is_all=func._schema.overload_name != "dims")
-        reduce(op, x, outs, red, a.get("keepdim", False), load_t="", acc_t="np.bool_", what=op)
+        req = reduce(op, x, outs, red, a.get("keepdim", False), load_t="", acc_t="np.bool_",
+                     what=op)
+        if req is not None:
+            launch(*req)
     return lower
 
 
@@ -212,15 +223,19 @@ def _variance(op: str, with_mean: bool):
             corr = 1 if a.get("unbiased", True) else 0
         targets = list(outs) if with_mean else [outs[0], torch.empty(outs[0].shape,
                                                                       dtype=outs[0].dtype)]
-        reduce(op, x, targets, red, a.get("keepdim", False), load_t=F64, acc_t=F64,
-               scalars=(float(max(0, n - corr)),), what=op)
+        req = reduce(op, x, targets, red, a.get("keepdim", False), load_t=F64, acc_t=F64,
+                     scalars=(float(max(0, n - corr)),), what=op)
+        if req is not None:
+            launch(*req)
     return lower
 
 
 def lower_logsumexp(func, a, outs):
     x = a["self"]
-    reduce("logsumexp", x, outs, red_dims(x, a["dim"]), a["keepdim"], load_t=F64, acc_t=F64,
-           what="logsumexp")
+    req = reduce("logsumexp", x, outs, red_dims(x, a["dim"]), a["keepdim"], load_t=F64, acc_t=F64,
+                 what="logsumexp")
+    if req is not None:
+        launch(*req)
 
 
 def lower_vector_norm(func, a, outs):
@@ -232,8 +247,10 @@ def lower_vector_norm(func, a, outs):
     op = ops.get(ord_, "normp")
     if x.dtype != outs[0].dtype and not x.is_floating_point():
         raise NotImplementedError("vector_norm of an integer tensor")
-    reduce(op, x, outs, red_dims(x, a["dim"]), a["keepdim"], load_t=F64, acc_t=F64,
-           scalars=(ord_,) if op == "normp" else (), what="linalg_vector_norm")
+    req = reduce(op, x, outs, red_dims(x, a["dim"]), a["keepdim"], load_t=F64, acc_t=F64,
+                 scalars=(ord_,) if op == "normp" else (), what="linalg_vector_norm")
+    if req is not None:
+        launch(*req)
 
 
 def scan_views(x: torch.Tensor, dim: int, outs: list) -> tuple:
