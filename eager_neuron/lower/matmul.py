@@ -156,8 +156,10 @@ def _check_shapes(op: str, out, a, b, bias) -> None:
 
 
 def gemm(op: str, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias=None, beta=1,
-         alpha=1, batch: str = "none") -> None:
-    """out = beta * bias + alpha * (a @ b), one launch.
+         alpha=1, batch: str = "none") -> tuple | None:
+    """out = beta * bias + alpha * (a @ b), one launch: returned as launch()'s positional
+    arguments for the caller to make, or None when there is nothing left to launch (empty, or
+    a scratch result this call launched and copied into out).
 
     batch "none": a (M, K), b (K, N), out (M, N); "bmm": a (B, M, K), b (B, K, N), out (B, M, N);
     "sum": like "bmm" but out (M, N) sums the B products. bias broadcasts to out's shape.
@@ -169,7 +171,7 @@ def gemm(op: str, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias=None
     if dtype not in _BLAS and dtype not in _LOOP:
         raise NotImplementedError(f"{op}: no matmul kernel for {dtype}")
     if out.numel() == 0:
-        return
+        return None
     # 1. epilogue: beta == 0 ignores bias entirely (NaN/inf in it too), as PyTorch does
     if bias is None or beta == 0:
         epilogue = "none" if alpha == 1 else "scale"
@@ -229,10 +231,12 @@ def gemm(op: str, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias=None
     flops, bytes_moved = cost.matmul_work(nb, m, n, k, itemsize, itemsize, itemsize)
     if epilogue == "bias":   # the bias read at the output's size
         bytes_moved += out.numel() * itemsize
-    launch(key, render, args, flops=flops, bytes_moved=bytes_moved, engine="tensor",
-           dtype_class="fp32")
-    if res is not out:
-        cast(res, out)
+    req = (key, render, args, flops, bytes_moved, "tensor", "fp32")
+    if res is out:
+        return req   # the lowering launches it: dispatch -> lowering -> launch
+    launch(*req)
+    cast(res, out)
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -240,43 +244,59 @@ def gemm(op: str, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias=None
 # ---------------------------------------------------------------------------------------------
 
 def lower_mm(func, a, outs):
-    gemm("mm", outs[0], a["self"], a["mat2"])
+    req = gemm("mm", outs[0], a["self"], a["mat2"])
+    if req is not None:
+        launch(*req)
 
 
 def lower_addmm(func, a, outs):
-    gemm("addmm", outs[0], a["mat1"], a["mat2"], a["self"], a["beta"], a["alpha"])
+    req = gemm("addmm", outs[0], a["mat1"], a["mat2"], a["self"], a["beta"], a["alpha"])
+    if req is not None:
+        launch(*req)
 
 
 def lower_bmm(func, a, outs):
-    gemm("bmm", outs[0], a["self"], a["mat2"], batch="bmm")
+    req = gemm("bmm", outs[0], a["self"], a["mat2"], batch="bmm")
+    if req is not None:
+        launch(*req)
 
 
 def lower_baddbmm(func, a, outs):
-    gemm("baddbmm", outs[0], a["batch1"], a["batch2"], a["self"], a["beta"], a["alpha"],
-         batch="bmm")
+    req = gemm("baddbmm", outs[0], a["batch1"], a["batch2"], a["self"], a["beta"], a["alpha"],
+               batch="bmm")
+    if req is not None:
+        launch(*req)
 
 
 def lower_addbmm(func, a, outs):
-    gemm("addbmm", outs[0], a["batch1"], a["batch2"], a["self"], a["beta"], a["alpha"],
-         batch="sum")
+    req = gemm("addbmm", outs[0], a["batch1"], a["batch2"], a["self"], a["beta"], a["alpha"],
+               batch="sum")
+    if req is not None:
+        launch(*req)
 
 
 def lower_mv(func, a, outs):
     # (M, K) @ (K, 1) -> (M, 1): np.dot sees n == 1 and calls gemv
-    gemm("mv", outs[0].unsqueeze(1), a["self"], a["vec"].unsqueeze(1))
+    req = gemm("mv", outs[0].unsqueeze(1), a["self"], a["vec"].unsqueeze(1))
+    if req is not None:
+        launch(*req)
 
 
 def lower_addmv(func, a, outs):
     out = outs[0].unsqueeze(1)
     bias = a["self"].expand(outs[0].shape).unsqueeze(1)
-    gemm("addmv", out, a["mat"], a["vec"].unsqueeze(1), bias, a["beta"], a["alpha"])
+    req = gemm("addmv", out, a["mat"], a["vec"].unsqueeze(1), bias, a["beta"], a["alpha"])
+    if req is not None:
+        launch(*req)
 
 
 def lower_dot(func, a, outs):
     if a["self"].dtype == torch.bool:   # the CPU's dot has no bool instance
         raise errors.NotImplementedForDtype("dot", torch.bool)
     # (1, K) @ (K, 1) -> (1, 1): np.dot sees m == n == 1 and calls BLAS dot
-    gemm("dot", outs[0].reshape(1, 1), a["self"].unsqueeze(0), a["tensor"].unsqueeze(1))
+    req = gemm("dot", outs[0].reshape(1, 1), a["self"].unsqueeze(0), a["tensor"].unsqueeze(1))
+    if req is not None:
+        launch(*req)
 
 
 def lower_trilinear(func, a, outs):
@@ -342,7 +362,9 @@ def dynamic_grouped_mm(func, a, index=-1):
     stride = tuple(int(np.prod(shape[i + 1:])) for i in range(len(shape)))
     out, block = alloc(core_index(index), shape, stride, dtype)
     if offs is None:
-        gemm("_grouped_mm", out, x, w, batch="bmm")
+        req = gemm("_grouped_mm", out, x, w, batch="bmm")
+        if req is not None:
+            launch(*req)
         return [(out, block)]
     ends = [int(v) for v in _np(offs).tolist()]
     EW["aten::zero_"](torch.ops.aten.zero_.default, {"self": out}, [out])
@@ -350,11 +372,17 @@ def dynamic_grouped_mm(func, a, index=-1):
     for g, end in enumerate(ends):
         if end > start:
             if x.dim() == 2 and w.dim() == 3:
-                gemm("_grouped_mm", out[start:end], x[start:end], w[g])
+                req = gemm("_grouped_mm", out[start:end], x[start:end], w[g])
+                if req is not None:
+                    launch(*req)
             elif x.dim() == 2:
-                gemm("_grouped_mm", out[g], x[:, start:end], w[start:end])
+                req = gemm("_grouped_mm", out[g], x[:, start:end], w[start:end])
+                if req is not None:
+                    launch(*req)
             else:
-                gemm("_grouped_mm", out[:, start:end], x[g], w[:, start:end])
+                req = gemm("_grouped_mm", out[:, start:end], x[g], w[:, start:end])
+                if req is not None:
+                    launch(*req)
         start = max(start, end)
     return [(out, block)]
 
