@@ -1,5 +1,5 @@
-"""Streaming intrinsics for big memory-bound kernels (imported by kernel source only: it imports
-Numba). docs/THROUGHPUT.md says where they pay.
+"""Intrinsics for the throughput kernels: streaming stores, prefetch, a vectorizable max
+(imported by kernel source only: it imports Numba). docs/THROUGHPUT.md says where they pay.
 
 - `nt_store64(dst, i, src, j)`: copy the 64 bytes at `src[j]` to `dst[i]` with a non-temporal
   (cache-bypassing) store. `&dst[i]` must be 64-byte aligned (`nt_head` finds the first such
@@ -10,6 +10,10 @@ Numba). docs/THROUGHPUT.md says where they pay.
 - `nt_head(dst)`: elements of the 1-d array `dst` before its first 64-byte aligned element, or
   -1 when no element is aligned (an address that is not a multiple of the item size).
 - `prefetch(a, i)`: hint that `a[i]`'s cache line is read soon (never faults, any index).
+- `maxnum_nn(a, b)`: max of two floats of one type as `llvm.maxnum` with no-NaN/no-signed-zero
+  flags, which LLVM vectorizes as a max reduction (`vmaxps`; the compare-and-select spelling
+  does not vectorize at all). Only where a NaN operand cannot matter: the result is then
+  unspecified (softmax's row max: a NaN in the row makes the row's sum NaN anyway).
 
 Only x86-64 has these instructions here: `STREAMING` says whether renderers may emit them.
 
@@ -118,3 +122,18 @@ def prefetch(typingctx, a, i):
         return context.get_dummy_value()
 
     return types.none(a, i), codegen
+
+
+@intrinsic
+def maxnum_nn(typingctx, a, b):
+    if not (a == b and isinstance(a, types.Float)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ty = args[0].type
+        bits = 32 if ty == ir.FloatType() else 64
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ty, [ty, ty]),
+                                            f"llvm.maxnum.f{bits}")
+        return builder.call(fn, list(args), fastmath=("nnan", "nsz"))
+
+    return a(a, b), codegen

@@ -106,6 +106,7 @@ def test_hot_loops_vectorize():
     res = np.empty_like(rows)
     ir = _llvm(src, name, res, rows)
     assert re.search(r"fadd reassoc <\d+ x double>", ir), "softmax row sum not vectorized"
+    assert re.search(r"llvm\.maxnum\.v\d+f32", ir), "softmax row max not vectorized"
     want = torch.softmax(torch.from_numpy(rows).double(), -1).float().numpy()
     # exp(x - max) carries the float32 rounding of x - max (|x - max| ulp, as torch's kernel)
     np.testing.assert_allclose(res, want, rtol=2e-6, atol=0)
@@ -204,3 +205,27 @@ def test_two_stream_reductions_edges():
         for fn in (lambda t: t.sum(1), lambda t: t.amax(1), lambda t: t.abs().mean(1),
                    lambda t: (t > 1).any(1)):
             _check(fn, x, atol=1e-6, rtol=2e-6)
+
+
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax_rows_with_nan_and_inf(log):
+    """The float32 softmax row max is a vectorized maxnum that ignores NaN: a NaN anywhere in a
+    row must still make the whole row NaN (through the row's sum), an all -inf row and a +inf
+    row NaN as torch's, the other rows within float64-referenced bounds."""
+    src, name = kn.render_softmax(log, 1, "np.float64", "np.float32")
+    k = compile_kernel(src, name)
+    rows = np.random.default_rng(4).standard_normal((8, 300)).astype(np.float32)
+    rows[1, 5] = np.nan
+    rows[2, 299] = -np.nan
+    rows[3, :] = -np.inf
+    rows[4, 7] = np.inf
+    rows[5, :150] = -np.inf
+    rows[6, :] = 0.0
+    rows[6, 3] = -0.0
+    res = np.empty_like(rows)
+    k(res, rows)
+    fn = torch.log_softmax if log else torch.softmax
+    want = fn(torch.from_numpy(rows).double(), -1).float().numpy()
+    assert np.array_equal(np.isnan(res), np.isnan(fn(torch.from_numpy(rows), -1).numpy()))
+    assert np.isnan(res[1:5]).all() and not np.isnan(res[[0, 5, 6, 7]]).any()
+    np.testing.assert_allclose(res, want, rtol=2e-6, atol=1e-7 if log else 0)
