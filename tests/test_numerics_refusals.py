@@ -175,6 +175,13 @@ DTYPE_REFUSALS = {   # name -> (fn(device), the CPU's exception type, its words)
                      '"pow" not implemented for \'Bool\''),
     "True ** mask": (lambda d: True ** _b(d), NotImplementedError,
                      '"pow" not implemented for \'Bool\''),
+    "logaddexp(int64)": (lambda d: torch.logaddexp(_b(d).long(), _b(d).long()),
+                         NotImplementedError, '"logaddexp_cpu" not implemented for \'Long\''),
+    "logaddexp2(int32)": (lambda d: torch.logaddexp2(_b(d).int(), _b(d).int()),
+                          NotImplementedError, '"logaddexp2_cpu" not implemented for \'Int\''),
+    "heaviside(int64, float)": (lambda d: torch.heaviside(_b(d).long(), _b(d).float()),
+                                RuntimeError, "heaviside is not yet implemented for tensors "
+                                "with different dtypes"),
 }
 
 
@@ -212,3 +219,30 @@ def test_refused_ops_still_exact_for_their_dtypes():
     assert (b // 1).cpu().tolist() == [1, 0, 1, 1] and (x % 2).cpu().tolist() == [1, 1, 0, 0]
     assert torch.div(x, 2, rounding_mode="floor").cpu().tolist() == [1, -1, 0, 1]
     assert torch.nextafter(x.float(), torch.zeros(4, device="neuron")).cpu().tolist()[2] == 0.0
+
+
+def test_logaddexp_and_heaviside_kernels_against_float64():
+    """logaddexp/logaddexp2 (kernels now, so integer operands can be refused) within a few
+    float32 ulps of the float64 result; infinities and NaN as ATen's kernel; heaviside exact."""
+    inf, nan = float("inf"), float("nan")
+    torch.manual_seed(0)
+    a = torch.cat([torch.tensor([1.0, -inf, inf, nan, 0.0, -3.0, 50.0, inf, -inf, 2.0, -0.0]),
+                   torch.randn(500) * 30])
+    b = torch.cat([torch.tensor([2.0, -inf, inf, 1.0, 0.0, 100.0, -50.0, -inf, 3.0, nan, 0.0]),
+                   torch.randn(500) * 30])
+    eps = torch.finfo(torch.float32).eps
+    for fn in (torch.logaddexp, torch.logaddexp2):
+        ref = fn(a.double(), b.double())
+        got = fn(a.to("neuron"), b.to("neuron")).cpu()
+        assert got.dtype == torch.float32
+        assert torch.equal(got.isnan(), ref.isnan())
+        fin = ref.isfinite()
+        assert torch.equal(got[~fin & ~ref.isnan()], ref[~fin & ~ref.isnan()].float())
+        err = (got[fin].double() - ref[fin]).abs()
+        assert bool((err <= 4 * eps * (ref[fin].abs() + 1)).all()), float(err.max())
+    x = torch.tensor([-1.0, 0.0, 2.0, nan, -0.0, inf, -inf])
+    v = torch.tensor([5.0, 7.0, 9.0, 3.0, 4.0, 6.0, 8.0])
+    got = torch.heaviside(x.to("neuron"), v.to("neuron")).cpu().tolist()
+    assert got == [0.0, 7.0, 1.0, 0.0, 4.0, 1.0, 0.0]   # NaN gives 0, as ATen's kernel
+    xi = torch.tensor([-1, 0, 2], device="neuron")
+    assert torch.heaviside(xi, xi + 5).cpu().tolist() == [0, 5, 1]

@@ -151,6 +151,8 @@ _COMMON_REFUSE = {
     "aten::lerp": (("self", "end"), None, True),
     "aten::pow": (("self", "exponent"), "pow", False),
     "aten::div": (("self", "other"), None, False),
+    "aten::logaddexp": (("self", "other"), "logaddexp_cpu", True),
+    "aten::logaddexp2": (("self", "other"), "logaddexp2_cpu", True),
 }
 
 
@@ -231,6 +233,8 @@ def _build_spec(op_name: str, template: str, rule: str, arg_casts: dict, a: dict
         _check_sub(a)
     if op_name in _COMMON_REFUSE:
         _check_common_refusal(op_name, a)
+    if op_name == "aten::heaviside" and a["self"].dtype != a["values"].dtype:
+        raise RuntimeError("heaviside is not yet implemented for tensors with different dtypes.")
     bad = [v.dtype for v in (*(a[nm] for nm in names), torch.empty(0, dtype=out_dtype))
            if isinstance(v, torch.Tensor) and v.dtype not in NP_TYPE]
     if bad:

@@ -151,6 +151,19 @@ OPS: dict = {
     "aten::bitwise_right_shift": (lambda a: _shift(a, "_shr"), "out"),
     "aten::gcd": ("_gcd(self, other, T(1))", "out"),
     "aten::nextafter": ("np.nextafter(self, other)", "out"),
+    # ATen's logaddexp kernels: equal infinities pass through, else max + log1p(exp(-|a - b|))
+    # (max propagating NaN); lower/elementwise.py refuses integer operands as the CPU does
+    "aten::logaddexp": ("self if (self == other and abs(self) == math.inf) else "
+                        "(self if self != self else (other if other != other else "
+                        "(self if self > other else other))) + "
+                        "math.log1p(math.exp(-abs(self - other)))", "out"),
+    "aten::logaddexp2": ("self if (self == other and abs(self) == math.inf) else "
+                         "(self if self != self else (other if other != other else "
+                         "(self if self > other else other))) + "
+                         "math.log1p(math.pow(T(2), -abs(self - other))) * "
+                         "T(1.4426950408889634)", "out"),
+    # self == 0 takes the values, else (self > 0); NaN gives 0, as the CPU's kernel
+    "aten::heaviside": ("values if self == 0 else T(self > 0)", "out"),
     # -- ternary and friends ---------------------------------------------------------------------
     "aten::where": ("self if condition else other", "out", {"condition": "bool"}),
     "aten::masked_fill": ("value if mask else self", "out", {"mask": "bool"}),
