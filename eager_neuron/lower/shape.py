@@ -78,12 +78,14 @@ def _merge(out, src, modes: str, params, pinned: int):
     return dims or [["i", 0, 1, 0, 1, 0]]
 
 
-def remap(out: torch.Tensor, src: torch.Tensor, modes: str, params, value=0, cond=None,
-          diagonal: int = 0) -> None:
-    """out[i..] = src[j..] with j per dim from `modes` (see kernels/shape.py) and `params`
-    (runtime, per dim); `cond` masks to the tril/triu of the last two dims at `diagonal`."""
+def remap_request(out: torch.Tensor, src: torch.Tensor, modes: str, params, value=0,
+                  cond=None, diagonal: int = 0) -> tuple | None:
+    """The launch of out[i..] = src[j..] with j per dim from `modes` (see kernels/shape.py) and
+    `params` (runtime, per dim); `cond` masks to the tril/triu of the last two dims at
+    `diagonal`. As launch()'s positional arguments (None: nothing to do): this family's
+    lowerings launch it themselves (dispatch -> lowering -> launch)."""
     if out.numel() == 0:
-        return
+        return None
     if out.dtype in HALF and value != 0:
         raise NotImplementedError("non-zero fill of a half tensor without upcast")
     dims = _merge(out, src, modes, params, 2 if cond else 0)
@@ -96,24 +98,42 @@ def remap(out: torch.Tensor, src: torch.Tensor, modes: str, params, value=0, con
     key = ("shape", "remap",
            rank,    # loop rank after merging (modes, parameters and the mask are runtime)
            cast)    # store type of the fill value
-    launch(key, lambda: ksh.render_remap(rank, cast),
-           (o, sv, m, p, o.dtype.type(int(value) if isinstance(value, bool) else value)),
-           bytes_moved=nbytes(out) + nbytes(src))
+    return (key, lambda: ksh.render_remap(rank, cast),
+            (o, sv, m, p, o.dtype.type(int(value) if isinstance(value, bool) else value)),
+            0.0, nbytes(out) + nbytes(src))
+
+
+def remap(out: torch.Tensor, src: torch.Tensor, modes: str, params, value=0, cond=None,
+          diagonal: int = 0) -> None:
+    """remap_request's launch, made (for lowerings of other families)."""
+    req = remap_request(out, src, modes, params, value, cond, diagonal)
+    if req is not None:
+        launch(*req)
+
+
+def copy_request(src: torch.Tensor, dst: torch.Tensor) -> tuple | None:
+    """dst[...] = src: the remap kernel's launch when dtypes and shapes agree (for the caller
+    to make); else the cast kernel converts here and there is nothing left (None)."""
+    if src.dtype == dst.dtype and src.shape == dst.shape:
+        return remap_request(dst, src, "i" * dst.dim(), [0] * dst.dim())
+    copy_into(src, dst)
+    return None
 
 
 def copy(src: torch.Tensor, dst: torch.Tensor) -> None:
-    """dst[...] = src: the remap kernel when dtypes and shapes agree, else the cast kernel."""
-    if src.dtype == dst.dtype and src.shape == dst.shape:
-        remap(dst, src, "i" * dst.dim(), [0] * dst.dim())
-    else:
-        copy_into(src, dst)
+    """dst[...] = src (copy_request, launched)."""
+    req = copy_request(src, dst)
+    if req is not None:
+        launch(*req)
 
 
 def lower_flip(func, a, outs):
     self, out = _as_1d(a["self"], outs[0])
     flipped = {d % self.dim() for d in a["dims"]}
     modes = "".join("f" if d in flipped else "i" for d in range(self.dim()))
-    remap(out, self, modes, [n - 1 for n in self.shape])
+    req = remap_request(out, self, modes, [n - 1 for n in self.shape])
+    if req is not None:
+        launch(*req)
 
 
 def lower_roll(func, a, outs):
@@ -130,7 +150,9 @@ def lower_roll(func, a, outs):
     for s, d in zip(shifts, dims):
         total[d % self.dim()] += s
     modes = "".join("r" if t and n else "i" for t, n in zip(total, self.shape))
-    remap(out, self, modes, [t % n if n else 0 for t, n in zip(total, self.shape)])
+    req = remap_request(out, self, modes, [t % n if n else 0 for t, n in zip(total, self.shape)])
+    if req is not None:
+        launch(*req)
 
 
 def lower_repeat(func, a, outs):
@@ -138,7 +160,9 @@ def lower_repeat(func, a, outs):
     src = self.reshape((1,) * (len(reps) - self.dim()) + tuple(self.shape))  # a view
     out, src = _as_1d(out, src)
     modes = "".join("i" if r == 1 else "m" for r in reps) or "i"
-    remap(out, src, modes, [0] * src.dim())
+    req = remap_request(out, src, modes, [0] * src.dim())
+    if req is not None:
+        launch(*req)
 
 
 def lower_constant_pad_nd(func, a, outs):
@@ -150,7 +174,9 @@ def lower_constant_pad_nd(func, a, outs):
     padded = {self.dim() - 1 - i for i in range(len(pad) // 2)
               if pad[2 * i] or pad[2 * i + 1]}
     modes = "".join("p" if d in padded else "i" for d in range(self.dim()))
-    remap(out, self, modes, before, a["value"])
+    req = remap_request(out, self, modes, before, a["value"])
+    if req is not None:
+        launch(*req)
 
 
 def _tri(cond):
@@ -158,7 +184,10 @@ def _tri(cond):
         self, out = a["self"], outs[0]
         if self.dim() < 2:
             raise RuntimeError(f"{cond}: input tensor must have at least 2 dimensions")
-        remap(out, self, "i" * self.dim(), [0] * self.dim(), cond=cond, diagonal=a["diagonal"])
+        req = remap_request(out, self, "i" * self.dim(), [0] * self.dim(), cond=cond,
+                            diagonal=a["diagonal"])
+        if req is not None:
+            launch(*req)
     lower.__name__ = f"lower_{cond}"
     return lower
 
@@ -178,7 +207,9 @@ def lower_cat(func, a, outs):
             continue   # legacy empty 1-D tensors are skipped, as torch does
         n = t.shape[dim]
         if t.numel():
-            copy(t, out.narrow(dim, offset, n))
+            req = copy_request(t, out.narrow(dim, offset, n))
+            if req is not None:
+                launch(*req)
         offset += n
 
 
@@ -186,10 +217,14 @@ def _copy_then(view_fn):
     def lower(func, a, outs):
         out, self = outs[0], a["self"]
         if out is not self:
-            copy(self, out)
+            req = copy_request(self, out)
+            if req is not None:
+                launch(*req)
         dst = view_fn(out, a)
         if dst.numel():
-            copy(a["src"], dst)
+            req = copy_request(a["src"], dst)
+            if req is not None:
+                launch(*req)
     return lower
 
 
