@@ -204,6 +204,14 @@ def render_pool(kind: str, T: str, lowest: str, parallel: bool,
                      f"h0 < h1 and w0 < w1 else {T}(0)")
         if integer:
             helper += _TDIV
+    elif kind == "avg_backward" and bf16:
+        # the CPU's half kernels: grad_output / divisor and each += in the half type
+        r = "_round_f16" if bf16 == "f16" else "_round_bf16"
+        helper = _AVG_HELPER + (ROUND_F16 if bf16 == "f16" else ROUND_BF16)
+        lines.append(_avg_divisor())
+        lines.append(_SCATTER_BODY.format(delta=f"{r}(go[n, c, oz, oi, oj] / {T}(d))").rstrip()
+                     .replace("gi[n, c, iz, ih, iw] += delta",
+                              f"gi[n, c, iz, ih, iw] = {r}(gi[n, c, iz, ih, iw] + delta)"))
     elif kind == "avg_backward":
         helper = _AVG_HELPER
         lines.append(_avg_divisor())

@@ -54,3 +54,35 @@ def test_adaptive_avg_pool3d_half_steps(dt):
         for iz, ih, iw in itertools.product(range(z0, z1), range(h0, h1), range(w0, w1)):
             ref_gi[c, iz, ih, iw] = r(ref_gi[c, iz, ih, iw] + d)
     np.testing.assert_array_equal(gi.double().numpy(), ref_gi)
+
+
+@pytest.mark.parametrize("dt", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("include_pad", [True, False])
+def test_avg_pool2d_backward_half_steps(dt, include_pad):
+    # the CPU's half kernel: delta = grad_output / divisor, then each gi += delta, in the half
+    # type, outputs in row-major order
+    r = _rounder(dt)
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(2, 7, 6, generator=g).to(dt)
+    k, st, p = 3, 2, 1
+    xn = x.to("neuron").requires_grad_()
+    out = torch.nn.functional.avg_pool2d(xn, k, st, p, count_include_pad=include_pad)
+    go = torch.randn(out.shape, generator=g).to(dt)
+    (gi,) = torch.autograd.grad(out, xn, go.to("neuron"))
+    H, W = x.shape[1:]
+    ref = np.zeros(x.shape)
+    exact = np.zeros(x.shape)
+    gos = go.double().tolist()
+    for c, oh, ow in itertools.product(range(2), range(out.shape[1]), range(out.shape[2])):
+        h0, w0 = oh * st - p, ow * st - p
+        h1, w1 = min(h0 + k, H + p), min(w0 + k, W + p)
+        size = (h1 - h0) * (w1 - w0)
+        h0, w0, h1, w1 = max(h0, 0), max(w0, 0), min(h1, H), min(w1, W)
+        d = size if include_pad else (h1 - h0) * (w1 - w0)
+        delta = r(gos[c][oh][ow] / d)
+        for ih, iw in itertools.product(range(h0, h1), range(w0, w1)):
+            ref[c, ih, iw] = r(ref[c, ih, iw] + delta)
+            exact[c, ih, iw] += gos[c][oh][ow] / d
+    np.testing.assert_array_equal(gi.cpu().double().numpy(), ref)
+    u = torch.finfo(dt).eps / 2   # and within a few roundings of the exact sums
+    assert (np.abs(ref - exact) <= 8 * u * np.abs(go.double().numpy()).max()).all()

@@ -126,14 +126,25 @@ def _avg_pool(rank: int):
 
 
 def _avg_pool_backward(rank: int):
+    """Half operands: float32 copies, each delta and add rounded as the CPU's half kernel."""
     def lower(func, a, outs):
         gi, go = outs[0], a["grad_output"]
         if gi.numel() == 0:
             return
         scalars = _avg_scalars(a, rank)
-        _launch("avg_backward", (_as5(gi, rank), _as5(go, rank)), scalars, gi.dtype,
+        half = gi.dtype in (torch.bfloat16, torch.float16)
+        gi32, go32 = gi, go
+        if half:
+            go32 = torch.empty(go.shape, dtype=torch.float32)
+            cast(go, go32)
+            gi32 = torch.empty(gi.shape, dtype=torch.float32)
+        _launch("avg_backward", (_as5(gi32, rank), _as5(go32, rank)), scalars, gi32.dtype,
                 gi.numel() + go.numel() * scalars[0] * scalars[1] * scalars[2],
-                _numel(gi, go) * gi.element_size())
+                _numel(gi, go) * gi.element_size(),
+                half and ("f16" if gi.dtype == torch.float16 else True))
+        if half:
+            cast(gi32, gi)
+    lower.handles_half = True
     return lower
 
 
