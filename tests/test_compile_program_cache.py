@@ -114,3 +114,36 @@ def test_an_unreadable_entry_is_a_miss_not_an_error(monkeypatch, tmp_path, cache
     c = eager_neuron.compile.stats()
     assert c["programs_loaded"] == 0 and c["graphs_compiled"] >= 3, c
     assert second == first
+
+
+def test_a_dynamic_shape_graph_loads_and_serves_every_size(monkeypatch, tmp_path, cache_on):
+    _fresh(monkeypatch, tmp_path)
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(8, 4).to("neuron")
+    sizes = (3, 5, 7)
+
+    def run():
+        f = torch.compile(lambda x: torch.nn.functional.gelu(lin(x)).sum(-1), backend="neuron")
+        outs = []
+        for n in sizes:
+            x = torch.randn(n, 8, generator=torch.Generator().manual_seed(n)).to("neuron")
+            torch._dynamo.mark_dynamic(x, 0)
+            outs.append(f(x).cpu())
+        return outs
+
+    first = run()
+    torch._dynamo.reset()
+    counters.clear()
+    eager_neuron.compile.reset_stats()
+    second = run()
+    c = eager_neuron.compile.stats()
+    # one graph (forward and backward programs) loaded once, then every size runs it
+    assert c["programs_loaded"] == 2 and c["programs_saved"] == 0, c
+    assert counters["aot_autograd"]["autograd_cache_hit"] == 1, dict(counters["aot_autograd"])
+    assert c["graph_launches"] == len(sizes), c
+    w, b = lin.weight.detach().cpu().double(), lin.bias.detach().cpu().double()
+    for n, a, o in zip(sizes, first, second):
+        assert torch.equal(a, o)
+        x = torch.randn(n, 8, generator=torch.Generator().manual_seed(n)).double()
+        ref = torch.nn.functional.gelu(x @ w.T + b).sum(-1)
+        torch.testing.assert_close(o.double(), ref, rtol=1e-5, atol=1e-5)
