@@ -101,14 +101,17 @@ def checked(fn: Callable, *args) -> None:
 def launch(key: tuple, render: Callable[[], tuple[str, str]], args: tuple,
            flops: float = 0.0, bytes_moved: float = 0.0, engine: str = "vector",
            dtype_class: str = "fp32", extra: dict | None = None, core: int | None = None,
-           on_build_error: Callable[[Exception], None] | None = None) -> None:
+           on_build_error: Callable[[Exception], None] | None = None,
+           check: tuple | None = None) -> None:
     """Run the kernel for `key` on `args` (numpy arrays and scalars) and charge its cost.
 
     `key` is (family, op, static fields...); the arguments' types are appended here, so a new
     layout or dtype is a new kernel and a new size is not. The core charged is `core`, else the
     current op context's. `on_build_error(exc)`, if given, is called instead of raising when
-    the kernel cannot be built (nothing has run: the caller may take another route). When the
-    op context has a launcher (adaptive eager staging a joined matmul), it takes the launch.
+    the kernel cannot be built (nothing has run: the caller may take another route). `check`
+    (fn, *args): the host check of what the kernel reported, made after it ran (see checked).
+    When the op context has a launcher (adaptive eager staging a joined matmul), it takes the
+    launch.
     """
     ctx = getattr(_TLS, "ctx", None)
     if ctx is not None and ctx.launcher is not None:
@@ -166,3 +169,5 @@ def launch(key: tuple, render: Callable[[], tuple[str, str]], args: tuple,
             print(f"[eager_neuron] kernel {key[0]}:{key[1]} {outcome}"
                   + (f" ({seconds * 1e3:.1f} ms)" if seconds else "")
                   + f" host {host_us:.1f} us, device {device_us:.2f} us", file=sys.stderr)
+    if check is not None:
+        checked(*check)

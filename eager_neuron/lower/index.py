@@ -82,25 +82,29 @@ def _pair(out: torch.Tensor, full: torch.Tensor):
     return _np(out, cs, cst[0]), _np(full, cs, cst[1]), len(cs)
 
 
-def take(op: str, out_p, src_p, idxs, dims, wrap: bool) -> None:
+# take, put and _scatter build their launch (launch()'s positional arguments, with the host
+# check of the kernel's error record; None: nothing to launch) and the lowering makes it:
+# dispatch -> lowering -> launch.
+
+def take(op: str, out_p, src_p, idxs, dims, wrap: bool) -> tuple | None:
     """out_p[b.., r..] = src_p[idxs[0][b..], .., r..]; out_p is (B + R), src_p (K + R)."""
     k = len(idxs)
     nb = out_p.dim() - (src_p.dim() - k)
     if math.prod(out_p.shape[:nb]) == 0:
-        return
+        return None
     o, s, iv, cb, cr = _split(out_p, idxs, nb, k, src_p)
     err = np.zeros(4, np.int64)
     key = ("index", "take",
            cb,     # coalesced index-position loop rank
            k,      # number of index tensors
            cr)     # coalesced rest loop rank
-    launch(key, lambda: kix.render_take(cb, k, cr), (o, s, *iv, wrap, err),
-           bytes_moved=2 * _nbytes(out_p) + _nbytes(*idxs))
-    _raise_bad(err, op, dims)
+    return (key, lambda: kix.render_take(cb, k, cr), (o, s, *iv, wrap, err), 0.0,
+            2 * _nbytes(out_p) + _nbytes(*idxs), "vector", "fp32", None, None, None,
+            (_check_bad, err, op, dims))
 
 
 def put(op: str, out, out_p, vals_p, idxs, dims, *, self=None, wrap=False, accumulate=False,
-        alpha=None, zero=False, pad=None, freq=False, store=None) -> None:
+        alpha=None, zero=False, pad=None, freq=False, store=None) -> tuple:
     """out_p[idxs[0][b..], .., r..] (+)= vals_p[b.., r..] * alpha; out_p is a permuted view of
     out. `self` given: out starts as a copy of it (the functional form, in the same launch)."""
     k = len(idxs)
@@ -117,12 +121,12 @@ def put(op: str, out, out_p, vals_p, idxs, dims, *, self=None, wrap=False, accum
            store)                         # the output's store cast
     # NOTE: wrap, accumulate, copy, zero and padding are runtime flags: one compiled kernel
     # serves index_put, index_add and embedding backward of the same ranks and dtype.
-    launch(key, lambda: kix.render_put(cb, k, cr, rc, freq, store),
-           (o, v, *iv, wrap, accumulate, copy, zero, pad is not None,
-            -1 if pad is None else int(pad), one, err, dst, full),
-           flops=vals_p.numel() if accumulate else 0,
-           bytes_moved=2 * _nbytes(vals_p) + _nbytes(*idxs) + 2 * _nbytes(self if copy else None))
-    _raise_bad(err, op, dims)
+    return (key, lambda: kix.render_put(cb, k, cr, rc, freq, store),
+            (o, v, *iv, wrap, accumulate, copy, zero, pad is not None,
+             -1 if pad is None else int(pad), one, err, dst, full),
+            vals_p.numel() if accumulate else 0,
+            2 * _nbytes(vals_p) + _nbytes(*idxs) + 2 * _nbytes(self if copy else None),
+            "vector", "fp32", None, None, None, (_check_bad, err, op, dims))
 
 
 def _flat_index(index: torch.Tensor, op: str) -> torch.Tensor:
@@ -151,7 +155,9 @@ def lower_embedding(func, a, outs):
     if weight.dim() != 2:
         raise NotImplementedError("embedding with a weight that is not 2-D")
     _int_index(indices, "aten::embedding")
-    take("aten::embedding", outs[0], weight, [indices], (0,), wrap=False)
+    req = take("aten::embedding", outs[0], weight, [indices], (0,), wrap=False)
+    if req is not None:
+        launch(*req)
 
 
 def lower_embedding_backward(func, a, outs):
@@ -160,16 +166,20 @@ def lower_embedding_backward(func, a, outs):
     # NOTE: grad is indices.shape + (D,); a negative padding_idx means none (nn.Embedding has
     # already turned -1 into num_weights - 1 before it gets here).
     pad = a["padding_idx"] if a["padding_idx"] >= 0 else None
-    put("aten::embedding_dense_backward", out, out, grad, [indices], (0,), accumulate=True,
-        zero=True, pad=pad, freq=bool(a["scale_grad_by_freq"]))
+    req = put("aten::embedding_dense_backward", out, out, grad, [indices], (0,), accumulate=True,
+              zero=True, pad=pad, freq=bool(a["scale_grad_by_freq"]))
+    if req is not None:
+        launch(*req)
 
 
 def lower_index_select(func, a, outs):
     self, out = _at_least_1d(a["self"], outs[0])
     dim = _dim(a, self)
     index = _flat_index(a["index"], "aten::index_select")
-    take("aten::index_select", out.movedim(dim, 0), self.movedim(dim, 0), [index], (dim,),
-         wrap=False)
+    req = take("aten::index_select", out.movedim(dim, 0), self.movedim(dim, 0), [index], (dim,),
+               wrap=False)
+    if req is not None:
+        launch(*req)
 
 
 def lower_index_add(func, a, outs):
@@ -177,8 +187,10 @@ def lower_index_add(func, a, outs):
     dim = _dim(a, self)
     index = _flat_index(a["index"], "aten::index_add")
     alpha = a["alpha"]
-    put(func._schema.name, outs[0], out.movedim(dim, 0), source.movedim(dim, 0), [index],
-        (dim,), self=a["self"], accumulate=True, alpha=None if alpha == 1 else alpha)
+    req = put(func._schema.name, outs[0], out.movedim(dim, 0), source.movedim(dim, 0), [index],
+              (dim,), self=a["self"], accumulate=True, alpha=None if alpha == 1 else alpha)
+    if req is not None:
+        launch(*req)
 
 
 def lower_put(func, a, outs):
@@ -189,8 +201,10 @@ def lower_put(func, a, outs):
     if source.dtype != out.dtype:
         raise NotImplementedError("put with a source of another dtype")
     _int_index(index, "aten::put")
-    put(func._schema.name, out, out.view(-1), source.view(-1), [index.view(-1)], (0,),
-        self=self, wrap=True, accumulate=bool(a["accumulate"]))
+    req = put(func._schema.name, out, out.view(-1), source.view(-1), [index.view(-1)], (0,),
+              self=self, wrap=True, accumulate=bool(a["accumulate"]))
+    if req is not None:
+        launch(*req)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -238,9 +252,10 @@ def expand_masks(self: torch.Tensor, indices) -> list:
     return out
 
 
-def _index(self, indices, out) -> None:
+def _index(self, indices, out) -> tuple | None:
+    """self[indices] into out: take's launch."""
     P, R, idxs, _shape, perm = _adv_plan(self, indices)
-    take("aten::index", out.permute(perm), self.permute(P + R), idxs, P, wrap=True)
+    return take("aten::index", out.permute(perm), self.permute(P + R), idxs, P, wrap=True)
 
 
 def lower_index_put(func, a, outs, store=None):
@@ -259,8 +274,10 @@ def lower_index_put(func, a, outs, store=None):
                            f"be broadcast to indexing result of shape {list(shape)}") from None
     if vals.dtype != out.dtype:
         raise NotImplementedError("index_put with values of another dtype")
-    put(func._schema.name, out, out.permute(P + R), vals.permute(perm), idxs, P, self=self,
-        wrap=True, accumulate=bool(a["accumulate"]), store=store)
+    req = put(func._schema.name, out, out.permute(P + R), vals.permute(perm), idxs, P, self=self,
+              wrap=True, accumulate=bool(a["accumulate"]), store=store)
+    if req is not None:
+        launch(*req)
 
 
 def _index_put_half(func, a, outs):
@@ -319,7 +336,7 @@ def _identity(reduce: str, dtype):
     return info.max if big else info.min
 
 
-def _scatter(op: str, a, outs, reduce=None, include_self=True):
+def _scatter(op: str, a, outs, reduce=None, include_self=True) -> tuple | None:
     out, self, index = outs[0], a["self"], a["index"]
     src = a.get("src")
     value = src is None
@@ -334,7 +351,7 @@ def _scatter(op: str, a, outs, reduce=None, include_self=True):
             from .cast import cast as copy_into
 
             copy_into(self, out)
-        return
+        return None
     out1, index1 = _at_least_1d(out, index)
     dim = _dim(a, out1)
     copy = out is not self
@@ -356,26 +373,32 @@ def _scatter(op: str, a, outs, reduce=None, include_self=True):
            value,           # src is a scalar
            cast, store)     # load and store casts of the output dtype
     # NOTE: the reduction, include_self and copy are runtime: one kernel per rank and dtype.
-    launch(key, lambda: kix.render_scatter(c, rc, value, cast, store),
-           (o, s, i, kix.REDUCE[reduce], include_self, copy,
-            kind(_identity(reduce or "sum", out.dtype)), err, dst, full),
-           flops=index.numel() if reduce else 0,
-           bytes_moved=2 * _nbytes(index) + _nbytes(None if value else src)
-           + 2 * _nbytes(self if copy else None))
-    _raise_bad(err, op, (dim,))
+    return (key, lambda: kix.render_scatter(c, rc, value, cast, store),
+            (o, s, i, kix.REDUCE[reduce], include_self, copy,
+             kind(_identity(reduce or "sum", out.dtype)), err, dst, full),
+            index.numel() if reduce else 0,
+            2 * _nbytes(index) + _nbytes(None if value else src)
+            + 2 * _nbytes(self if copy else None),
+            "vector", "fp32", None, None, None, (_check_bad, err, op, (dim,)))
 
 
 def lower_scatter(func, a, outs):
     reduce = a.get("reduce")
-    _scatter(func._schema.name, a, outs, None if reduce is None else _LEGACY[reduce])
+    req = _scatter(func._schema.name, a, outs, None if reduce is None else _LEGACY[reduce])
+    if req is not None:
+        launch(*req)
 
 
 def lower_scatter_add(func, a, outs):
-    _scatter(func._schema.name, a, outs, "sum")
+    req = _scatter(func._schema.name, a, outs, "sum")
+    if req is not None:
+        launch(*req)
 
 
 def lower_scatter_reduce(func, a, outs):
-    _scatter(func._schema.name, a, outs, a["reduce"], bool(a["include_self"]))
+    req = _scatter(func._schema.name, a, outs, a["reduce"], bool(a["include_self"]))
+    if req is not None:
+        launch(*req)
 
 
 def lower_index_reduce(func, a, outs):
@@ -387,7 +410,9 @@ def lower_index_reduce(func, a, outs):
     shape = [1] * source.dim()
     shape[dim] = -1
     b = dict(a, index=index.view(shape).expand(source.shape), src=source, dim=dim)
-    _scatter(func._schema.name, b, outs, a["reduce"], bool(a["include_self"]))
+    req = _scatter(func._schema.name, b, outs, a["reduce"], bool(a["include_self"]))
+    if req is not None:
+        launch(*req)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -403,7 +428,9 @@ def dynamic_index(func, a, index=-1):
     indices = expand_masks(self, a["indices"])
     leaves, _spec = meta_outputs(func, (self, indices), {})
     data, block = alloc(core_index(index), *leaves[0])
-    _index(self, indices, data)
+    req = _index(self, indices, data)
+    if req is not None:
+        launch(*req)
     return [(data, block)]
 
 
