@@ -289,14 +289,15 @@ def {name}(gi, go, pz, ph, pw):
                 ih = min(max(oi - ph, 0), h - 1)
                 for oj in range(go.shape[4]):
                     iw = min(max(oj - pw, 0), wd - 1)
-                    gi[n, c, iz, ih, iw] += go[n, c, oz, oi, oj]
+                    gi[n, c, iz, ih, iw] = _r(gi[n, c, iz, ih, iw] + go[n, c, oz, oi, oj])
 """
 
 
-def render_replication_pad_backward(parallel: bool) -> tuple[str, str]:
+def render_replication_pad_backward(parallel: bool, rnd: str | None = None) -> tuple[str, str]:
     """`k(gi, go, pz, ph, pw)`: gi[clamp(o - pad)] += go; p* are the leading pads (may be
-    negative: a crop)."""
-    name = kernel_name("replpad_bw", parallel)
+    negative: a crop). `rnd` "bf16"/"f16": float32 arrays of half values, each add rounded to
+    the half type as the CPU's half kernel adds."""
+    name = kernel_name("replpad_bw", parallel) + (f"_{rnd}" if rnd else "")
     head = HEADER.format(extra=", parallel=True" if parallel else "")
-    return head + _REPLICATION_PAD_BACKWARD.format(
+    return _ROUND[rnd] + "\n\n" + head + _REPLICATION_PAD_BACKWARD.format(
         name=name, rng="prange" if parallel else "range"), name

@@ -86,3 +86,28 @@ def test_avg_pool2d_backward_half_steps(dt, include_pad):
     np.testing.assert_array_equal(gi.cpu().double().numpy(), ref)
     u = torch.finfo(dt).eps / 2   # and within a few roundings of the exact sums
     assert (np.abs(ref - exact) <= 8 * u * np.abs(go.double().numpy()).max()).all()
+
+
+@pytest.mark.parametrize("dt", [torch.float16, torch.bfloat16])
+def test_replication_pad_backward_half_steps(dt):
+    # every grad_output element adds into its clamped source in the half type, in row-major
+    # order (negative pads crop)
+    r = _rounder(dt)
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(2, 4, 5, generator=g).to(dt)
+    pads = (3, -1, 2, 4)   # left, right, top, bottom
+    xn = x.to("neuron").requires_grad_()
+    out = torch.nn.functional.pad(xn, pads, mode="replicate")
+    go = torch.randn(out.shape, generator=g).to(dt)
+    (gi,) = torch.autograd.grad(out, xn, go.to("neuron"))
+    ref, exact = np.zeros(x.shape), np.zeros(x.shape)
+    gos = go.double().tolist()
+    H, W = x.shape[1:]
+    for c, oh, ow in itertools.product(range(2), range(out.shape[1]), range(out.shape[2])):
+        ih, iw = min(max(oh - pads[2], 0), H - 1), min(max(ow - pads[0], 0), W - 1)
+        ref[c, ih, iw] = r(ref[c, ih, iw] + gos[c][oh][ow])
+        exact[c, ih, iw] += gos[c][oh][ow]
+    np.testing.assert_array_equal(gi.cpu().double().numpy(), ref)
+    n = out.shape[1] * out.shape[2]
+    u = torch.finfo(dt).eps / 2
+    assert (np.abs(ref - exact) <= n * u * np.abs(go.double().numpy()).sum()).all()

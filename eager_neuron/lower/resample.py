@@ -107,19 +107,25 @@ def lower_upsample_aa(func, a, outs):
 
 
 def _replication_pad_backward(rank: int):
+    """Half types (handles_half): float32 copies, each add rounded to the half type (the CPU's
+    half kernel adds in it)."""
     def lower(func, a, outs):
         gi, go = outs[0], a["grad_output"]
-        if gi.dtype not in _FLOAT or go.dtype != gi.dtype:
+        rnd = _HALF_RND.get(gi.dtype)
+        if (gi.dtype not in _FLOAT and rnd is None) or go.dtype != gi.dtype:
             raise NotImplementedError(f"replication_pad backward on {gi.dtype}")
         if gi.numel() == 0:
             return
         pad = tuple(a["padding"])               # (left, right, top, bottom, front, back)
         lead = (0,) * (3 - rank) + tuple(reversed(pad[0::2]))
+        gi32, go32 = _scratch(gi), _f32(go)
         parallel = go.numel() >= PARALLEL_MIN and kc.parallel_allowed()
-        launch(("resample", "replication_pad_backward", VERSION, parallel),
-               lambda: kresample.render_replication_pad_backward(parallel),
-               (_np(_as5(gi, rank)), _np(_as5(go, rank))) + lead, flops=float(go.numel()),
+        launch(("resample", "replication_pad_backward", VERSION, parallel, rnd),
+               lambda: kresample.render_replication_pad_backward(parallel, rnd),
+               (_np(_as5(gi32, rank)), _np(_as5(go32, rank))) + lead, flops=float(go.numel()),
                bytes_moved=_numel(gi, go) * gi.element_size(), engine="vector")
+        _put(gi32, gi)
+    lower.handles_half = True
     return lower
 
 
