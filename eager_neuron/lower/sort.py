@@ -33,22 +33,23 @@ def _as_1d(*ts):
 
 
 def rows(op: str, self: torch.Tensor, vals: torch.Tensor, inds: torch.Tensor, dim: int,
-         p0: int = 0, p1: int = 0, keepdim: bool = True) -> None:
-    """Run kernels/sort.py row op `op` along `dim` of self into vals/inds (the same rank as
-    self with dim of length m: the sorted prefix, or 1 for the one-element statistics)."""
+         p0: int = 0, p1: int = 0, keepdim: bool = True) -> tuple | None:
+    """The launch of kernels/sort.py row op `op` along `dim` of self into vals/inds (the same
+    rank as self with dim of length m: the sorted prefix, or 1 for the one-element
+    statistics), as launch()'s positional arguments for the lowering to make (None: empty)."""
     self, vals, inds = _as_1d(self, vals, inds)
     dim %= self.dim()
     if not keepdim and vals.dim() < self.dim():
         vals, inds = vals.unsqueeze(dim), inds.unsqueeze(dim)
     if vals.numel() == 0 or self.numel() == 0:
-        return
+        return None
     m = vals.shape[dim]
     v, i, s = axis_views(self.shape, dim, [(vals, m), (inds, m), (self, self.shape[dim])])
     c = s.ndim - 1
     n = self.shape[dim]
-    launch(("sort", op, c), lambda: kso.render_rows(op, c), (v, i, s, int(p0), int(p1)),
-           flops=float(self.numel() * max(1, int(np.log2(max(n, 2))))),
-           bytes_moved=float(nbytes(self, vals, inds)))
+    return (("sort", op, c), lambda: kso.render_rows(op, c), (v, i, s, int(p0), int(p1)),
+            float(self.numel() * max(1, int(np.log2(max(n, 2))))),
+            float(nbytes(self, vals, inds)))
 
 
 def _check_dtype(op: str, x: torch.Tensor) -> None:
@@ -79,7 +80,9 @@ def lower_sort(func, a, outs):
     if (self.dim() == 1 and not desc and n >= GRAIN and not self.is_floating_point()
             and self.dtype != torch.bool):
         stable = True
-    rows("sort", self, vals, inds, dim, desc, stable)
+    req = rows("sort", self, vals, inds, dim, desc, stable)
+    if req is not None:
+        launch(*req)
 
 
 def lower_topk(func, a, outs):
@@ -88,7 +91,9 @@ def lower_topk(func, a, outs):
     _check_dtype("topk", self)
     if self.dtype == torch.bool:
         raise NotImplementedError("topk of a bool tensor (the CPU has no kernel for it)")
-    rows("topk", self, vals, inds, a["dim"], bool(a["largest"]), bool(a["sorted"]))
+    req = rows("topk", self, vals, inds, a["dim"], bool(a["largest"]), bool(a["sorted"]))
+    if req is not None:
+        launch(*req)
 
 
 def lower_kthvalue(func, a, outs):
@@ -96,7 +101,9 @@ def lower_kthvalue(func, a, outs):
     vals, inds = outs
     _check_dtype("kthvalue", self)
     _refuse_bool("kthvalue_cpu", self)
-    rows("kthvalue", self, vals, inds, a["dim"], k - 1, 0, a["keepdim"])
+    req = rows("kthvalue", self, vals, inds, a["dim"], k - 1, 0, a["keepdim"])
+    if req is not None:
+        launch(*req)
 
 
 def _median_dim(ignore_nan: bool):
@@ -108,7 +115,9 @@ def _median_dim(ignore_nan: bool):
         if self.dim() and self.shape[a["dim"]] == 0:
             raise IndexError("median() cannot compute median for a dimension of size 0 "
                              "because the operation does not have an identity")
-        rows("median", self, vals, inds, a["dim"], int(ignore_nan), 0, a["keepdim"])
+        req = rows("median", self, vals, inds, a["dim"], int(ignore_nan), 0, a["keepdim"])
+        if req is not None:
+            launch(*req)
     return lower
 
 
@@ -122,7 +131,9 @@ def _median_all(ignore_nan: bool):
                              "tensor")
         flat = self.reshape(-1) if self.is_contiguous() else self.flatten()
         idx = torch.empty((1,), dtype=torch.int64)
-        rows("median", flat, outs[0].view(1), idx, 0, int(ignore_nan))
+        req = rows("median", flat, outs[0].view(1), idx, 0, int(ignore_nan))
+        if req is not None:
+            launch(*req)
     return lower
 
 
@@ -132,7 +143,9 @@ def lower_mode(func, a, outs):
     _check_dtype("mode", self)
     if self.dim() and self.shape[a["dim"]] == 0:
         raise IndexError("mode(): Expected reduction dim to have non-zero size.")
-    rows("mode", self, vals, inds, a["dim"], 0, 0, a["keepdim"])
+    req = rows("mode", self, vals, inds, a["dim"], 0, 0, a["keepdim"])
+    if req is not None:
+        launch(*req)
 
 
 # ---------------------------------------------------------------------------------------------
