@@ -53,7 +53,9 @@ def _three(v, rank: int, fill: int, default=None) -> tuple:
 
 
 def _launch(kind: str, arrays: tuple, scalars: tuple, dtype, work: int, nbytes: int,
-            bf16: bool | str = False) -> None:
+            bf16: bool | str = False) -> tuple:
+    """The pooling kernel's launch, as launch()'s positional arguments: the lowering makes it
+    (dispatch -> lowering -> launch)."""
     floats_only = kind.startswith(("adaptive_avg", "fractional")) or kind == "avg_backward"
     ok = _FLOAT if floats_only else _FLOAT | _INT
     if dtype not in ok:
@@ -67,8 +69,7 @@ def _launch(kind: str, arrays: tuple, scalars: tuple, dtype, work: int, nbytes: 
     def render():
         return kpool.render_pool(kind, T, lowest, parallel, integer, bf16)
 
-    launch(key, render, tuple(_np(t) for t in arrays) + scalars, flops=work,
-           bytes_moved=nbytes, engine="vector")
+    return (key, render, tuple(_np(t) for t in arrays) + scalars, work, nbytes, "vector")
 
 
 def _window(a: dict, rank: int) -> tuple:
@@ -88,10 +89,10 @@ def _max_pool(rank: int):
             return
         kernel, stride, padding = _window(a, rank)
         dilation = _three(a["dilation"], rank, 1)
-        _launch("max", (_as5(out, rank), _as5(ind, rank), _as5(x, rank)),
-                kernel + stride + padding + dilation, x.dtype,
-                out.numel() * kernel[0] * kernel[1] * kernel[2],
-                _numel(x, out, ind) * x.element_size())
+        launch(*_launch("max", (_as5(out, rank), _as5(ind, rank), _as5(x, rank)),
+                       kernel + stride + padding + dilation, x.dtype,
+                       out.numel() * kernel[0] * kernel[1] * kernel[2],
+                       _numel(x, out, ind) * x.element_size()))
     return lower
 
 
@@ -102,8 +103,8 @@ def _max_backward(rank: int):
         if gi.numel() == 0:
             return
         go, ind = a["grad_output"], a["indices"]
-        _launch("max_backward", (_as5(gi, rank), _as5(go, rank), _as5(ind, rank)), (),
-                gi.dtype, _numel(gi, go), _numel(gi, go, ind) * gi.element_size())
+        launch(*_launch("max_backward", (_as5(gi, rank), _as5(go, rank), _as5(ind, rank)), (),
+                       gi.dtype, _numel(gi, go), _numel(gi, go, ind) * gi.element_size()))
     return lower
 
 
@@ -119,9 +120,9 @@ def _avg_pool(rank: int):
         if out.numel() == 0:
             return
         scalars = _avg_scalars(a, rank)
-        _launch("avg", (_as5(out, rank), _as5(x, rank)), scalars, x.dtype,
-                out.numel() * scalars[0] * scalars[1] * scalars[2],
-                _numel(x, out) * x.element_size())
+        launch(*_launch("avg", (_as5(out, rank), _as5(x, rank)), scalars, x.dtype,
+                       out.numel() * scalars[0] * scalars[1] * scalars[2],
+                       _numel(x, out) * x.element_size()))
     return lower
 
 
@@ -138,10 +139,10 @@ def _avg_pool_backward(rank: int):
             go32 = torch.empty(go.shape, dtype=torch.float32)
             cast(go, go32)
             gi32 = torch.empty(gi.shape, dtype=torch.float32)
-        _launch("avg_backward", (_as5(gi32, rank), _as5(go32, rank)), scalars, gi32.dtype,
-                gi.numel() + go.numel() * scalars[0] * scalars[1] * scalars[2],
-                _numel(gi, go) * gi.element_size(),
-                half and ("f16" if gi.dtype == torch.float16 else True))
+        launch(*_launch("avg_backward", (_as5(gi32, rank), _as5(go32, rank)), scalars, gi32.dtype,
+                       gi.numel() + go.numel() * scalars[0] * scalars[1] * scalars[2],
+                       _numel(gi, go) * gi.element_size(),
+                       half and ("f16" if gi.dtype == torch.float16 else True)))
         if half:
             cast(gi32, gi)
     lower.handles_half = True
@@ -163,8 +164,8 @@ def _adaptive_avg(rank: int):
             x32 = torch.empty(x.shape, dtype=torch.float32)
             cast(x, x32)
             out32 = torch.empty(out.shape, dtype=torch.float32)
-        _launch("adaptive_avg", (_as5(out32, rank), _as5(x32, rank)), (), x32.dtype,
-                _numel(x, out), _numel(x, out) * x.element_size(), bf16)
+        launch(*_launch("adaptive_avg", (_as5(out32, rank), _as5(x32, rank)), (), x32.dtype,
+                       _numel(x, out), _numel(x, out) * x.element_size(), bf16))
         if half:
             cast(out32, out)
     lower.handles_half = True
@@ -184,8 +185,8 @@ def _adaptive_avg_backward(rank: int):
             go32 = torch.empty(go.shape, dtype=torch.float32)
             cast(go, go32)
             gi32 = torch.empty(gi.shape, dtype=torch.float32)
-        _launch("adaptive_avg_backward", (_as5(gi32, rank), _as5(go32, rank)), (), gi32.dtype,
-                _numel(gi, go), _numel(gi, go) * gi.element_size(), bf16)
+        launch(*_launch("adaptive_avg_backward", (_as5(gi32, rank), _as5(go32, rank)), (),
+                        gi32.dtype, _numel(gi, go), _numel(gi, go) * gi.element_size(), bf16))
         if half:
             cast(gi32, gi)
     lower.handles_half = True
@@ -197,8 +198,8 @@ def _adaptive_max(rank: int):
         x, (out, ind) = a["self"], outs
         if out.numel() == 0:
             return
-        _launch("adaptive_max", (_as5(out, rank), _as5(ind, rank), _as5(x, rank)), (),
-                x.dtype, _numel(x, out), _numel(x, out, ind) * x.element_size())
+        launch(*_launch("adaptive_max", (_as5(out, rank), _as5(ind, rank), _as5(x, rank)), (),
+                       x.dtype, _numel(x, out), _numel(x, out, ind) * x.element_size()))
     return lower
 
 
@@ -215,9 +216,9 @@ def _fractional_max(rank: int):
             raise NotImplementedError(f"fractional_max_pool samples of {rs.dtype}")
         kernel = _three(a["kernel_size"], rank, 1)
         rs3 = rs.unsqueeze(0) if rs.dim() == 2 else rs
-        _launch("fractional_max", (_as5(out, rank), _as5(ind, rank), _as5(x, rank), rs3),
-                kernel + columns, x.dtype, out.numel() * kernel[0] * kernel[1] * kernel[2],
-                _numel(x, out, ind) * x.element_size())
+        launch(*_launch("fractional_max", (_as5(out, rank), _as5(ind, rank), _as5(x, rank), rs3),
+                       kernel + columns, x.dtype, out.numel() * kernel[0] * kernel[1] * kernel[2],
+                       _numel(x, out, ind) * x.element_size()))
     return lower
 
 
