@@ -46,6 +46,11 @@ from .fastpath import (
 CAPTURED = frozenset({
     "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm",
     "aten::sum", "aten::mean",
+    # the other reductions of lower/reduce.py: one launch on views of the operand and the
+    # outputs (argmax's values go to a scratch array); shape checks only on the host
+    "aten::prod", "aten::amax", "aten::amin", "aten::max", "aten::min", "aten::argmax",
+    "aten::argmin", "aten::any", "aten::all", "aten::var", "aten::std", "aten::var_mean",
+    "aten::std_mean", "aten::logsumexp", "aten::linalg_vector_norm",
     # the cast family (lower/cast.py): elementwise copies; half types go through scratch
     # buffers or reinterpreted views, which are never learned
     "aten::clone", "aten::_to_copy", "aten::copy_", "aten::cat",
