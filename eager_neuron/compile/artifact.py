@@ -10,9 +10,10 @@ process skips AOTAutograd's tracing *and* finds the same graph to partition.
 Rules, the disk cache's:
 - never fatal: any failure to key, save or load an entry is a cache bypass (torch counts it,
   the graph compiles as if uncached);
-- versioned: the key carries FORMAT, the backend's name and a hash of this package's source
-  (a change to the partitioner or the decompositions can never load a stale graph), next to
-  torch's own key (the dynamo graph, the input signature, torch's version and configs);
+- versioned: the key carries FORMAT, the backend's name and a hash of eager_neuron's source
+  (a change to the partitioner, the decompositions or a fake implementation can never load a
+  stale graph), next to torch's own key (the dynamo graph, the input signature, torch's
+  version and configs);
 - off with the disk cache (`EAGER_NEURON_DISK_CACHE=0`).
 Entries live in torch's cache directory (`TORCHINDUCTOR_CACHE_DIR`, .../aotautograd), as
 inductor's do; the kernels they run stay in the neuron disk cache.
@@ -45,13 +46,19 @@ SALT_ATTR = "_eager_neuron_cache_salt"
 
 @functools.cache
 def cache_salt() -> str:
-    """The backend's part of the cache key: format, and a hash of the graph compiler's source."""
+    """The backend's part of the cache key: format, and a hash of the package's source — the
+    graph compiler, its decompositions, and whatever shapes the traced graph (meta and fake
+    implementations, custom ops' registrations): any edit makes every entry a miss (~30 ms
+    once per process to hash)."""
     h = hashlib.sha256()
-    here = os.path.dirname(os.path.abspath(__file__))
-    for name in sorted(os.listdir(here)):
-        if name.endswith(".py"):
-            with open(os.path.join(here, name), "rb") as f:
-                h.update(name.encode() + b"\0" + f.read())
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for root, dirs, files in os.walk(pkg):
+        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__")))
+        for name in sorted(files):
+            if name.endswith(".py"):
+                path = os.path.join(root, name)
+                with open(path, "rb") as f:
+                    h.update(os.path.relpath(path, pkg).encode() + b"\0" + f.read())
     return f"eager_neuron/{FORMAT}/{h.hexdigest()[:24]}"
 
 
