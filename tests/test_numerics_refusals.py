@@ -182,6 +182,14 @@ DTYPE_REFUSALS = {   # name -> (fn(device), the CPU's exception type, its words)
     "heaviside(int64, float)": (lambda d: torch.heaviside(_b(d).long(), _b(d).float()),
                                 RuntimeError, "heaviside is not yet implemented for tensors "
                                 "with different dtypes"),
+    "round(int64, decimals=1)": (lambda d: _b(d).long().round(decimals=1), NotImplementedError,
+                                 '"round_cpu" not implemented for \'Long\''),
+    "round(int64, decimals=0)": (lambda d: _b(d).long().round(decimals=0), NotImplementedError,
+                                 '"round_vml_cpu" not implemented for \'Long\''),
+    "round(bool, decimals=-1)": (lambda d: _b(d).round(decimals=-1), NotImplementedError,
+                                 '"round_cpu" not implemented for \'Bool\''),
+    "addcmul(bool)": (lambda d: torch.addcmul(_b(d), _b(d), _b(d), value=True),
+                      NotImplementedError, '"addcmul_cpu_out" not implemented for \'Bool\''),
 }
 
 
@@ -219,6 +227,8 @@ def test_refused_ops_still_exact_for_their_dtypes():
     assert (b // 1).cpu().tolist() == [1, 0, 1, 1] and (x % 2).cpu().tolist() == [1, 1, 0, 0]
     assert torch.div(x, 2, rounding_mode="floor").cpu().tolist() == [1, -1, 0, 1]
     assert torch.nextafter(x.float(), torch.zeros(4, device="neuron")).cpu().tolist()[2] == 0.0
+    assert x.round().cpu().tolist() == [3, -1, 0, 2]   # round.default copies integers
+    assert torch.addcmul(b, b, x, value=2).cpu().tolist() == [1 + 2 * 3, 0, 1 + 0, 1 + 2 * 2]
 
 
 def test_logaddexp_and_heaviside_kernels_against_float64():

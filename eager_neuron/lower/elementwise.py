@@ -227,6 +227,13 @@ def _build_spec(op_name: str, template: str, rule: str, arg_casts: dict, a: dict
                 as_scalar: tuple, out_dtype) -> _Spec:
     if op_name in _INT_ONLY:
         _check_int_only(op_name, out_dtype)
+    if op_name == "aten::round" and "decimals" in a and not (
+            a["self"].dtype.is_floating_point or a["self"].dtype.is_complex):
+        # round.decimals has no integer/bool kernel (round.default copies an integer tensor)
+        raise errors.NotImplementedForDtype("round_cpu" if a["decimals"] else "round_vml_cpu",
+                                            a["self"].dtype)
+    if op_name == "aten::addcmul" and out_dtype == torch.bool:
+        raise errors.NotImplementedForDtype("addcmul_cpu_out", torch.bool)
     if op_name in _NO_BOOL:
         _check_no_bool(op_name, a)
     if op_name in _SUB_OPS:
