@@ -77,12 +77,13 @@ def _ops_ok(name: str) -> bool:
 class NeuronOutputCode(OutputCode):
     """One compiled aten graph (forward, backward or inference) as torch's caches keep it."""
 
-    def __init__(self, gm: torch.fx.GraphModule, kind: str) -> None:
+    def __init__(self, gm: torch.fx.GraphModule, kind: str, compile_graph) -> None:
         super().__init__()
-        from .backend import compile_graph
-
         self._gm = gm
         self._kind = kind
+        # backend.compile_graph, handed in (this module sits below the backend in the import
+        # graph); pickled by reference with the entry, so a loading process finds it
+        self._compile = compile_graph
         self._blob: bytes | None = None
         self._boxed_call = True
         t0 = time.time_ns()
@@ -109,8 +110,6 @@ class NeuronOutputCode(OutputCode):
         from torch._guards import detect_fake_mode
         from torch.fx._graph_pickler import GraphPickler
 
-        from .backend import compile_graph
-
         fake_mode = detect_fake_mode(example_inputs)
         if fake_mode is None:
             from torch._subclasses import FakeTensorMode
@@ -120,21 +119,23 @@ class NeuronOutputCode(OutputCode):
         gm = GraphPickler.loads(self._blob, fake_mode)
         gm.recompile()
         self._gm = gm
-        self._fn = compile_graph(gm, None, self._kind)
+        self._fn = self._compile(gm, None, self._kind)
         CSTATS.programs_loaded += 1
 
     def set_triton_bundle(self, triton_bundle) -> None:
         pass
 
 
-def compilers():
-    """(forward, backward, inference) compilers torch's AOTAutograd cache accepts."""
+def compilers(compile_graph):
+    """(forward, backward, inference) compilers torch's AOTAutograd cache accepts, each
+    compiling through `compile_graph` (backend.compile_graph)."""
     from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
 
     ty = NeuronOutputCode
 
     def make(kind):
-        return SerializableAOTDispatchCompiler(ty, lambda gm, inputs: ty(gm, kind))
+        return SerializableAOTDispatchCompiler(ty, lambda gm, inputs: ty(gm, kind,
+                                                                          compile_graph))
     return make("forward"), make("backward"), make("inference")
 
 

@@ -131,7 +131,7 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
 
     if artifact.enabled():
         # the whole AOTAutograd result cached across processes (compile/artifact.py)
-        fw_c, bw_c, inf_c = artifact.compilers()
+        fw_c, bw_c, inf_c = artifact.compilers(compile_graph)
         with artifact.caching(gm):
             return aot_module_simplified(gm, example_inputs, fw_compiler=fw_c, bw_compiler=bw_c,
                                          inference_compiler=inf_c, **kw)
