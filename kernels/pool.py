@@ -181,6 +181,14 @@ def render_pool(kind: str, T: str, lowest: str, parallel: bool,
     if kind == "max_backward":
         body = _MAX_BACKWARD.format(name=name, plane=_PLANE.format(arr="gi", rng=rng),
                                     zero=_ZERO_PLANE)
+        if bf16:   # the CPU's half kernels add in the half type (True: bfloat16, "f16")
+            r = "_round_f16" if bf16 == "f16" else "_round_bf16"
+            body = body.replace(
+                "gi[n, c, k // (h * wd), (k // wd) % h, k % wd] += go[n, c, oz, oi, oj]",
+                f"gi[n, c, k // (h * wd), (k // wd) % h, k % wd] = {r}(\n"
+                "                            gi[n, c, k // (h * wd), (k // wd) % h, k % wd] + "
+                "go[n, c, oz, oi, oj])")
+            return (ROUND_F16 if bf16 == "f16" else ROUND_BF16) + head + body, name
         return head + body, name
     params, loop_arr, size_arr = _SIGNATURES[kind]
     lines = [f"def {name}({params}):", _SIZES_OF.format(arr=size_arr).rstrip(),

@@ -111,3 +111,26 @@ def test_replication_pad_backward_half_steps(dt):
     n = out.shape[1] * out.shape[2]
     u = torch.finfo(dt).eps / 2
     assert (np.abs(ref - exact) <= n * u * np.abs(go.double().numpy()).sum()).all()
+
+
+@pytest.mark.parametrize("dt", [torch.float16, torch.bfloat16])
+def test_max_pool2d_backward_half_steps(dt):
+    # overlapping windows send several grad_output elements to one argmax: the CPU adds them
+    # in the half type, outputs in row-major order
+    r = _rounder(dt)
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(2, 7, 8, generator=g).to(dt)
+    xn = x.to("neuron").requires_grad_()
+    out, ind = torch.nn.functional.max_pool2d(xn, 3, 1, 1, return_indices=True)
+    go = (torch.randn(out.shape, generator=g) * 7).to(dt)
+    (gi,) = torch.autograd.grad(out, xn, go.to("neuron"))
+    W = x.shape[2]
+    ref, exact = np.zeros(x.shape), np.zeros(x.shape)
+    gos, inds = go.double().tolist(), ind.cpu().tolist()
+    for c, oh, ow in itertools.product(range(2), range(out.shape[1]), range(out.shape[2])):
+        k = inds[c][oh][ow]
+        ref[c, k // W, k % W] = r(ref[c, k // W, k % W] + gos[c][oh][ow])
+        exact[c, k // W, k % W] += gos[c][oh][ow]
+    np.testing.assert_array_equal(gi.cpu().double().numpy(), ref)
+    u = torch.finfo(dt).eps / 2
+    assert (np.abs(ref - exact) <= 9 * u * 9 * np.abs(go.double().numpy()).max()).all()

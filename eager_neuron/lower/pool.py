@@ -103,8 +103,18 @@ def _max_backward(rank: int):
         if gi.numel() == 0:
             return
         go, ind = a["grad_output"], a["indices"]
-        launch(*_launch("max_backward", (_as5(gi, rank), _as5(go, rank), _as5(ind, rank)), (),
-                       gi.dtype, _numel(gi, go), _numel(gi, go, ind) * gi.element_size()))
+        half = gi.dtype in (torch.bfloat16, torch.float16)
+        gi32, go32 = gi, go
+        if half:   # float32 copies; each add rounds to the half type, as the CPU adds
+            go32 = torch.empty(go.shape, dtype=torch.float32)
+            cast(go, go32)
+            gi32 = torch.empty(gi.shape, dtype=torch.float32)
+        launch(*_launch("max_backward", (_as5(gi32, rank), _as5(go32, rank), _as5(ind, rank)),
+                        (), gi32.dtype, _numel(gi, go), _numel(gi, go, ind) * gi.element_size(),
+                        half and ("f16" if gi.dtype == torch.float16 else True)))
+        if half:
+            cast(gi32, gi)
+    lower.handles_half = True
     return lower
 
 
