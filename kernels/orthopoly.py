@@ -22,7 +22,7 @@ def _cheb_recur_SUF(y, q, n, r):
     p = T(1.0)
     k = 2
     while k <= n and not q != q:
-        r = (y + y) * q - p
+        r = _fms_SUF(y + y, q, p)
         p = q
         q = r
         k += 1
@@ -80,6 +80,14 @@ def _chebyshev(kind: str, shifted: bool) -> str:
 
 _OTHERS = '''
 @njit(inline="always", error_model="numpy")
+def _fms_SUF(a, b, c):
+    # a * b - c rounded once for float32, as a fused multiply-subtract: the CPU's kernels are
+    # compiled with FMA contraction (AVX2/AVX-512 builds), so its Hermite recurrences round
+    # there. The float32 product is exact in float64; the float64 difference differs from a
+    # single rounding only if it lands exactly on a float32 tie. In float64: the plain one.
+    return T(np.float64(a) * np.float64(b) - np.float64(c))
+
+@njit(inline="always", error_model="numpy")
 def _hermite_h_SUF(x, nf):
     if math.isinf(nf) or nf != nf:
         n = np.int64(-1)
@@ -98,7 +106,7 @@ def _hermite_h_SUF(x, nf):
     r = T(0.0)
     k = 2
     while k < n + n:
-        r = (x + x) * q - T(k) * p
+        r = _fms_SUF(x + x, q, T(k) * p)
         p = q
         q = r
         k += 2
@@ -120,7 +128,7 @@ def _hermite_he_SUF(x, nf):
     r = T(0.0)
     k = 1
     while k < n:
-        r = x * q - T(k) * p
+        r = _fms_SUF(x, q, T(k) * p)
         p = q
         q = r
         k += 1
@@ -138,7 +146,7 @@ def _recur_lp_SUF(x, q, n, laguerre):
             a = T(k + k) + (T(1.0) - x)
         else:
             a = T(k + k + 1) * x
-        r = (a * q - T(k) * p) / T(k + 1)
+        r = _fms_SUF(a, q, T(k) * p) / T(k + 1)
         p = q
         q = r
         k += 1

@@ -256,3 +256,4 @@ def test_logaddexp_and_heaviside_kernels_against_float64():
     assert got == [0.0, 7.0, 1.0, 0.0, 4.0, 1.0, 0.0]   # NaN gives 0, as ATen's kernel
     xi = torch.tensor([-1, 0, 2], device="neuron")
     assert torch.heaviside(xi, xi + 5).cpu().tolist() == [0, 5, 1]
+
