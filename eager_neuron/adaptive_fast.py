@@ -37,6 +37,7 @@ from . import adaptive as _ad
 from . import adaptive_calls as _calls
 from . import fastpath as _fp
 from . import fastpath_capture as _capture
+from .blas import blas_threads as _blas_threads
 from .buffers import _span
 from .config import config
 from .launch import HOOKS as _LAUNCH_HOOKS
@@ -516,10 +517,8 @@ def learn_call(name: str, a: dict, outs: list, staged: list, sids: tuple, core: 
         ns.update({f"K{n}": key, f"R{n}": render, f"E{n}": (flops, nbytes, engine, dclass)})
         launches.append(f"(K{n}, R{n}, ({''.join(x + ', ' for x in exprs)}), *E{n})")
     if name in _calls._MATMUL:
-        # the BLAS thread count the lowering sets per product (lower/matmul.py blas_threads)
-        from .lower.matmul import blas_threads
-
-        ns["BT"] = blas_threads
+        # the BLAS thread count the lowering sets per product (eager_neuron/blas.py)
+        ns["BT"] = _blas_threads
         lines.append(f"BT({float(staged[0][3] / (out.shape[0] if out.dim() == 3 else 1))!r})")
     pins = [f"{ref}._block" for ref, _v in inputs] + ["block"]
     lines += [f"JOIN(NAME, ({''.join(x + ', ' for x in launches)}), "

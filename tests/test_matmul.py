@@ -246,12 +246,15 @@ def test_neuron_mode_on_cpu_tensors_that_require_grad():
 
 def test_small_products_run_blas_on_one_thread():
     """OpenBLAS thread sync costs more than a second thread saves on small products."""
+    from eager_neuron import blas
+
     bt = lmm.blas_threads
+    assert bt is blas.blas_threads
     run(torch.mm, _rand(8, 8), _rand(8, 8))
     if bt.setter is None:
         pytest.skip("no OpenBLAS thread control in this SciPy build")
     assert bt.current == 1
-    bt(float(lmm.BLAS_THREADED_MIN))
+    bt(float(blas.BLAS_THREADED_MIN))
     assert bt.current == bt.default
 
 

@@ -346,7 +346,7 @@ def run(step: RowStep, env: dict, run_node, alloc, flat) -> bool:
     parallel = R * C >= PARALLEL_MIN and R >= 2 and kc.parallel_allowed()
     flops = float(R * C * step.n_nodes)
     if step.mm_ops:
-        from ..lower.matmul import blas_threads
+        from ..blas import blas_threads
 
         for x, _ in step.mm_ops:
             k = env[x].shape[1]

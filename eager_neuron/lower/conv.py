@@ -20,11 +20,11 @@ from __future__ import annotations
 import torch
 
 from .. import cost
+from ..blas import blas_threads
 from ..kernels import compile as kc
 from ..kernels import conv as kconv
 from ..launch import launch
 from .cast import cast
-from .matmul import blas_threads
 
 VERSION = 4              # bump when this family's rendered source changes (disk cache key)
 PARALLEL_MIN = 1 << 18   # elements of work below which a prange launch costs more than it saves

@@ -18,8 +18,8 @@ import numpy as np
 import torch
 
 from .. import cost, errors
+from ..blas import blas_threads  # noqa: F401 -- also lower/conv.py's
 from ..cache.families import MATMUL_BLAS, MATMUL_LOOP
-from ..context import _TLS
 from ..kernels import compile as kc
 from ..launch import launch
 from .cast import cast
@@ -27,7 +27,6 @@ from .common import NP_TYPE
 
 VERSION = 1              # bump when this family's rendered source changes (disk cache key)
 PARALLEL_MIN = 1 << 16   # integer loop: multiply-adds below which prange costs more than it saves
-BLAS_THREADED_MIN = 1 << 26   # flops of one BLAS call below which it runs on one thread
 _BLAS = frozenset({torch.float32, torch.float64})
 _LOOP = frozenset({torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8})
 # NOTE: kernels are named by shape class, not by aten op: mm, mv, dot, addmm and the linear
@@ -41,60 +40,6 @@ def _np(t: torch.Tensor):
     return t.detach().numpy() if t.requires_grad else t.numpy()
 
 
-class _BlasThreads:
-    """SciPy's OpenBLAS (what Numba's np.dot calls) thread count, set per launch by size.
-
-    Why: OpenBLAS threads busy-wait for each other on every call. For small products (a conv's
-    per-sample gemms, an MLP's layers) that sync costs more than the second thread saves, and on
-    a busy machine it is catastrophic (measured: 128^3 gemm 0.3 ms on 1 thread, 4.8 ms on 2; a
-    conv forward 20 ms vs 1.5 s). Large products keep OpenBLAS's own default (as MKL would).
-    The setting is process-wide for SciPy's OpenBLAS (user scipy.linalg calls see the last one);
-    no OpenBLAS found (another BLAS, another SciPy build): a no-op.
-    """
-
-    def __init__(self) -> None:
-        self.setter = None
-        self.default = 1
-        self.current = None
-        self.loaded = False
-
-    def _load(self) -> None:
-        import ctypes
-        import glob
-        import os
-
-        self.loaded = True
-        try:
-            import scipy
-
-            root = os.path.dirname(os.path.dirname(scipy.__file__))
-            for path in glob.glob(os.path.join(root, "scipy.libs", "*openblas*")):
-                lib = ctypes.CDLL(path)
-                for prefix in ("scipy_openblas", "openblas"):
-                    setter = getattr(lib, f"{prefix}_set_num_threads", None)
-                    getter = getattr(lib, f"{prefix}_get_num_threads", None)
-                    if setter is not None and getter is not None:
-                        self.setter, self.default = setter, max(1, int(getter()))
-                        self.current = self.default
-                        return
-        except Exception:  # noqa: BLE001 - a missing library only costs speed
-            self.setter = None
-
-    def __call__(self, flops_per_call: float) -> None:
-        if not self.loaded:
-            self._load()
-        if self.setter is None:
-            return
-        want = self.default if flops_per_call >= BLAS_THREADED_MIN else 1
-        ctx = getattr(_TLS, "ctx", None)
-        if ctx is not None and ctx.capture is not None:   # the fast path replays this call
-            ctx.capture.append(("call", self, (flops_per_call,)))
-        if want != self.current:
-            self.setter(want)
-            self.current = want
-
-
-blas_threads = _BlasThreads()
 
 
 def _dense(t: torch.Tensor) -> torch.Tensor:
