@@ -286,7 +286,7 @@ def _run_view(func, args, kwargs, mode):
                 base = a[0]
                 break
     block = base._block if base is not None else None
-    if base is args[0] and not _STATE.enabled:
+    if base is args[0]:   # (adaptive eager's fast path serves view runners too)
         _fast.learn_view(func, args, kwargs, out)
     if isinstance(out, torch.Tensor):
         return _view_wrap(out, block, index)
@@ -364,7 +364,7 @@ def _kernel_setup(func, plan, args, kwargs, mode) -> tuple:
     if _adaptive.STATE.enabled and mode is None and index is not None:
         fusible = plan.lower in _fusible()
         ctx = OpContext(index, None, fusible, _blocks_of(args, kwargs, outs, blocks))
-        _capture_host_operands(a, ctx.blocks)
+        copied = _capture_host_operands(a, ctx.blocks)
         if fusible and plan.prepare is not None:
             _adaptive_fast.arm(func, plan, args, kwargs, index, a, outs, leaves)
         if plan.name in _adaptive.REDUCTIONS and not fusible:
@@ -376,6 +376,12 @@ def _kernel_setup(func, plan, args, kwargs, mode) -> tuple:
                 _context.swap(prev)
             flush(f"non-fusible op {plan.name}")
             ctx.recording = False
+        elif not fusible and not copied and _capture.capturable(plan) and config.fastpath \
+                and dtypes.isdisjoint(_WIDENED) and not _fast.declined(func, args, kwargs):
+            # a non-fusible op (its group launched at the gate): nothing of adaptive eager
+            # launches inside its lowering, so the capture holds only the op's own launches,
+            # and adaptive_fast.run uses the learned runner (after a flush) from the next call
+            ctx.capture = []
     elif mode is None:
         if _capture.capturable(plan) and config.fastpath and \
                 dtypes.isdisjoint(_WIDENED) and not _fast.declined(func, args, kwargs):
@@ -445,12 +451,16 @@ def _kernel_error(plan, exc, args, kwargs) -> Exception:
     return errors.kernel_error(plan.name, exc, args, kwargs)
 
 
-def _capture_host_operands(a: dict, blocks: dict) -> None:
+def _capture_host_operands(a: dict, blocks: dict) -> bool:
     """A CPU tensor operand (a 0-d tensor next to neuron ones) is read when the op is
-    recorded, not when the group launches: later writes to it must not reach the op."""
+    recorded, not when the group launches: later writes to it must not reach the op.
+    True when there was one (a copy the fast path could not trace back to the operand)."""
+    copied = False
     for k, v in a.items():
         if isinstance(v, torch.Tensor) and id(v) not in blocks:
             a[k] = v.clone()
+            copied = True
+    return copied
 
 
 def _blocks_of(args, kwargs, outs, blocks) -> dict:
