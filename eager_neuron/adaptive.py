@@ -1,5 +1,9 @@
 """Adaptive eager: record runs of elementwise ops and launch each run as one fused kernel.
 
+(Over 500 lines on purpose: record(), the flush triggers and the state machine read and change
+the same per-stream state; the group's data, the flush, joined calls, the fast path and the
+background compiler are their own modules.)
+
 States (an explicit machine, as tinygrad's TinyJit):
     OFF        ops launch one by one (plain eager)
     IDLE       adaptive on, nothing recorded

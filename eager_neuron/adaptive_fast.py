@@ -1,5 +1,8 @@
 """Adaptive eager's fast path: a repeat of a recorded elementwise call records without the funnel.
 
+(Over 500 lines on purpose: the generators of four kinds of recording runner (elementwise,
+call, foreach, declined) share one signature and namespace scheme.)
+
 The plain-eager fast path (eager_neuron/fastpath.py) leaves a runner per (overload, argument
 signature) that launches the kernel; under adaptive eager nothing launches per op, so its
 runners never run. Here the first recorded call of a signature leaves a *recording runner*:

@@ -1,5 +1,9 @@
 """The funnel: every aten op on a neuron tensor, under NeuronMode, or a factory on the device.
 
+(Over 500 lines on purpose: the funnel's every route is here so that a kernel op's lowering is
+called in dispatch()'s own frame; meta, plans, buffers, operands and the written-tensor checks
+are their own modules.)
+
     1. classify (once per overload): view | alloc | host | foreach | kernel | decomp | fallback
     2. decompositions re-enter here op by op
     3. outputs' shape/dtype/strides from meta execution, cached per argument signature

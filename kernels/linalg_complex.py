@@ -1,6 +1,9 @@
 """Linear-algebra family, complex part: the batch kernels of kernels/linalg.py for complex128
 scratch (complex64 and complex128 inputs), LAPACK's complex routines step by step.
 
+(Over 500 lines on purpose: each complex routine mirrors its real counterpart in kernels/linalg.py
+step for step, and reads best next to the others it calls: getrf/getrs, potrf, trsm, sytrf.)
+
 Same shape as the real kernels (a body over one batch index `b`, flags as runtime arguments);
 kernels/linalg.py merges `KERNELS` into its table, so `render("zlu_factor", ...)` works like any
 other kind. Where the complex routines differ from the real ones:

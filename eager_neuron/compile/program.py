@@ -1,5 +1,8 @@
 """A compiled graph as a program: fused-kernel steps and eager steps over an environment.
 
+(Just over 500 lines: a program's steps, its buffer plan and its run loop are one data
+structure; the partitioner, row kernels and the backend are their own modules.)
+
 >>> import torch, eager_neuron
 >>> g = torch.compile(lambda x: torch.exp(x) * 2 - 1, backend="neuron")
 >>> g(torch.zeros(3, device="neuron")).tolist()

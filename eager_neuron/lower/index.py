@@ -2,6 +2,9 @@
 index / index_put (advanced indexing), masked_scatter, and the data-dependent nonzero,
 masked_select and boolean-mask index (DYNAMIC: meta cannot give their output shape).
 
+(Just over 500 lines: the index family's lowerings share take/put/scatter and their error
+record; the dynamic-size entry points and the CPU-checked one_hot/arg reductions end it.)
+
 Every op is planned onto a few kernels (kernels/index.py): `take` reads self[i0[b], i1[b], .., r]
 for broadcast index positions b and rest dims r; `put` is its write (or accumulate); `gather` /
 `scatter` work along one axis; `count` + `nonzero` turn a mask into coordinates. Dims are
