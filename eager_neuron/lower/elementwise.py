@@ -24,6 +24,7 @@ import re
 import torch
 
 from .. import adaptive_fast as _adaptive_fast
+from .. import cost as _cost
 from .. import errors
 from ..adaptive import MODULE as _adaptive
 from ..cache.families import ELEMENTWISE
@@ -428,8 +429,11 @@ def lower_elementwise(func, a: dict, outs: list, op_name: str, defer: bool = Fal
     # source is rendered from it alone, only on a memory miss
     key = ("elementwise", op_name, expr, kinds, rank, loads, scalar_casts, store, parallel,
            PRELUDE_ID)
-    req = (key, functools.partial(_RENDER, key), (*arrays, *scalar_vals), n * spec.flops,
-           out_np.nbytes + in_bytes, spec.engine)
+    # the cost model's elementwise work (cost.py) for the output; the operands as stored (a
+    # broadcast operand is read once)
+    flops, out_bytes = _cost.elementwise_work(n, (), out_np.itemsize, spec.flops)
+    req = (key, functools.partial(_RENDER, key), (*arrays, *scalar_vals), flops,
+           out_bytes + in_bytes, spec.engine)
     if defer:
         return req
     launch(*req)
