@@ -96,6 +96,8 @@ def prod(base: str, a: dict, out: torch.Tensor) -> None:
         return
     if x.dim() == 0:
         return elementwise("aten::_to_copy", {"self": x}, out)
+    if x.numel() == 0:   # prod over an empty dim is 1 (scans of an empty x have no output)
+        return elementwise("aten::ones_like", {"self": out}, out)
     if dim is None:   # prod of everything
         x, d = x.reshape(-1), 0
     else:
