@@ -34,8 +34,9 @@ class OpContext:
     capture    a list the launcher appends each launch (and replayable host call) to, while
                the fast path learns the op (see fastpath.py); None otherwise
     launcher   None: launch() runs each kernel and charges `core`; else a recorder
-               fn(key, render, args, flops, bytes, engine, dtype_class, core) that takes the
-               launch instead (adaptive eager staging a matmul into the group)
+               fn(key, render, args, flops, bytes, engine, dtype_class, core) -> True when it
+               took the launch (adaptive eager staging a matmul into the group); False lets
+               launch() run it (a group flushed for memory while the matmul is lowered)
     """
 
     __slots__ = ("core", "mode", "recording", "blocks", "capture", "launcher")

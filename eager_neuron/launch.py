@@ -114,9 +114,9 @@ def launch(key: tuple, render: Callable[[], tuple[str, str]], args: tuple,
     launch.
     """
     ctx = getattr(_TLS, "ctx", None)
-    if ctx is not None and ctx.launcher is not None:
-        ctx.launcher(key, render, args, flops, bytes_moved, engine, dtype_class, core)
-        return
+    if ctx is not None and ctx.launcher is not None and ctx.launcher(
+            key, render, args, flops, bytes_moved, engine, dtype_class, core):
+        return   # taken (staged into the group); a launcher that declines lets it run here
     fkey = (FORMAT_VERSION,) + key + arg_types(args)
     if config.cache_verify:   # debugging: the key must hold all that changes the source
         from .cache import verify

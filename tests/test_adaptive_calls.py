@@ -231,3 +231,26 @@ def test_the_neutral_elementwise_constants_are_the_lowerings():
 
     assert ew.PRELUDE_ID == ewb.PRELUDE_ID and ew.PARALLEL_MIN == ewb.PARALLEL_MIN
     assert ew.PRELUDE == ewb.PRELUDE and ew.SPECIAL_PRELUDE == ewb.SPECIAL_PRELUDE
+
+
+def test_a_launcher_that_declines_lets_the_launch_run():
+    # the op context's launcher (adaptive eager's staging) takes a launch by returning True; a
+    # group flushed while a joined matmul is lowered must still launch for real (False)
+    import numpy as np
+
+    from eager_neuron import context
+    from eager_neuron.launch import launch
+
+    seen = []
+
+    def launcher(*staged):
+        seen.append(staged[0])
+        return len(seen) == 1   # take the first, decline the second
+
+    src = ("@njit\ndef k(o):\n    o[:] = 7\n", "k")
+    for expect in (0.0, 7.0):
+        out = np.zeros(3, np.float32)
+        with context.using(context.OpContext(0, launcher=launcher)):
+            launch(("test", "launcher"), lambda: src, (out,))
+        assert out.tolist() == [expect] * 3
+    assert len(seen) == 2
