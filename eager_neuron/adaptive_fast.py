@@ -40,10 +40,11 @@ from . import adaptive as _ad
 from . import adaptive_calls as _calls
 from . import fastpath as _fp
 from . import fastpath_capture as _capture
+from . import fastpath_foreach as _foreach
 from .blas import blas_threads as _blas_threads
-from .buffers import _span
 from .config import config
 from .launch import HOOKS as _LAUNCH_HOOKS
+from .operands import spans as _op_spans
 from .tensor import NeuronTensor
 
 TABLES: dict = {}       # func -> (values_matter, {signature: runner})
@@ -70,7 +71,7 @@ def run(func, args, kwargs):
                 if len(_PENDING) > 1 or key not in _PENDING:
                     # as dispatch's gate: another thread's group touching this call's
                     # memory launches first
-                    _ad.flush_others(_spans(args, kwargs))
+                    _ad.flush_others(_op_spans(args, kwargs))
             return runner(args, kwargs)
     kind = _KINDS.get(func)
     if kind is None:
@@ -82,7 +83,7 @@ def run(func, args, kwargs):
         if _PENDING:
             key = _SK()
             if len(_PENDING) > 1 or key not in _PENDING:
-                _ad.flush_others(_spans(args, kwargs))
+                _ad.flush_others(_op_spans(args, kwargs))
         return runner(args, kwargs)
     _WATCH.call = None
     if kind is _SLOW:
@@ -108,7 +109,7 @@ def run(func, args, kwargs):
         if _PENDING:
             key = _SK()
             if len(_PENDING) > 1 or key not in _PENDING:
-                _ad.flush_others(_spans(args, kwargs))
+                _ad.flush_others(_op_spans(args, kwargs))
             _ad.flush(reason)
         return runner(args, kwargs)
     ptab = _fp.TABLES.get(func)
@@ -126,7 +127,7 @@ def run(func, args, kwargs):
         # writes no memory: the ops using the view are gated themselves)
         key = _SK()
         if len(_PENDING) > 1 or key not in _PENDING:
-            _ad.flush_others(_spans(args, kwargs))
+            _ad.flush_others(_op_spans(args, kwargs))
         if key in _PENDING:
             _ad.flush(f"non-fusible op {_NAMES[func]}")
     return runner(args, kwargs)
@@ -201,31 +202,11 @@ def _learn_foreach(func, args, kwargs):
             return run
     if _FOREACH_FAILED.get((func, sig), 0) >= 2 or len(_FOREACH_FAILED) > 10_000:
         return None
-    n = len(args[0])
-    pos, kw = [], []   # per foreach argument taken: source text of its element value
-    for j, ((is_list, scalars, name), a) in enumerate(zip(spec, args)):
-        if scalars or (is_list and (not isinstance(a, (list, tuple)) or len(a) != n)):
-            return None   # `.Tensor` overloads read one CPU scalar per element
-        expr = f"A{j}[i]" if is_list else f"args[{j}]"
-        if name is None:
-            pos.append(expr)
-        else:
-            kw.append(f"{name!r}: {expr}")
-    runners = []
-    for i in range(n):
-        call, call_kw = [], dict(kwargs)
-        for (is_list, _scalars, name), a in zip(spec, args):
-            v = a[i] if is_list else a
-            if name is None:
-                call.append(v)
-            else:
-                call_kw[name] = v
-        esig = _fp.signature(tuple(call), call_kw, values)
-        run = tab[1].get(esig) if esig is not None else None
-        if run is None:
-            _FOREACH_FAILED[(func, sig)] = _FOREACH_FAILED.get((func, sig), 0) + 1
-            return None
-        runners.append(run)
+    found = _foreach.element_runners(spec, args, kwargs, tab, values)
+    if found is None:
+        _FOREACH_FAILED[(func, sig)] = _FOREACH_FAILED.get((func, sig), 0) + 1
+        return None
+    n, pos, kw, runners = found
     plans = _PLAN_MOD[0]
     plan = plans._PLANS.get(func) if plans is not None else None
     if plan is None:
@@ -236,29 +217,7 @@ def _learn_foreach(func, args, kwargs):
 
     ns = {"R": tuple(runners), "N": n, "S": STATS, "MISS": _MISS, "PER": per,
           "D": sys.modules[__package__ + ".tensor"]._dispatch, "incv": increment_version}
-    lines = [f"A{j} = args[{j}]" for j, (is_list, _s, _n) in enumerate(spec[:len(args)])
-             if is_list]
-    call = f"({', '.join(pos)},)" if pos else "()"
-    kwd = ("dict(kwargs, " if kwargs else "{") + ", ".join(kw) + ("})" if kwargs else "}")
-    if not kw:
-        kwd = "dict(kwargs)" if kwargs else "{}"
-    keep = not (plan.mutates and not any(plan.ret_alias))
-    lines += ["S.ops += N"]
-    if keep:
-        lines.append("out = []")
-    lines += ["for i in range(N):",
-              f"    c = {call}",
-              f"    k = {kwd}",
-              "    r = R[i](c, k)",
-              "    if r is MISS:",
-              "        S.ops -= 1   # the funnel counts this element itself",
-              "        r = D(PER, c, k)"]
-    if keep:
-        lines.append("    out.append(r)")
-    for j, ((is_list, _s, _n), schema_arg) in enumerate(zip(spec, func._schema.arguments)):
-        if is_list and j < len(args) and schema_arg.name in plan.mutates:
-            lines.append(f"incv(A{j})")
-    lines.append("return out" if keep else "return None")
+    lines = _foreach.runner_lines(func, plan, args, kwargs, spec, pos, kw)
     runner = _fp._build(plan.name, lines, ns)
     with _fp._LOCK:
         ftab = TABLES.get(func)
@@ -299,18 +258,6 @@ def _declined(args, kwargs) -> bool:
         if d not in reduced:
             kept *= n
     return kept != 1
-
-
-def _spans(args, kwargs) -> list:
-    """Byte spans [(lo, hi), ...] of the neuron tensors among an op's arguments (as dispatch's
-    gate computes them)."""
-    spans = []
-    for x in (*args, *kwargs.values()):
-        if type(x) is NeuronTensor:
-            spans.append(_span(x._data))
-        elif isinstance(x, (list, tuple)):
-            spans.extend(_span(v._data) for v in x if type(v) is NeuronTensor)
-    return spans
 
 
 def arm(func, plan, args, kwargs, index, a, outs, leaves) -> None:

@@ -42,6 +42,7 @@ from .launch import launch
 from .lower import host as _host
 from .lower.common import COMPLEX, FP8, HALF, bind
 from .operands import _check_tensor, _original, _unwrap, unwrap_args  # noqa: F401 -- API
+from .operands import spans as _op_spans
 from .placement import check_placement
 from .plan import _PLANS, Plan, _plan, _to_meta, meta_outputs  # noqa: F401 -- API
 from .plan import fusible_lowerings as _fusible
@@ -58,17 +59,6 @@ aten = torch.ops.aten
 # Adaptive eager: launch this thread's pending fused group before a value can be observed
 # (adaptive.flush itself: one call less on every flush path)
 flush = _adaptive.flush
-
-
-def _spans(args, kwargs) -> list:
-    """Byte spans [(lo, hi), ...] of the neuron tensors among an op's arguments."""
-    spans = []
-    for x in (*args, *kwargs.values()):
-        if type(x) is NeuronTensor:
-            spans.append(_span(x._data))
-        elif isinstance(x, (list, tuple)):
-            spans.extend(_span(v._data) for v in x if type(v) is NeuronTensor)
-    return spans
 
 
 # ---------------------------------------------------------------------------------------------
@@ -234,7 +224,7 @@ def _adaptive_gate(plan, args, kwargs, mode) -> None:
     pending = _adaptive.PENDING
     key = _adaptive.stream_key()
     if len(pending) > 1 or key not in pending:
-        _adaptive.flush_others(_spans(args, kwargs))
+        _adaptive.flush_others(_op_spans(args, kwargs))
     kind = plan.kind
     if key in pending and (
             mode is not None or kind not in ("view", "alloc", "decomp", "foreach", "host",

@@ -41,13 +41,31 @@ def learn_foreach(func, plan, args, kwargs, dispatch) -> None:
     if tab is None or not args or not isinstance(args[0], (list, tuple)):
         return
     values = tab[0]
+    found = element_runners(spec, args, kwargs, tab, values)
+    if found is None:
+        failed(func, args, kwargs)
+        return
+    n, pos, kw, runners = found
+    sig = signature(args, kwargs, values)
+    if sig is None:
+        return
+    ns = {"R": tuple(runners), "N": n, "S": STATS, "MISS": MISS, "D": dispatch, "PER": per,
+          "incv": increment_version}
+    lines = runner_lines(func, plan, args, kwargs, spec, pos, kw)
+    _add(func, values, sig, _build(plan.name, lines, ns))
+
+
+def element_runners(spec, args, kwargs, tab, values):
+    """(n, pos, kw, runners) for a foreach call whose every element has a runner in `tab` (the
+    per-element op's table): pos/kw the source text of each element's arguments in a runner
+    (`A{j}[i]` for a list, `args[{j}]` for a shared argument); None when an argument is a
+    `.Tensor` overload's CPU scalar list, a list of another length, or an element has no
+    runner yet."""
     n = len(args[0])
-    pos, kw = [], []   # per foreach argument taken: source text of its element value
+    pos, kw = [], []
     for j, ((is_list, scalars, name), a) in enumerate(zip(spec, args)):
-        if scalars:
-            return   # `.Tensor` overloads: one scalar per element read from a CPU tensor
-        if is_list and (not isinstance(a, (list, tuple)) or len(a) != n):
-            return
+        if scalars or (is_list and (not isinstance(a, (list, tuple)) or len(a) != n)):
+            return None   # `.Tensor` overloads read one CPU scalar per element
         expr = f"A{j}[i]" if is_list else f"args[{j}]"
         if name is None:
             pos.append(expr)
@@ -65,14 +83,15 @@ def learn_foreach(func, plan, args, kwargs, dispatch) -> None:
         sig = signature(tuple(call), call_kw, values)
         run = tab[1].get(sig) if sig is not None else None
         if run is None:
-            failed(func, args, kwargs)
-            return
+            return None
         runners.append(run)
-    sig = signature(args, kwargs, values)
-    if sig is None:
-        return
-    ns = {"R": tuple(runners), "N": n, "S": STATS, "MISS": MISS, "D": dispatch, "PER": per,
-          "incv": increment_version}
+    return n, pos, kw, runners
+
+
+def runner_lines(func, plan, args, kwargs, spec, pos, kw) -> list:
+    """The body of a foreach runner: element i calls its runner R[i]; one that declines (MISS)
+    goes down the funnel D(PER, ...) on its own; the written lists' versions are bumped once.
+    Shared with adaptive eager's foreach recording runners (adaptive_fast.py)."""
     lines = [f"A{j} = args[{j}]" for j, (is_list, _s, _n) in enumerate(spec[:len(args)])
              if is_list]
     call = f"({', '.join(pos)},)" if pos else "()"
@@ -96,4 +115,4 @@ def learn_foreach(func, plan, args, kwargs, dispatch) -> None:
         if is_list and j < len(args) and schema_arg.name in plan.mutates:
             lines.append(f"incv(A{j})")
     lines.append("return out" if keep else "return None")
-    _add(func, values, sig, _build(plan.name, lines, ns))
+    return lines

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from . import errors
+from .buffers import _span
 from .lower.common import DEVICE_DTYPES, schema_args
 from .tensor import NeuronTensor
 
@@ -80,3 +81,15 @@ def _original(func, args, kwargs, name):
         if arg_name == name:
             return args[i] if i < len(args) else kwargs[name]
     raise KeyError(name)
+
+
+def spans(args, kwargs) -> list:
+    """Byte spans [(lo, hi), ...] of the neuron tensors among an op's arguments (adaptive
+    eager's gate: which other thread's pending group this op touches)."""
+    out = []
+    for x in (*args, *kwargs.values()):
+        if type(x) is NeuronTensor:
+            out.append(_span(x._data))
+        elif isinstance(x, (list, tuple)):
+            out.extend(_span(v._data) for v in x if type(v) is NeuronTensor)
+    return out
