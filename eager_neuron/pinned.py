@@ -73,14 +73,19 @@ _FFT_FACTORIES = ("fftfreq", "rfftfreq")
 _METHODS = ("new_empty", "new_empty_strided", "new_zeros", "new_ones", "new_full")
 
 
-def _pinning_factory(fn):
+def _pinning_factory(fn, module: str, qualname: str):
     def factory(*args, **kwargs):
         if kwargs.get("pin_memory"):
             kwargs["pin_memory"] = False
             return _mark_pinned(fn(*args, **kwargs))
         return fn(*args, **kwargs)
 
-    factory.__name__, factory.__qualname__, factory.__doc__ = fn.__name__, fn.__name__, fn.__doc__
+    factory.__name__, factory.__doc__ = fn.__name__, fn.__doc__
+    # NOTE: named where it is installed (torch.zeros, torch.Tensor.new_zeros): a dynamo graph
+    # that calls it pickles it by that name, and inductor's AOTAutograd cache counts a public
+    # `torch.*` function as cacheable (named eager_neuron.pinned, every CPU graph that called a
+    # factory bypassed that cache once eager_neuron was imported)
+    factory.__module__, factory.__qualname__ = module, qualname
     factory.__wrapped__ = fn
     return factory
 
@@ -104,13 +109,14 @@ def install() -> None:
     # placing anything (transformers' meta-device init then loaded garbage into BERT's
     # position_ids). Fill it with the originals first.
     _device._device_constructors()
-    for owner, names in ((torch, _FACTORIES), (torch.fft, _FFT_FACTORIES),
-                         (torch.Tensor, _METHODS)):
+    for owner, module, prefix, names in ((torch, "torch", "", _FACTORIES),
+                                         (torch.fft, "torch.fft", "", _FFT_FACTORIES),
+                                         (torch.Tensor, "torch", "Tensor.", _METHODS)):
         for name in names:
             fn = getattr(owner, name, None)
             if fn is None or hasattr(fn, "__wrapped__"):
                 continue
-            wrapper = _pinning_factory(fn)
+            wrapper = _pinning_factory(fn, module, prefix + name)
             setattr(owner, name, wrapper)
             # TorchScript resolves torch.empty & co. as builtins by identity and cannot compile
             # the wrapper (scripted code such as torch.distributed.optim failed to import)

@@ -516,3 +516,17 @@ def test_pinning_factories_still_script():
     # the pin_memory wrappers stand for the aten builtins in TorchScript (torch.distributed.optim
     # scripts its functional optimizers at import)
     assert _scripted_factories(3).tolist() == [4.0, 4.0, 4.0]
+
+
+def test_wrapped_factories_pickle_by_their_torch_name():
+    # pin_memory's factory wrappers stand where torch's factories stood: pickling one (a
+    # functools.partial(torch.zeros, ...) sent to a DataLoader worker) must find it there
+    import functools
+    import pickle
+
+    for fn in (torch.zeros, torch.full_like, torch.randn, torch.fft.fftfreq,
+               torch.Tensor.new_zeros):
+        assert hasattr(fn, "__wrapped__")   # the wrapper, not torch's builtin
+        assert pickle.loads(pickle.dumps(fn)) is fn
+    part = pickle.loads(pickle.dumps(functools.partial(torch.zeros, 2, pin_memory=True)))
+    assert part().is_pinned() and part().shape == (2,)
