@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import eager_neuron
-from eager_neuron import adaptive_calls
+from eager_neuron import adaptive_calls, adaptive_compile
 from eager_neuron.adaptive import MODULE as _ad
 
 
@@ -144,6 +144,9 @@ def test_repeated_mlp_steps_replay_with_a_fifth_of_the_launches_and_plain_bits()
         losses, launches, s = [], [], None
         with eager_neuron.adaptive(adaptive):
             for _ in range(4):
+                # fused kernels a step queued build in the background: let them land first, so
+                # a render counts in the step that asked for it (not, by timing, the next one)
+                adaptive_compile.wait(120.0)
                 before = _ad.COUNTERS["analyses"], _ad.COUNTERS["renders"]
                 eager_neuron.reset_stats()
                 loss = m(x).pow(2).mean()

@@ -7,11 +7,14 @@ import math
 import numpy as np
 import pytest
 import torch
-from numba import njit
 
+from eager_neuron.kernels.compile import numba as _numba
 from eager_neuron.kernels.halfround import ROUND_BF16, ROUND_F16
 
-_NS = {"njit": njit, "np": np, "math": math}
+# NOTE: Numba through eager_neuron (its code generator's CPU features set first): a Numba
+# compile before that would give this test process another toolchain than its child processes
+# (the disk-cache tests that share an xdist worker with it would miss across processes)
+_NS = {"njit": _numba().njit, "np": np, "math": math}
 exec(ROUND_BF16 + ROUND_F16 + '''
 @njit
 def _apply(kind, a, o):
