@@ -46,6 +46,7 @@ from .operands import spans as _op_spans
 from .placement import check_placement
 from .plan import _PLANS, Plan, _plan, _to_meta, meta_outputs  # noqa: F401 -- API
 from .plan import fusible_lowerings as _fusible
+from .refusals import REFUSE as _REFUSE
 from .stats import STATS
 from .tensor import NeuronTensor, wrap
 from .written import (
@@ -130,6 +131,9 @@ def dispatch(func, args, kwargs, mode=None, plan=None):
             plan = _PLANS[func] = _plan(func)
         if "ops" in config.log:
             log_op(plan, args, kwargs)
+        refuse = _REFUSE.get(func)   # what the CPU refuses before any kernel (refusals.py)
+        if refuse is not None:
+            refuse(args, kwargs)
         if OP_HOOKS or _adaptive.PENDING or plan.kind != "kernel":
             try:
                 if OP_HOOKS:

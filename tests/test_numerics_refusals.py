@@ -257,3 +257,43 @@ def test_logaddexp_and_heaviside_kernels_against_float64():
     xi = torch.tensor([-1, 0, 2], device="neuron")
     assert torch.heaviside(xi, xi + 5).cpu().tolist() == [0, 5, 1]
 
+
+
+# refused before any kernel (eager_neuron/refusals.py): the decomposition or meta function
+# would otherwise answer with a number or an AssertionError
+_EARLY = {
+    "trace of bool": (lambda d: torch.trace(torch.ones(3, 3, dtype=torch.bool, device=d)),
+                      NotImplementedError, "\"trace\" not implemented for 'Bool'"),
+    "bool // bool": (lambda d: torch.ones(3, dtype=torch.bool, device=d)
+                     // torch.ones(3, dtype=torch.bool, device=d),
+                     NotImplementedError, "\"div_floor_cpu\" not implemented for 'Bool'"),
+    "bool //= True": (lambda d: torch.ones(3, dtype=torch.bool, device=d).floor_divide_(True),
+                      NotImplementedError, "\"div_floor_cpu\" not implemented for 'Bool'"),
+    "complex of int64": (lambda d: torch.complex(torch.ones(2, dtype=torch.int64, device=d),
+                                                 torch.ones(2, dtype=torch.int64, device=d)),
+                         RuntimeError, "Expected both inputs to be Half, Float or Double tensors "
+                         "but got Long and Long"),
+    "polar of float and double": (
+        lambda d: torch.polar(torch.ones(2, device=d), torch.ones(2, dtype=torch.float64,
+                                                                 device=d)),
+        RuntimeError, "Expected object of scalar type Float but got scalar type Double for "
+        "second argument"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_EARLY))
+def test_refused_before_any_kernel_as_on_the_cpu(name):
+    fn, kind, words = _EARLY[name]
+    for device in ("cpu", "neuron"):   # the CPU's own words are the reference
+        with pytest.raises(kind) as info:
+            fn(device)
+        assert str(info.value).startswith(words), (device, str(info.value))
+
+
+def test_what_the_cpu_accepts_still_runs():
+    # the neighbours of the refusals: bool // int64, int64 trace, float complex
+    x = torch.tensor([1, 0, 1], dtype=torch.bool)
+    assert (x.to("neuron") // torch.tensor([1, 1, 1], device="neuron")).cpu().tolist() == [1, 0, 1]
+    assert torch.trace(torch.eye(3, dtype=torch.int64, device="neuron")).item() == 3
+    z = torch.complex(torch.tensor([1.0], device="neuron"), torch.tensor([2.0], device="neuron"))
+    assert z.cpu().tolist() == [1 + 2j]

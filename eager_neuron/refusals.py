@@ -1,0 +1,69 @@
+"""Calls the CPU refuses before any kernel runs, refused here in the CPU's words.
+
+Most refusals live in the lowerings (errors.NotImplementedForDtype). These ops reach a
+decomposition or a meta function that would answer instead: PyTorch's trace decomposition sums a
+bool diagonal, the `complex`/`polar` meta functions assert, the floor_divide reference raises a
+RuntimeError of its own. dispatch() consults `REFUSE` on the slow path only (a refused call
+never leaves a fast-path runner: it never completes).
+
+>>> import torch, eager_neuron
+>>> try:
+...     torch.trace(torch.ones(2, 2, dtype=torch.bool, device="neuron"))
+... except NotImplementedError as e:
+...     print(e)
+"trace" not implemented for 'Bool'
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .errors import _SCALAR_NAME
+
+aten = torch.ops.aten
+
+
+def _dtype(x):
+    return x.dtype if isinstance(x, torch.Tensor) else None
+
+
+def _trace(args, kwargs) -> None:
+    if args and _dtype(args[0]) == torch.bool:
+        raise NotImplementedError("\"trace\" not implemented for 'Bool'")
+
+
+def _floor_divide(args, kwargs) -> None:
+    # the CPU's div_floor kernel has no bool instance: bool // bool (also in place, out=)
+    if len(args) >= 2 and _dtype(args[0]) == torch.bool and (
+            _dtype(args[1]) == torch.bool or isinstance(args[1], bool)):
+        raise NotImplementedError("\"div_floor_cpu\" not implemented for 'Bool'")
+
+
+def _complex_inputs(first: str, second: str):
+    def check(args, kwargs) -> None:
+        a = args[0] if args else kwargs.get(first)
+        b = args[1] if len(args) > 1 else kwargs.get(second)
+        ta, tb = _dtype(a), _dtype(b)
+        if ta is None or tb is None:
+            return
+        ok = (torch.float16, torch.float32, torch.float64)
+        if ta not in ok or tb not in ok:
+            raise RuntimeError("Expected both inputs to be Half, Float or Double tensors but got "
+                               f"{_SCALAR_NAME.get(ta, ta)} and {_SCALAR_NAME.get(tb, tb)}")
+        if ta != tb:
+            raise RuntimeError(f"Expected object of scalar type {_SCALAR_NAME.get(ta, ta)} but "
+                               f"got scalar type {_SCALAR_NAME.get(tb, tb)} for second argument")
+    return check
+
+
+def _every_overload(packet, check) -> dict:
+    return {getattr(packet, name): check for name in packet.overloads()}
+
+
+REFUSE = {
+    **_every_overload(aten.trace, _trace),
+    **_every_overload(aten.floor_divide, _floor_divide),
+    **_every_overload(aten.floor_divide_, _floor_divide),
+    **_every_overload(aten.complex, _complex_inputs("real", "imag")),
+    **_every_overload(aten.polar, _complex_inputs("abs", "angle")),
+}
