@@ -87,6 +87,7 @@ def _pinning_factory(fn, module: str, qualname: str):
     # factory bypassed that cache once eager_neuron was imported)
     factory.__module__, factory.__qualname__ = module, qualname
     factory.__wrapped__ = fn
+    factory._pinning_wrapper = True   # (compile/artifact.py puts the builtin back in graphs)
     return factory
 
 

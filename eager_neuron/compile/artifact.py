@@ -178,7 +178,7 @@ def _no_inductor_codegen_imports():
 def unwrap_factories(gm: torch.fx.GraphModule) -> int:
     """torch's factories that eager_neuron wraps in Python (for pin_memory=True:
     eager_neuron/pinned.py) reach dynamo's graph as those wrappers, which torch's cache refuses
-    (an unknown Python function, not importable by name). A call that does not pin is the
+    (a Python function it does not list as cacheable). A call that does not pin is the
     factory itself: its node calls the builtin. Returns the number of nodes changed."""
     done = 0
     for node in gm.graph.nodes:
@@ -186,7 +186,7 @@ def unwrap_factories(gm: torch.fx.GraphModule) -> int:
         if node.op != "call_function" or not callable(t) or node.kwargs.get("pin_memory"):
             continue
         inner = getattr(t, "__wrapped__", None)
-        if inner is not None and getattr(t, "__module__", "") == "eager_neuron.pinned" and \
+        if inner is not None and getattr(t, "_pinning_wrapper", False) and \
                 type(inner).__name__ == "builtin_function_or_method":
             node.target = inner
             done += 1
