@@ -132,10 +132,10 @@ def dispatch(func, args, kwargs, mode=None, plan=None):
         if "ops" in config.log:
             log_op(plan, args, kwargs)
         refuse = _REFUSE.get(func)   # what the CPU refuses before any kernel (refusals.py)
-        if refuse is not None:
-            refuse(args, kwargs)
-        if OP_HOOKS or _adaptive.PENDING or plan.kind != "kernel":
+        if OP_HOOKS or _adaptive.PENDING or plan.kind != "kernel" or refuse is not None:
             try:
+                if refuse is not None:
+                    refuse(args, kwargs)
                 if OP_HOOKS:
                     with OP_HOOKS[0](plan, args, kwargs):
                         return _dispatch_plan(func, plan, args, kwargs, mode)
