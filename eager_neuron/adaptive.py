@@ -171,22 +171,10 @@ def record(op: str, expr: str, kinds: tuple, loads: tuple, scalar_casts: tuple, 
                 g.loops.append(_Loop(numel, out_idx if not reduce else op_idx[0]))
             g.loops[target].nodes.append(node)
             g.lag.append(bk)
+            g.cursor = nxt
         else:
-            if g.lag:
-                _sync(g)
-            target, ops, new_loop = _place(g, op_idx, out_idx, kinds, numel, reduce)
-            base = len(g.scalars)
-            node = (expr, loads, store, ops, tuple(range(base, base + len(scalars))), out_idx,
-                    reduce, g.n_nodes)
-            g.loops[target].nodes.append(node)
-            bk = (target, ops, op_idx, out_idx, reduce, g.n_nodes)
-            _apply(g, bk)
-            if _grp._TRACE_NODES[0] >= _grp.MAX_TRACE_NODES:
-                _grp._ROOT[0] = _TNode()
-                _grp._TRACE_NODES[0] = 0
-            nxt = cursor.children[sig] = _TNode((new_loop, target, node, bk))
-            _grp._TRACE_NODES[0] += 1
-        g.cursor = nxt
+            _record_new(g, sig, op, expr, kinds, loads, store, op_idx, out_idx, scalars, numel,
+                        reduce)
         g.scalars.extend(scalars)
         g.scalar_casts.extend(scalar_casts)
         g.n_nodes += 1
