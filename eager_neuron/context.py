@@ -5,8 +5,9 @@ record the op, the arguments' blocks, the launcher) and installs it for the dura
 lowering. `eager_neuron.launch.launch` hands each launch to the context's launcher: none runs
 the kernel and charges the context's core; adaptive eager's recorder stages it into the
 thread's pending group instead (adaptive_calls.py). A lowering that may be recorded asks
-`ctx.recording`. Nothing about an op lives in a module global, and the context is per thread
-(autograd's worker thread runs its own ops with its own contexts).
+`ctx.recording`. dispatch and launch keep nothing about an op in a module global (adaptive
+eager's staging list and armed-call stashes are still thread-locals of its own modules), and
+the context is per thread (autograd's worker thread runs its own ops with its own contexts).
 
 >>> from eager_neuron.context import OpContext, current, using
 >>> with using(OpContext(core=1)):
