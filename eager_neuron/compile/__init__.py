@@ -25,11 +25,16 @@ _tracing.install()
 
 def stats() -> dict:
     """Graph-mode counters: graphs compiled, graph launches, kernels per graph, eager ops."""
-    return CSTATS.snapshot()
+    from .flex import FSTATS
+
+    return {**CSTATS.snapshot(), "flex": FSTATS.snapshot()}
 
 
 def reset_stats() -> None:
+    from .flex import FSTATS
+
     CSTATS.reset()
+    FSTATS.reset()
 
 
 def _on_dynamo() -> None:
@@ -78,12 +83,11 @@ def _allow_flex_attention() -> None:
         hops = importlib.import_module("torch._higher_order_ops.flex_attention")
 
         from ..tensor import NeuronTensor
+        from . import flex
 
-        # the dense implementations (scores materialized), op by op through neuron dispatch
-        hops.flex_attention.py_impl(NeuronTensor)(
-            lambda *args, **kwargs: hops.sdpa_dense(*args, **kwargs))
-        hops.flex_attention_backward.py_impl(NeuronTensor)(
-            lambda *args, **kwargs: hops.sdpa_dense_backward(*args, **kwargs))
+        # one fused kernel each way (compile/flex.py), the dense implementations behind it
+        hops.flex_attention.py_impl(NeuronTensor)(flex.forward)
+        hops.flex_attention_backward.py_impl(NeuronTensor)(flex.backward)
     except Exception:    # noqa: BLE001 - another torch layout: FlexAttention stays refused
         fa._validate_device = check
 

@@ -338,15 +338,14 @@ def _load(a, env):
 
 
 def _hop_impl(t):
-    """A higher-order op inside an AOT graph runs below autograd: its dense implementation
-    directly (FlexAttention's HOP would re-enter its autograd rule under a torch-function
-    mode no real tensor answers)."""
+    """A higher-order op inside an AOT graph runs below autograd: its implementation directly
+    (FlexAttention's HOP would re-enter its autograd rule under a torch-function mode no real
+    tensor answers): one fused kernel, the dense path behind it (compile/flex.py)."""
     name = getattr(t, "_name", None)
     if name in ("flex_attention", "flex_attention_backward"):
-        import importlib
+        from . import flex
 
-        hops = importlib.import_module("torch._higher_order_ops.flex_attention")
-        return hops.sdpa_dense if name == "flex_attention" else hops.sdpa_dense_backward
+        return flex.forward if name == "flex_attention" else flex.backward
     return t
 
 
