@@ -304,8 +304,8 @@ def record_call(name: str, a: dict, outs: list, blocks: dict) -> bool:
     sids = tuple(static_id(*_calls.guard(st)) for st in staged)
     join_calls(name, staged, spans, list(blocks.values()), sids, core)
     learn = LEARN_CALL[0]
-    if learn is not None:
-        learn(name, a, outs, staged, sids, core)
+    if learn is not None and ctx is not None and ctx.call is not None:
+        learn(name, a, outs, staged, sids, core, ctx)
     return True
 
 
@@ -482,19 +482,19 @@ def _barrier(g: _Group, op_idx, out_idx: int, kinds: tuple, numel: int) -> tuple
 
 # a fusible op whose lowering launches instead of recording, for a reason its argument
 # signature decides: (op, signature) -> that flush reason (adaptive_fast.run then launches the
-# group and runs plain eager's runner instead of the funnel); WATCH.call: the op being watched
+# group and runs plain eager's runner instead of the funnel); the op being watched is its
+# OpContext's `watch` (set by dispatch's _kernel_setup)
 DECLINED: dict = {}
 DECLINE_REASONS = frozenset({"strided or broadcast operand", "op that can fault",
                              "special function"})
-WATCH = threading.local()
 
 
 def flush(reason: str) -> None:
     """Launch the calling stream's pending group (if any) as one fused kernel. `reason` is
     counted and logged."""
-    watched = WATCH.__dict__.get("call")
-    if watched is not None:
-        WATCH.call = None
+    ctx = getattr(_context._TLS, "ctx", None)
+    if ctx is not None and ctx.watch is not None:
+        watched, ctx.watch = ctx.watch, None
         if reason in DECLINE_REASONS and len(DECLINED) < 100_000:
             DECLINED[watched] = reason
     if not PENDING:
@@ -542,12 +542,14 @@ def _flush_locked(key, reason: str) -> None:
 
         print(f"[eager_neuron] flush ({reason}): {g.n_nodes} ops in {len(g.loops)} loops "
               f"-> 1 launch [{', '.join(sorted(set(g.ops)))}]\n{where()}", file=sys.stderr)
-    # a flush while a joinable op is being lowered (memory pressure) launches for real
-    staged, _calls._TLS.staged = getattr(_calls._TLS, "staged", None), None
+    # the group's launches are the group's, not the op's being lowered (if any): under no
+    # context, a flush while a joinable op is staged (memory pressure) launches for real, and
+    # no op's capture takes them (every launch of the group names its core)
+    prev = _context.swap(None)
     try:
         launch_group(g, reason)
     finally:
-        _calls._TLS.staged = staged
+        _context.swap(prev)
 
 
 

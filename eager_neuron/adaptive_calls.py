@@ -25,7 +25,6 @@ them.
 from __future__ import annotations
 
 import sys
-import threading
 
 import numpy as np
 import torch
@@ -50,21 +49,28 @@ JOINABLE = {
 }
 _MATMUL = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"})
 _FLOATS = frozenset({torch.float32, torch.float64})
-_TLS = threading.local()
 COUNTERS = {"staged": 0, "joined": 0, "declined": 0}
 
 
-def _defer(key, render, args, flops, bytes_moved, engine, dtype_class, core) -> bool:
-    """The op context's launcher while a joinable op is lowered: stage the launch."""
-    staged = getattr(_TLS, "staged", None)
-    if staged is None:
-        return False
-    # a small array the lowering made on the host (remap's modes and parameters): a copy, so
-    # the lowering cannot change it before the group launches
-    args = tuple(a.copy() if type(a) is np.ndarray and a.base is None and a.nbytes <= 4096
-                 else a for a in args)
-    staged.append((key, render, args, float(flops), float(bytes_moved), engine, dtype_class))
-    return True
+class Stager:
+    """The op context's launcher while a joinable op is lowered: stages each launch into its
+    own list (`staged`) instead of running it. A group launched meanwhile (memory pressure)
+    runs under no context (adaptive._flush_locked), so its launches never reach a stager."""
+
+    __slots__ = ("staged",)
+
+    def __init__(self) -> None:
+        self.staged: list = []
+
+    def __call__(self, key, render, args, flops, bytes_moved, engine, dtype_class,
+                 core) -> bool:
+        # a small array the lowering made on the host (remap's modes and parameters): a copy,
+        # so the lowering cannot change it before the group launches
+        args = tuple(a.copy() if type(a) is np.ndarray and a.base is None and a.nbytes <= 4096
+                     else a for a in args)
+        self.staged.append((key, render, args, float(flops), float(bytes_moved), engine,
+                            dtype_class))
+        return True
 
 
 def joinable(name: str, a: dict, outs: list) -> bool:
@@ -96,16 +102,15 @@ def stage(name: str, a: dict, outs: list) -> list:
         return None
     # the op's own context, with a launcher that stages instead of running
     cur = _context.current()
-    ctx = _context.OpContext(_launch.current_core()) if cur is None else \
-        _context.OpContext(cur.core, cur.mode, cur.recording, cur.blocks)
-    ctx.launcher = _defer
+    stager = Stager()
+    ctx = _context.OpContext(_launch.current_core(), launcher=stager) if cur is None else \
+        _context.OpContext(cur.core, cur.mode, cur.recording, cur.blocks, stager)
     prev = _context.swap(ctx)
-    _TLS.staged = staged = []
     try:
         plan.lower(JOINABLE[name], a, outs)
     finally:
-        _TLS.staged = None
         _context.swap(prev)
+    staged = stager.staged
     COUNTERS["staged"] += len(staged)
     return staged
 
@@ -135,7 +140,7 @@ def spans(staged: list, tensors: list):
     for launch in staged:
         for arr in launch[2]:
             if type(arr) is not np.ndarray or arr.base is None:
-                continue   # a scalar, or a host array the staged launch owns (see _defer)
+                continue   # a scalar, or a host array the staged launch owns (see Stager)
             lo, hi = _extent(arr.__array_interface__["data"][0], arr.shape, arr.strides,
                              arr.itemsize)
             if hi <= lo:

@@ -31,7 +31,6 @@ way. Only the elementwise family on flat operands is learned, never an op that c
 from __future__ import annotations
 
 import sys
-import threading
 
 import numpy as np
 import torch
@@ -49,7 +48,6 @@ from .tensor import NeuronTensor
 
 TABLES: dict = {}       # func -> (values_matter, {signature: runner})
 COUNTERS = {"hits": 0, "call_hits": 0, "learned": 0}
-_TLS = threading.local()
 _MISS = _fp.MISS
 _PENDING = _ad.PENDING
 _STATE = _ad.STATE
@@ -85,11 +83,7 @@ def run(func, args, kwargs):
             if len(_PENDING) > 1 or key not in _PENDING:
                 _ad.flush_others(_op_spans(args, kwargs))
         return runner(args, kwargs)
-    _WATCH.call = None
     if kind is _SLOW:
-        if func in _CALLS:
-            # a joinable op the slow path may join to the group: learn_call finds it here
-            _TLS.joined = (func, args, kwargs)
         ptab = _fp.TABLES.get(func)
         if ptab is None:
             return _MISS
@@ -100,12 +94,11 @@ def run(func, args, kwargs):
         runner = ptab[1].get(sig) if reason is not None else None
         if runner is None:
             # the slow path may record it; if its lowering launches instead, for a reason its
-            # signature decides (adaptive.flush sees the reason), a repeat comes here
-            _WATCH.call = (func, sig)
+            # signature decides (adaptive.flush sees the reason: arm() set ctx.watch), a
+            # repeat comes here
             return _MISS
         # declined before: what the slow path does, without it (the group launches, then
         # plain eager's runner)
-        _TLS.joined = None
         if _PENDING:
             key = _SK()
             if len(_PENDING) > 1 or key not in _PENDING:
@@ -134,7 +127,6 @@ def run(func, args, kwargs):
 
 
 _SK = _ad.stream_key
-_WATCH = _ad.WATCH
 _DECLINED = _ad.DECLINED
 # what run() does with an op that has no recording runner, per overload (see _kind_of)
 _SLOW, _VIEW, _KERNEL, _REDUCE, _FOREACH = "slow", "view", "kernel", "reduce", "foreach"
@@ -260,17 +252,32 @@ def _declined(args, kwargs) -> bool:
     return kept != 1
 
 
-def arm(func, plan, args, kwargs, index, a, outs, leaves) -> None:
-    """dispatch's adaptive block, before an elementwise lowering may record: remember the
-    call, so `learn` can leave a runner if the lowering records it."""
-    _TLS.call = (func, plan, args, kwargs, index, a, outs, leaves)
+def arm(ctx, func, plan, args, kwargs, index, a, outs, leaves) -> None:
+    """dispatch's adaptive block (`_kernel_setup`), for an op adaptive eager may record (a
+    fusible op, or a joinable one: adaptive.REDUCTIONS): fill its OpContext so that
+    - `learn` / `learn_call` can leave a recording runner if the lowering records the call
+      (ctx.call: the call as the slow path has it);
+    - a decline reason `adaptive.flush` sees while a fusible op is lowered is remembered for
+      its plain fast-path signature (ctx.watch), so run() sends a repeat to plain eager's
+      runner."""
+    fusible = ctx.recording
+    # an elementwise op learn() may learn, or a joinable op (never fusible) learn_call may
+    if (fusible and plan.prepare is not None) or (not fusible and func in _CALLS):
+        ctx.call = (func, plan, args, kwargs, index, a, outs, leaves)
+    if fusible and config.fastpath:
+        ptab = _fp.TABLES.get(func)
+        if ptab is not None:
+            sig = _fp.signature(args, kwargs, ptab[0])
+            if sig is not None:
+                ctx.watch = (func, sig)
 
 
-def learn(out, spec, kinds: tuple, numel: int, op_name: str) -> None:
+def learn(out, spec, kinds: tuple, numel: int, op_name: str, ctx) -> None:
     """lower_elementwise, right after it recorded op `op_name` whose output is `out` (flat
-    operands, `spec` its armed _Spec): leave the recording runner for its signature."""
-    call = getattr(_TLS, "call", None)
-    _TLS.call = None
+    operands, `spec` its armed _Spec; `ctx` the op's context): leave the recording runner for
+    its signature."""
+    call = ctx.call
+    ctx.call = None
     if call is None or call[6][0] is not out or not config.fastpath:
         return
     func, plan, args, kwargs, index, a, outs, leaves = call
@@ -372,17 +379,19 @@ def learn(out, spec, kinds: tuple, numel: int, op_name: str) -> None:
 _CALLS = {f for n, f in _calls.JOINABLE.items() if n in _capture.CAPTURED}
 
 
-def learn_call(name: str, a: dict, outs: list, staged: list, sids: tuple, core: int) -> None:
-    """adaptive.record_call, right after op `name` joined the group with launches `staged`:
-    leave a recording runner for its signature that allocates the output, re-derives each
-    staged array from this call's buffers (as fastpath_capture derives a captured launch's)
-    and joins the launches to the group (adaptive.join_calls) with the guards found now."""
-    call = getattr(_TLS, "joined", None)
-    _TLS.joined = None
+def learn_call(name: str, a: dict, outs: list, staged: list, sids: tuple, core: int,
+               ctx) -> None:
+    """adaptive.record_call, right after op `name` joined the group with launches `staged`
+    (`ctx` the op's context, armed by `arm`): leave a recording runner for its signature that
+    allocates the output, re-derives each staged array from this call's buffers (as
+    fastpath_capture derives a captured launch's) and joins the launches to the group
+    (adaptive.join_calls) with the guards found now."""
+    call = ctx.call
+    ctx.call = None
     if call is None or not config.fastpath or len(outs) != 1:
         return
-    func, args, kwargs = call
-    if _calls.JOINABLE.get(name) is not func:
+    func, args, kwargs = call[0], call[2], call[3]
+    if func not in _CALLS or _calls.JOINABLE.get(name) is not func:
         return
     # the call armed in run() is this one: every neuron operand's host view is one of `a`'s
     datas = {id(v) for v in a.values() if isinstance(v, torch.Tensor)}
@@ -441,7 +450,7 @@ def learn_call(name: str, a: dict, outs: list, staged: list, sids: tuple, core: 
                 exprs.append(f"C{n}_{m}")
                 continue
             if x.base is None:
-                # a small host array the lowering made (adaptive_calls._defer copied it): each
+                # a small host array the lowering made (adaptive_calls.Stager copied it): each
                 # join gets its own copy, as each slow join does
                 if x.nbytes > 4096:
                     return

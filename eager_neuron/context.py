@@ -5,9 +5,11 @@ record the op, the arguments' blocks, the launcher) and installs it for the dura
 lowering. `eager_neuron.launch.launch` hands each launch to the context's launcher: none runs
 the kernel and charges the context's core; adaptive eager's recorder stages it into the
 thread's pending group instead (adaptive_calls.py). A lowering that may be recorded asks
-`ctx.recording`. dispatch and launch keep nothing about an op in a module global (adaptive
-eager's staging list and armed-call stashes are still thread-locals of its own modules), and
-the context is per thread (autograd's worker thread runs its own ops with its own contexts).
+`ctx.recording`. Nothing about an op lives in a module global or a module's thread-local:
+what adaptive eager learns from the call (the armed call a recording runner is left for, the
+watched signature a decline reason is remembered for) rides in the context, and the staging
+list is the stager's own (the launcher object). The context is per thread (autograd's worker
+thread runs its own ops with its own contexts).
 
 >>> from eager_neuron.context import OpContext, current, using
 >>> with using(OpContext(core=1)):
@@ -36,11 +38,19 @@ class OpContext:
                the fast path learns the op (see fastpath.py); None otherwise
     launcher   None: launch() runs each kernel and charges `core`; else a recorder
                fn(key, render, args, flops, bytes, engine, dtype_class, core) -> True when it
-               took the launch (adaptive eager staging a matmul into the group); False lets
-               launch() run it (a group flushed for memory while the matmul is lowered)
+               took the launch (adaptive_calls.Stager: a matmul staged into the group, its
+               list its own); False lets launch() run it. A group that launches while the op
+               is lowered (memory pressure) runs under no context (adaptive._flush_locked)
+    call       adaptive eager, set by dispatch's `_kernel_setup` for an op it may record:
+               (func, plan, args, kwargs, index, bound args, outs, meta leaves); the
+               lowering that records it (`adaptive_fast.learn`, `learn_call`) leaves a
+               recording runner from it and clears it. None otherwise
+    watch      adaptive eager: (func, plain fast-path signature) of this op, so a decline
+               reason `adaptive.flush` sees while it is lowered is remembered (DECLINED) and
+               a repeat skips the funnel. None otherwise
     """
 
-    __slots__ = ("core", "mode", "recording", "blocks", "capture", "launcher")
+    __slots__ = ("core", "mode", "recording", "blocks", "capture", "launcher", "call", "watch")
 
     def __init__(self, core: int = 0, mode=None, recording: bool = False,
                  blocks: dict | None = None, launcher=None) -> None:
@@ -50,6 +60,8 @@ class OpContext:
         self.blocks = blocks if blocks is not None else {}
         self.capture = None
         self.launcher = launcher
+        self.call = None
+        self.watch = None
 
     def __repr__(self) -> str:
         return (f"OpContext(core={self.core}, mode={self.mode!r}, "

@@ -363,8 +363,9 @@ def _kernel_setup(func, plan, args, kwargs, mode) -> tuple:
         fusible = plan.lower in _fusible()
         ctx = OpContext(index, None, fusible, _blocks_of(args, kwargs, outs, blocks))
         copied = _capture_host_operands(a, ctx.blocks)
-        if fusible and plan.prepare is not None:
-            _adaptive_fast.arm(func, plan, args, kwargs, index, a, outs, leaves)
+        if fusible or plan.name in _adaptive.REDUCTIONS:
+            # what adaptive eager learns from the call rides in ctx (its call, its signature)
+            _adaptive_fast.arm(ctx, func, plan, args, kwargs, index, a, outs, leaves)
         if plan.name in _adaptive.REDUCTIONS and not fusible:
             prev = _context.swap(ctx)
             try:

@@ -257,3 +257,24 @@ def test_a_launcher_that_declines_lets_the_launch_run():
             launch(("test", "launcher"), lambda: src, (out,))
         assert out.tolist() == [expect] * 3
     assert len(seen) == 2
+
+
+def test_a_group_launched_while_a_call_is_staged_runs_for_real():
+    # a group that launches while a joinable op's launches are staged (memory pressure inside
+    # its lowering) runs its own launches under no context: the stager (the op context's
+    # launcher, its list its own) never sees them, and the group's values are written
+    from eager_neuron import context
+
+    x = torch.arange(6, dtype=torch.float32, device="neuron")
+    stager = adaptive_calls.Stager()
+    with eager_neuron.adaptive():
+        y = (x + 1) * 2
+        assert _ad.STATE.name == _ad.RECORDING
+        launches = eager_neuron.stats()["launches"]
+        with context.using(context.OpContext(0, launcher=stager)):
+            with _ad._lock:
+                _ad._flush_locked(_ad.stream_key(), "buffer limit")
+        assert stager.staged == []
+        assert eager_neuron.stats()["launches"] > launches
+        assert _ad.STATE.name == _ad.IDLE
+    assert y.cpu().tolist() == [2.0 * (i + 1) for i in range(6)]

@@ -419,7 +419,7 @@ def lower_elementwise(func, a: dict, outs: list, op_name: str, defer: bool = Fal
             if _adaptive.record(op_name, expr, kinds, loads, scalar_casts, store,
                                 (arrays[0], out), operands, tuple(scalar_vals), n,
                                 blocks=ctx.blocks, core=ctx.core):
-                _adaptive_fast.learn(out, spec, kinds, n, op_name)   # a repeat skips this
+                _adaptive_fast.learn(out, spec, kinds, n, op_name, ctx)   # a repeat skips it
                 return
         else:
             _adaptive.flush("special function" if spec.special else
