@@ -369,8 +369,29 @@ def learn_elementwise(func, plan, args, kwargs, index: int, a: dict, outs: list,
     lines += ["S.launches += 1", "S.memory_hits += 1", "F['hits'] += 1",
               _charge_lines(ns, index, flops, nbytes, engine, "fp32"),
               "if LH: emit(t0, d, *E)", ret]
-    _add(func, values, sig, _build(plan.name, lines, ns), (args, kwargs))
+    run = _build(plan.name, lines, ns)
+    if target is not None:
+        # what a foreach runner needs to call this element's kernel itself (fastpath_foreach)
+        run.flat = Flat(kernel, wref, tuple(refs.values()), tuple(svals),
+                        {k: v for k, v in ns.items() if k[0] == "C" and k[1:].isdigit()},
+                        index, flops, nbytes, engine)
+    _add(func, values, sig, run, (args, kwargs))
     return True
+
+
+class Flat:
+    """An in-place flat elementwise runner's parts (see learn_elementwise): its kernel, the
+    source text of the written argument, of the tensor operands and of the scalar arguments
+    (refs into the call, or names of `consts`), its core and its launch's cost."""
+
+    __slots__ = ("kernel", "written", "tensors", "scalars", "consts", "index", "flops",
+                 "nbytes", "engine")
+
+    def __init__(self, kernel, written, tensors, scalars, consts, index, flops, nbytes,
+                 engine) -> None:
+        self.kernel, self.written, self.tensors, self.scalars = kernel, written, tensors, scalars
+        self.consts, self.index = consts, index
+        self.flops, self.nbytes, self.engine = flops, nbytes, engine
 
 
 def _alloc_lines(ns: dict, out: torch.Tensor, index: int, suffix: str = "",

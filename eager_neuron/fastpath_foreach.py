@@ -21,9 +21,12 @@ the funnel does; version counters of the written lists are bumped once per tenso
 
 from __future__ import annotations
 
+import re
+
 from torch.autograd.graph import increment_version
 
-from .fastpath import MISS, TABLES, _add, _build, failed, signature
+from .fastpath import MISS, STATS_FAST, TABLES, _add, _build, failed, flat_np, signature
+from .launch import HOOKS as _LAUNCH_HOOKS
 from .stats import STATS
 
 
@@ -49,10 +52,73 @@ def learn_foreach(func, plan, args, kwargs, dispatch) -> None:
     sig = signature(args, kwargs, values)
     if sig is None:
         return
-    ns = {"R": tuple(runners), "N": n, "S": STATS, "MISS": MISS, "D": dispatch, "PER": per,
-          "incv": increment_version}
-    lines = runner_lines(func, plan, args, kwargs, spec, pos, kw)
-    _add(func, values, sig, _build(plan.name, lines, ns))
+    run = _flat_runner(func, plan, args, spec, pos, kw, runners)
+    if run is None:
+        ns = {"R": tuple(runners), "N": n, "S": STATS, "MISS": MISS, "D": dispatch, "PER": per,
+              "incv": increment_version}
+        run = _build(plan.name, runner_lines(func, plan, args, kwargs, spec, pos, kw), ns)
+    _add(func, values, sig, run)
+
+
+_REF = re.compile(r"args\[(\d+)\]|kwargs\[('[^']*')\]")
+
+
+def _flat_runner(func, plan, args, spec, pos, kw, runners):
+    """An in-place foreach op whose every element has an in-place flat runner (fastpath.Flat):
+    a runner that calls the elements' kernels itself, in one loop, with no element runner, no
+    per-element argument tuples and one charge call for all its launches (the launches, the
+    counters and the simulated cost are the element runners' own). None when an element's
+    runner is of another kind or the elements differ in structure."""
+    if not plan.mutates or any(plan.ret_alias):
+        return None
+    flats = [getattr(r, "flat", None) for r in runners]
+    f0 = flats[0]
+    if f0 is None or any(".item()" in x for x in f0.scalars):
+        return None
+    shape = (f0.written, f0.tensors, f0.scalars, repr(f0.consts), f0.index, f0.engine)
+    for f in flats:
+        if f is None or (f.written, f.tensors, f.scalars, repr(f.consts), f.index,
+                         f.engine) != shape:
+            return None
+    kwmap = dict(item.split(": ", 1) for item in kw)
+
+    def tr(ref: str) -> str:   # an element runner's reference -> this call's expression
+        def sub(m):
+            if m.group(1) is not None:
+                return pos[int(m.group(1))]
+            return kwmap.get(m.group(2), f"kwargs[{m.group(2)}]")
+        return _REF.sub(sub, ref)
+
+    from .simulator import SIM
+
+    core = SIM.cores[f0.index]
+    prof = core.profile
+    costs = [core.cost_of(f.flops, f.nbytes, f.engine) for f in flats]
+    ns = {"KS": tuple(f.kernel for f in flats), "N": len(flats), "S": STATS, "F": STATS_FAST,
+          "MISS": MISS, "FNP": flat_np, "LH": _LAUNCH_HOOKS, "CORE": core, "PROF": prof,
+          "OV": costs[0][1], "BODIES": tuple(c[2] for c in costs), "ENG": f0.engine,
+          "NBYTES": tuple(f.nbytes for f in flats), "LS": tuple((f.flops, f.nbytes, f.engine)
+                                                                  for f in flats),
+          "incv": increment_version, **f0.consts}
+    lines = [f"A{j} = args[{j}]" for j, (is_list, _s, _n) in enumerate(spec[:len(args)])
+             if is_list]
+    # under the profiler the elements go down the funnel, inside the op's record
+    lines += ["if LH: return MISS", "for i in range(N):", f"    W = {tr(f0.written)}"]
+    # an operand sharing the written tensor's buffer may overlap it partly: the slow path
+    # makes ATen's overlap check (checked for every element first: nothing is half-written)
+    lines += [f"    if {tr(t)}._block is W._block: return MISS"
+              for t in f0.tensors if t != f0.written]
+    operands = ", ".join([f"FNP({tr(f0.written)})"] + [f"FNP({tr(t)})" for t in f0.tensors] +
+                         [tr(x) for x in f0.scalars])
+    lines += ["for i in range(N):", f"    KS[i]({operands})",
+              "S.ops += N", "S.launches += N", "S.memory_hits += N", "F['hits'] += N",
+              "if CORE.profile is PROF:", "    CORE.charge_many(OV, BODIES, ENG, NBYTES)",
+              "else:", "    for c in LS: CORE.launch(*c)"]
+    for j, ((is_list, _s, _n), schema_arg) in enumerate(zip(spec, func._schema.arguments)):
+        if is_list and j < len(args) and schema_arg.name in plan.mutates:
+            lines.append(f"incv(A{j})")
+    lines.append("return None")
+    return _build(plan.name, lines, ns)
 
 
 def element_runners(spec, args, kwargs, tab, values):

@@ -266,6 +266,15 @@ class Core:
         self.hbm_bytes += bytes_moved
         return overhead + body
 
+    def charge_many(self, overhead: float, bodies: tuple, engine: str, nbytes: tuple) -> float:
+        """len(bodies) kernels charged back to back, as that many charge() calls (a foreach
+        runner's elements); returns their total duration (us)."""
+        charge = self.charge
+        total = 0.0
+        for body, n in zip(bodies, nbytes):
+            total += charge(overhead, body, engine, n)
+        return total
+
     def cost_of(self, flops: float, bytes_moved: float, engine: str, dtype_class: str = "fp32"
                 ) -> tuple:
         """(profile, launch overhead us, body us) launch() charges for this kernel now."""

@@ -395,6 +395,43 @@ def test_foreach_runner_equals_the_funnel_and_counts_every_element():
     assert torch.ops.aten._foreach_addcdiv_.ScalarList in fastpath.TABLES
 
 
+def test_in_place_foreach_runner_calls_the_element_kernels_and_charges_as_the_funnel():
+    # an in-place foreach op whose elements have flat runners: one runner calls their kernels
+    # itself; launches, memory hits and the simulated busy time equal the funnel's
+    from eager_neuron.simulator import SIM
+
+    core = SIM.cores[0]
+    torch.manual_seed(1)
+    shapes = [(5, 3), (9,), (2, 2, 2)]
+    host = [torch.randn(s) for s in shapes]
+    grads = [torch.randn(s).to("neuron") for s in shapes]
+    done = {}
+    for fast in (True, False):
+        config.fastpath = fast
+        try:
+            ps = [h.to("neuron") for h in host]
+            for k in range(3):
+                busy, launches, hits = dict(core.busy_us), STATS.launches, STATS.memory_hits
+                torch._foreach_lerp_(ps, grads, 0.25)
+                torch._foreach_addcdiv_(ps, grads, grads, [0.5 * (k + 1), -1.0, 2.0])
+                cost = (STATS.launches - launches, STATS.memory_hits - hits,
+                        {e: core.busy_us[e] - busy.get(e, 0.0) for e in core.busy_us})
+            done[fast] = ([p.cpu() for p in ps], cost)
+        finally:
+            config.fastpath = True
+    (fast_ps, fast_cost), (slow_ps, slow_cost) = done[True], done[False]
+    assert all(torch.equal(a, b) for a, b in zip(fast_ps, slow_ps))
+    assert fast_cost[:2] == slow_cost[:2] and fast_cost[0] == 2 * len(shapes)
+    # (busy time: deltas of running float totals that started apart)
+    assert fast_cost[2] == pytest.approx(slow_cost[2], rel=1e-9)
+    ps = [h.to("neuron") for h in host]
+    for op, call in ((torch.ops.aten._foreach_lerp_.Scalar, (ps, grads, 0.25)),
+                     (torch.ops.aten._foreach_addcdiv_.ScalarList, (ps, grads, grads, [1.0] * 3))):
+        values, runners = fastpath.TABLES[op]
+        run = runners[fastpath.signature(call, {}, values)]
+        assert "KS" in run.__code__.co_names   # the elements' kernels, called by the runner
+
+
 def test_foreach_runner_sends_an_aliasing_element_down_the_funnel():
     # element 1 adds a tensor to itself: its flat runner declines (MISS), the funnel runs it;
     # element 0 before it ran on its runner once, and element 2 after it runs too
