@@ -54,6 +54,8 @@ def run_fallback(func, plan, args, kwargs, mode, why: str = ""):
 
     def back(x):
         if isinstance(x, torch.Tensor) and not isinstance(x, NeuronTensor):
+            if x.is_nested or x.layout != torch.strided:
+                raise errors.UnsupportedTensorError(_layout_message(plan.name, x))
             for target in plan.ret_alias:
                 if target is not None:
                     orig = _original(func, args, kwargs, target)
@@ -67,6 +69,18 @@ def run_fallback(func, plan, args, kwargs, mode, why: str = ""):
 
     leaves, spec = tree_flatten(out)
     return tree_unflatten([back(v) for v in leaves], spec)
+
+
+def _layout_message(name: str, x: torch.Tensor) -> str:
+    """What a result the neuron device cannot hold (a sparse or nested layout) says."""
+    if x.is_nested:
+        what, fix = ("nested tensors of layout torch.strided",
+                     "build it with torch.nested.nested_tensor(..., layout=torch.jagged) "
+                     "(jagged nested tensors run on neuron), or keep it on the CPU")
+    else:
+        what, fix = f"{x.layout} tensors", "keep this tensor on the CPU, or use a dense layout"
+    return (f"{name}: its result would be one of the {what}, which the neuron device does not "
+            f"hold\n{errors.where()}\n  fix: {fix}")
 
 
 def log_op(plan, args, kwargs) -> None:

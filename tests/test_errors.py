@@ -211,3 +211,22 @@ def test_sparse_and_quantized_to_neuron_name_the_fix(kind):
     # and the fix works
     fixed = t.dequantize() if kind == "quantized" else t.to_dense()
     torch.testing.assert_close(fixed.to("neuron").cpu(), fixed)
+
+
+@pytest.mark.parametrize("make", ["to_sparse", "to_sparse_csr", "nested"])
+def test_sparse_or_nested_results_of_neuron_tensors_name_the_op_and_the_fix(make):
+    # the op runs on the CPU (a fallback) but its result cannot come back: a clear error, not
+    # an internal one, and nothing is left on the device
+    x = torch.randn(4, 3).to("neuron")
+    call = {"to_sparse": lambda: x.to_sparse(), "to_sparse_csr": lambda: x.to_sparse_csr(),
+            "nested": lambda: torch.nested.nested_tensor([x, x[:2]])}[make]
+    with pytest.raises(eager_neuron.UnsupportedTensorError) as info:
+        call()
+    text = str(info.value)
+    assert "aten::" in text and "test_errors.py" in text and "fix:" in text
+    if make == "nested":
+        # the fix works: the jagged layout holds neuron values
+        nt = torch.nested.nested_tensor([x, x[:2]], layout=torch.jagged)
+        assert nt.values().device.type == "neuron"
+        want = torch.nested.nested_tensor([x.cpu(), x[:2].cpu()], layout=torch.jagged)
+        assert torch.equal(nt.sin().values().cpu(), want.sin().values())
