@@ -22,7 +22,7 @@ from ..config import config
 from ..kernels import compile as kc
 from ..launch import launch
 from ..tensor import NeuronTensor
-from . import hostscalar
+from . import fold, hostscalar
 from .codegen import Group, LoweringError, _stack_line, partition
 from .foreach import expand_foreach
 from .hostscalar import tensorize
@@ -205,22 +205,15 @@ class Program:
         self.frees: list = []
         last: dict = {}
         for i, (kind, x) in enumerate(self.steps):
-            reads = []
             if kind == "fused":
-                reads = [node for k, node in x.bufs if k == "in"] + [
-                    a for a in x.scalar_args if isinstance(a, Node)]
                 for step_node in x.stores + [n for a in x.absorbed for n in (a[0], a[2])]:
                     last.setdefault(step_node, i)
             elif kind == "rows":
-                reads = [node for k, node, _ in x.bufs if k == "in"] + [
-                    a for a in x.scalar_args if isinstance(a, Node)]
                 for step_node in x.stores:
                     last.setdefault(step_node, i)
             else:
-                node = x.node if kind == "host" else x
-                reads = node.all_input_nodes
-                last.setdefault(node, i)
-            for r in reads:
+                last.setdefault(x.node if kind == "host" else x, i)
+            for r in _reads(kind, x):
                 last[r] = i
         for n in out_users:
             last[n] = len(self.steps)
@@ -229,6 +222,17 @@ class Program:
             if i < len(self.steps) and n.op not in ("placeholder", "get_attr"):
                 frees[i].append(n)
         self.frees = frees
+        # values no input decides (masks, position ids): the first run keeps them, later runs
+        # skip the steps that compute only those (compile/fold.py)
+        const = fold.constants(graph, self.output)
+        skip, keep = fold.plan(self.steps, _produced, _reads, const) if const else ((), ())
+        self.fold_skip = skip
+        self.folded: dict | None = None
+        keep_set = set(keep)
+        self._plan = [(kind, x, frees[i], tuple(n for n in _produced(kind, x) if n in keep_set))
+                      for i, (kind, x) in enumerate(self.steps)]
+        self._plan_folded = [(kind, x, fr, ()) for i, (kind, x, fr, _) in enumerate(self._plan)
+                             if i not in skip]
         self.loaders = {x: _loader(x) for k, x in self.steps if k == "node"}
         self.n_kernels = sum(1 for k, _ in self.steps if k in ("fused", "rows"))
         CSTATS.graphs_compiled += 1
@@ -266,7 +270,15 @@ class Program:
         return self._run(env, direct)
 
     def _run(self, env: dict, direct: bool):
-        for (kind, x), frees in zip(self.steps, self.frees):
+        plan, record = self._plan, None
+        if self.fold_skip and direct:         # (never keep a value made under a mode)
+            if self.folded is None:
+                record = {}
+            else:
+                env.update(self.folded)
+                plan = self._plan_folded
+                CSTATS.folded_steps += len(self.fold_skip)
+        for kind, x, frees, keep in plan:
             if kind == "fused":
                 _run_fused(x, env)
             elif kind == "rows":
@@ -279,11 +291,34 @@ class Program:
                     _run_node(x, env)
                 elif not (direct and x.target in _VIEWS and _run_view(x, env, loader)):
                     _run_node(x, env, loader)
+            if keep and record is not None:
+                for n in keep:
+                    record[n] = env[n]
             for n in frees:
                 env.pop(n, None)
+        if record is not None:
+            self.folded = record
         out = self.output.args[0]
         return tuple(_load(a, env) for a in out) if isinstance(out, (list, tuple)) else \
             _load(out, env)
+
+
+def _produced(kind: str, x) -> list:
+    """The nodes one step computes."""
+    if kind in ("fused", "rows"):
+        return x.nodes
+    return [x.node if kind == "host" else x]
+
+
+def _reads(kind: str, x) -> list:
+    """The values one step reads from the environment."""
+    if kind == "fused":
+        return [node for k, node in x.bufs if k == "in"] + [
+            a for a in x.scalar_args if isinstance(a, Node)]
+    if kind == "rows":
+        return [node for k, node, _ in x.bufs if k == "in"] + [
+            a for a in x.scalar_args if isinstance(a, Node)]
+    return (x.node if kind == "host" else x).all_input_nodes
 
 
 def _run_rows(step, env: dict) -> None:
