@@ -57,6 +57,17 @@ def host_of(storage):
     return host, storage._neuron_block, storage
 
 
+def host_alias(t: torch.Tensor) -> torch.Tensor:
+    """A CPU tensor over the memory of `t`, a plain tensor PyTorch's C++ made on the neuron
+    device from a neuron storage (legacy serialization's storage writer wraps the storage in
+    one and copies it to the CPU). That memory is host memory: the alias reads it in place,
+    for as long as `t`'s storage lives."""
+    st = t.untyped_storage()
+    cpu = torch._C._construct_storage_from_data_pointer(st.data_ptr(), torch.device("cpu"),
+                                                        st.nbytes())
+    return torch.empty(0, dtype=t.dtype).set_(cpu, t.storage_offset(), t.shape, t.stride())
+
+
 def new_storage(nbytes: int, device) -> torch.UntypedStorage:
     """A fresh neuron storage of `nbytes` bytes on `device` (uninitialized, as on CUDA)."""
     from .buffers import alloc, device_index

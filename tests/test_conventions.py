@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import io
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -128,6 +129,30 @@ def test_load_map_location_keeps_views(where):
     got["b"].add_(100)                                   # a view still: writes show in "a"
     assert got["a"].tolist() == [0.0, 1.0, 102.0, 103.0, 104.0, 5.0]
     assert base.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+@pytest.mark.parametrize("how", ["pickle", "legacy torch.save"])
+def test_plain_pickle_and_legacy_save_round_trip_neuron_tensors(how):
+    # both serialize a neuron storage through PyTorch's C++ storage writer, which copies it to
+    # the CPU through a plain tensor on the device (was: endless recursion in _to_copy/copy_)
+    x = torch.randn(4, 3)
+    xn = x.to("neuron:1")
+    obj = {"a": xn, "v": xn[1:, 1:], "p": torch.nn.Parameter(x.to("neuron")),
+           "h": x.to("neuron", torch.bfloat16)}
+    if how == "pickle":
+        got = pickle.loads(pickle.dumps(obj))
+    else:
+        buf = io.BytesIO()
+        torch.save(obj, buf, _use_new_zipfile_serialization=False)
+        buf.seek(0)
+        got = torch.load(buf)
+    assert got["a"].device == torch.device("neuron:1") and torch.equal(got["a"].cpu(), x)
+    assert torch.equal(got["v"].cpu(), x[1:, 1:]) and got["v"].stride() == (3, 1)
+    assert got["p"].requires_grad and torch.equal(got["p"].detach().cpu(), x)
+    assert got["h"].dtype == torch.bfloat16 and torch.equal(got["h"].cpu(), x.bfloat16())
+    if how != "pickle":   # (plain pickle does not keep views shared, on the CPU neither)
+        got["v"].add_(1)   # a view of "a" still
+        assert torch.equal(got["a"][1:, 1:].cpu(), x[1:, 1:] + 1)
 
 
 def test_cpu_checkpoint_loads_onto_neuron():

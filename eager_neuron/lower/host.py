@@ -13,6 +13,7 @@ from ..adaptive import flush
 from ..buffers import alloc, to_host
 from ..operands import _original, unwrap_args
 from ..simulator import SIM
+from ..storage import host_alias
 from ..tensor import NeuronTensor
 from . import cast  # the cast family's lowerings (not via ops: ops imports this module)
 from .cast import _dense
@@ -67,6 +68,12 @@ def to_copy(func, args, kwargs, mode):
     src = args[0]
     kw = dict(kwargs)
     device = kw.get("device")
+    if _plain_neuron(src):
+        flush("storage copy")
+        kw["device"] = torch.device("cpu")
+        host = aten._to_copy.default(host_alias(src), **kw)
+        target = _target_index(device)
+        return host if target is None else to_device(host, target)
     if isinstance(src, NeuronTensor):
         target = _target_index(device) if device is not None else src.device.index
         if target is None:  # device -> host
@@ -125,9 +132,23 @@ def _copy_plan():
     return plan
 
 
+def _plain_neuron(x) -> bool:
+    """A plain tensor PyTorch's C++ made on the neuron device over a neuron storage (legacy
+    serialization wraps a storage in one to copy it to or from the CPU; a NeuronTensor is the
+    only other kind of neuron tensor)."""
+    return type(x) is not NeuronTensor and isinstance(x, torch.Tensor) and \
+        x.device.type == "neuron"
+
+
 def copy_(func, args, kwargs, mode):
     """aten::copy_(self, src): device<-host, host<-device, or on-device (cast + broadcast)."""
     dst, src = args[0], args[1]
+    if _plain_neuron(dst) or _plain_neuron(src):
+        # a storage copied by C++: its memory is host memory, copied through CPU aliases
+        flush("storage copy")
+        d = host_alias(dst) if _plain_neuron(dst) else getattr(dst, "_data", dst)
+        d.copy_(host_alias(src) if _plain_neuron(src) else getattr(src, "_data", src))
+        return dst
     if isinstance(dst, NeuronTensor) and isinstance(src, NeuronTensor):
         if dst.device == src.device:
             return _RUN_KERNEL(func, args, kwargs, None, _copy_plan())
