@@ -230,3 +230,28 @@ def test_sparse_or_nested_results_of_neuron_tensors_name_the_op_and_the_fix(make
         assert nt.values().device.type == "neuron"
         want = torch.nested.nested_tensor([x.cpu(), x[:2].cpu()], layout=torch.jagged)
         assert torch.equal(nt.sin().values().cpu(), want.sin().values())
+
+
+SHAPE_ERRORS = {
+    "mm": lambda t: t @ t,
+    "addmm": lambda t: torch.addmm(t, t, t),
+    "linear": lambda t: torch.nn.functional.linear(t, t[:, :2]),
+    "bmm": lambda t: torch.bmm(t[None], t[None]),
+    "dot": lambda t: torch.dot(t[0], t[:, 0]),
+    "add_ broadcast": lambda t: t.add_(torch.ones_like(t)[:, :1].expand(4, 3).reshape(3, 4)),
+    "cat": lambda t: torch.cat([t, t.T]),
+}
+
+
+@pytest.mark.parametrize("name", list(SHAPE_ERRORS))
+def test_shape_errors_are_the_cpus_own_words(name):
+    # where torch's meta function words a check its own way (mm: "a and b must have same
+    # reduction dim"), the user still reads the CPU's message; the operands are not written
+    x = torch.arange(12.0).reshape(4, 3)
+    xn = x.to("neuron")
+    with pytest.raises(Exception) as cpu:
+        SHAPE_ERRORS[name](x.clone())
+    with pytest.raises(type(cpu.value)) as dev:
+        SHAPE_ERRORS[name](xn)
+    assert str(dev.value).splitlines()[0] == str(cpu.value).splitlines()[0]
+    assert torch.equal(xn.cpu(), x)
