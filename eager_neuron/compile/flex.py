@@ -19,7 +19,7 @@ give out 0 and logsumexp -inf; backward (dq, dk, dv, captured-buffer grads = Non
 Accumulation is in the input's dtype (float32: torch's dense path does the same), exp in float32
 is kernels/vmath.py's branch-free one.
 
->>> import torch, eager_neuron
+>>> import torch, torch._dynamo, eager_neuron     # (dynamo's import lets neuron in)
 >>> from torch.nn.attention.flex_attention import flex_attention
 >>> q = torch.ones(1, 1, 4, 2, device="neuron")
 >>> flex_attention(q, q, q).cpu()[0, 0, 0].tolist()
