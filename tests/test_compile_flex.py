@@ -182,3 +182,25 @@ def test_captured_buffer_gradient_runs_dense():
     for a, b in ((out, ref), (qn.grad, qr.grad), (bias.grad, br.grad)):
         a, b = a.detach().cpu().double(), b.detach()
         assert ((a - b).abs() <= _bound(b, torch.float32)).all()
+
+
+@pytest.mark.parametrize("mode", ["eager", "compiled"])
+def test_strided_inputs_and_expanded_grad(mode):
+    # q, k, v as (B, S, H, D) projections seen through transpose(1, 2), and a sum's gradient
+    # (grad_out broadcast with stride 0): the kernel reads any strides
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(4)
+    x0 = [torch.randn(B, S, H, D, generator=g, dtype=torch.float64) for _ in range(3)]
+    xn = [t.float().to(N).requires_grad_() for t in x0]
+    xr = [t.float().double().requires_grad_() for t in x0]
+    bm = create_block_mask(sliding, B, None, S, S, device=N, BLOCK_SIZE=BLOCK)
+    fa = flex_attention if mode == "eager" else torch.compile(flex_attention, backend="neuron")
+    flex.FSTATS.reset()
+    out = fa(*(t.transpose(1, 2) for t in xn), score_mod=rel_bias, block_mask=bm)
+    ref = _reference(*(t.transpose(1, 2) for t in xr), "sliding", "rel_bias")
+    (out * out).sum().backward()
+    (ref * ref).sum().backward()
+    assert flex.stats() == _FUSED
+    for a, b in [(out, ref)] + [(t.grad, r.grad) for t, r in zip(xn, xr)]:
+        a, b = a.detach().cpu().double(), b.detach()
+        assert ((a - b).abs() <= _bound(b, torch.float32)).all(), (a - b).abs().max().item()
