@@ -69,19 +69,19 @@ def main() -> None:
             torch._dynamo.reset()
             qn, kn, vn = (t.to("neuron").requires_grad_() for t in (q0, k0, v0))
 
-            def fwd():
+            def fwd(qn=qn, kn=kn, vn=vn, bm=bm):
                 with torch.no_grad():
                     fa(qn, kn, vn, score_mod=rel_bias, block_mask=bm).cpu()
 
-            def fwd_bwd():
+            def fwd_bwd(qn=qn, kn=kn, vn=vn, bm=bm):
                 out = fa(qn, kn, vn, score_mod=rel_bias, block_mask=bm)
                 out.sum().backward()
                 qn.grad.cpu()
 
             row[mode] = (_median(fwd, args.reps), _median(fwd_bwd, args.reps))
         flex.ENABLED[0] = True
-        cpu = _median(lambda: flex_attention(q0, k0, v0, score_mod=rel_bias, block_mask=bm_cpu),
-                      args.reps)
+        cpu = _median(lambda bm_cpu=bm_cpu: flex_attention(q0, k0, v0, score_mod=rel_bias,
+                                                           block_mask=bm_cpu), args.reps)
         for k, label in enumerate(("fwd", "fwd+bwd")):
             f, d = row["fused"][k] * 1e3, row["dense"][k] * 1e3
             c = f"{cpu * 1e3:10.1f}" if k == 0 else f"{'-':>10}"

@@ -88,6 +88,7 @@ def _allow_flex_attention() -> None:
         # one fused kernel each way (compile/flex.py), the dense implementations behind it
         hops.flex_attention.py_impl(NeuronTensor)(flex.forward)
         hops.flex_attention_backward.py_impl(NeuronTensor)(flex.backward)
+        hops.create_fw_bw_graph = flex.trace_joint_on_cpu(hops.create_fw_bw_graph)
     except Exception:    # noqa: BLE001 - another torch layout: FlexAttention stays refused
         fa._validate_device = check
 

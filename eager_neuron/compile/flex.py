@@ -108,7 +108,8 @@ _ATEN = {
     "clamp": "clamp", "sigmoid": "sigmoid", "_to_copy": "cast", "alias": "same",
     "detach": "same", "clone": "same", "lift_fresh_copy": "same", "scalar_tensor": "const",
     "new_ones": "ones", "new_zeros": "zeros", "ones": "ones", "zeros": "zeros",
-    "full": "full", "convert_element_type": "cast",
+    "full": "full", "convert_element_type": "cast", "tanh_backward": "tanh_backward",
+    "sigmoid_backward": "sigmoid_backward",
     **{n: n for n in _FLOAT_FN},
 }
 _METHODS = {"abs": "abs", "neg": "neg", "exp": "exp", "log": "log", "tanh": "tanh",
@@ -285,6 +286,11 @@ class _Render:
             return self._tmp(f"abs({self._as(vals[0], kind)})", kind)
         if name in _FLOAT_FN:
             return self._tmp(f"T({_FLOAT_FN[name]}({self._as(vals[0], 'f')}))", "f")
+        if name in ("tanh_backward", "sigmoid_backward"):    # (grad, y = f(x))
+            g, y = self._as(vals[0], "f"), self._as(vals[1], "f")
+            if name == "tanh_backward":
+                return self._tmp(f"{g} * (T(1) - {y} * {y})", "f")
+            return self._tmp(f"{g} * {y} * (T(1) - {y})", "f")
         if name == "sigmoid":
             return self._tmp(f"T(1) / (T(1) + T(np.exp(-{self._as(vals[0], 'f')})))", "f")
         if name in _CMP:
@@ -791,6 +797,34 @@ def _backward_fused(query, key, value, out, logsumexp, grad_out, grad_logsumexp,
     FSTATS.fused_backward += 1
     grads = tuple(None for _ in score_mod_other_buffers)
     return dq, dk, dv, grads
+
+
+def trace_joint_on_cpu(create):
+    """Wrap torch's `create_fw_bw_graph` (it traces the score_mod's joint graph with fake
+    tensors made from the example values): neuron example values and buffers are traced as CPU
+    ones. Why: torch makes the joint's incoming gradient as a real tensor on the example's
+    device outside its fake mode; a real NeuronTensor is a subclass the fake mode refuses, so
+    tracing any score_mod with a non-trivial derivative (tanh) raised inside autograd's engine
+    and aborted the process. The graph holds device-free aten ops; only shapes and dtypes of
+    the values matter (they are fake while traced)."""
+    if getattr(create, "_en_neuron", False):
+        return create
+
+    def create_fw_bw_graph(score_mod, index_values, other_buffers):
+        from ..tensor import NeuronTensor
+
+        def cpu(t):
+            if type(t) is not NeuronTensor:
+                return t
+            return torch.zeros(t.shape, dtype=t.dtype).requires_grad_(t.requires_grad)
+
+        if any(type(t) is NeuronTensor for t in (*index_values, *other_buffers)):
+            index_values = tuple(cpu(t) for t in index_values)
+            other_buffers = tuple(cpu(t) for t in other_buffers)
+        return create(score_mod, index_values, other_buffers)
+
+    create_fw_bw_graph._en_neuron = True
+    return create_fw_bw_graph
 
 
 def _fallback(direction: str, exc: Exception) -> None:
