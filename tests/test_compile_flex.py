@@ -204,3 +204,30 @@ def test_strided_inputs_and_expanded_grad(mode):
     for a, b in [(out, ref)] + [(t.grad, r.grad) for t, r in zip(xn, xr)]:
         a, b = a.detach().cpu().double(), b.detach()
         assert ((a - b).abs() <= _bound(b, torch.float32)).all(), (a - b).abs().max().item()
+
+
+@pytest.mark.parametrize("mode", ["eager", "compiled"])
+def test_logsumexp_and_its_gradient(mode):
+    # return_lse=True: the logsumexp (the HOP's is in log2 units, the API's natural) and a loss
+    # that reads it, so the backward gets a logsumexp gradient
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(5)
+    x0 = [torch.randn(B, H, S, D, generator=g, dtype=torch.float64) for _ in range(3)]
+    xn = [t.float().to(N).requires_grad_() for t in x0]
+    xr = [t.float().double().requires_grad_() for t in x0]
+    bm = create_block_mask(document, B, None, S, S, device=N, BLOCK_SIZE=BLOCK)
+    fa = flex_attention if mode == "eager" else torch.compile(flex_attention, backend="neuron")
+    flex.FSTATS.reset()
+    out, lse = fa(*xn, score_mod=rel_bias, block_mask=bm, return_lse=True)
+    qi, ki = torch.arange(S).view(1, 1, S, 1), torch.arange(S).view(1, 1, 1, S)
+    s = xr[0] @ xr[1].transpose(-1, -2) / D ** 0.5 + (qi - ki) * 0.125
+    allowed = (DOC.view(B, 1, S, 1) == DOC.view(B, 1, 1, S)) & (qi >= ki)
+    s = s.masked_fill(~allowed, float("-inf"))
+    ref, ref_lse = torch.softmax(s, -1) @ xr[2], torch.logsumexp(s, -1)
+    w = torch.randn(lse.shape, generator=g, dtype=torch.float64)
+    ((out * out).sum() + (lse * w.float().to(N)).sum()).backward()
+    ((ref * ref).sum() + (ref_lse * w.float().double()).sum()).backward()
+    assert flex.stats() == _FUSED
+    for a, b in [(out, ref), (lse, ref_lse)] + [(t.grad, r.grad) for t, r in zip(xn, xr)]:
+        a, b = a.detach().cpu().double(), b.detach()
+        assert ((a - b).abs() <= _bound(b, torch.float32)).all(), (a - b).abs().max().item()
