@@ -163,3 +163,23 @@ def test_other_dims_and_empty_rows_stay_correct():
     e = torch.empty(0, 5, device=N)
     out = torch.compile(lambda x: torch.softmax(x, -1) * 2, backend="neuron")(e)
     assert out.shape == (0, 5)
+
+
+def _lstm_cell(gates, c):
+    i, f, g, o = gates.chunk(4, 1)            # four (B, H) views with row stride 4H
+    c2 = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+    return (torch.sigmoid(o) * torch.tanh(c2)) * 2 + c2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_strided_chunks_are_row_kernels(dtype):
+    """An elementwise chain over chunks of a wider tensor (an LSTM cell's gates) reads them
+    through strided views in one row kernel (the flat groups take contiguous operands only:
+    it used to run op by op)."""
+    g = torch.Generator().manual_seed(3)
+    gates = torch.randn(5, 4 * 24, generator=g, dtype=dtype).to(N)
+    c = torch.randn(5, 24, generator=g, dtype=dtype).to(N)
+    s = _run(_lstm_cell, [gates, c], dtype, 4)
+    assert s["row_kernel_launches"] >= 1
+    assert not {"aten::sigmoid", "aten::tanh", "aten::mul.Tensor"} & set(s["graph_eager_ops"])
+    assert not s["group_fallbacks"]

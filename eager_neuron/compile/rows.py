@@ -247,7 +247,33 @@ def _seed_frame(node: Node):
     if any(v is not None and v.device == val.device and _key(v.shape) != _key(val.shape)
            and v.numel() != 1 for v in ins):
         return Frame(_key(val.shape))   # a broadcast operand: bias, mask, row statistic
+    if _is_contig(val) and any(v is not None and v.device == val.device and _strided(v)
+                               for v in ins):
+        return Frame(_key(val.shape))   # a strided operand (an LSTM gate's chunk of the gates)
     return None
+
+
+def _strided(v) -> bool:
+    """A non-contiguous operand (a chunk, a slice) that a row kernel reads through an
+    (A, B, C) view: unit stride in the last dimension, the leading ones in at most two runs of
+    one stride each. The flat fused groups take only contiguous operands."""
+    try:
+        if v.dim() == 0 or v.numel() <= 1 or v.is_contiguous():
+            return False
+        shape, strides = [int(s) for s in v.shape], [int(s) for s in v.stride()]
+    except Exception:    # symbolic sizes or strides: not decided at compile time
+        return False
+    if shape[-1] != 1 and strides[-1] != 1:
+        return False
+    runs: list = []
+    for size, st in zip(reversed(shape[:-1]), reversed(strides[:-1])):
+        if size == 1:
+            continue
+        if runs and st == runs[-1][0] * runs[-1][1]:
+            runs[-1][0] *= size
+        else:
+            runs.append([size, st])
+    return len(runs) <= 2
 
 
 def find_regions(gm: GraphModule) -> list:
@@ -293,7 +319,8 @@ def _grow(seed, fr, taken, order):
         return None
     members = {n: members[n] for n in nodes}
     if not any(m.kind in ("red", "mm") or any(
-            oc[0] == "b" and (oc[1] != "full" or _key(_val(t).shape) != fr.F)
+            oc[0] == "b" and (oc[1] != "full" or _key(_val(t).shape) != fr.F
+                              or _strided(_val(t)))
             for t, oc in m.operands) for m in members.values()):
         return None    # plain same-size elementwise: the flat fused groups handle it
     reg = Region(fr)
