@@ -184,11 +184,12 @@ def record(op: str, expr: str, kinds: tuple, loads: tuple, scalar_casts: tuple, 
 
 def record_flat(op: str, expr: str, kinds: tuple, loads: tuple, scalar_casts: tuple, store: str,
                 out: tuple, operands: list, scalars: tuple, numel: int, core: int, static: int,
-                tails: tuple) -> None:
+                tails: tuple, fresh: bool = False) -> None:
     """record() for a recording runner (adaptive_fast.learn): every array was made from its
     tensor by numpy() + reshape (`trusted`), `static` is known, and `tails` holds, per operand
     and then the output, the (length, stride, dtype) part of its buffer key (fixed by the
-    runner's signature: flat arrays of `numel` elements or single elements)."""
+    runner's signature: flat arrays of `numel` elements or single elements). `fresh`: the
+    output was just allocated from the host heap (see _Group.new_buf)."""
     key = (_get_ident(), _graph_task_id())
     n_args = len(operands) + 1
     with _lock:
@@ -208,7 +209,7 @@ def record_flat(op: str, expr: str, kinds: tuple, loads: tuple, scalar_casts: tu
         k = (out[1].data_ptr(),) + tails[-1]
         out_idx = index.get(k)
         if out_idx is None:
-            out_idx = g.new_buf(k, out[0], out[2])
+            out_idx = g.new_buf(k, out[0], out[2], fresh)
         sig = (static, op_idx, out_idx, tuple(descs)) if descs else (static, op_idx, out_idx)
         nxt = g.cursor.children.get(sig)
         if nxt is None:

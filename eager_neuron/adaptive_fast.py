@@ -357,8 +357,11 @@ def learn(out, spec, kinds: tuple, numel: int, op_name: str, ctx) -> None:
     for arr in [a[nm].numpy().reshape(-1) for nm in spec.tensors] + [outs[0].numpy().reshape(-1)]:
         tails.append((arr.shape[0], arr.strides[0] if arr.shape[0] > 1 else 0, arr.dtype))
     ns["TAILS"] = tuple(tails)
+    # a fresh output from the host heap (not the pool, which hands out memory a block-less
+    # view in the group may still see) overlaps nothing: record() skips its overlap search
+    fresh = target is None and not any(ln.startswith("data, block = alloc(") for ln in lines)
     lines += [f"RECF(*STATIC, ({out_np}, data, block), [{ops}], "
-              f"({''.join(s + ', ' for s in svals)}), NUMEL, IDX, SID, TAILS)",
+              f"({''.join(s + ', ' for s in svals)}), NUMEL, IDX, SID, TAILS, {fresh})",
               "F['hits'] += 1", ret]
     runner = _fp._build(plan.name, lines, ns)
     with _fp._LOCK:

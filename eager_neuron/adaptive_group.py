@@ -44,7 +44,12 @@ class _Buf:
         self.mem_read = False      # some node reads it from memory (not from a register)
         self.last_write = -1       # the last loop that writes it (-1: none)
         self.last_read = -1        # the last loop that reads it (-1: none)
-        self.ov: set = set()       # indices of the other buffers of the group it overlaps
+        # indices of the other buffers of the group it overlaps (a set of its own once it has
+        # one: most buffers overlap nothing, and a group makes and frees one per buffer)
+        self.ov = _NO_OV
+
+
+_NO_OV = frozenset()
 
 
 def _overlaps(a: _Buf, b: _Buf) -> bool:
@@ -97,6 +102,7 @@ class _Group:
         self.core = core              # the NeuronCore the group runs on (and is charged to)
         self.loops: list[_Loop] = []
         self.bufs: list[_Buf] = []
+        self.arrs: list = []          # each buffer's array, in buffer order (the kernel's args)
         self.index: dict = {}         # (address, length, stride, dtype) -> buf index
         self.pins: dict = {}          # id(Block) -> Block: no block is freed/pooled while pending
         self.pinned_bytes = 0
@@ -147,29 +153,41 @@ class _Group:
         self.index[key] = j = len(self.bufs)
         b = _Buf(arr, ptr, block)
         self.bufs.append(b)
+        self.arrs.append(arr)
         ov = self._overlapping(b, j)
         # the trace guard of a new buffer: everything placement depends on (its size, stride,
         # dtype, whether it has a block, which earlier buffers it may share bytes with)
         self.descs.append((n, key[2], arr.dtype, block is not None, ov))
         return j
 
-    def new_buf(self, key: tuple, arr: np.ndarray, block) -> int:
-        """buf_index's second half for a key not in the group yet (key[0] is arr's address)."""
+    def new_buf(self, key: tuple, arr: np.ndarray, block, fresh: bool = False) -> int:
+        """buf_index's second half for a key not in the group yet (key[0] is arr's address).
+        `fresh`: arr's memory was just allocated from the host heap (a recording runner's
+        output, never the pool): no live array, hence no buffer of the group, shares a byte
+        with it, so its overlaps are not searched."""
         if block is not None and id(block) not in self.pins:
             self.pins[id(block)] = block
             self.pinned_bytes += getattr(block, "nbytes", 0)
         self.index[key] = j = len(self.bufs)
         b = _Buf(arr, key[0], block)
         self.bufs.append(b)
-        ov = self._overlapping(b, j)
+        self.arrs.append(arr)
+        ov = self._overlapping(b, j, fresh)
         self.descs.append((key[1], key[2], key[3], block is not None, ov))
         return j
 
-    def _overlapping(self, b: _Buf, j: int) -> tuple:
-        """Record (both ways) and return the indices of earlier buffers b overlaps."""
+    def _overlapping(self, b: _Buf, j: int, fresh: bool = False) -> tuple:
+        """Record (both ways) and return the indices of earlier buffers b overlaps (none when
+        b is `fresh`, see new_buf: only its start is recorded)."""
         lo, hi = b.lo, b.hi
         found = ()
-        if hi > lo:
+        if hi > lo and fresh:
+            i = bisect.bisect_right(self.los, lo)
+            self.los.insert(i, lo)
+            self.los_j.insert(i, j)
+            if hi - lo > self.max_span:
+                self.max_span = hi - lo
+        elif hi > lo:
             los = self.los
             i0 = bisect.bisect_right(los, lo - self.max_span)
             i1 = bisect.bisect_left(los, hi)
@@ -181,9 +199,12 @@ class _Group:
                     kb = bufs[k]
                     if kb.hi > lo and _overlaps(kb, b):
                         hits.append(k)
-                        kb.ov.add(j)
+                        if kb.ov is _NO_OV:
+                            kb.ov = {j}
+                        else:
+                            kb.ov.add(j)
                 if hits:
-                    b.ov.update(hits)
+                    b.ov = set(hits)
                     found = tuple(sorted(hits))
             i = bisect.bisect_right(los, lo)
             los.insert(i, lo)
@@ -215,13 +236,16 @@ class _TNode:
     mean equal placement decisions, so a recognised op skips the analysis and a recognised
     group its spec, key and kernel lookup: tinygrad's TinyJit capture/replay, guarded."""
 
-    __slots__ = ("children", "step", "launches", "mem_read")
+    __slots__ = ("children", "step", "launches", "replay")
 
     def __init__(self, step=None) -> None:
         self.children: dict = {}
         self.step = step
         self.launches: dict = {}
-        self.mem_read = None      # per buffer: read from memory by the group (for _observable)
+        # for a group that ends here (adaptive_launch.launch_group): per buffer, read from
+        # memory by the group; the indices of those that are not (for _observable); the
+        # largest loop's size; the indices of the calls among the loops
+        self.replay = None
 
 
 _ROOT = [_TNode()]
@@ -261,44 +285,55 @@ def _sync(g: _Group) -> None:
 
 def _refs_baseline() -> int:
     # what sys.getrefcount reports for a block only the group's pins hold, read the way
-    # _observable reads it (a list of the pins' values, a loop variable, the call's argument)
+    # _observable reads it (the pins dict's value, a local variable, the call's argument)
     pins = {0: object()}
-    for blk in list(pins.values()):
-        return sys.getrefcount(blk)
+    blk = pins.get(0)
+    return sys.getrefcount(blk)
 
 
 _REFS_BASELINE = _refs_baseline()
 
 
-def _observable(g: _Group, mem_read=None) -> list:
+def _observable(g: _Group, mem_read=None, unread=None) -> list:
     """Per buffer: can anything outside the group's registers see its memory after a store?
 
     Yes when any buffer overlapping its byte range (itself included) is read from memory in
     the group, has an owner we cannot track (no block: host scratch, a reinterpreting view), or
     has a block someone besides the group's pins refers to (a live tensor). Counting more
     references than there are only keeps a store: the rule errs on the safe side.
-    `mem_read`: the buffers' read-from-memory flags when known (a trace's cached copy)."""
-    held = {}
-    for blk in list(g.pins.values()):
-        held[id(blk)] = sys.getrefcount(blk) > _REFS_BASELINE
+    `mem_read`: the buffers' read-from-memory flags when known (a trace's cached copy);
+    `unread`: the indices of the buffers whose flag is False (cached with it)."""
     if mem_read is None:
         if g.lag:
             _sync(g)
         mem_read = [b.mem_read for b in g.bufs]
-    out = [m or b.block_id is None or held.get(b.block_id, True)
-           for b, m in zip(g.bufs, mem_read)]
-    if all(out):
+    if unread is None:
+        unread = [j for j, m in enumerate(mem_read) if not m]
+    bufs = g.bufs
+    out = [True] * len(bufs)
+    pins = g.pins
+    refs = sys.getrefcount
+    unseen = []
+    for j in unread:
+        bid = bufs[j].block_id
+        if bid is None:
+            continue   # no block: an owner we cannot track
+        blk = pins.get(bid)
+        if blk is not None and refs(blk) <= _REFS_BASELINE:
+            unseen.append(j)   # only the group holds it: no one outside can look
+    blk = None
+    if not unseen:
         return out
+    for j in unseen:
+        out[j] = False
     # an unseen buffer is kept if it may share a byte with a seen one (its `ov` set: exact for
     # equal strides, conservative otherwise)
-    bufs = g.bufs
     seen = out[:]
-    for j, b in enumerate(bufs):
-        if not seen[j] and b.ov:
-            for k in b.ov:
-                if seen[k]:
-                    out[j] = True
-                    break
+    for j in unseen:
+        for k in bufs[j].ov:
+            if seen[k]:
+                out[j] = True
+                break
     return out
 
 

@@ -77,11 +77,24 @@ def _mods() -> list:
 
 def launch_group(g: _Group, reason: str) -> None:
     kc, bg, _launch = _MODS or _mods()
-    numel = max(lp.numel for lp in g.loops)
-    parallel = numel >= _ewb.PARALLEL_MIN and kc.parallel_allowed()
-    calls = [lp for lp in g.loops if type(lp) is _Call]
     cursor = g.cursor
-    if len(g.loops) == 1:
+    # what the trace decides (equal traces, equal loops and buffers): found once per trace
+    # node, as the stores' read flags always were
+    rp = cursor.replay
+    if rp is None or len(rp[0]) != len(g.bufs):
+        if g.lag:
+            _sync(g)
+        mem_read = tuple(b.mem_read for b in g.bufs)
+        rp = cursor.replay = (
+            mem_read,
+            tuple(j for j, m in enumerate(mem_read) if not m),   # (see _observable)
+            max(lp.numel for lp in g.loops),
+            tuple(i for i, lp in enumerate(g.loops) if type(lp) is _Call))
+    mem_read, unread, numel, call_at = rp
+    parallel = numel >= _ewb.PARALLEL_MIN and kc.parallel_allowed()
+    loops = g.loops
+    calls = [loops[i] for i in call_at]
+    if len(loops) == 1:
         if calls:
             # a call alone is plain eager's launch, under plain eager's key; the trace node
             # keeps its kernel (the edge's guard holds the key and the argument types)
@@ -103,13 +116,8 @@ def launch_group(g: _Group, reason: str) -> None:
             _launch_single(g, parallel, reason)
             return
 
-    mem_read = cursor.mem_read
-    if mem_read is None or len(mem_read) != len(g.bufs):
-        if g.lag:
-            _sync(g)
-        mem_read = cursor.mem_read = tuple(b.mem_read for b in g.bufs)
-    keep = _observable(g, mem_read)
-    args = tuple(b.arr for b in g.bufs) + tuple(g.scalars)
+    keep = _observable(g, mem_read, unread)
+    args = (*g.arrs, *g.scalars)
     if calls:
         args += tuple(a for c in calls for a in c.args)
     lkey = (tuple(keep), parallel)
