@@ -27,11 +27,20 @@ import torch
 from .. import context as _context
 from .. import errors
 from ..adaptive import MODULE as _adaptive
+from ..launch import launch
 from . import complex_matmul as _mm
 from . import complex_parts as _parts
 from . import complex_reduce as _red
 from .common import HALF
-from .complex_ew import OPS, dtypes, elementwise, is_complex
+from .complex_ew import (
+    OPS,
+    RUN,
+    dtypes,
+    elementwise,
+    elementwise_steps,
+    is_complex,
+    real_steps,
+)
 
 __all__ = ["OPS", "SPLIT", "LOWERINGS", "elementwise", "run_complex"]
 SPLIT = _parts.SPLIT
@@ -50,7 +59,9 @@ def _base(plan_name: str) -> str:
 
 
 def run_complex(func, plan, a: dict, outs: list) -> None:
-    """An op with a complex operand or output (dispatch routes every such kernel call here)."""
+    """An op with a complex operand or output (dispatch routes every such kernel call here).
+    It launches the op's steps itself (dispatch -> run_complex -> launch); a step that runs a
+    real family's lowering without a request builder launches below it."""
     # NOTE: these launches are not recorded by adaptive eager: flush what is pending first
     ctx = _context.current()   # these launches run now: adaptive eager may not record them
     if ctx is not None:
@@ -60,38 +71,48 @@ def run_complex(func, plan, a: dict, outs: list) -> None:
     refusal = CPU_REFUSES.get(base)
     if refusal is not None:
         raise RuntimeError(refusal)
+    for req in _steps(func, plan, base, a, outs):
+        if req[0] is RUN:   # a real family's lowering that launches itself
+            req[1](*req[2:])
+        else:
+            launch(*req)
+
+
+def _steps(func, plan, base: str, a: dict, outs: list):
+    """run_complex's routing, as a generator of launch requests (each built when the one
+    before it has run)."""
     if _parts.has_chalf(a, outs):
-        return _parts.chalf(plan, base, a, outs)
+        return (yield from _parts.chalf(plan, base, a, outs))
     if base in ("aten::sum", "aten::mean"):
-        return _red.sum_mean(base, a, outs)
+        return (yield from _red.sum_mean(base, a, outs))
     if base in _mm.MATMUL:
-        return _mm.matmul(base, a, outs[0])
+        return (yield from _mm.matmul(base, a, outs[0]))
     if base == "aten::addbmm":
-        return _mm.addbmm(a, outs[0])
+        return (yield from _mm.addbmm(a, outs[0]))
     if base == "aten::put" and is_complex(a.get("self")) and is_complex(a.get("source")):
-        return _parts.put(a, outs[0])
+        return (yield from _parts.put(a, outs[0]))
     if base == "aten::as_strided_scatter":
-        return _parts.as_strided_scatter(a, outs[0])
+        return (yield from _parts.as_strided_scatter(a, outs[0]))
     if base == "aten::masked_scatter_backward":
-        return _parts.masked_scatter_backward(func, plan, a, outs[0])
+        return (yield from _parts.masked_scatter_backward(func, plan, a, outs[0]))
     if base == "aten::linalg_vector_norm":
         # a norm depends on |z| only: the real lowering over abs(z)
         x = a["self"]
         mag = torch.empty(x.shape, dtype=outs[0].dtype)
-        elementwise("aten::abs", {"self": x}, mag)
-        return plan.lower(func, dict(a, self=mag), outs)
+        yield from elementwise_steps("aten::abs", {"self": x}, mag)
+        return (yield from real_steps(plan.lower, func, dict(a, self=mag), outs))
     if base in ("aten::any", "aten::all", "aten::nonzero_static") and is_complex(a.get("self")):
         # truthiness of z is z != 0: the real lowering over that mask
         x = a["self"]
         mask = torch.empty(x.shape, dtype=torch.bool)
-        elementwise("aten::ne", {"self": x, "other": 0}, mask)
-        return plan.lower(func, dict(a, self=mask), outs)
+        yield from elementwise_steps("aten::ne", {"self": x, "other": 0}, mask)
+        return (yield from real_steps(plan.lower, func, dict(a, self=mask), outs))
     if base in _red.VARIANCE and is_complex(a.get("self")):
-        return _red.variance(base, a, outs)
+        return (yield from _red.variance(base, a, outs))
     if base in ("aten::prod", "aten::cumprod", "aten::logcumsumexp", "aten::_logcumsumexp") \
             and is_complex(a.get("self")):
-        return _red.prod(base, a, outs[0])
-    if base not in OPS and base in SPLIT and _parts.split(func, plan, a, outs):
+        return (yield from _red.prod(base, a, outs[0]))
+    if base not in OPS and base in SPLIT and (yield from _parts.split(func, plan, a, outs)):
         return
     if base not in OPS or (base == "aten::div" and a.get("rounding_mode") is not None):
         if _decomposes(func):
@@ -105,13 +126,13 @@ def run_complex(func, plan, a: dict, outs: list) -> None:
             "complex kernels live in eager_neuron/lower/complex*.py")
     out = outs[0]
     if out.dtype in HALF:
-        from .cast import cast
+        from .cast import cast_steps
 
         tmp = torch.empty(out.shape, dtype=torch.float32)
-        elementwise(base, a, tmp)
-        cast(tmp, out)
+        yield from elementwise_steps(base, a, tmp)
+        yield from cast_steps(tmp, out)
         return
-    elementwise(base, a, out)
+    yield from elementwise_steps(base, a, out)
 
 
 def _decomposes(func) -> bool:

@@ -25,6 +25,7 @@ import torch
 from ..kernels import compile as kc
 from ..kernels import complex as kcx
 from ..launch import launch
+from .cast import RUN
 from .common import COMPLEX, HALF, NP_TYPE, coalesce, strided_np
 
 PARALLEL_MIN = 1 << 18   # below this a prange launch costs more than it saves
@@ -124,8 +125,9 @@ def dtypes(a: dict, outs: list) -> list:
     return seen
 
 
-def load_kind(t: torch.Tensor) -> tuple[str, torch.Tensor]:
-    """(load kind, tensor whose memory holds the raw values) for an operand."""
+def load_kind(t: torch.Tensor):
+    """(load kind, tensor whose memory holds the raw values) for an operand; a generator of
+    the launches that stage it (a half operand's float32 copy), returning that pair."""
     if t.dtype in COMPLEX:
         kind = "c"
         if t.is_conj():
@@ -134,9 +136,11 @@ def load_kind(t: torch.Tensor) -> tuple[str, torch.Tensor]:
             t, kind = t._neg_view(), kind + "n" if kind == "cc" else "cn"
         return kind, t
     if t.dtype in HALF:
-        from .cast import _f32
+        from .cast import _f32_buf, cast_steps
 
-        t = _f32(t)
+        buf = _f32_buf(t)
+        yield from cast_steps(t, buf)
+        t = buf
     return ("b" if t.dtype == torch.bool else "r"), t
 
 
@@ -148,13 +152,21 @@ def store_type(out: torch.Tensor) -> str:
 
 def elementwise(base: str, a: dict, out: torch.Tensor) -> None:
     """out[...] = OPS[base] over a's operands broadcast to out's shape."""
+    for req in elementwise_steps(base, a, out):   # only launch requests (no RUN steps)
+        launch(*req)
+
+
+def elementwise_steps(base: str, a: dict, out: torch.Tensor):
+    """elementwise's launches as steps (launch()'s positional arguments, each built when the
+    one before has run): a half operand's float32 copy, then the complex kernel. A composite
+    launches them itself (`for req in elementwise_steps(...): launch(*req)`)."""
     expr = OPS[base]
     names = [n for n in a if n not in _NOT_OPERANDS and re.search(rf"\b{n}\b", expr)]
     loads, views, scalars = [], [], []
     for n in names:
         v = a[n]
         if isinstance(v, torch.Tensor) and (v.dim() > 0 or out.dim() == 0 or v.numel() != 1):
-            kind, raw = load_kind(v)
+            kind, raw = yield from load_kind(v)
             loads.append(kind)
             views.append(raw.expand(out.shape))
             expr = re.sub(rf"\b{n}\b", f"v{len(loads) - 1}", expr)
@@ -191,9 +203,21 @@ def elementwise(base: str, a: dict, out: torch.Tensor) -> None:
     def render():
         return kcx.render_map(expr, tuple(loads), len(scalars), rank, store, parallel)
 
-    launch(key, render, (o,) + xs + tuple(scalars), flops=float(out.numel() * 6),
-           bytes_moved=float(out.numel() * out.element_size()
-                             + sum(t.numel() * t.element_size() for t in views)))
+    yield (key, render, (o,) + xs + tuple(scalars), float(out.numel() * 6),
+           float(out.numel() * out.element_size()
+                 + sum(t.numel() * t.element_size() for t in views)))
+
+
+def real_steps(lower, func, a: dict, outs: list):
+    """A real family's lowering as a step: its launch request when the family builds one (the
+    elementwise lowerings' `prepare`), else a RUN step."""
+    prepare = getattr(lower, "prepare", None)
+    if prepare is None:
+        yield (RUN, lower, func, a, outs)
+        return
+    req = prepare(func, a, outs)
+    if req is not None:
+        yield req
 
 
 def is_complex(t) -> bool:

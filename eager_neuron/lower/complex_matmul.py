@@ -14,9 +14,8 @@ import torch
 from .. import errors
 from ..kernels import compile as kc
 from ..kernels import complex as kcx
-from ..launch import launch
 from .common import COMPLEX, strided_np
-from .complex_ew import PARALLEL_MIN, elementwise, load_kind, store_type
+from .complex_ew import PARALLEL_MIN, elementwise_steps, load_kind, store_type
 
 # products: base op -> (left, right, added tensor or None); all become (B, M, K) @ (B, K, N)
 MATMUL = {
@@ -38,7 +37,8 @@ def _as3(t: torch.Tensor, role: str) -> torch.Tensor:
 
 
 def matmul(base: str, a: dict, out: torch.Tensor) -> None:
-    """Complex matrix products, one loop kernel (no complex GEMM engine on the device)."""
+    """Complex matrix products, one loop kernel (no complex GEMM engine on the device); a
+    generator of its launch requests (a half operand's float32 copy, the product)."""
     left, right, added = MATMUL[base]
     x, y = a[left], a[right]
     if base == "aten::vdot":
@@ -51,8 +51,8 @@ def matmul(base: str, a: dict, out: torch.Tensor) -> None:
         return
     role = "right" if base in ("aten::mv", "aten::addmv") else "left"   # a vector output
     o3 = out.view(1, 1, 1) if out.dim() == 0 else _as3(out, role)
-    kx, x3 = load_kind(_as3(x, "left"))
-    ky, y3 = load_kind(_as3(y, "right"))
+    kx, x3 = yield from load_kind(_as3(x, "left"))
+    ky, y3 = yield from load_kind(_as3(y, "right"))
     alpha = complex(a.get("alpha", 1) if a.get("alpha") is not None else 1)
     beta = complex(a.get("beta", 1) if a.get("beta") is not None else 1)
     args = [strided_np(o3, tuple(o3.shape), o3.stride()),
@@ -61,7 +61,7 @@ def matmul(base: str, a: dict, out: torch.Tensor) -> None:
     ks = ""
     if added is not None and beta != 0:
         s = a[added]
-        ks, s = load_kind(s)
+        ks, s = yield from load_kind(s)
         s3 = s.expand(out.shape)
         s3 = s3.view(1, 1, 1) if out.dim() == 0 else _as3(s3, role)
         args.append(strided_np(s3, tuple(s3.shape), s3.stride()))
@@ -74,10 +74,9 @@ def matmul(base: str, a: dict, out: torch.Tensor) -> None:
     def render():
         return kcx.render_bmm(kx, ky, bool(ks), ks or "c", store, parallel)
 
-    launch(key, render, tuple(args) + (alpha, beta),
-           flops=float(8 * out.numel() * x3.shape[2]),
-           bytes_moved=float(x3.numel() * x3.element_size() + y3.numel() * y3.element_size()
-                             + out.numel() * out.element_size()), engine="tensor")
+    yield (key, render, tuple(args) + (alpha, beta), float(8 * out.numel() * x3.shape[2]),
+           float(x3.numel() * x3.element_size() + y3.numel() * y3.element_size()
+                 + out.numel() * out.element_size()), "tensor")
 
 
 def addbmm(a: dict, out: torch.Tensor) -> None:
@@ -87,9 +86,9 @@ def addbmm(a: dict, out: torch.Tensor) -> None:
     nb, m, k = b1.shape
     n = b2.shape[2]
     left = torch.empty((m, nb, k), dtype=out.dtype)
-    elementwise("aten::_to_copy", {"self": b1.permute(1, 0, 2)}, left)
+    yield from elementwise_steps("aten::_to_copy", {"self": b1.permute(1, 0, 2)}, left)
     right = torch.empty((nb, k, n), dtype=out.dtype)
-    elementwise("aten::_to_copy", {"self": b2}, right)
-    matmul("aten::addmm", {"self": a["self"], "mat1": left.reshape(m, nb * k),
+    yield from elementwise_steps("aten::_to_copy", {"self": b2}, right)
+    yield from matmul("aten::addmm", {"self": a["self"], "mat1": left.reshape(m, nb * k),
                             "mat2": right.reshape(nb * k, n), "beta": a.get("beta", 1),
                             "alpha": a.get("alpha", 1)}, out)

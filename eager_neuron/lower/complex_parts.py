@@ -1,6 +1,7 @@
 """Complex ops that act on the real and imaginary parts independently (data movement, linear
 backward sums): the op's own real lowering runs on the real parts, then on the imaginary parts;
-complex32 as storage only; `put` as index_put of (real, imag) rows.
+complex32 as storage only; `put` as index_put of (real, imag) rows. Each is a generator of
+launch requests that run_complex launches (lower/complex.py).
 
 >>> import torch, eager_neuron
 >>> z = torch.tensor([1 + 2j, 3 - 1j], device="neuron")
@@ -14,7 +15,7 @@ import torch
 
 from .. import errors
 from .common import COMPLEX
-from .complex_ew import COPIES, dtypes, elementwise
+from .complex_ew import COPIES, dtypes, elementwise_steps, real_steps
 
 # ops that act on the real and imaginary parts independently (data movement, sums): they run as
 # the op's own real kernel twice, over the (strided) real parts and then the imaginary parts
@@ -74,7 +75,7 @@ def split(func, plan, a: dict, outs: list) -> bool:
         for j, target in enumerate(plan.ret_alias):
             if target is not None and j < len(part_outs):
                 part_outs[j] = part[target]
-        plan.lower(func, part, part_outs)
+        yield from real_steps(plan.lower, func, part, part_outs)
     return True
 
 
@@ -86,13 +87,13 @@ def has_chalf(a: dict, outs: list) -> bool:
 def chalf(plan, base: str, a: dict, outs: list) -> None:
     """complex32 is storage only: casts to and from it go through complex64 (its float16 pairs
     convert with the cast family's float16 path); any other op refuses it."""
-    from .cast import cast
+    from .cast import cast_steps
 
     if base == "aten::complex" and outs[0].dtype == torch.complex32:
         # torch.complex(half, half): the pairs themselves (float16 values, exactly)
         pair = torch.view_as_real(outs[0])
-        cast(a["real"].expand(outs[0].shape), pair[..., 0])
-        cast(a["imag"].expand(outs[0].shape), pair[..., 1])
+        yield from cast_steps(a["real"].expand(outs[0].shape), pair[..., 0])
+        yield from cast_steps(a["imag"].expand(outs[0].shape), pair[..., 1])
         return
     name = "src" if base in ("aten::copy", "aten::copy_") else "self"
     src, out = a.get(name), outs[0]
@@ -105,14 +106,14 @@ def chalf(plan, base: str, a: dict, outs: list) -> None:
             "on neuron as storage only")
     if src.dtype == torch.complex32:
         up = torch.empty(src.shape, dtype=torch.complex64)
-        cast(torch.view_as_real(src), torch.view_as_real(up))
+        yield from cast_steps(torch.view_as_real(src), torch.view_as_real(up))
         src = up
     if out.dtype != torch.complex32:
-        elementwise(base, {name: src}, out)
+        yield from elementwise_steps(base, {name: src}, out)
         return
     tmp = torch.empty(out.shape, dtype=torch.complex64)
-    elementwise(base, {name: src}, tmp)
-    cast(torch.view_as_real(tmp), torch.view_as_real(out))
+    yield from elementwise_steps(base, {name: src}, tmp)
+    yield from cast_steps(torch.view_as_real(tmp), torch.view_as_real(out))
 
 
 def put(a: dict, out: torch.Tensor) -> None:
@@ -121,17 +122,17 @@ def put(a: dict, out: torch.Tensor) -> None:
     from .index import lower_index_put  # the family, not ops.py (which imports this module)
 
     if out is not a["self"]:
-        elementwise("aten::_to_copy", {"self": a["self"]}, out)
+        yield from elementwise_steps("aten::_to_copy", {"self": a["self"]}, out)
     if not out.is_contiguous() or out.is_conj() or out.is_neg():
         raise NotImplementedError("complex put into a strided or conj/neg view")
     src = a["source"]
     pairs = torch.empty(tuple(src.shape) + (2,), dtype=out.dtype.to_real())
-    elementwise("aten::_to_copy", {"self": src}, torch.view_as_complex(pairs))
+    yield from elementwise_steps("aten::_to_copy", {"self": src}, torch.view_as_complex(pairs))
     rows = torch.view_as_real(out).view(-1, 2)
     index = a["index"].reshape(-1)
-    lower_index_put(torch.ops.aten.index_put_.default,
-                    {"self": rows, "indices": [index], "values": pairs.view(-1, 2),
-                     "accumulate": bool(a["accumulate"])}, [rows])
+    yield from real_steps(lower_index_put, torch.ops.aten.index_put_.default,
+                          {"self": rows, "indices": [index], "values": pairs.view(-1, 2),
+                           "accumulate": bool(a["accumulate"])}, [rows])
 
 
 def as_strided_scatter(a: dict, out: torch.Tensor) -> None:
@@ -141,10 +142,10 @@ def as_strided_scatter(a: dict, out: torch.Tensor) -> None:
     from .shape import as_strided_dst
 
     if out is not a["self"]:
-        elementwise("aten::_to_copy", {"self": a["self"]}, out)
+        yield from elementwise_steps("aten::_to_copy", {"self": a["self"]}, out)
     dst = as_strided_dst(out, a)
     if dst.numel():
-        elementwise("aten::_to_copy", {"self": a["src"]}, dst)
+        yield from elementwise_steps("aten::_to_copy", {"self": a["src"]}, dst)
 
 
 def masked_scatter_backward(func, plan, a: dict, out: torch.Tensor) -> None:
@@ -154,9 +155,10 @@ def masked_scatter_backward(func, plan, a: dict, out: torch.Tensor) -> None:
     g = a["grad_output"]
     if g.is_conj() or g.is_neg():   # the pairs of the values, not of the raw memory
         tmp = torch.empty(g.shape, dtype=g.dtype)
-        elementwise("aten::_to_copy", {"self": g}, tmp)
+        yield from elementwise_steps("aten::_to_copy", {"self": g}, tmp)
         g = tmp
     pair = torch.view_as_real(g)
     mask = a["mask"].expand(g.shape).unsqueeze(-1).expand(pair.shape)
-    plan.lower(func, {"grad_output": pair, "mask": mask, "sizes": list(a["sizes"]) + [2]},
-               [torch.view_as_real(out)])
+    yield from real_steps(plan.lower, func, {"grad_output": pair, "mask": mask,
+                                             "sizes": list(a["sizes"]) + [2]},
+                          [torch.view_as_real(out)])

@@ -1,5 +1,6 @@
 """Complex reductions: sum/mean over the (real, imag) pairs with the reduce family,
-var/std(_mean) from the parts' variances, prod/cumprod as a complex128 scan kernel.
+var/std(_mean) from the parts' variances, prod/cumprod as a complex128 scan kernel. Each is a
+generator of launch requests that run_complex launches (lower/complex.py).
 
 >>> import torch, eager_neuron
 >>> z = torch.tensor([1 + 2j, 3 - 1j], device="neuron")
@@ -13,9 +14,8 @@ import torch
 
 from .. import errors
 from ..kernels import complex as kcx
-from ..launch import launch
 from .common import COMPLEX
-from .complex_ew import elementwise
+from .complex_ew import elementwise_steps, real_steps
 
 
 def sum_mean(base: str, a: dict, outs: list) -> None:
@@ -29,24 +29,25 @@ def sum_mean(base: str, a: dict, outs: list) -> None:
             f"{base} of {x.dtype} into {out.dtype} has no neuron kernel\n{errors.where()}\n"
             "  fix: sum the complex tensor into a complex dtype")
     if x.dim() == 0:   # the sum (and mean) of one number is that number
-        return elementwise("aten::_to_copy", {"self": x}, out)
+        return (yield from elementwise_steps("aten::_to_copy", {"self": x}, out))
     conj = x.is_conj()
     raw = x.conj() if conj else x
     if raw.is_neg():
         raise NotImplementedError("complex sum of a negative-bit view")
     if raw.dtype != out.dtype:
         tmp = torch.empty(raw.shape, dtype=out.dtype)
-        elementwise("aten::_to_copy", {"self": raw}, tmp)
+        yield from elementwise_steps("aten::_to_copy", {"self": raw}, tmp)
         raw = tmp
     dims = red_dims(x, a.get("dim"))
     func = torch.ops.aten.sum.dim_IntList if base == "aten::sum" else torch.ops.aten.mean.dim
     lower = RED.get(f"{base}.dim_IntList" if base == "aten::sum" else "aten::mean.dim")
     if lower is None:
         raise errors.UnsupportedOpError(f"{base}: no real reduction kernel to pair with")
-    lower(func, {"self": torch.view_as_real(raw), "dim": dims, "keepdim": bool(a.get("keepdim")),
-                 "dtype": None}, [torch.view_as_real(out)])
+    yield from real_steps(lower, func, {"self": torch.view_as_real(raw), "dim": dims,
+                                        "keepdim": bool(a.get("keepdim")), "dtype": None},
+                          [torch.view_as_real(out)])
     if conj:
-        elementwise("aten::conj_physical", {"self": out}, out)
+        yield from elementwise_steps("aten::conj_physical", {"self": out}, out)
 
 
 VARIANCE = frozenset({"aten::var", "aten::std", "aten::var_mean", "aten::std_mean"})
@@ -71,19 +72,24 @@ def variance(base: str, a: dict, outs: list) -> None:
     parts = []
     for i in (0, 1):
         tmp = torch.empty(out.shape, dtype=out.dtype)
-        var_lower(torch.ops.aten.var.correction,
-                  {"self": pair[..., i], "dim": a.get("dim"), "correction": a.get("correction"),
-                   "keepdim": bool(a.get("keepdim"))}, [tmp])
+        yield from real_steps(var_lower, torch.ops.aten.var.correction,
+                              {"self": pair[..., i], "dim": a.get("dim"),
+                               "correction": a.get("correction"),
+                               "keepdim": bool(a.get("keepdim"))}, [tmp])
         parts.append(tmp)
     add = EW["aten::add"]
     if base.startswith("aten::std"):
         total = torch.empty(out.shape, dtype=out.dtype)
-        add(torch.ops.aten.add.Tensor, {"self": parts[0], "other": parts[1], "alpha": 1}, [total])
-        EW["aten::sqrt"](torch.ops.aten.sqrt.default, {"self": total}, [out])
+        yield from real_steps(add, torch.ops.aten.add.Tensor,
+                              {"self": parts[0], "other": parts[1], "alpha": 1}, [total])
+        yield from real_steps(EW["aten::sqrt"], torch.ops.aten.sqrt.default, {"self": total},
+                              [out])
     else:
-        add(torch.ops.aten.add.Tensor, {"self": parts[0], "other": parts[1], "alpha": 1}, [out])
+        yield from real_steps(add, torch.ops.aten.add.Tensor,
+                              {"self": parts[0], "other": parts[1], "alpha": 1}, [out])
     if base.endswith("_mean"):
-        sum_mean("aten::mean", {"self": x, "dim": a.get("dim"), "keepdim": a.get("keepdim")},
+        yield from sum_mean("aten::mean", {"self": x, "dim": a.get("dim"),
+                                           "keepdim": a.get("keepdim")},
              [outs[1]])
 
 
@@ -95,16 +101,16 @@ def prod(base: str, a: dict, out: torch.Tensor) -> None:
     if out.numel() == 0:
         return
     if x.dim() == 0:
-        return elementwise("aten::_to_copy", {"self": x}, out)
+        return (yield from elementwise_steps("aten::_to_copy", {"self": x}, out))
     if x.numel() == 0:   # prod over an empty dim is 1 (scans of an empty x have no output)
-        return elementwise("aten::ones_like", {"self": out}, out)
+        return (yield from elementwise_steps("aten::ones_like", {"self": out}, out))
     if dim is None:   # prod of everything
         x, d = x.reshape(-1), 0
     else:
         d = dim % x.dim()
     moved = x.movedim(d, -1)
     rows = torch.empty(moved.shape, dtype=torch.complex128)
-    elementwise("aten::_to_copy", {"self": moved}, rows)
+    yield from elementwise_steps("aten::_to_copy", {"self": moved}, rows)
     n = rows.shape[-1] if rows.dim() else 1
     x2 = rows.reshape(-1, n)
     if base == "aten::prod":
@@ -116,7 +122,6 @@ def prod(base: str, a: dict, out: torch.Tensor) -> None:
         res = torch.empty(x2.shape, dtype=torch.complex128)
         view = res.reshape(moved.shape).movedim(-1, d)
     kind = base.split("::")[1].lstrip("_")   # prod, cumprod, logcumsumexp
-    launch(("cscan", base, 2), lambda: kcx.render_scan(kind),
-           (x2.numpy(), res.numpy()), flops=float(6 * x2.numel()),
-           bytes_moved=float(32 * x2.numel()))
-    elementwise("aten::_to_copy", {"self": view.reshape(out.shape)}, out)
+    yield (("cscan", base, 2), lambda: kcx.render_scan(kind), (x2.numpy(), res.numpy()),
+           float(6 * x2.numel()), float(32 * x2.numel()))
+    yield from elementwise_steps("aten::_to_copy", {"self": view.reshape(out.shape)}, out)
