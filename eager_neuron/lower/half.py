@@ -2,13 +2,18 @@
 
 Every half operand is cast up to float32 on the device, the float32 lowering runs, and half
 outputs are cast back (round to nearest even, as PyTorch's CPU kernels do).
+
+run_upcast launches the casts itself (lower/cast.py's cast_steps) and the float32 op's request
+when its family builds one (elementwise `prepare`): dispatch -> run_upcast -> launch. Another
+lowering is called from run_upcast's frame and launches one call deeper.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .cast import _dense, lower_to_copy
+from ..launch import launch
+from .cast import RUN, _dense, cast_steps
 from .common import HALF
 
 
@@ -23,9 +28,21 @@ def _non_overlapping(t: torch.Tensor) -> bool:
 
 
 def _up(t: torch.Tensor, index_like: torch.Tensor = None) -> torch.Tensor:
+    """_up_steps, launched (for lowerings of other families that cast half operands up)."""
+    steps = _up_steps(t, index_like)
+    while True:
+        try:
+            req = next(steps)
+        except StopIteration as stop:
+            return stop.value
+        launch(*req)
+
+
+def _up_steps(t: torch.Tensor, index_like: torch.Tensor = None):
     """t as float32 (exact): same strides where they are non-overlapping; an expanded operand
     (stride 0, e.g. from expand/meshgrid) is cast once per distinct element and expanded back,
-    never written through an overlapping float32 view (ATen refuses such a write)."""
+    never written through an overlapping float32 view (ATen refuses such a write). A generator
+    of the cast's launches; returns the float32 tensor."""
     if t.dtype not in HALF:
         return t
     if _dense(t):
@@ -38,10 +55,10 @@ def _up(t: torch.Tensor, index_like: torch.Tensor = None) -> torch.Tensor:
         base = t[idx]
         if _non_overlapping(base):
             up = torch.empty_strided(base.shape, base.stride(), dtype=torch.float32)
-            lower_to_copy(torch.ops.aten._to_copy.default, {"self": base}, [up])
+            yield from cast_steps(base, up)   # what lower_to_copy runs for a half source
             return up.expand(t.shape)
         out = torch.empty(t.shape, dtype=torch.float32)
-    lower_to_copy(torch.ops.aten._to_copy.default, {"self": t}, [out])
+    yield from cast_steps(t, out)
     return out
 
 
@@ -91,8 +108,9 @@ def _compute_half(a: dict):
     return ctype if ctype in HALF else None
 
 
-def _round_numbers(func, a: dict, outs: list) -> dict:
-    """Number operands rounded to the half type where the CPU rounds them (see _ROUND_SCALAR)."""
+def _round_numbers(func, a: dict, outs: list):
+    """Number operands rounded to the half type where the CPU rounds them (see _ROUND_SCALAR);
+    a generator of the launches rounding a 0-d tensor, returning the arguments."""
     name = func._schema.name
     base = name[:-1] if name.endswith("_") else name
     wrapped = name not in _RAW_WRAPPED
@@ -118,7 +136,7 @@ def _round_numbers(func, a: dict, outs: list) -> dict:
     for nm in todo:
         v = a[nm]
         if isinstance(v, torch.Tensor):
-            a[nm] = _round_tensor(v, ctype)
+            a[nm] = yield from _round_tensor(v, ctype)
         else:
             r = _half_round(v, ctype)
             if r != v:   # an exact int stays an int (the same kernel as before)
@@ -126,23 +144,36 @@ def _round_numbers(func, a: dict, outs: list) -> dict:
     return a
 
 
-def _round_tensor(t: torch.Tensor, dtype) -> torch.Tensor:
+def _round_tensor(t: torch.Tensor, dtype):
     """A 0-d float tensor rounded to the half dtype and back on the device (a kernel, so adaptive
-    eager records it in order, never reading a pending value)."""
+    eager records it in order, never reading a pending value); steps, returning the tensor."""
     h = torch.empty((), dtype=dtype)
-    lower_to_copy(torch.ops.aten._to_copy.default, {"self": t}, [h])
-    return _up(h, h)
+    yield from cast_steps(t, h)
+    return (yield from _up_steps(h, h))
 
 
 def run_upcast(func, plan, a: dict, outs: list) -> None:
-    a = _round_numbers(func, a, outs)
+    """A half-type op computed in float32 (dispatch routes every such kernel call here): it
+    launches its steps itself, the casts and the float32 op's request (or runs its lowering)."""
+    for req in _upcast_steps(func, plan, a, outs):
+        if req[0] is RUN:   # a lowering without a request builder: it launches itself
+            req[1](*req[2:])
+        else:
+            launch(*req)
+
+
+def _upcast_steps(func, plan, a: dict, outs: list):
+    a = yield from _round_numbers(func, a, outs)
     # NOTE: temporaries are host-backed scratch, like SBUF tiles; only outputs touch HBM.
     up = {}
     for k, v in a.items():
         if isinstance(v, torch.Tensor) and v.dtype in HALF:
-            up[k] = _up(v, v)
+            up[k] = yield from _up_steps(v, v)
         elif isinstance(v, (list, tuple)) and v and isinstance(v[0], torch.Tensor):
-            up[k] = type(v)(_up(x, x) if x.dtype in HALF else x for x in v)
+            items = []
+            for x in v:
+                items.append((yield from _up_steps(x, x)) if x.dtype in HALF else x)
+            up[k] = type(v)(items)
         else:
             up[k] = v
     tmp_outs = []
@@ -155,7 +186,13 @@ def run_upcast(func, plan, a: dict, outs: list) -> None:
     for i, target in enumerate(plan.ret_alias):
         if target is not None and isinstance(outs[i], torch.Tensor) and outs[i].dtype in HALF:
             tmp_outs[i] = up[target]
-    plan.lower(func, up, tmp_outs)
+    prepare = getattr(plan.lower, "prepare", None)
+    if prepare is None:
+        yield (RUN, plan.lower, func, up, tmp_outs)
+    else:   # the elementwise family: the float32 op's launch request
+        req = prepare(func, up, tmp_outs)
+        if req is not None:
+            yield req
     for o, t in zip(outs, tmp_outs):
         if o is not t and isinstance(o, torch.Tensor) and o.dtype in HALF:
-            lower_to_copy(torch.ops.aten._to_copy.default, {"self": t}, [o])
+            yield from cast_steps(t, o)   # what lower_to_copy runs for a half output
