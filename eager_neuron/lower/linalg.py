@@ -9,7 +9,9 @@ meta. PyTorch's choices that later ops read back are kept: `_linalg_solve_ex`, `
 and `_linalg_slogdet` factor A^T when A is contiguous (their backward formulas assume it), and
 `_linalg_check_errors` raises torch.linalg.LinAlgError with the CPU's messages.
 
-The scratch/launch/error helpers live in `linalg_base.py` (re-exported here).
+The scratch/launch/error helpers live in `linalg_base.py` (re-exported here). Each lowering is
+a generator of launch requests that `lowering()` launches (dispatch -> lowering -> launch); the
+helpers it calls are generators too (`lu, piv, info = yield from factor(A)`).
 
 >>> import torch, eager_neuron
 >>> A = torch.tensor([[4.0, 1.0], [2.0, 3.0]], device="neuron")
@@ -23,7 +25,7 @@ import numpy as np
 import torch
 
 from .. import errors
-from .cast import cast
+from .cast import cast_steps
 from .linalg_base import (  # noqa: F401 - re-exported for importers of lower.linalg
     C128,
     F64,
@@ -31,7 +33,6 @@ from .linalg_base import (  # noqa: F401 - re-exported for importers of lower.li
     PARALLEL_MIN,
     VERSION,
     BatchKernel,
-    _functional_only,
     _no_pivot,
     b1,
     b2,
@@ -40,14 +41,18 @@ from .linalg_base import (  # noqa: F401 - re-exported for importers of lower.li
     check_info,
     check_status,
     copy,
+    copy_steps,
     f64,
+    f64_steps,
     int_scratch,
     lower_check_errors,
+    lowering,
     nbatch,
     put,
     put_int,
     run,
     zero,
+    zero_steps,
     zkind,
 )
 
@@ -56,17 +61,17 @@ from .linalg_base import (  # noqa: F401 - re-exported for importers of lower.li
 # ---------------------------------------------------------------------------------------------
 
 def factor(A: torch.Tensor, piv_out=None, info_out=None):
-    """(lu float64 scratch, pivots int32, info int32) of getrf on A (..., m, n)."""
+    """(lu float64 scratch, pivots int32, info int32) of getrf on A (..., m, n); steps."""
     m, n = A.shape[-2:]
     batch = tuple(A.shape[:-2])
-    lu = f64(A)
+    lu = yield from f64_steps(A)
     piv = int_scratch(piv_out, batch + (min(m, n),))
     info = int_scratch(info_out, batch)
     if lu.numel():
-        run(zkind("lu_factor", lu), (b3(lu), b2(piv), b1(info)),
+        yield run(zkind("lu_factor", lu), (b3(lu), b2(piv), b1(info)),
             flops=2.0 * lu.numel() * min(m, n))
     else:
-        zero(info)
+        yield from zero_steps(info)
     return lu, piv, info
 
 
@@ -75,12 +80,12 @@ def lower_lu_factor_ex(func, a, outs):
     if not a["pivot"]:
         _no_pivot("linalg.lu_factor")
     if A.numel() == 0:
-        zero(info)
+        yield from zero_steps(info)
         return
-    lu, piv, inf = factor(A, pivots, info)
-    put(lu, LU)
-    put_int(piv, pivots)
-    put_int(inf, info)
+    lu, piv, inf = yield from factor(A, pivots, info)
+    yield from put(lu, LU)
+    yield from put_int(piv, pivots)
+    yield from put_int(inf, info)
     if a["check_errors"]:
         check_info(inf, "torch.linalg.lu_factor_ex", A.dim() == 2)
 
@@ -99,25 +104,26 @@ def lu_solve_into(lu: torch.Tensor, piv: torch.Tensor, B: torch.Tensor, out: tor
     batch = tuple(out.shape[:-2])
     scratch = C128 if lu.is_complex() or B.is_complex() else F64
     if not (lu.dtype == scratch and lu.is_contiguous() and tuple(lu.shape[:-2]) == batch):
-        lu = f64(lu, batch + (n, n))
+        lu = yield from f64_steps(lu, batch + (n, n))
     if not (piv.is_contiguous() and piv.dtype == I32 and tuple(piv.shape[:-1]) == batch):
         p = torch.empty(batch + (n,), dtype=I32)
-        cast(piv.expand(batch + (n,)), p)
+        yield from cast_steps(piv.expand(batch + (n,)), p)
         piv = p
-    x = f64(B, batch + (n, k))
+    x = yield from f64_steps(B, batch + (n, k))
     if x.dtype != lu.dtype:   # a real B with a complex LU (or back): both complex
-        x = _as_c128(x)
-        lu = _as_c128(lu)
+        x = yield from _as_c128(x)
+        lu = yield from _as_c128(lu)
     status = torch.empty(batch, dtype=I32)
     flags = (trans, conj, False) if lu.dtype == C128 else (trans, False)
-    run(zkind("lu_solve", lu), (b3(lu), b2(piv), b3(x), b1(status)), flags,
+    yield run(zkind("lu_solve", lu), (b3(lu), b2(piv), b3(x), b1(status)), flags,
         flops=2.0 * x.numel() * n)
     check_status(status, "linalg.lu_solve", "pivots out of range [1, n]")
-    put(x, out)
+    yield from put(x, out)
 
 
 def lower_lu_solve(func, a, outs):
-    lu_solve_into(a["LU"], a["pivots"], a["B"], outs[0], bool(a["left"]), bool(a["adjoint"]))
+    yield from lu_solve_into(a["LU"], a["pivots"], a["B"], outs[0], bool(a["left"]),
+                             bool(a["adjoint"]))
 
 
 def is_vector_rhs(A: torch.Tensor, B: torch.Tensor) -> bool:
@@ -128,34 +134,34 @@ def lower_solve_ex(func, a, outs):
     A, B, left = a["A"], a["B"], bool(a["left"])
     result, LU, pivots, info = outs
     # NOTE: torch 2.13 factors A itself here (unlike _linalg_det), and its backward reads LU so
-    lu, piv, inf = factor(A, pivots, info)
-    put(lu, LU)
-    put_int(piv, pivots)
-    put_int(inf, info)
+    lu, piv, inf = yield from factor(A, pivots, info)
+    yield from put(lu, LU)
+    yield from put_int(piv, pivots)
+    yield from put_int(inf, info)
     if A.numel() == 0:
-        zero(info)
+        yield from zero_steps(info)
         return
     if a["check_errors"]:
         check_info(inf, "torch.linalg.solve_ex", A.dim() == 2)
     if is_vector_rhs(A, B):
         B, result = B.unsqueeze(-1), result.unsqueeze(-1)
-    lu_solve_into(lu, piv, B, result, left, False)
+    yield from lu_solve_into(lu, piv, B, result, left, False)
 
 
 def lower_inv_ex(func, a, outs):
     A, (inv, info) = a["A"], outs
     if A.numel() == 0:
-        zero(info)
+        yield from zero_steps(info)
         return
     n = A.shape[-1]
-    lu, piv, inf = factor(A, None, info)
+    lu, piv, inf = yield from factor(A, None, info)
     x = torch.empty(lu.shape, dtype=lu.dtype)
     status = torch.empty(A.shape[:-2], dtype=I32)
     flags = (False, False, True) if lu.dtype == C128 else (False, True)
-    run(zkind("lu_solve", lu), (b3(lu), b2(piv), b3(x), b1(status)), flags,
+    yield run(zkind("lu_solve", lu), (b3(lu), b2(piv), b3(x), b1(status)), flags,
         flops=2.0 * lu.numel() * n)
-    put(x, inv)
-    put_int(inf, info)
+    yield from put(x, inv)
+    yield from put_int(inf, info)
     if a["check_errors"]:
         check_info(inf, "linalg.inv_ex", A.dim() == 2)
 
@@ -163,29 +169,29 @@ def lower_inv_ex(func, a, outs):
 def _det_parts(A: torch.Tensor, LU, pivots):
     # PyTorch: det(A^T) = det(A), and backward expects that LU (real matrices only)
     use_t = A.is_contiguous() and not A.is_complex()
-    lu, piv, _info = factor(A.mT if use_t else A, pivots)
+    lu, piv, _info = yield from factor(A.mT if use_t else A, pivots)
     batch = tuple(A.shape[:-2])
     det, sign = (torch.empty(batch, dtype=lu.dtype) for _ in range(2))
     logabs = torch.empty(batch, dtype=F64)
     if det.numel():
-        run(zkind("lu_det", lu), (b3(lu), b2(piv), b1(det), b1(sign), b1(logabs)),
+        yield run(zkind("lu_det", lu), (b3(lu), b2(piv), b1(det), b1(sign), b1(logabs)),
             flops=lu.numel())
-    put(lu, LU)
-    put_int(piv, pivots)
+    yield from put(lu, LU)
+    yield from put_int(piv, pivots)
     return det, sign, logabs
 
 
 def lower_det(func, a, outs):
     result, LU, pivots = outs
-    det, _sign, _logabs = _det_parts(a["A"], LU, pivots)
-    put(det, result)
+    det, _sign, _logabs = yield from _det_parts(a["A"], LU, pivots)
+    yield from put(det, result)
 
 
 def lower_slogdet(func, a, outs):
     sign, logabsdet, LU, pivots = outs
-    _det, s, la = _det_parts(a["A"], LU, pivots)
-    put(s, sign)
-    put(la, logabsdet)
+    _det, s, la = yield from _det_parts(a["A"], LU, pivots)
+    yield from put(s, sign)
+    yield from put(la, logabsdet)
 
 
 def _unpack(lu: torch.Tensor, piv: torch.Tensor, P, L, U, unpack_data: bool,
@@ -194,10 +200,10 @@ def _unpack(lu: torch.Tensor, piv: torch.Tensor, P, L, U, unpack_data: bool,
     k = min(m, n)
     batch = tuple(lu.shape[:-2])
     if lu.dtype not in (F64, C128) or not lu.is_contiguous():
-        lu = f64(lu)
+        lu = yield from f64_steps(lu)
     if not (piv.is_contiguous() and piv.dtype == I32):
         p = torch.empty(piv.shape, dtype=I32)
-        cast(piv, p)
+        yield from cast_steps(piv, p)
         piv = p
     nb = 1
     for s in batch:
@@ -212,19 +218,19 @@ def _unpack(lu: torch.Tensor, piv: torch.Tensor, P, L, U, unpack_data: bool,
     l64 = torch.empty(batch + (m, k), dtype=dt) if unpack_data else dummy
     u64 = torch.empty(batch + (k, n), dtype=dt) if unpack_data else dummy
     status = torch.empty((nb,), dtype=I32)
-    run("lu_unpack", (b3(lu), b2(piv), b3(p64), b3(l64), b3(u64)),
+    yield run("lu_unpack", (b3(lu), b2(piv), b3(p64), b3(l64), b3(u64)),
         (unpack_data, unpack_pivots, b1(status)), flops=lu.numel())
     check_status(status, "lu_unpack", "pivots out of range [1, m]")
     if unpack_pivots:
-        put(p64, P)
+        yield from put(p64, P)
     if unpack_data:
-        put(l64, L)
-        put(u64, U)
+        yield from put(l64, L)
+        yield from put(u64, U)
 
 
 def lower_lu_unpack(func, a, outs):
     P, L, U = outs
-    _unpack(a["LU_data"], a["LU_pivots"], P, L, U, bool(a["unpack_data"]),
+    yield from _unpack(a["LU_data"], a["LU_pivots"], P, L, U, bool(a["unpack_data"]),
             bool(a["unpack_pivots"]))
 
 
@@ -234,8 +240,8 @@ def lower_linalg_lu(func, a, outs):
         _no_pivot("linalg.lu")
     if A.numel() == 0:
         return
-    lu, piv, _info = factor(A)
-    _unpack(lu, piv, P, L, U, True, True)
+    lu, piv, _info = yield from factor(A)
+    yield from _unpack(lu, piv, P, L, U, True, True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -246,13 +252,14 @@ def _trsm_into(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor, upper: bool,
                unit: bool) -> None:
     n, k = out.shape[-2:]
     batch = tuple(out.shape[:-2])
-    a64 = f64(A, batch + (n, n))
-    x = f64(B, batch + (n, k))
+    a64 = yield from f64_steps(A, batch + (n, n))
+    x = yield from f64_steps(B, batch + (n, k))
     if a64.dtype != x.dtype:
-        a64, x = _as_c128(a64), _as_c128(x)
+        a64 = yield from _as_c128(a64)
+        x = yield from _as_c128(x)
     flags = (upper, trans, False, unit) if x.dtype == C128 else (upper, trans, unit)
-    run(zkind("trsm", x), (b3(a64), b3(x)), flags, flops=1.0 * x.numel() * n)
-    put(x, out)
+    yield run(zkind("trsm", x), (b3(a64), b3(x)), flags, flops=1.0 * x.numel() * n)
+    yield from put(x, out)
 
 
 def lower_solve_triangular(func, a, outs):
@@ -261,18 +268,18 @@ def lower_solve_triangular(func, a, outs):
         return
     upper, unit = bool(a["upper"]), bool(a["unitriangular"])
     if a["left"]:
-        _trsm_into(A, B, out, upper, False, unit)
+        yield from _trsm_into(A, B, out, upper, False, unit)
     else:                      # X A = B  <=>  A^T X^T = B^T
-        _trsm_into(A, B.mT, out.mT, upper, True, unit)
+        yield from _trsm_into(A, B.mT, out.mT, upper, True, unit)
 
 
 def lower_triangular_solve(func, a, outs):
     b, A = a["self"], a["A"]
     solution, clone = outs
     if clone.numel():
-        copy(A.detach().expand(clone.shape), clone)
+        yield from copy_steps(A.detach().expand(clone.shape), clone)
     if solution.numel():
-        _trsm_into(A, b, solution, bool(a["upper"]), bool(a["transpose"]),
+        yield from _trsm_into(A, b, solution, bool(a["upper"]), bool(a["transpose"]),
                    bool(a["unitriangular"]))
 
 
@@ -292,7 +299,7 @@ def _as_c128(t: torch.Tensor) -> torch.Tensor:
     if t.dtype == C128:
         return t
     out = torch.empty(t.shape, dtype=C128)
-    copy(t, out)
+    yield from copy_steps(t, out)
     return out
 
 
@@ -301,28 +308,28 @@ def _cholesky(A: torch.Tensor, L: torch.Tensor, info_out, upper: bool) -> torch.
     batch = tuple(A.shape[:-2])
     info = int_scratch(info_out, batch)
     if A.numel() == 0:
-        zero(info)
+        yield from zero_steps(info)
         return info
     # potrf('U') on A = potrf('L') on A^T, transposed (complex too: the lower triangle of A^T is
     # conj of the Hermitian matrix's, whose factor conj(L) transposes to U = L^H)
-    lower = f64(A.mT if upper else A)
+    lower = yield from f64_steps(A.mT if upper else A)
     n = A.shape[-1]
-    run(zkind("cholesky", lower), (b3(lower), b1(info)), flops=lower.numel() * n / 3.0)
-    put(lower, L.mT if upper else L)
+    yield run(zkind("cholesky", lower), (b3(lower), b1(info)), flops=lower.numel() * n / 3.0)
+    yield from put(lower, L.mT if upper else L)
     return info
 
 
 def lower_cholesky_ex(func, a, outs):
     A, (L, info) = a["self"], outs
-    inf = _cholesky(A, L, info, bool(a["upper"]))
-    put_int(inf, info)
+    inf = yield from _cholesky(A, L, info, bool(a["upper"]))
+    yield from put_int(inf, info)
     if a["check_errors"]:
         check_info(inf, "linalg.cholesky_ex", A.dim() == 2)
 
 
 def lower_cholesky(func, a, outs):
     A = a["self"]
-    inf = _cholesky(A, outs[0], None, bool(a["upper"]))
+    inf = yield from _cholesky(A, outs[0], None, bool(a["upper"]))
     check_info(inf, "cholesky", A.dim() == 2)
 
 
@@ -330,7 +337,7 @@ def lower_cholesky_inverse(func, a, outs):
     L, out = a["self"], outs[0]
     if out.numel() == 0:
         return
-    lower = f64(_lower_factor(L, a["upper"]))
+    lower = yield from f64_steps(_lower_factor(L, a["upper"]))
     info = torch.empty(L.shape[:-2], dtype=I32)
     n = L.shape[-1]
     if lower.dtype == C128:
@@ -338,12 +345,12 @@ def lower_cholesky_inverse(func, a, outs):
         info.numpy().reshape(-1)[...] = [(np.flatnonzero(r == 0)[:1] + 1).sum() for r in d]
         check_info(info, "cholesky_inverse", L.dim() == 2)
         x = torch.empty(lower.shape, dtype=C128)
-        run("zcholesky_solve", (b3(lower), b3(x)), (True,), flops=lower.numel() * n)
-        put(x, out)
+        yield run("zcholesky_solve", (b3(lower), b3(x)), (True,), flops=lower.numel() * n)
+        yield from put(x, out)
         return
-    run("cholesky_inverse", (b3(lower), b1(info)), flops=lower.numel() * n)
+    yield run("cholesky_inverse", (b3(lower), b1(info)), flops=lower.numel() * n)
     check_info(info, "cholesky_inverse", L.dim() == 2)
-    put(lower, out)
+    yield from put(lower, out)
 
 
 def lower_cholesky_solve(func, a, outs):
@@ -352,15 +359,16 @@ def lower_cholesky_solve(func, a, outs):
         return
     n, k = out.shape[-2:]
     batch = tuple(out.shape[:-2])
-    l64 = f64(_lower_factor(L, a["upper"]), batch + (n, n))
-    x = f64(B, batch + (n, k))
+    l64 = yield from f64_steps(_lower_factor(L, a["upper"]), batch + (n, n))
+    x = yield from f64_steps(B, batch + (n, k))
     if l64.dtype != x.dtype:
-        l64, x = _as_c128(l64), _as_c128(x)
+        l64 = yield from _as_c128(l64)
+        x = yield from _as_c128(x)
     if x.dtype == C128:
-        run("zcholesky_solve", (b3(l64), b3(x)), (False,), flops=2.0 * x.numel() * n)
+        yield run("zcholesky_solve", (b3(l64), b3(x)), (False,), flops=2.0 * x.numel() * n)
     else:
-        run("cholesky_solve", (b3(l64), b3(x)), flops=2.0 * x.numel() * n)
-    put(x, out)
+        yield run("cholesky_solve", (b3(l64), b3(x)), flops=2.0 * x.numel() * n)
+    yield from put(x, out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -370,18 +378,18 @@ def lower_cholesky_solve(func, a, outs):
 def lower_ldl_factor_ex(func, a, outs):
     A, (LD, pivots, info) = a["self"], outs
     if A.numel() == 0:
-        zero(info)
+        yield from zero_steps(info)
         return
     n = A.shape[-1]
     batch = tuple(A.shape[:-2])
-    x = f64(A)
+    x = yield from f64_steps(A)
     piv = int_scratch(pivots, batch + (n,))
     inf = int_scratch(info, batch)
     kind = "zhldl_factor" if x.dtype == C128 and a.get("hermitian") else zkind("ldl_factor", x)
-    run(kind, (b3(x), b2(piv), b1(inf)), flops=x.numel() * n / 3.0)
-    put(x, LD)
-    put_int(piv, pivots)
-    put_int(inf, info)
+    yield run(kind, (b3(x), b2(piv), b1(inf)), flops=x.numel() * n / 3.0)
+    yield from put(x, LD)
+    yield from put_int(piv, pivots)
+    yield from put_int(inf, info)
     if a["check_errors"]:
         check_info(inf, "torch.linalg.ldl_factor_ex", A.dim() == 2)
 
@@ -392,16 +400,16 @@ def lower_ldl_solve(func, a, outs):
         return
     n, k = out.shape[-2:]
     batch = tuple(out.shape[:-2])
-    ld = f64(LD, batch + (n, n))
+    ld = yield from f64_steps(LD, batch + (n, n))
     piv = torch.empty(batch + (n,), dtype=I32)
-    cast(pivots.detach().expand(batch + (n,)), piv)
-    x = f64(B, batch + (n, k))
+    yield from cast_steps(pivots.detach().expand(batch + (n,)), piv)
+    x = yield from f64_steps(B, batch + (n, k))
     status = torch.empty(batch, dtype=I32)
     kind = "zhldl_solve" if ld.dtype == C128 and a.get("hermitian") else zkind("ldl_solve", ld)
-    run(kind, (b3(ld), b2(piv), b3(x), b1(status)),
+    yield run(kind, (b3(ld), b2(piv), b3(x), b1(status)),
         flops=2.0 * x.numel() * n)
     check_status(status, "linalg.ldl_solve", "pivots are not a valid ldl_factor output")
-    put(x, out)
+    yield from put(x, out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -422,13 +430,13 @@ def lower_cross(func, a, outs):
     dim = a["dim"] % len(shape)
     pre, post = nbatch(shape[:dim]), nbatch(shape[dim + 1:])
     xs, ys = (torch.empty(shape, dtype=torch.float32) for _ in range(2))
-    cast(a["self"].detach().expand(shape), xs)
-    cast(a["other"].detach().expand(shape), ys)
+    yield from cast_steps(a["self"].detach().expand(shape), xs)
+    yield from cast_steps(a["other"].detach().expand(shape), ys)
     o = torch.empty(shape, dtype=torch.float32)
     kind = "cross_bf16" if out.dtype == torch.bfloat16 else "cross_f16"
-    run(kind, tuple(t.numpy().reshape(pre, 3, post) for t in (xs, ys, o)),
+    yield run(kind, tuple(t.numpy().reshape(pre, 3, post) for t in (xs, ys, o)),
         flops=9.0 * out.numel())
-    cast(o, out)
+    yield from cast_steps(o, out)
 
 
 lower_cross.handles_half = True
@@ -460,6 +468,7 @@ for _fn in (lower_lu_factor_ex, lower_lu_solve, lower_solve_ex, lower_inv_ex, lo
             lower_triangular_solve, lower_cholesky_ex, lower_cholesky, lower_cholesky_inverse,
             lower_cholesky_solve, lower_check_errors, lower_ldl_factor_ex, lower_ldl_solve):
     _fn.handles_complex = True
-LOWERINGS = {name: _functional_only(fn) for name, fn in LOWERINGS.items()}
+LOWERINGS = {name: fn if fn is lower_check_errors else lowering(fn)
+             for name, fn in LOWERINGS.items()}
 # part two (QR, eigh, SVD, pinv, lstsq, matrix_exp) is its own family, lower/linalg_spectral.py:
 # it imports the helpers above (one direction: this module imports nothing from it)

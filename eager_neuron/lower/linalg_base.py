@@ -1,6 +1,13 @@
 """Linear-algebra lowerings' shared machinery: scratch copies in (float64, or complex128 for
 complex operands), batched kernel launches (kernels/linalg.py), results out, and PyTorch's
-`_linalg_check_errors` messages. `linalg.py` (LU, Cholesky, triangular, LDL), `linalg_spectral.py`
+`_linalg_check_errors` messages.
+
+Call depth: a lowering's body is a generator of launch requests (launch()'s positional
+arguments); `lowering(steps)` makes the function dispatch calls, which launches each request
+itself as it comes, so every launch sits two calls below dispatch however many helpers built
+it. The helpers below are generators too (`buf = yield from f64_steps(t)`); each request is
+built when the one before it has run, so host checks between launches (check_info) keep their
+place. `linalg.py` (LU, Cholesky, triangular, LDL), `linalg_spectral.py`
 (QR, eigh, SVD, pinv, lstsq, matrix_exp) and `linalg_complex.py` (their complex forms) build on it.
 
 >>> import torch
@@ -19,7 +26,7 @@ import torch
 from ..kernels import compile as kc
 from ..kernels import linalg as klin
 from ..launch import launch
-from .cast import cast
+from .cast import cast, cast_steps
 
 VERSION = 1              # bump when this family's rendered source changes (disk cache key)
 PARALLEL_MIN = 1 << 24   # flops below which a prange over the batch costs more than it saves
@@ -32,25 +39,65 @@ C128 = torch.complex128
 # scratch in, kernel, results out
 # ---------------------------------------------------------------------------------------------
 
-def f64(t: torch.Tensor, shape=None) -> torch.Tensor:
+def lowering(steps):
+    """The lowering dispatch calls for a generator of launch requests `steps(func, a, outs)`:
+    it launches each request itself (dispatch -> lowering -> launch). out= overloads
+    (linalg_inv_ex.inverse, ...) may need their outputs resized, which a lowering cannot do:
+    they decline (NotImplementedError) and take the counted fallback."""
+    def lower(func, a, outs):
+        if any(r.alias_info is not None and r.alias_info.is_write
+               for r in func._schema.returns):
+            raise NotImplementedError(f"{func._schema.name}: out= variant")
+        for req in steps(func, a, outs):
+            launch(*req)
+
+    lower.__name__ = steps.__name__
+    lower.__doc__ = steps.__doc__
+    lower.handles_half = getattr(steps, "handles_half", False)
+    lower.handles_complex = getattr(steps, "handles_complex", False)
+    return lower
+
+
+def drive(gen):
+    """Run a generator of launch requests to its end; its return value (a helper's result, for
+    callers outside this family's lowerings)."""
+    try:
+        while True:
+            launch(*next(gen))
+    except StopIteration as stop:
+        return stop.value
+
+
+def f64_steps(t: torch.Tensor, shape=None):
     """A float64 C-contiguous scratch copy of t, broadcast to `shape` (t's own by default);
-    complex128 for a complex t (conj/neg views resolved: the scratch holds the values)."""
+    complex128 for a complex t (conj/neg views resolved: the scratch holds the values).
+    A generator of the copy's launches; returns the scratch."""
     shape = tuple(t.shape) if shape is None else tuple(shape)
     buf = torch.empty(shape, dtype=C128 if t.is_complex() else F64)
     if buf.numel():
-        copy(t.detach().expand(shape), buf)
+        yield from copy_steps(t.detach().expand(shape), buf)
     return buf
 
 
-def copy(src: torch.Tensor, dst: torch.Tensor) -> None:
-    """dst[...] = src (same shape); complex operands through the complex family, which reads
-    PyTorch's conjugate and negative bits."""
-    if src.is_complex() or dst.is_complex():
-        from .complex import elementwise  # NOTE: here, not at the top: complex imports ops
+def f64(t: torch.Tensor, shape=None) -> torch.Tensor:
+    """f64_steps, launched."""
+    return drive(f64_steps(t, shape))
 
-        elementwise("aten::_to_copy", {"self": src}, dst)
+
+def copy_steps(src: torch.Tensor, dst: torch.Tensor):
+    """dst[...] = src (same shape); complex operands through the complex family, which reads
+    PyTorch's conjugate and negative bits. A generator of its launches."""
+    if src.is_complex() or dst.is_complex():
+        from .complex_ew import elementwise_steps  # NOTE: here: complex imports ops
+
+        yield from elementwise_steps("aten::_to_copy", {"self": src}, dst)
     else:
-        cast(src, dst)
+        yield from cast_steps(src, dst)
+
+
+def copy(src: torch.Tensor, dst: torch.Tensor) -> None:
+    for req in copy_steps(src, dst):
+        launch(*req)
 
 
 def zkind(kind: str, t: torch.Tensor) -> str:
@@ -79,10 +126,10 @@ def b1(t: torch.Tensor) -> np.ndarray:
     return t.numpy().reshape(-1)
 
 
-def put(buf: torch.Tensor, out: torch.Tensor) -> None:
-    """out[...] = buf (same shape), converting dtype and layout."""
+def put(buf: torch.Tensor, out: torch.Tensor):
+    """out[...] = buf (same shape), converting dtype and layout (steps)."""
     if out.numel():
-        copy(buf.reshape(out.shape), out)
+        yield from copy_steps(buf.reshape(out.shape), out)
 
 
 def int_scratch(out: torch.Tensor | None, shape: tuple, dtype=I32) -> torch.Tensor:
@@ -93,9 +140,14 @@ def int_scratch(out: torch.Tensor | None, shape: tuple, dtype=I32) -> torch.Tens
     return torch.empty(shape, dtype=dtype)
 
 
-def put_int(buf: torch.Tensor, out: torch.Tensor) -> None:
+def put_int(buf: torch.Tensor, out: torch.Tensor):
     if buf is not out and out.numel():
-        cast(buf.reshape(out.shape), out)
+        yield from cast_steps(buf.reshape(out.shape), out)
+
+
+def zero_steps(t: torch.Tensor):
+    if t.numel():
+        yield from cast_steps(torch.zeros((), dtype=t.dtype).expand(t.shape), t)
 
 
 def zero(t: torch.Tensor) -> None:
@@ -120,14 +172,14 @@ class BatchKernel(NamedTuple):
         return klin.render(self.kind, self.parallel)
 
 
-def run(kind: str, arrays: tuple, scalars: tuple = (), flops: float = 0.0) -> None:
-    """Launch kernel `kind` of kernels/linalg.py over numpy `arrays` (+ runtime flags)."""
+def run(kind: str, arrays: tuple, scalars: tuple = (), flops: float = 0.0) -> tuple:
+    """The launch of kernel `kind` of kernels/linalg.py over numpy `arrays` (+ runtime flags):
+    launch()'s positional arguments (a step: `yield run(...)`)."""
     batch = arrays[0].shape[0]
     parallel = batch > 1 and flops >= PARALLEL_MIN and kc.parallel_allowed()
     key = BatchKernel("linalg", kind, VERSION, parallel)
     nbytes = sum(a.nbytes for a in arrays)
-    launch(key, key.render, tuple(arrays) + tuple(scalars),
-           flops=flops, bytes_moved=nbytes, engine="vector")
+    return (key, key.render, tuple(arrays) + tuple(scalars), flops, nbytes, "vector")
 
 
 def batch_of(*shapes) -> tuple:
@@ -195,19 +247,3 @@ def check_status(status: torch.Tensor, op: str, what: str) -> None:
 def _no_pivot(op: str):
     raise RuntimeError(f"{op}: LU without pivoting is not implemented on the CPU or on neuron; "
                        "fix: call it with pivot=True")
-
-
-def _functional_only(fn):
-    """out= overloads (linalg_inv_ex.inverse, ...) may need their outputs resized, which a
-    lowering cannot do: they decline (NotImplementedError) and take the counted fallback."""
-    def lower(func, a, outs):
-        if any(r.alias_info is not None and r.alias_info.is_write
-               for r in func._schema.returns):
-            raise NotImplementedError(f"{func._schema.name}: out= variant")
-        return fn(func, a, outs)
-
-    lower.__name__ = fn.__name__
-    lower.__doc__ = fn.__doc__
-    lower.handles_half = getattr(fn, "handles_half", False)
-    lower.handles_complex = getattr(fn, "handles_complex", False)
-    return lower

@@ -20,20 +20,20 @@ import torch
 from ..kernels import compile as kc
 from ..kernels import linalg as klin
 from ..launch import launch
-from .cast import cast
+from .cast import cast_steps
 from .linalg_base import (
     C128,
     F64,
     I32,
     VERSION,
-    _functional_only,
     b1,
     b2,
     b3,
     batch_of,
     check_status,
-    copy,
-    f64,
+    copy_steps,
+    f64_steps,
+    lowering,
     put,
     run,
     zkind,
@@ -65,7 +65,7 @@ def _fcontig_strides(shape: tuple) -> tuple:
 # QR
 # ---------------------------------------------------------------------------------------------
 
-def dynamic_geqrf(func, a, index):
+def _geqrf_steps(func, a, index):
     from ..buffers import alloc
 
     A = a["self"]
@@ -78,12 +78,23 @@ def dynamic_geqrf(func, a, index):
     tshape = shape[:-2] + (k,)
     tau, tau_block = alloc(index, tshape, tuple(torch.empty(tshape).stride()), A.dtype)
     if A.numel():
-        x = f64(A)
+        x = yield from f64_steps(A)
         t64 = torch.empty(tshape, dtype=x.dtype)
-        run(zkind("geqrf", x), (b3(x), b2(t64)), flops=2.0 * x.numel() * k)
-        put(x, qr)
-        put(t64, tau)
+        yield run(zkind("geqrf", x), (b3(x), b2(t64)), flops=2.0 * x.numel() * k)
+        yield from put(x, qr)
+        yield from put(t64, tau)
     return [(qr, qr_block), (tau, tau_block)]
+
+
+def dynamic_geqrf(func, a, index):
+    """geqrf: sizes its outputs and launches its steps (dispatch -> _run_dynamic -> here)."""
+    steps = _geqrf_steps(func, a, index)
+    while True:
+        try:
+            req = next(steps)
+        except StopIteration as stop:
+            return stop.value
+        launch(*req)
 
 
 def lower_householder_product(func, a, outs):
@@ -95,13 +106,13 @@ def lower_householder_product(func, a, outs):
         raise RuntimeError(f"torch.linalg.householder_product: input and tau must have the same "
                            f"dtype, got {A.dtype} and {tau.dtype}")
     if k == 0:   # no reflectors: the first n columns of the identity
-        _identity_into(out)
+        yield from _identity_into(out)
         return
-    q = f64(A)
-    t64 = f64(tau)
-    run("zungqr" if q.dtype == C128 else "orgqr", (b3(q), t64.numpy().reshape(-1, k)),
+    q = yield from f64_steps(A)
+    t64 = yield from f64_steps(tau)
+    yield run("zungqr" if q.dtype == C128 else "orgqr", (b3(q), t64.numpy().reshape(-1, k)),
         flops=4.0 * q.numel() * k)
-    put(q, out)
+    yield from put(q, out)
 
 
 def lower_ormqr(func, a, outs):
@@ -110,15 +121,15 @@ def lower_ormqr(func, a, outs):
         return
     k = tau.shape[-1]
     batch = tuple(out.shape[:-2])
-    a64 = f64(A, batch + tuple(A.shape[-2:]))
-    t64 = f64(tau, batch + (k,))
-    x = f64(C, tuple(out.shape))
+    a64 = yield from f64_steps(A, batch + tuple(A.shape[-2:]))
+    t64 = yield from f64_steps(tau, batch + (k,))
+    x = yield from f64_steps(C, tuple(out.shape))
     if a64.dtype != x.dtype or t64.dtype != x.dtype:
         raise RuntimeError(f"torch.ormqr: input, tau and other must have one dtype, got "
                            f"{A.dtype}, {tau.dtype} and {C.dtype}")
-    run(zkind("ormqr", x), (b3(a64), t64.numpy().reshape(-1, k), b3(x)),
+    yield run(zkind("ormqr", x), (b3(a64), t64.numpy().reshape(-1, k), b3(x)),
         (bool(a["left"]), bool(a["transpose"])), flops=4.0 * x.numel() * k)
-    put(x, out)
+    yield from put(x, out)
 
 
 def lower_qr(func, a, outs):
@@ -130,16 +141,16 @@ def lower_qr(func, a, outs):
         return
     qc = 0 if mode == "r" else (m if mode == "complete" else k)
     rq = m if mode == "complete" else k
-    x = f64(A)
+    x = yield from f64_steps(A)
     tau = torch.empty(batch + (k,), dtype=x.dtype)
     q = torch.empty(batch + (m, qc), dtype=x.dtype)
     r = torch.empty(batch + (rq, n), dtype=x.dtype)
     nb = _numel(batch)
-    run(zkind("qr", x), (b3(x), tau.numpy().reshape(nb, k), q.numpy().reshape(nb, m, qc),
+    yield run(zkind("qr", x), (b3(x), tau.numpy().reshape(nb, k), q.numpy().reshape(nb, m, qc),
                r.numpy().reshape(nb, rq, n)), flops=4.0 * x.numel() * k)
-    put(r, R)
+    yield from put(r, R)
     if qc:
-        put(q, Q)
+        yield from put(q, Q)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -154,17 +165,17 @@ def lower_eigh(func, a, outs):
     if nb == 0 or n == 0:
         return
     want_v = bool(a["compute_v"]) and v.numel() > 0
-    x = f64(A)
+    x = yield from f64_steps(A)
     w64 = torch.empty(batch + (n,), dtype=F64)   # eigenvalues are real, complex input or not
     v64 = torch.empty(batch + (n, n), dtype=x.dtype) if want_v else torch.empty(
         (nb, 1, 1), dtype=x.dtype)
     status = torch.empty((nb,), dtype=I32)
-    run(zkind("eigh", x), (b3(x), w64.numpy().reshape(nb, n), b3(v64)),
+    yield run(zkind("eigh", x), (b3(x), w64.numpy().reshape(nb, n), b3(v64)),
         (a["UPLO"].upper() == "L", want_v, b1(status)), flops=9.0 * x.numel() * n)
     check_status(status, "linalg.eigh", _NONFINITE)
-    put(w64, w)
+    yield from put(w64, w)
     if want_v:
-        put(v64, v)
+        yield from put(v64, v)
 
 
 def lower_svd(func, a, outs):
@@ -183,30 +194,30 @@ def lower_svd(func, a, outs):
         # no singular values; full U and Vh of an empty matrix are identities
         for t in (U, Vh):
             if t.numel():
-                _identity_into(t)
+                yield from _identity_into(t)
         return
-    x = f64(A)
+    x = yield from f64_steps(A)
     ur, vc = (m, n) if full else (k, k)
     s64 = torch.empty(batch + (k,), dtype=F64)   # singular values are real
     u64 = torch.empty(batch + (m, ur), dtype=x.dtype)
     vt64 = torch.empty(batch + (vc, n), dtype=x.dtype)
     status = torch.empty((nb,), dtype=I32)
-    run(zkind("svd", x), (b3(x), u64.numpy().reshape(nb, m, ur), s64.numpy().reshape(nb, k),
+    yield run(zkind("svd", x), (b3(x), u64.numpy().reshape(nb, m, ur), s64.numpy().reshape(nb, k),
                 vt64.numpy().reshape(nb, vc, n)), (full, want_uv, b1(status)),
         flops=12.0 * x.numel() * k)
     check_status(status, "linalg.svd", _NONFINITE)
-    put(s64, S)
+    yield from put(s64, S)
     if want_uv and U.numel():
-        put(u64, U)
-        put(vt64, Vh)
+        yield from put(u64, U)
+        yield from put(vt64, Vh)
 
 
 def _identity_into(t: torch.Tensor) -> None:
     """t = identity matrices (batched), via a zero fill and a diagonal view fill."""
-    copy(torch.zeros((), dtype=t.dtype).expand(t.shape), t)
+    yield from copy_steps(torch.zeros((), dtype=t.dtype).expand(t.shape), t)
     d = t.diagonal(0, -2, -1)
     if d.numel():
-        copy(torch.ones((), dtype=t.dtype).expand(d.shape), d)
+        yield from copy_steps(torch.ones((), dtype=t.dtype).expand(d.shape), d)
 
 
 def lower_pinv(func, a, outs):
@@ -217,27 +228,28 @@ def lower_pinv(func, a, outs):
     if out.numel() == 0:
         return
     if m == 0 or n == 0:
-        copy(torch.zeros((), dtype=out.dtype).expand(out.shape), out)
+        yield from copy_steps(torch.zeros((), dtype=out.dtype).expand(out.shape), out)
         return
     atol, rtol = a["atol"], a["rtol"]
     eps = torch.finfo(A.dtype.to_real() if A.dtype.is_floating_point or A.is_complex()
                       else torch.float32).eps
     atol64 = torch.zeros(batch or (1,), dtype=F64)
     if atol is not None:
-        cast(atol.detach().expand(batch), atol64.view(batch))
+        yield from cast_steps(atol.detach().expand(batch), atol64.view(batch))
     rtol64 = torch.empty(batch or (1,), dtype=F64)
     if rtol is not None:
-        cast(rtol.detach().expand(batch), rtol64.view(batch))
+        yield from cast_steps(rtol.detach().expand(batch), rtol64.view(batch))
     else:
-        cast(torch.full((), eps * max(m, n), dtype=F64).expand(rtol64.shape), rtol64)
+        yield from cast_steps(torch.full((), eps * max(m, n), dtype=F64).expand(rtol64.shape),
+                              rtol64)
     zero_rtol = rtol is None and atol is not None
-    x = f64(A)
+    x = yield from f64_steps(A)
     o64 = torch.empty(batch + (n, m), dtype=x.dtype)
     status = torch.empty((nb,), dtype=I32)
-    run(zkind("pinv", x), (b3(x), b1(atol64), b1(rtol64), b3(o64)),
+    yield run(zkind("pinv", x), (b3(x), b1(atol64), b1(rtol64), b3(o64)),
         (bool(a["hermitian"]), zero_rtol, b1(status)), flops=14.0 * x.numel() * min(m, n))
     check_status(status, "linalg.pinv", _NONFINITE)
-    put(o64, out)
+    yield from put(o64, out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -255,14 +267,13 @@ def lower_matrix_exp(func, a, outs):
         A.dtype, torch.float32)
     np_type = "np." + str(dtype).split(".")[1]
     x = torch.empty(A.shape, dtype=dtype)
-    copy(A.detach(), x)
+    yield from copy_steps(A.detach(), x)
     o = torch.empty(A.shape, dtype=dtype)
     parallel = x.numel() > n * n and x.numel() * n >= 1 << 16 and kc.parallel_allowed()
     key = MatrixExpKernel("linalg", "matrix_exp", VERSION, np_type, parallel)
-    launch(key, key.render, (b3(x), b3(o)),
-           flops=20.0 * x.numel() * n, bytes_moved=2 * x.numel() * x.element_size(),
-           engine="tensor")
-    put(o, out)
+    yield (key, key.render, (b3(x), b3(o)), 20.0 * x.numel() * n,
+           2 * x.numel() * x.element_size(), "tensor")
+    yield from put(o, out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -272,7 +283,7 @@ def lower_matrix_exp(func, a, outs):
 _DRIVERS = ("gels", "gelsy", "gelsd", "gelss")
 
 
-def dynamic_lstsq(func, a, index):
+def _lstsq_steps(func, a, index):
     from ..buffers import alloc
 
     A, B = a["self"], a["b"]
@@ -299,40 +310,51 @@ def dynamic_lstsq(func, a, index):
     rcond = a["rcond"]
     if rcond is None:
         rcond = torch.finfo(dt).eps * max(m, n)
-    x = f64(A, batch + (m, n))
-    rhs = f64(Bm, batch + (m, k))
+    x = yield from f64_steps(A, batch + (m, n))
+    rhs = yield from f64_steps(Bm, batch + (m, k))
     sol = torch.empty(batch + (n, k), dtype=x.dtype)
     rank = torch.empty(batch, dtype=torch.int64)
     sv = torch.empty(batch + (kk,), dtype=F64)
     res = torch.empty(batch + (k,), dtype=F64)
     status = torch.empty((max(nb, 1),), dtype=I32)
     if nb and m and n:
-        run(zkind("lstsq", x), (b3(x), b3(rhs), b3(sol), b1(rank), sv.numpy().reshape(nb, kk),
+        yield run(zkind("lstsq", x), (b3(x), b3(rhs), b3(sol), b1(rank), sv.numpy().reshape(nb, kk),
                       res.numpy().reshape(nb, k)), (float(rcond), b1(status)),
             flops=12.0 * x.numel() * kk + 2.0 * x.numel() * k)
         check_status(status[:nb], "linalg.lstsq", _NONFINITE)
     elif sol.numel():
-        copy(torch.zeros((), dtype=sol.dtype).expand(sol.shape), sol)
+        yield from copy_steps(torch.zeros((), dtype=sol.dtype).expand(sol.shape), sol)
     # 2. outputs with the CPU's shapes: what each driver computes, empty otherwise
     sshape = batch + (n,) if vector else batch + (n, k)
     solution, sb = alloc(index, sshape, _fcontig_strides(sshape) if not vector else
                          tuple(torch.empty(sshape).stride()), dt)
-    put(sol.reshape(sshape), solution)
+    yield from put(sol.reshape(sshape), solution)
     full_rank = nb > 0 and m > n and driver != "gelsy" and (
         driver == "gels" or bool((rank.numpy() == n).all()))
     rshape = (batch + ((k,) if not vector else ())) if full_rank else (0,)
     residuals, rb = alloc(index, rshape, tuple(torch.empty(rshape).stride()), dt.to_real())
     if full_rank:
-        put(res.reshape(rshape), residuals)
+        yield from put(res.reshape(rshape), residuals)
     kshape = batch if driver != "gels" else (0,)
     rank_out, kb = alloc(index, kshape, tuple(torch.empty(kshape).stride()), torch.int64)
     if driver != "gels" and rank_out.numel():
-        cast(rank.reshape(kshape), rank_out)
+        yield from cast_steps(rank.reshape(kshape), rank_out)
     vshape = batch + (kk,) if driver in ("gelsd", "gelss") else (0,)
     svals, vb = alloc(index, vshape, tuple(torch.empty(vshape).stride()), dt.to_real())
     if driver in ("gelsd", "gelss") and svals.numel():
-        put(sv, svals)
+        yield from put(sv, svals)
     return [(solution, sb), (residuals, rb), (rank_out, kb), (svals, vb)]
+
+
+def dynamic_lstsq(func, a, index):
+    """lstsq: sizes its outputs and launches its steps (dispatch -> _run_dynamic -> here)."""
+    steps = _lstsq_steps(func, a, index)
+    while True:
+        try:
+            req = next(steps)
+        except StopIteration as stop:
+            return stop.value
+        launch(*req)
 
 
 class MatrixExpKernel(NamedTuple):
@@ -361,7 +383,7 @@ LOWERINGS = {
 for _fn in (lower_householder_product, lower_qr, lower_eigh, lower_svd, lower_pinv,
             lower_matrix_exp, lower_ormqr, dynamic_lstsq, dynamic_geqrf):
     _fn.handles_complex = True
-LOWERINGS = {name: _functional_only(fn) for name, fn in LOWERINGS.items()}
+LOWERINGS = {name: lowering(fn) for name, fn in LOWERINGS.items()}
 
 DYNAMIC = {
     "aten::geqrf": dynamic_geqrf,
