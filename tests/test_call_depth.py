@@ -47,7 +47,56 @@ CASES = {
     "topk": lambda x, i: x.topk(2, 1),
     "max_pool2d": lambda x, i: F.max_pool2d(x.view(1, 1, 5, 8), 2),
     "avg_pool2d": lambda x, i: F.avg_pool2d(x.view(1, 1, 5, 8), 2),
+    # casts through bit kernels: cast_steps launched by the copy lowering
+    "to bfloat16": lambda x, i: x.to(torch.bfloat16),
+    "to float16": lambda x, i: x.to(torch.float16),
+    "to int8": lambda x, i: x.to(torch.int8),
+    "bfloat16 to float64": lambda x, i: x.to(torch.bfloat16).to(torch.float64),
 }
+
+
+def _sq(x):
+    """A well-conditioned square (5, 5) float32 matrix from x (SPD: x x^T + 5 I)."""
+    return x @ x.t() + 5 * torch.eye(5, device="neuron")
+
+
+# linalg: each lowering is a generator of requests its driver launches (linalg_base.lowering):
+# float64 staging copies, the batch kernels and the casts out, all two calls below dispatch
+CASES.update({
+    "linalg.solve": lambda x, i: torch.linalg.solve(_sq(x), x),
+    "linalg.inv": lambda x, i: torch.linalg.inv(_sq(x)),
+    "linalg.det": lambda x, i: torch.linalg.det(_sq(x)),
+    "linalg.slogdet": lambda x, i: torch.linalg.slogdet(_sq(x)),
+    "linalg.cholesky": lambda x, i: torch.linalg.cholesky(_sq(x)),
+    "cholesky_solve": lambda x, i: torch.cholesky_solve(x, torch.linalg.cholesky(_sq(x))),
+    "linalg.lu": lambda x, i: torch.linalg.lu(x),
+    "lu_solve": lambda x, i: torch.linalg.lu_solve(*torch.linalg.lu_factor(_sq(x)), x),
+    "solve_triangular": lambda x, i: torch.linalg.solve_triangular(_sq(x).tril(), x,
+                                                                    upper=False),
+    "linalg.ldl_solve": lambda x, i: torch.linalg.ldl_solve(*torch.linalg.ldl_factor(_sq(x)), x),
+    "linalg.qr": lambda x, i: torch.linalg.qr(x),
+    "linalg.eigh": lambda x, i: torch.linalg.eigh(_sq(x)),
+    "linalg.svd": lambda x, i: torch.linalg.svd(x),
+    "linalg.pinv": lambda x, i: torch.linalg.pinv(x),
+    "matrix_exp": lambda x, i: torch.linalg.matrix_exp(_sq(x) / 10),
+    "householder_product": lambda x, i: torch.linalg.householder_product(x.t(), x[0, :4]),
+    "solve float64": lambda x, i: torch.linalg.solve(_sq(x).double(), x.double()),
+    # the complex route: run_complex launches its steps (complex kernels, staging casts)
+    "complex mul": lambda x, i: torch.complex(x, x) * torch.complex(x, -x),
+    "complex matmul": lambda x, i: torch.complex(x, x) @ torch.complex(x, x).mT,
+    "complex abs": lambda x, i: torch.complex(x, x).abs(),
+    "complex prod": lambda x, i: torch.complex(x, x).prod(1),
+    "complex bf16 operand": lambda x, i: torch.complex(x, x) * x.to(torch.bfloat16),
+    "complex solve": lambda x, i: torch.linalg.solve(torch.complex(_sq(x), _sq(x).tril()),
+                                                     torch.complex(x, x)),
+    "complex32 to complex64": lambda x, i: torch.complex(x, x).to(torch.complex32).to(
+        torch.complex64),
+    # the half route: run_upcast launches the casts and the float32 op's request
+    "bf16 mul": lambda x, i: x.to(torch.bfloat16) * 3,
+    "bf16 add scalar": lambda x, i: x.to(torch.bfloat16) + 0.3,
+    "f16 gelu": lambda x, i: F.gelu(x.to(torch.float16)),
+    "bf16 where": lambda x, i: torch.where(x > 0, x.to(torch.bfloat16), 1.5),
+})
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -64,9 +113,9 @@ def test_launch_is_at_most_two_calls_below_dispatch(name):
 
 
 def test_the_probe_sees_a_deeper_launch():
-    # the probe itself: a lowering helper that launches (cast of a float16 source goes through
-    # cast() and its half route) is counted deeper than two
-    x = torch.randn(4, device="neuron", dtype=torch.float16)
+    # the probe itself: a lowering that launches below the route calling it (a bfloat16 sum:
+    # run_upcast runs the reduce family's lowering, which launches) is counted deeper than two
+    x = torch.randn(4, device="neuron", dtype=torch.bfloat16)
     with DepthProbe() as probe:
-        x.to(torch.float32)
+        x.sum()
     assert max(probe.depths) > 2
