@@ -101,3 +101,33 @@ def test_a_declined_strided_op_repeats_as_plain_eager_after_the_same_flush():
     assert y.item() == b.sum().item()
     flushes = eager_neuron.stats()["flushes"]
     assert flushes["strided or broadcast operand"] >= 3, flushes
+
+
+def test_a_runners_fresh_output_is_still_found_by_a_later_view():
+    # a recording runner's output is fresh heap memory: its overlaps are not searched, but its
+    # start is recorded, so a later flat view of it (a new buffer of the group) overlaps it,
+    # and the in-place op on the view keeps program order (values: plain eager's, exactly)
+    x = torch.arange(8, dtype=torch.float32)
+    y = torch.full((8,), 0.5)
+
+    def f(x, y):
+        z = x + y          # fresh output (the runner's)
+        v = z[2:6]         # a flat view of it: a new buffer overlapping z's
+        v.mul_(2.0)
+        return [z * 3.0, v + 1.0]
+
+    args = [t.to("neuron") for t in (x, y)]
+    plain = [t.cpu() for t in f(*args)]
+    with eager_neuron.adaptive():
+        for _ in range(2):
+            [t.cpu() for t in f(*args)]   # learns the runners
+        hits = adaptive_fast.COUNTERS["hits"]
+        outs = f(*args)
+        g = _ad.STATE.group
+        assert adaptive_fast.COUNTERS["hits"] - hits >= 3   # recorded by runners
+        z_buf = next(j for j, b in enumerate(g.bufs) if b.hi - b.lo == 32 and b.ov)
+        view_buf = next(j for j, b in enumerate(g.bufs) if b.hi - b.lo == 16)
+        assert view_buf in g.bufs[z_buf].ov and z_buf in g.bufs[view_buf].ov
+        got = [t.cpu() for t in outs]
+    _bitwise(plain, got)
+    assert plain[0].tolist() == [(i + 0.5) * (2 if 2 <= i < 6 else 1) * 3 for i in range(8)]
