@@ -7,7 +7,9 @@ forward (a loop gemm), half types in float32 (bfloat16 transposed rounded per st
 CPU). A transposed convolution runs the grad_input kernel forward and the
 forward/grad_weight kernels backward (the same patch walk with input and output swapped).
 Every op is one launch per needed gradient, plus cast-kernel copies for operands a kernel
-cannot read in place.
+cannot read in place. The helpers are generators of launch requests (launch()'s positional
+arguments, each built when the one before has run) that the lowering launches itself:
+dispatch -> lower_convolution -> launch.
 
 >>> import torch, eager_neuron
 >>> x = torch.ones(1, 1, 4, 4, device="neuron")
@@ -24,7 +26,7 @@ from ..blas import blas_threads
 from ..kernels import compile as kc
 from ..kernels import conv as kconv
 from ..launch import launch
-from .cast import cast
+from .cast import cast_steps
 
 VERSION = 4              # bump when this family's rendered source changes (disk cache key)
 PARALLEL_MIN = 1 << 18   # elements of work below which a prange launch costs more than it saves
@@ -38,12 +40,13 @@ def _np(t: torch.Tensor):
     return t.detach().numpy() if t.requires_grad else t.numpy()
 
 
-def _contiguous(t: torch.Tensor) -> torch.Tensor:
-    """t itself when C-contiguous, else a contiguous scratch copy made by the cast kernel."""
+def _contiguous(t: torch.Tensor):
+    """t itself when C-contiguous, else a contiguous scratch copy made by the cast kernel
+    (steps; returns the tensor)."""
     if t.is_contiguous():
         return t
     out = torch.empty(t.shape, dtype=t.dtype)
-    cast(t, out)
+    yield from cast_steps(t, out)
     return out
 
 
@@ -93,7 +96,7 @@ class _Conv:
         self.x, self.w = _as5(x), _as5(w)
         self.kernel = tuple(self.w.shape[2:])
         self.integer = x.dtype in _INT
-        self.w2 = _contiguous(self.w).reshape(self.w.shape[0], -1)   # (O, Cg*K) C
+        self.w2 = None   # (O, Cg*K) C: set by _conv (a copy when w is strided)
 
     def args(self, cols: tuple) -> tuple:
         return self.stride + self.padding + self.dilation + (self.groups,) + self.kernel + cols
@@ -112,7 +115,15 @@ class _Conv:
                               self.groups, 0)[0]
 
 
-def _forward(cv: _Conv, out5: torch.Tensor, x5: torch.Tensor, bias, nbytes: int) -> None:
+def _conv(a: dict, x: torch.Tensor, w: torch.Tensor, grad: bool):
+    """The _Conv of an op with its weight matrix (steps: a copy when w is strided)."""
+    cv = _Conv(a, x, w, grad)
+    w2 = yield from _contiguous(cv.w)
+    cv.w2 = w2.reshape(cv.w.shape[0], -1)
+    return cv
+
+
+def _forward(cv: _Conv, out5: torch.Tensor, x5: torch.Tensor, bias, nbytes: int):
     """out5 = conv(x5, cv.w) (+ bias): the forward kernel, also the transposed grad_input."""
     n, o = out5.shape[:2]
     cols = tuple(out5.shape[2:])
@@ -126,20 +137,20 @@ def _forward(cv: _Conv, out5: torch.Tensor, x5: torch.Tensor, bias, nbytes: int)
     flops = cv.flops(n, o, cols)
     if not cv.integer:
         blas_threads(flops / (n * cv.groups))      # one gemm per (sample, group)
-    launch(key, lambda: kconv.render_conv_forward(has_bias, pointwise, parallel, cv.integer),
-           args, flops=flops, bytes_moved=nbytes, engine="tensor")
+    yield (key, lambda: kconv.render_conv_forward(has_bias, pointwise, parallel, cv.integer),
+           args, flops, nbytes, "tensor")
     if res is not out5:
-        cast(res, out5)
+        yield from cast_steps(res, out5)
 
 
 def _grad_input(cv: _Conv, gi5: torch.Tensor, go5: torch.Tensor, bias, nbytes: int,
-                bf16: bool = False) -> None:
+                bf16: bool = False):
     """gi5 = conv's input gradient for go5 (col2im of w.T @ go): also the transposed forward,
     where a bias may be added per channel of gi5 (and, for bfloat16 operands computed in
     float32, each step rounded to bfloat16 as the CPU does)."""
     n = go5.shape[0]
     cols = tuple(go5.shape[2:])
-    go3 = _np(_flat(_contiguous(go5)))
+    go3 = _np(_flat((yield from _contiguous(go5))))
     res = _scratch_if_strided(gi5)
     pointwise = not bf16 and cv.pointwise(res)
     parallel = not pointwise and not bf16 and \
@@ -152,14 +163,14 @@ def _grad_input(cv: _Conv, gi5: torch.Tensor, go5: torch.Tensor, bias, nbytes: i
     flops = cv.flops(n, go5.shape[1], cols)
     if not cv.integer:
         blas_threads(flops / (n * cv.groups))
-    launch(key, lambda: kconv.render_conv_grad_input(pointwise, parallel, cv.integer, has_bias,
+    yield (key, lambda: kconv.render_conv_grad_input(pointwise, parallel, cv.integer, has_bias,
                                                      bf16),
-           args, flops=flops, bytes_moved=nbytes, engine="tensor")
+           args, flops, nbytes, "tensor")
     if res is not gi5:
-        cast(res, gi5)
+        yield from cast_steps(res, gi5)
 
 
-def _grad_weight(cv: _Conv, gw, gb, go5: torch.Tensor, x5: torch.Tensor, nbytes: int) -> None:
+def _grad_weight(cv: _Conv, gw, gb, go5: torch.Tensor, x5: torch.Tensor, nbytes: int):
     """gw (O, Cg, K...) += go5 (N, O, cols) against the patches of x5; gb = go5 summed."""
     n, o = go5.shape[:2]
     cols = tuple(go5.shape[2:])
@@ -173,43 +184,51 @@ def _grad_weight(cv: _Conv, gw, gb, go5: torch.Tensor, x5: torch.Tensor, nbytes:
     flops = cv.flops(n, o, cols) if need_w else float(go5.numel())
     if need_w:
         blas_threads(flops / (n * cv.groups))
-    launch(key, lambda: kconv.render_conv_grad_weight(need_w, need_b, pointwise, parallel),
-           outs + (_np(_flat(_contiguous(go5))), _np(x5), _np(cv.w2)) + cv.args(cols),
-           flops=flops, bytes_moved=nbytes, engine="tensor")
+    go3 = _np(_flat((yield from _contiguous(go5))))
+    yield (key, lambda: kconv.render_conv_grad_weight(need_w, need_b, pointwise, parallel),
+           outs + (go3, _np(x5), _np(cv.w2)) + cv.args(cols), flops, nbytes, "tensor")
     if need_w and gw_res is not gw:
-        cast(gw_res, gw)
+        yield from cast_steps(gw_res, gw)
 
 
 def _up(t):
-    """A half-precision operand as a float32 scratch copy (the cast kernel); others as is."""
+    """A half-precision operand as a float32 scratch copy (the cast kernel); others as is
+    (steps; returns the tensor)."""
     if t is None or t.dtype not in (torch.bfloat16, torch.float16):
         return t
     out = torch.empty(t.shape, dtype=torch.float32)
-    cast(t, out)
+    yield from cast_steps(t, out)
     return out
 
 
 def lower_convolution(func, a, outs):
     """Half-precision operands run in float32 (handles_half: this lowering casts them itself);
     a bfloat16 transposed convolution also rounds each step to bfloat16 as the CPU does."""
-    out = outs[0]
-    ts = (a["input"], a["weight"], a["bias"], out)
-    if any(t is not None and t.dtype in (torch.bfloat16, torch.float16) for t in ts):
-        bf16 = all(t is None or t.dtype == torch.bfloat16 for t in ts) and a["transposed"]
-        out32 = torch.empty(out.shape, dtype=torch.float32)
-        _lower_convolution({**a, "input": _up(a["input"]), "weight": _up(a["weight"]),
-                            "bias": _up(a["bias"])}, out32, bf16)
-        cast(out32, out)
-        return
-    _lower_convolution(a, out, False)
+    for req in _convolution_steps(a, outs[0]):
+        launch(*req)
 
 
 lower_convolution.handles_half = True
 
 
+def _convolution_steps(a, out):
+    ts = (a["input"], a["weight"], a["bias"], out)
+    if any(t is not None and t.dtype in (torch.bfloat16, torch.float16) for t in ts):
+        bf16 = all(t is None or t.dtype == torch.bfloat16 for t in ts) and a["transposed"]
+        out32 = torch.empty(out.shape, dtype=torch.float32)
+        x32 = yield from _up(a["input"])
+        w32 = yield from _up(a["weight"])
+        b32 = yield from _up(a["bias"])
+        yield from _lower_convolution({**a, "input": x32, "weight": w32, "bias": b32}, out32,
+                                      bf16)
+        yield from cast_steps(out32, out)
+        return
+    yield from _lower_convolution(a, out, False)
+
+
 def _lower_convolution(a, out, bf16):
     x, w, bias = a["input"], a["weight"], a["bias"]
-    cv = _Conv(a, x, w, grad=False)
+    cv = yield from _conv(a, x, w, grad=False)
     if out.numel() == 0:
         return
     if bias is not None and bias.dtype != x.dtype:
@@ -219,17 +238,23 @@ def _lower_convolution(a, out, bf16):
         # the transposed convolution of x is the input gradient of a convolution whose output
         # is x: zero-filled col2im of w.T @ x, then the bias
         if x.numel() == 0:
-            cast(torch.zeros((), dtype=out.dtype) if bias is None else
-                 bias.reshape((-1,) + (1,) * (out.dim() - 2)).expand(out.shape[1:]), out)
+            yield from cast_steps(
+                torch.zeros((), dtype=out.dtype) if bias is None else
+                bias.reshape((-1,) + (1,) * (out.dim() - 2)).expand(out.shape[1:]), out)
             return
-        _grad_input(cv, _as5(out), cv.x, bias, nbytes, bf16)
+        yield from _grad_input(cv, _as5(out), cv.x, bias, nbytes, bf16)
     else:
-        _forward(cv, _as5(out), cv.x, bias, nbytes)
+        yield from _forward(cv, _as5(out), cv.x, bias, nbytes)
 
 
 def lower_convolution_backward(func, a, outs):
+    for req in _backward_steps(a, outs):
+        launch(*req)
+
+
+def _backward_steps(a, outs):
     go, x, w = a["grad_output"], a["input"], a["weight"]
-    cv = _Conv(a, x, w, grad=True)
+    cv = yield from _conv(a, x, w, grad=True)
     if go.dtype != x.dtype:
         raise NotImplementedError(f"convolution_backward grad dtype {go.dtype}")
     mask = tuple(bool(m) for m in a["output_mask"])
@@ -239,27 +264,27 @@ def lower_convolution_backward(func, a, outs):
     if go.numel() == 0 or x.numel() == 0:
         for t in (gi, gw, gb):
             if t is not None and t.numel():
-                cast(torch.zeros((), dtype=t.dtype), t)
+                yield from cast_steps(torch.zeros((), dtype=t.dtype), t)
         return
     nbytes = (x.numel() + w.numel() + go.numel()) * go.element_size()
     if gb is not None and (cv.transposed or gw is None):
         # transposed: the bias gradient sums grad_output, which the weight kernel does not
-        _grad_weight(cv, None, gb, go5, cv.x, go.numel() * go.element_size())
+        yield from _grad_weight(cv, None, gb, go5, cv.x, go.numel() * go.element_size())
         gb = None
     if cv.transposed:
         # conv of x_t: the transposed input is the conv output, grad_output the conv input
         if gi is not None and gi.numel():
-            _forward(cv, _as5(gi), go5, None, nbytes)
+            yield from _forward(cv, _as5(gi), go5, None, nbytes)
         if gw is not None:
-            _grad_weight(cv, gw, None, cv.x, go5, nbytes)
+            yield from _grad_weight(cv, gw, None, cv.x, go5, nbytes)
         return
     # 1. grad_input: its own kernel, so that layers whose input needs no grad (the first)
     #    share the weight kernel with the rest
     if gi is not None and gi.numel():
-        _grad_input(cv, _as5(gi), go5, None, nbytes)
+        yield from _grad_input(cv, _as5(gi), go5, None, nbytes)
     # 2. grad_weight and grad_bias in one kernel; gw is written as an (O, CKK) C matrix
     if gw is not None:
-        _grad_weight(cv, gw, gb, go5, cv.x, nbytes)
+        yield from _grad_weight(cv, gw, gb, go5, cv.x, nbytes)
 
 
 LOWERINGS = {
