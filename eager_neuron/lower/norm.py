@@ -170,7 +170,8 @@ def _bn_red(x: torch.Tensor) -> list:
 
 def _batch_norm(a, outs, train: bool, rm, rv, rm_out, rv_out, rnd: bool = False):
     """rnd: the statistics are stored as bfloat16/float16, and the CPU normalizes with those
-    rounded values; a second launch (train=2) redoes `out` from them."""
+    rounded values; a second launch (train=2) redoes `out` from them. A generator of launch
+    requests (each built when the one before has run) that _half_aware's lowering launches."""
     x, w, b = a["input"], a["weight"], a["bias"]
     out, smean, sinv = outs[0], outs[1], outs[2]
     if x.numel() == 0:
@@ -192,42 +193,43 @@ def _batch_norm(a, outs, train: bool, rm, rv, rm_out, rv_out, rnd: bool = False)
            kr, acc, store, stat, run, par)
     rnd_var = int(bool(rnd) and rnd == torch.bfloat16)
 
-    def go(mode: int, run_flag: int, save_flag: int) -> None:
-        launch(key, lambda: kn.render_batch_norm(kr, acc, store, stat, run, par),
-               (ov,) + stats + runs + (xv, wv, bv, _flat(rm) if has_run else _dummy(xv, 1),
-                                       _flat(rv) if has_run else _dummy(xv, 1), ws, bs, mode,
-                                       run_flag, save_flag, rnd_var, float(a["momentum"]),
-                                       float(a["eps"])),
-               flops=float(6 * x.numel()),
-               bytes_moved=_bytes(x) * (3 if mode == 1 else 1) + _bytes(out), engine="vector")
+    def go(mode: int, run_flag: int, save_flag: int) -> tuple:
+        return (key, lambda: kn.render_batch_norm(kr, acc, store, stat, run, par),
+                (ov,) + stats + runs + (xv, wv, bv, _flat(rm) if has_run else _dummy(xv, 1),
+                                        _flat(rv) if has_run else _dummy(xv, 1), ws, bs, mode,
+                                        run_flag, save_flag, rnd_var, float(a["momentum"]),
+                                        float(a["eps"])),
+                float(6 * x.numel()), _bytes(x) * (3 if mode == 1 else 1) + _bytes(out),
+                "vector")
 
-    go(int(train), int(train and has_run), int(save))
+    yield go(int(train), int(train and has_run), int(save))
     if train and rnd and save:
-        from .cast import cast
+        from .cast import cast_steps
 
         for t in (smean, sinv):
             half = torch.empty_like(t, dtype=rnd)
-            cast(t, half)
-            cast(half, t)
-        go(2, 0, 0)
+            yield from cast_steps(t, half)
+            yield from cast_steps(half, t)
+        yield go(2, 0, 0)
 
 
+# the batch norm variants: generators of launch requests (_half_aware makes their lowerings)
 def lower_native_batch_norm(func, a, outs, rnd=False):
     rm, rv = a["running_mean"], a["running_var"]
-    _batch_norm(a, outs, a["training"], rm, rv, rm, rv, rnd)
+    yield from _batch_norm(a, outs, a["training"], rm, rv, rm, rv, rnd)
 
 
 def lower_bn_no_stats(func, a, outs, rnd=False):
-    _batch_norm(a, outs, a["training"], None, None, None, None, rnd)
+    yield from _batch_norm(a, outs, a["training"], None, None, None, None, rnd)
 
 
 def lower_bn_no_training(func, a, outs, rnd=False):
-    _batch_norm(a, outs, False, a["running_mean"], a["running_var"], None, None, rnd)
+    yield from _batch_norm(a, outs, False, a["running_mean"], a["running_var"], None, None, rnd)
 
 
 def lower_bn_with_update(func, a, outs, rnd=False):
     rm, rv = a["running_mean"], a["running_var"]
-    _batch_norm(a, outs, True, rm, rv, rm, rv, rnd)   # outs[3]: the empty reserve, no data
+    yield from _batch_norm(a, outs, True, rm, rv, rm, rv, rnd)   # outs[3]: the empty reserve
 
 
 def lower_bn_functional(func, a, outs, rnd=False):
@@ -235,11 +237,11 @@ def lower_bn_functional(func, a, outs, rnd=False):
     train = a["training"]
     if not train:
         # the new running stats are copies of the old ones
-        from .cast import cast
+        from .cast import cast_steps
 
-        cast(rm, outs[3])
-        cast(rv, outs[4])
-    _batch_norm(a, outs, train, rm, rv, outs[3], outs[4], rnd)
+        yield from cast_steps(rm, outs[3])
+        yield from cast_steps(rv, outs[4])
+    yield from _batch_norm(a, outs, train, rm, rv, outs[3], outs[4], rnd)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -276,31 +278,38 @@ def _cpu_meta_stats(train_of):
 def _half_aware(lower32, train_of=None):
     """Half inputs computed in float32 (as run_upcast does) plus what it leaves out: running
     statistics written back in place, and rounded statistics where the CPU normalizes with
-    them."""
-    def lower(func, a, outs):
+    them. lower32 is a generator of launch requests; the lowering made here launches them
+    itself (dispatch -> lowering -> launch)."""
+    def steps(func, a, outs):
         tensors = [v for v in a.values() if isinstance(v, torch.Tensor)]
         if not any(t.dtype in HALF for t in tensors + [o for o in outs if o is not None]):
-            return lower32(func, a, outs)
-        from .cast import cast
-        from .half import _up, alloc_like
+            return (yield from lower32(func, a, outs))
+        from .cast import cast_steps
+        from .half import _up_steps, alloc_like
 
-        up = {k: _up(v, v) if isinstance(v, torch.Tensor) and v.dtype in HALF else v
-              for k, v in a.items()}
+        up = {}
+        for k, v in a.items():
+            up[k] = (yield from _up_steps(v, v)) if isinstance(v, torch.Tensor) and \
+                v.dtype in HALF else v
         tmp = [alloc_like(o, torch.float32) if isinstance(o, torch.Tensor) and o.dtype in HALF
                else o for o in outs]
         stat = outs[1].dtype if len(outs) > 1 and outs[1] is not None else None
         if train_of is not None:
-            lower32(func, up, tmp, rnd=stat if stat in HALF else False)
+            yield from lower32(func, up, tmp, rnd=stat if stat in HALF else False)
         else:
-            lower32(func, up, tmp)
+            yield from lower32(func, up, tmp)
         for o, t in zip(outs, tmp):
             if o is not t:
-                cast(t, o)
+                yield from cast_steps(t, o)
         if train_of is not None and train_of(a):
             # NOTE: native_batch_norm's schema does not mark its running stats as written
             for name in ("running_mean", "running_var"):
                 if up.get(name) is not a.get(name):
-                    cast(up[name], a[name])
+                    yield from cast_steps(up[name], a[name])
+
+    def lower(func, a, outs):
+        for req in steps(func, a, outs):
+            launch(*req)
     lower.handles_half = True
     if train_of is not None:
         lower.cpu_meta = _cpu_meta_stats(train_of)
