@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
+from bisect import bisect_left, bisect_right
 
 import numpy as np
 import torch
@@ -332,8 +333,7 @@ def join_calls(name: str, staged, spans: list, pins, sids: tuple, core: int) -> 
         for st, sid in zip(staged, sids):
             # every buffer of the group the call's arrays overlap keeps its stores (the call
             # reads memory); ops recorded after the call go to loops after it (the floor)
-            hits = tuple(j for j, b in enumerate(g.bufs)
-                         if any(b.lo < hi and lo < b.hi for lo, hi in spans))
+            hits = _hits(g, spans)
             for j in hits:
                 g.bufs[j].mem_read = True
             sig = (sid, hits)
@@ -349,6 +349,20 @@ def join_calls(name: str, staged, spans: list, pins, sids: tuple, core: int) -> 
             g.n_nodes += 1
             g.ops.append(name)
         _calls.COUNTERS["joined"] += len(staged)
+
+
+def _hits(g: _Group, spans: list) -> tuple:
+    """The indices of the group's buffers that share a byte with one of the byte spans
+    [(lo, hi), ...], in order: found by bisection among the buffers' starts (g.los), as a new
+    buffer's overlaps are (a buffer starting at or before lo - max_span ends by lo)."""
+    los, los_j, bufs, reach = g.los, g.los_j, g.bufs, g.max_span
+    found = set()
+    for lo, hi in spans:
+        for t in range(bisect_right(los, lo - reach), bisect_left(los, hi)):
+            j = los_j[t]
+            if bufs[j].hi > lo:
+                found.add(j)
+    return tuple(sorted(found))
 
 
 _STATICS: dict = {}
@@ -537,7 +551,8 @@ def _flush_locked(key, reason: str) -> None:
     g = PENDING.pop(key, None)
     if g is None or g.n_nodes == 0:
         return
-    STATS.flushes[reason] += 1
+    flushes = STATS.flushes
+    flushes[reason] = flushes.get(reason, 0) + 1   # (a Counter's += costs 3x this)
     if "flush" in config.log:
         from .errors import where
 
