@@ -136,6 +136,24 @@ def cast(src: torch.Tensor, dst: torch.Tensor) -> None:
         launch(*req)
 
 
+def launches(steps):
+    """The lowering of `steps(func, a, outs)`, a generator of launch requests: it launches each
+    itself as it comes (dispatch -> lowering -> launch), however many helpers built them.
+
+    >>> lower = launches(lambda func, a, outs: cast_steps(a["self"], outs[0]))
+    >>> d = torch.empty(2, dtype=torch.bfloat16); lower(None, {"self": torch.ones(2)}, [d])
+    >>> d.tolist()
+    [1.0, 1.0]
+    """
+    def lower(func, a, outs):
+        for req in steps(func, a, outs):
+            launch(*req)
+
+    lower.__name__ = getattr(steps, "__name__", "lower")
+    lower.__doc__ = steps.__doc__
+    return lower
+
+
 # a step that is not a launch request: (RUN, lowering, func, a, outs), another family's lowering
 # that launches itself; a composite's driver calls it from its own frame (lower/complex.py,
 # lower/half.py), so its launches sit one call deeper than the requests'
