@@ -3,7 +3,8 @@ each with its backward; 1-d pools arrive as 2-d ones (PyTorch unsqueezes them).
 
 Operands are viewed as (N, C, D, H, W) (unbatched inputs get N = 1, 2-d pools D = 1), so each
 kind is one kernel for every rank. Every max-style backward (max, adaptive max, fractional
-max) is the same indices scatter. Each op is one launch.
+max) is the same indices scatter. Each op is one launch (plus, for half operands, float32 copies:
+cast_steps the lowering launches itself, two calls below dispatch).
 
 >>> import torch, eager_neuron
 >>> x = torch.arange(16.0).reshape(1, 1, 4, 4).to("neuron")
@@ -18,7 +19,7 @@ import torch
 from ..kernels import compile as kc
 from ..kernels import pool as kpool
 from ..launch import launch
-from .cast import cast
+from .cast import cast_steps
 from .common import NP_TYPE
 
 VERSION = 3              # bump when this family's rendered source changes (disk cache key)
@@ -107,13 +108,15 @@ def _max_backward(rank: int):
         gi32, go32 = gi, go
         if half:   # float32 copies; each add rounds to the half type, as the CPU adds
             go32 = torch.empty(go.shape, dtype=torch.float32)
-            cast(go, go32)
+            for req in cast_steps(go, go32):
+                launch(*req)
             gi32 = torch.empty(gi.shape, dtype=torch.float32)
         launch(*_launch("max_backward", (_as5(gi32, rank), _as5(go32, rank), _as5(ind, rank)),
                         (), gi32.dtype, _numel(gi, go), _numel(gi, go, ind) * gi.element_size(),
                         half and ("f16" if gi.dtype == torch.float16 else True)))
         if half:
-            cast(gi32, gi)
+            for req in cast_steps(gi32, gi):
+                launch(*req)
     lower.handles_half = True
     return lower
 
@@ -147,14 +150,16 @@ def _avg_pool_backward(rank: int):
         gi32, go32 = gi, go
         if half:
             go32 = torch.empty(go.shape, dtype=torch.float32)
-            cast(go, go32)
+            for req in cast_steps(go, go32):
+                launch(*req)
             gi32 = torch.empty(gi.shape, dtype=torch.float32)
         launch(*_launch("avg_backward", (_as5(gi32, rank), _as5(go32, rank)), scalars, gi32.dtype,
                        gi.numel() + go.numel() * scalars[0] * scalars[1] * scalars[2],
                        _numel(gi, go) * gi.element_size(),
                        half and ("f16" if gi.dtype == torch.float16 else True)))
         if half:
-            cast(gi32, gi)
+            for req in cast_steps(gi32, gi):
+                launch(*req)
     lower.handles_half = True
     return lower
 
@@ -172,12 +177,14 @@ def _adaptive_avg(rank: int):
         x32, out32 = x, out
         if half:
             x32 = torch.empty(x.shape, dtype=torch.float32)
-            cast(x, x32)
+            for req in cast_steps(x, x32):
+                launch(*req)
             out32 = torch.empty(out.shape, dtype=torch.float32)
         launch(*_launch("adaptive_avg", (_as5(out32, rank), _as5(x32, rank)), (), x32.dtype,
                        _numel(x, out), _numel(x, out) * x.element_size(), bf16))
         if half:
-            cast(out32, out)
+            for req in cast_steps(out32, out):
+                launch(*req)
     lower.handles_half = True
     return lower
 
@@ -193,12 +200,14 @@ def _adaptive_avg_backward(rank: int):
         gi32, go32 = gi, go
         if half:
             go32 = torch.empty(go.shape, dtype=torch.float32)
-            cast(go, go32)
+            for req in cast_steps(go, go32):
+                launch(*req)
             gi32 = torch.empty(gi.shape, dtype=torch.float32)
         launch(*_launch("adaptive_avg_backward", (_as5(gi32, rank), _as5(go32, rank)), (),
                         gi32.dtype, _numel(gi, go), _numel(gi, go) * gi.element_size(), bf16))
         if half:
-            cast(gi32, gi)
+            for req in cast_steps(gi32, gi):
+                launch(*req)
     lower.handles_half = True
     return lower
 

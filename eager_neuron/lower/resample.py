@@ -1,7 +1,8 @@
 """Resampling lowerings: upsample (nearest, nearest-exact, linear, bilinear, trilinear, bicubic)
 and replication-padding backward, 1/2/3-d (their forwards decompose into gathers that have
 kernels; the backward passes are scatters), and grid_sampler 2-d/3-d forward and backward
-(bilinear, nearest and 2-d bicubic). One launch each.
+(bilinear, nearest and 2-d bicubic). One launch each; half operands' float32 copies and the
+casts back are steps (lower/cast.py's cast_steps) the lowering launches itself, as the kernel.
 
 >>> import torch, eager_neuron
 >>> x = torch.ones(1, 1, 2, device="neuron", requires_grad=True)
@@ -20,7 +21,7 @@ from ..kernels import grid_sample as kgrid
 from ..kernels import grid_sample_cubic as kcubic
 from ..kernels import resample as kresample
 from ..launch import launch
-from .cast import cast
+from .cast import cast_steps, launches
 from .common import NP_TYPE
 from .pool import _FLOAT, PARALLEL_MIN, VERSION, _as5, _np, _numel
 
@@ -37,7 +38,7 @@ def _upsample_half(mode: str, rank: int, half_weights: bool = True):
     scale_names = {1: ("scales",), 2: ("scales_h", "scales_w"),
                    3: ("scales_d", "scales_h", "scales_w")}[rank]
 
-    def lower(func, a, outs):
+    def steps(func, a, outs):
         x, out = a["self"], outs[0]
         if (x.dtype not in _HALF_RND and x.dtype not in _FLOAT) or out.dtype != x.dtype:
             raise NotImplementedError(f"upsample {mode}: the decomposition for {x.dtype}")
@@ -47,17 +48,17 @@ def _upsample_half(mode: str, rank: int, half_weights: bool = True):
         inv = [1.0 / s if s is not None and s > 0 else 0.0 for s in
                (a.get(nm) for nm in scale_names)]
         inv = [0.0] * (3 - rank) + inv
-        x32, o32 = _f32(x), _scratch(out)
+        x32, o32 = (yield from _f32(x)), _scratch(out)
         parallel = out.numel() >= PARALLEL_MIN and kc.parallel_allowed()
         T = NP_TYPE[o32.dtype]
         taps = kresample.TAPS[mode] ** rank
-        launch(("resample", "upsample_gather", VERSION, UP_VERSION, mode, T, rnd, parallel),
+        yield (("resample", "upsample_gather", VERSION, UP_VERSION, mode, T, rnd, parallel),
                lambda: kresample.render_upsample_backward(mode, T, parallel, "gather", rnd),
                (_np(_as5(o32, rank)), _np(_as5(x32, rank))) + tuple(inv) +
                (bool(a.get("align_corners") or False),),
-               flops=2.0 * out.numel() * taps, bytes_moved=_numel(x, out) * x.element_size(),
-               engine="vector")
-        _put(o32, out)
+               2.0 * out.numel() * taps, _numel(x, out) * x.element_size(), "vector")
+        yield from _put(o32, out)
+    lower = launches(steps)
     lower.handles_half = True
     return lower
 
@@ -109,7 +110,7 @@ def lower_upsample_aa(func, a, outs):
 def _replication_pad_backward(rank: int):
     """Half types (handles_half): float32 copies, each add rounded to the half type (the CPU's
     half kernel adds in it)."""
-    def lower(func, a, outs):
+    def steps(func, a, outs):
         gi, go = outs[0], a["grad_output"]
         rnd = _HALF_RND.get(gi.dtype)
         if (gi.dtype not in _FLOAT and rnd is None) or go.dtype != gi.dtype:
@@ -118,13 +119,14 @@ def _replication_pad_backward(rank: int):
             return
         pad = tuple(a["padding"])               # (left, right, top, bottom, front, back)
         lead = (0,) * (3 - rank) + tuple(reversed(pad[0::2]))
-        gi32, go32 = _scratch(gi), _f32(go)
+        gi32, go32 = _scratch(gi), (yield from _f32(go))
         parallel = go.numel() >= PARALLEL_MIN and kc.parallel_allowed()
-        launch(("resample", "replication_pad_backward", VERSION, parallel, rnd),
+        yield (("resample", "replication_pad_backward", VERSION, parallel, rnd),
                lambda: kresample.render_replication_pad_backward(parallel, rnd),
-               (_np(_as5(gi32, rank)), _np(_as5(go32, rank))) + lead, flops=float(go.numel()),
-               bytes_moved=_numel(gi, go) * gi.element_size(), engine="vector")
-        _put(gi32, gi)
+               (_np(_as5(gi32, rank)), _np(_as5(go32, rank))) + lead, float(go.numel()),
+               _numel(gi, go) * gi.element_size(), "vector")
+        yield from _put(gi32, gi)
+    lower = launches(steps)
     lower.handles_half = True
     return lower
 
@@ -154,11 +156,12 @@ def _grid_check(a, *ts) -> int:
 
 
 def _f32(t):
-    """A half operand as float32 scratch (exact); None and float32/float64 as they are."""
+    """A half operand as float32 scratch (exact); None and float32/float64 as they are.
+    Steps (the copy's launches); returns the tensor."""
     if t is None or t.dtype not in _HALF_RND:
         return t
     out = torch.empty(t.shape, dtype=torch.float32)
-    cast(t, out)
+    yield from cast_steps(t, out)
     return out
 
 
@@ -169,12 +172,12 @@ def _scratch(t):
     return torch.empty(t.shape, dtype=torch.float32)
 
 
-def _put(tmp, t) -> None:
+def _put(tmp, t):
     if t is not None and tmp is not t:
-        cast(tmp, t)   # exact: the kernel rounded every value to t's half type
+        yield from cast_steps(tmp, t)   # exact: the kernel rounded every value to t's half type
 
 
-def lower_grid_sampler(func, a, outs):
+def _grid_sampler(func, a, outs):
     """bfloat16/float16 (handles_half): the CPU's scalar_t = Half kernel rounds every step to
     the half type (GridSampler.cpp); the `rnd` kernel does the same in float32."""
     inp, grid, out = a["input"], a["grid"], outs[0]
@@ -184,23 +187,25 @@ def lower_grid_sampler(func, a, outs):
     rnd = _HALF_RND.get(out.dtype)
     o32 = _scratch(out)
     if mode == 2:
-        return _grid_cubic(inp, grid, out, o32, a, rnd)
-    iv, gv, ov = _grid_views(_f32(inp), _f32(grid), o32)
+        return (yield from _grid_cubic(inp, grid, out, o32, a, rnd))
+    inp32 = yield from _f32(inp)
+    grid32 = yield from _f32(grid)
+    iv, gv, ov = _grid_views(inp32, grid32, o32)
     T = NP_TYPE[o32.dtype]
     parallel = inp.shape[0] > 1 and out.numel() >= PARALLEL_MIN and kc.parallel_allowed()
-    launch(("resample", "grid_sample", VERSION, GRID_VERSION, T, parallel, rnd),
+    yield (("resample", "grid_sample", VERSION, GRID_VERSION, T, parallel, rnd),
            lambda: kgrid.render_grid_sample(False, T, parallel, rnd),
            (_np(ov), _np(iv), _np(gv), int(mode), int(a["padding_mode"]),
             bool(a["align_corners"])),
-           flops=16.0 * out.numel(), bytes_moved=_numel(inp, grid, out) * out.element_size(),
-           engine="vector")
-    _put(o32, out)
+           16.0 * out.numel(), _numel(inp, grid, out) * out.element_size(), "vector")
+    yield from _put(o32, out)
 
 
+lower_grid_sampler = launches(_grid_sampler)
 lower_grid_sampler.handles_half = True
 
 
-def lower_grid_sampler_backward(func, a, outs):
+def _grid_sampler_backward(func, a, outs):
     go, inp, grid = a["grad_output"], a["input"], a["grid"]
     mask = tuple(bool(m) for m in a["output_mask"])
     gi = outs[0] if mask[0] and isinstance(outs[0], torch.Tensor) else None
@@ -211,61 +216,65 @@ def lower_grid_sampler_backward(func, a, outs):
     if go.numel() == 0 or inp.numel() == 0:
         for t in (gi, gg):
             if t is not None and t.numel():
-                cast(torch.zeros((), dtype=t.dtype), t)
+                yield from cast_steps(torch.zeros((), dtype=t.dtype), t)
         return
     rnd = _HALF_RND.get(inp.dtype)
     gi32, gg32 = _scratch(gi), _scratch(gg)
     if mode == 2:
-        return _grid_cubic_backward(go, inp, grid, gi, gg, gi32, gg32, a, rnd)
-    iv, gv, gov, giv = _grid_views(_f32(inp), _f32(grid), _f32(go), gi32)
+        return (yield from _grid_cubic_backward(go, inp, grid, gi, gg, gi32, gg32, a, rnd))
+    inp32 = yield from _f32(inp)
+    grid32 = yield from _f32(grid)
+    go32 = yield from _f32(go)
+    iv, gv, gov, giv = _grid_views(inp32, grid32, go32, gi32)
     ggv = (gg32.unsqueeze(1) if grid.dim() == 4 else gg32) if gg32 is not None else None
     T = NP_TYPE[iv.dtype]
     dummy = np.zeros((1,) * 5, iv.numpy().dtype)
     parallel = inp.shape[0] > 1 and go.numel() >= PARALLEL_MIN and kc.parallel_allowed()
-    launch(("resample", "grid_sample_bw", VERSION, GRID_VERSION, T, parallel, rnd),
+    yield (("resample", "grid_sample_bw", VERSION, GRID_VERSION, T, parallel, rnd),
            lambda: kgrid.render_grid_sample(True, T, parallel, rnd),
            (_np(giv) if gi is not None else dummy, _np(ggv) if gg is not None else dummy,
             _np(gov), _np(iv), _np(gv), int(mode), int(a["padding_mode"]),
             bool(a["align_corners"]), gi is not None, gg is not None),
-           flops=48.0 * go.numel(), engine="vector",
-           bytes_moved=_numel(inp, grid, go, inp, grid) * go.element_size())
-    _put(gi32, gi)
-    _put(gg32, gg)
+           48.0 * go.numel(), _numel(inp, grid, go, inp, grid) * go.element_size(), "vector")
+    yield from _put(gi32, gi)
+    yield from _put(gg32, gg)
 
 
+lower_grid_sampler_backward = launches(_grid_sampler_backward)
 lower_grid_sampler_backward.handles_half = True
 
 
 CUBIC_VERSION = 1   # bump when kernels/grid_sample_cubic.py's rendered source changes
 
 
-def _grid_cubic(inp, grid, out, o32, a, rnd) -> None:
+def _grid_cubic(inp, grid, out, o32, a, rnd):
     """2-d bicubic forward (kernels/grid_sample_cubic.py), half types rounded as the CPU."""
-    iv, gv = _f32(inp), _f32(grid)
+    iv = yield from _f32(inp)
+    gv = yield from _f32(grid)
     T = NP_TYPE[o32.dtype]
     parallel = inp.shape[0] > 1 and out.numel() >= PARALLEL_MIN and kc.parallel_allowed()
-    launch(("resample", "grid_cubic", VERSION, CUBIC_VERSION, T, parallel, rnd),
+    yield (("resample", "grid_cubic", VERSION, CUBIC_VERSION, T, parallel, rnd),
            lambda: kcubic.render_grid_cubic(False, T, parallel, rnd),
            (_np(o32), _np(iv), _np(gv), int(a["padding_mode"]), bool(a["align_corners"])),
-           flops=40.0 * out.numel(), bytes_moved=_numel(inp, grid, out) * out.element_size(),
-           engine="vector")
-    _put(o32, out)
+           40.0 * out.numel(), _numel(inp, grid, out) * out.element_size(), "vector")
+    yield from _put(o32, out)
 
 
-def _grid_cubic_backward(go, inp, grid, gi, gg, gi32, gg32, a, rnd) -> None:
-    iv, gv, gov = _f32(inp), _f32(grid), _f32(go)
+def _grid_cubic_backward(go, inp, grid, gi, gg, gi32, gg32, a, rnd):
+    iv = yield from _f32(inp)
+    gv = yield from _f32(grid)
+    gov = yield from _f32(go)
     T = NP_TYPE[iv.dtype]
     dummy = np.zeros((1,) * 4, iv.numpy().dtype)
     parallel = inp.shape[0] > 1 and go.numel() >= PARALLEL_MIN and kc.parallel_allowed()
-    launch(("resample", "grid_cubic_bw", VERSION, CUBIC_VERSION, T, parallel, rnd),
+    yield (("resample", "grid_cubic_bw", VERSION, CUBIC_VERSION, T, parallel, rnd),
            lambda: kcubic.render_grid_cubic(True, T, parallel, rnd),
            (_np(gi32) if gi is not None else dummy, _np(gg32) if gg is not None else dummy,
             _np(gov), _np(iv), _np(gv), int(a["padding_mode"]), bool(a["align_corners"]),
             gi is not None, gg is not None),
-           flops=160.0 * go.numel(), engine="vector",
-           bytes_moved=_numel(inp, grid, go, inp, grid) * go.element_size())
-    _put(gi32, gi)
-    _put(gg32, gg)
+           160.0 * go.numel(), _numel(inp, grid, go, inp, grid) * go.element_size(), "vector")
+    yield from _put(gi32, gi)
+    yield from _put(gg32, gg)
 
 
 LOWERINGS = {
