@@ -132,10 +132,12 @@ _IN_01 = "x0 >= 0 and x0 <= 1"
 
 
 def _pointwise(name: str, expr: str, operands: list, out: torch.Tensor, reduction: int,
-               grad: bool, check: str = "") -> None:
+               grad: bool, check: str = ""):
     """Forward (grad False): out = expr summed over the broadcast operands, / numel for mean,
     or per element for reduction none. Backward (grad True): out = expr per element, where the
-    expression divides by `div` (numel for mean, else 1)."""
+    expression divides by `div` (numel for mean, else 1). Returns (the launch as launch()'s
+    positional arguments, its error flags), None when there is nothing to launch: the lowering
+    launches it and checks the flags (_launch_checked)."""
     for t in operands:
         _float(t)
     if reduction not in _REDUCTIONS:
@@ -160,12 +162,11 @@ def _pointwise(name: str, expr: str, operands: list, out: torch.Tensor, reductio
     div = float(n if reduction == 1 else 1)
     err = np.zeros(2, np.int64)
     key = ("loss", name, expr, rank, len(views), F64, store, check)
-    launch(key, lambda: kr.render_pointwise(expr, rank, len(views), F64, store, check),
-           (ov, err) + tuple(views) + (int(reduce), div), flops=float(4 * n),
-           bytes_moved=float(sum(t.numel() * t.element_size() for t in operands)
-                             + out.numel() * out.element_size()),
-           engine="scalar" if "math." in expr else "vector")
-    checked(_check_01, err)
+    return ((key, lambda: kr.render_pointwise(expr, rank, len(views), F64, store, check),
+             (ov, err) + tuple(views) + (int(reduce), div), float(4 * n),
+             float(sum(t.numel() * t.element_size() for t in operands)
+                   + out.numel() * out.element_size()),
+             "scalar" if "math." in expr else "vector"), err)
 
 
 def _weights(a, like: torch.Tensor) -> torch.Tensor:
@@ -173,27 +174,42 @@ def _weights(a, like: torch.Tensor) -> torch.Tensor:
     return w if w is not None else torch.ones((), dtype=like.dtype)
 
 
+# each pointwise loss launches the request _pointwise built, then checks its flags (the
+# kernel's out-of-[0, 1] report): dispatch -> lowering -> launch
 def lower_mse(func, a, outs):
-    _pointwise("mse", "(x0 - x1) * (x0 - x1)", [a["self"], a["target"]], outs[0],
-               a["reduction"], False)
+    step = _pointwise("mse", "(x0 - x1) * (x0 - x1)", [a["self"], a["target"]], outs[0],
+                      a["reduction"], False)
+    if step is not None:
+        launch(*step[0])
+        checked(_check_01, step[1])
 
 
 def lower_mse_backward(func, a, outs):
     # d/dx of mean((x - y)^2) = 2 (x - y) g / n
-    _pointwise("mse_bw", "A(2) * (x0 - x1) * x2 / A(div)",
-               [a["self"], a["target"], a["grad_output"]], outs[0], a["reduction"], True)
+    step = _pointwise("mse_bw", "A(2) * (x0 - x1) * x2 / A(div)",
+                      [a["self"], a["target"], a["grad_output"]], outs[0], a["reduction"], True)
+    if step is not None:
+        launch(*step[0])
+        checked(_check_01, step[1])
 
 
 def lower_bce(func, a, outs):
     x = a["self"]
-    _pointwise("bce", _BCE, [x, a["target"], _weights(a, x)], outs[0], a["reduction"], False,
-               _IN_01)
+    step = _pointwise("bce", _BCE, [x, a["target"], _weights(a, x)], outs[0], a["reduction"],
+                      False, _IN_01)
+    if step is not None:
+        launch(*step[0])
+        checked(_check_01, step[1])
 
 
 def lower_bce_backward(func, a, outs):
     x = a["self"]
-    _pointwise("bce_bw", _BCE_BW + " / A(div)",
-               [x, a["target"], _weights(a, x), a["grad_output"]], outs[0], a["reduction"], True)
+    step = _pointwise("bce_bw", _BCE_BW + " / A(div)",
+                      [x, a["target"], _weights(a, x), a["grad_output"]], outs[0],
+                      a["reduction"], True)
+    if step is not None:
+        launch(*step[0])
+        checked(_check_01, step[1])
 
 
 # ---------------------------------------------------------------------------------------------
