@@ -36,6 +36,8 @@ from collections import Counter
 import numpy as np
 import torch
 
+from ..kernels import flex as kf
+from ..kernels import matmul as km
 from ..launch import launch
 
 _HOPS = "torch._higher_order_ops.flex_attention"
@@ -398,250 +400,13 @@ def _render_mods(score_gm, mask_fn, score_bufs, mask_bufs, joint_gm=None):
     return score, mask, joint, args
 
 
-# ---------------------------------------------------------------------------------------------
-# kernel source
-# ---------------------------------------------------------------------------------------------
-
-def _indent(lines, n: int) -> list:
-    return [" " * n + ln for ln in lines]
-
-
-def _buf_params(n: int, k: int) -> str:
-    return "".join(f", sb{i}" for i in range(n)) + "".join(f", mb{i}" for i in range(k))
-
-
-def render_forward(score, mask, nsb: int, nmb: int, f32: bool, parallel: bool):
-    """`k(out, lse, mx, q, k, v, kvn, kvi, fkvn, fkvi, scale, QB, KVB, *bufs)`."""
-    name = "flex_fwd"
-    exp = "_v_exp_neg" if f32 else "np.exp"
-    src = [
-        f"T = np.{'float32' if f32 else 'float64'}",
-        "",
-        f'@njit(error_model="numpy", nogil=True{", parallel=True" if parallel else ""})',
-        f"def {name}(out, lse, mx, q, k, v, kvn, kvi, fkvn, fkvi, scale, QB, KVB"
-        f"{_buf_params(nsb, nmb)}):",
-        "    B, H, L, E = q.shape",
-        "    Bk, Hk, S, Ev = v.shape",
-        "    G = H // Hk",
-        "    MB, MH = kvn.shape[0], kvn.shape[1]",
-        "    inv_ln2 = T(1.0 / np.log(2.0))",
-        "    tsc = T(scale)",
-        "    NQB = (L + QB - 1) // QB",
-        f"    for bh in {'prange' if parallel else 'range'}(B * H):",
-        "        b = bh // H",
-        "        h = bh - b * H",
-        "        bk = b if Bk > 1 else 0",
-        "        hk = h // G",
-        "        mb = b if MB > 1 else 0",
-        "        mh = h if MH > 1 else 0",
-        "        vh = v[bk, hk]",
-        "        s = np.empty((QB, KVB), T)",
-        "        kt = np.empty((E, KVB), T)",
-        "        acc = np.empty((QB, Ev), T)",
-        "        m = np.empty(QB, T)",
-        "        l = np.empty(QB, T)",
-        "        for qb in range(NQB):",
-        "            i0 = qb * QB",
-        "            ni = min(QB, L - i0)",
-        "            acc[:ni, :] = 0",
-        "            m[:ni] = -np.inf",
-        "            l[:ni] = 0",
-        "            npart = kvn[mb, mh, qb]",
-        "            nall = npart + (fkvn[mb, mh, qb] if fkvn.shape[2] > 0 else 0)",
-        "            for t in range(nall):",
-        "                partial = t < npart",
-        "                kb = kvi[mb, mh, qb, t] if partial else fkvi[mb, mh, qb, t - npart]",
-        "                j0 = kb * KVB",
-        "                nj = min(KVB, S - j0)",
-        "                if nj <= 0:",
-        "                    continue",
-        "                for jj in range(nj):",
-        "                    for e in range(E):",
-        "                        kt[e, jj] = k[bk, hk, j0 + jj, e]",
-        "                for ii in range(ni):",
-        "                    i = i0 + ii",
-        "                    row = s[ii]",
-        "                    for jj in range(nj):",
-        "                        row[jj] = 0",
-        "                    for e in range(E):",
-        "                        qe = T(q[b, h, i, e])",
-        "                        for jj in range(nj):",
-        "                            row[jj] += qe * kt[e, jj]",
-        "                    rmax = T(-np.inf)",
-        "                    for jj in range(nj):",
-        "                        j = j0 + jj",
-        "                        x = row[jj] * tsc",
-        *_indent(score, 24),
-        "                        if partial:",
-        *_indent(mask, 28),
-        "                            if not ok:",
-        "                                sc = T(-np.inf)",
-        "                        row[jj] = sc",
-        "                        if sc > rmax:",
-        "                            rmax = sc",
-        "                    mold = m[ii]",
-        "                    mnew = rmax if rmax > mold else mold",
-        "                    if mnew == -np.inf:",
-        "                        continue",
-        f"                    alpha = {exp}(mold - mnew)",
-        "                    for jj in range(nj):",
-        f"                        row[jj] = {exp}(row[jj] - mnew)",
-        "                    psum = T(0)",
-        "                    for jj in range(nj):",
-        "                        psum += row[jj]",
-        "                    l[ii] = l[ii] * alpha + psum",
-        "                    m[ii] = mnew",
-        "                    for e in range(Ev):",
-        "                        acc[ii, e] *= alpha",
-        "                    ai = acc[ii]",
-        "                    for jj in range(nj):",
-        "                        p = row[jj]",
-        "                        if p != 0:",
-        "                            vr = vh[j0 + jj]",
-        "                            for e in range(Ev):",
-        "                                ai[e] += p * vr[e]",
-        "            for ii in range(ni):",
-        "                i = i0 + ii",
-        "                if l[ii] > 0:",
-        "                    inv = T(1) / l[ii]",
-        "                    for e in range(Ev):",
-        "                        out[b, h, i, e] = acc[ii, e] * inv",
-        "                    lse[b, h, i] = (m[ii] + np.log(l[ii])) * inv_ln2",
-        "                    mx[b, h, i] = m[ii] * inv_ln2",
-        "                else:",
-        "                    for e in range(Ev):",
-        "                        out[b, h, i, e] = 0",
-        "                    lse[b, h, i] = -np.inf",
-        "                    mx[b, h, i] = -np.inf",
-    ]
-    return "\n".join(src) + "\n", name
-
-
-def render_backward(score, mask, joint, nsb: int, nmb: int, f32: bool, parallel: bool):
-    """`k(dq, dk, dv, q, k, v, out, go, lse, glse, kvn, kvi, fkvn, fkvi, scale, QB, KVB,
-    *bufs)`: threads split the (kv batch, kv head) pairs, so dk and dv have one writer each."""
-    name = "flex_bwd"
-    exp = "_v_exp_neg" if f32 else "np.exp"
-    src = [
-        f"T = np.{'float32' if f32 else 'float64'}",
-        "",
-        f'@njit(error_model="numpy", nogil=True{", parallel=True" if parallel else ""})',
-        f"def {name}(dq, dk, dv, q, k, v, out, go, lse, glse, kvn, kvi, fkvn, fkvi, scale, "
-        f"QB, KVB{_buf_params(nsb, nmb)}):",
-        "    B, H, L, E = q.shape",
-        "    Bk, Hk, S, Ev = v.shape",
-        "    G = H // Hk",
-        "    MB, MH = kvn.shape[0], kvn.shape[1]",
-        "    ln2 = T(np.log(2.0))",
-        "    tsc = T(scale)",
-        "    NQB = (L + QB - 1) // QB",
-        f"    for t0 in {'prange' if parallel else 'range'}(Bk * Hk):",
-        "        bk = t0 // Hk",
-        "        hk = t0 - bk * Hk",
-        "        for j in range(S):",
-        "            for e in range(E):",
-        "                dk[bk, hk, j, e] = 0",
-        "            for e in range(Ev):",
-        "                dv[bk, hk, j, e] = 0",
-        "        s = np.empty(KVB, T)",
-        "        dp = np.empty(KVB, T)",
-        "        kt = np.empty((E, KVB), T)",
-        "        vt = np.empty((Ev, KVB), T)",
-        "        gi = np.empty(E, T)",
-        "        kh = k[bk, hk]",
-        "        dkh = dk[bk, hk]",
-        "        dvh = dv[bk, hk]",
-        "        for b in range(B):",
-        "            if Bk > 1 and b != bk:",
-        "                continue",
-        "            mb = b if MB > 1 else 0",
-        "            for g in range(G):",
-        "                h = hk * G + g",
-        "                mh = h if MH > 1 else 0",
-        "                qh = q[b, h]",
-        "                goh = go[b, h]",
-        "                dqh = dq[b, h]",
-        "                for qb in range(NQB):",
-        "                    i0 = qb * QB",
-        "                    ni = min(QB, L - i0)",
-        "                    for ii in range(ni):",
-        "                        for e in range(E):",
-        "                            dq[b, h, i0 + ii, e] = 0",
-        "                    npart = kvn[mb, mh, qb]",
-        "                    nall = npart + (fkvn[mb, mh, qb] if fkvn.shape[2] > 0 else 0)",
-        "                    for t in range(nall):",
-        "                        partial = t < npart",
-        "                        kb = kvi[mb, mh, qb, t] if partial else "
-        "fkvi[mb, mh, qb, t - npart]",
-        "                        j0 = kb * KVB",
-        "                        nj = min(KVB, S - j0)",
-        "                        if nj <= 0:",
-        "                            continue",
-        "                        for jj in range(nj):",
-        "                            for e in range(E):",
-        "                                kt[e, jj] = k[bk, hk, j0 + jj, e]",
-        "                            for e in range(Ev):",
-        "                                vt[e, jj] = v[bk, hk, j0 + jj, e]",
-        "                        for ii in range(ni):",
-        "                            i = i0 + ii",
-        "                            qr = qh[i]",
-        "                            gor = goh[i]",
-        "                            li = T(lse[b, h, i]) * ln2",
-        "                            if li == -np.inf:",
-        "                                continue",
-        "                            di = T(0)",
-        "                            for e in range(Ev):",
-        "                                di += T(out[b, h, i, e]) * T(gor[e])",
-        "                            gl = T(glse[b, h, i]) / ln2",
-        "                            for jj in range(nj):",
-        "                                s[jj] = 0",
-        "                                dp[jj] = 0",
-        "                            for e in range(E):",
-        "                                qe = T(qr[e])",
-        "                                for jj in range(nj):",
-        "                                    s[jj] += qe * kt[e, jj]",
-        "                            for e in range(Ev):",
-        "                                ge = T(gor[e])",
-        "                                for jj in range(nj):",
-        "                                    dp[jj] += ge * vt[e, jj]",
-        "                            for e in range(E):",
-        "                                gi[e] = 0",
-        "                            for jj in range(nj):",
-        "                                j = j0 + jj",
-        "                                x = s[jj] * tsc",
-        *_indent(score, 32),
-        "                                if partial:",
-        *_indent(mask, 36),
-        "                                    if not ok:",
-        "                                        continue",
-        f"                                p = {exp}(sc - li) if sc <= li else np.exp(sc - li)",
-        "                                if p == 0:",
-        "                                    continue",
-        "                                ds = p * (dp[jj] - di + gl)",
-        *_indent(joint, 32),
-        "                                gs = gs * tsc",
-        "                                dvr = dvh[j]",
-        "                                for e in range(Ev):",
-        "                                    dvr[e] += p * gor[e]",
-        "                                kr = kh[j]",
-        "                                for e in range(E):",
-        "                                    gi[e] += gs * kr[e]",
-        "                                dkr = dkh[j]",
-        "                                for e in range(E):",
-        "                                    dkr[e] += gs * qr[e]",
-        "                            dqr = dqh[i]",
-        "                            for e in range(E):",
-        "                                dqr[e] += gi[e]",
-    ]
-    return "\n".join(src) + "\n", name
-
-
-def _renderer(src_fn, *args):
+def _renderer(src_fn, *args, f32: bool):
+    """render() for launch(): kernels/flex.py's source behind the vmath prelude (float32)."""
     def render():
         from ..kernels.vmath import VMATH_PRELUDE
 
         src, name = src_fn(*args)
-        return (VMATH_PRELUDE + "\n" if args[-2] else "") + src, name
+        return (VMATH_PRELUDE + "\n" if f32 else "") + src, name
     return render
 
 
@@ -730,6 +495,14 @@ def _block_args(QB, KVB, QBr, KVBr):
     return (QBr if QBr < QB else QB), (KVBr if KVBr < KVB else KVB)
 
 
+def _parallel(units: int, work: int) -> bool:
+    """Threads over tiles: off. NOTE: the tiles' products are gemm calls, and gemm inside
+    Numba's threads measured 9x slower than one thread (1024 keys, 8 heads, causal: 416 ms
+    against 48 ms, 2 loaded cores; OpenBLAS warns of a hang under OpenMP). The kernels keep
+    the parallel variant for a host where that changes."""
+    return False
+
+
 def _forward_fused(query, key, value, score_mod, block_mask, scale, kernel_options,
                    score_mod_other_buffers=(), mask_mod_other_buffers=()):
     marr, QBr, KVBr, QB, KVB = _common(query, key, value, block_mask)
@@ -742,17 +515,16 @@ def _forward_fused(query, key, value, score_mod, block_mask, scale, kernel_optio
     out = _empty_like_order(query, (B, H, L, Ev), query.dtype)
     lse = _empty_like_order(query[..., 0], (B, H, L), query.dtype)
     mx = _empty_like_order(query[..., 0], (B, H, L), query.dtype)
-    from ..kernels import compile as kc
-
-    parallel = B * H > 1 and B * H * L * S >= (1 << 15) and kc.parallel_allowed()
     QBk, KVBk = _block_args(QB, KVB, QBr, KVBr)
+    parallel = _parallel(B * H * ((L + QBk - 1) // QBk), B * H * L * S)
+    mkl = bool(km.mkl_symbols())
     key_ = ("flex", "fwd", tuple(score), tuple(mask), len(score_mod_other_buffers),
-            len(mask_mod_other_buffers), f32, parallel)
+            len(mask_mod_other_buffers), f32, parallel, mkl)
     args = (_np(out), _np(lse), _np(mx), _np(query), _np(key), _np(value), *marr,
             float(scale), QBk, KVBk, *bargs)
     dense = B * H * L * S * (query.shape[3] + Ev) * 2
-    launch(key_, _renderer(render_forward, score, mask, len(score_mod_other_buffers),
-                           len(mask_mod_other_buffers), f32, parallel), args,
+    launch(key_, _renderer(kf.render_forward, score, mask, len(score_mod_other_buffers),
+                           len(mask_mod_other_buffers), f32, parallel, mkl, f32=f32), args,
            flops=float(dense), bytes_moved=float(sum(a.nbytes for a in args[:6])),
            engine="tensor", extra={"flex": "forward"})
     FSTATS.fused_forward += 1
@@ -780,18 +552,18 @@ def _backward_fused(query, key, value, out, logsumexp, grad_out, grad_logsumexp,
     dq = _empty_like_order(query, (B, H, L, E), query.dtype)
     dk = _empty_like_order(key, (Bk, Hk, S, E), key.dtype)
     dv = _empty_like_order(value, (Bk, Hk, S, Ev), value.dtype)
-    from ..kernels import compile as kc
-
-    parallel = Bk * Hk > 1 and B * H * L * S >= (1 << 15) and kc.parallel_allowed()
+    parallel = _parallel(Bk * Hk, B * H * L * S)
     QBk, KVBk = _block_args(QB, KVB, QBr, KVBr)
+    mkl = bool(km.mkl_symbols())
     key_ = ("flex", "bwd", tuple(score), tuple(mask), tuple(joint),
-            len(score_mod_other_buffers), len(mask_mod_other_buffers), f32, parallel)
+            len(score_mod_other_buffers), len(mask_mod_other_buffers), f32, parallel, mkl)
     args = (_np(dq), _np(dk), _np(dv), _np(query), _np(key), _np(value), _np(out),
             _np(grad_out), _np(logsumexp), _np(grad_logsumexp), *marr, float(scale),
             QBk, KVBk, *bargs)
     dense = B * H * L * S * (E + Ev) * 5
-    launch(key_, _renderer(render_backward, score, mask, joint, len(score_mod_other_buffers),
-                           len(mask_mod_other_buffers), f32, parallel), args,
+    launch(key_, _renderer(kf.render_backward, score, mask, joint,
+                           len(score_mod_other_buffers), len(mask_mod_other_buffers), f32,
+                           parallel, mkl, f32=f32), args,
            flops=float(dense), bytes_moved=float(sum(a.nbytes for a in args[:10])),
            engine="tensor", extra={"flex": "backward"})
     FSTATS.fused_backward += 1
