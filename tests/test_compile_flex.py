@@ -231,3 +231,9 @@ def test_logsumexp_and_its_gradient(mode):
     for a, b in [(out, ref), (lse, ref_lse)] + [(t.grad, r.grad) for t, r in zip(xn, xr)]:
         a, b = a.detach().cpu().double(), b.detach()
         assert ((a - b).abs() <= _bound(b, torch.float32)).all(), (a - b).abs().max().item()
+
+
+def test_without_mkl_gemm(monkeypatch):
+    # a torch that exports no MKL gemm: the tiles' products are Numba's np.dot
+    monkeypatch.setattr(flex.km, "mkl_symbols", lambda: {})
+    assert _run("compiled", "document", "rel_bias", hk=2) == _FUSED
