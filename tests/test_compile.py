@@ -378,3 +378,21 @@ def test_input_mutations_equal_eager(fn):
     _close(out, ref)
     _close(pc, pe)
     _close(qc, qe)
+
+
+def test_hugging_face_warning_once_is_no_graph_break():
+    """HF models call `logger.warning_once` inside their forward (GPT-2's loss_type warning):
+    dynamo is told it is an ignored logging call, so the model stays one graph."""
+    from transformers.utils import logging as hf_logging
+
+    assert hf_logging.warning_once in torch._dynamo.config.ignore_logging_functions
+    logger = hf_logging.get_logger("eager_neuron_test")
+
+    def f(x):
+        y = x * 2
+        logger.warning_once("a one-time warning inside a compiled region")
+        return y + 1
+
+    torch._dynamo.reset()
+    out = torch.compile(f, backend="neuron", fullgraph=True)(torch.ones(3, device="neuron"))
+    assert out.tolist() == [3.0, 3.0, 3.0]

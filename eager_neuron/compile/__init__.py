@@ -51,6 +51,7 @@ def _on_dynamo() -> None:
     _skip_dirs(tr)
     skip_runtime()
     _tracing.trace_tensor_ctor_on_cpu()
+    _after_import("transformers.utils.logging", _quiet_hf_warning_once)
     _allow_flex_attention()
     custom = sys.modules.get("eager_neuron.custom.core")
     if custom is not None:          # loaded later, it applies this itself
@@ -159,12 +160,15 @@ def skip_runtime() -> int:
     return len(seen)
 
 
-class _DynamoHook(importlib.abc.MetaPathFinder):
-    """Runs _on_dynamo after `torch._dynamo` finishes importing (no dynamo import of our own:
-    it costs ~1.7 s and most eager programs never compile)."""
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs `fn` after the module `name` finishes importing (no import of our own: dynamo's
+    costs ~1.7 s and most eager programs never compile)."""
+
+    def __init__(self, name: str, fn) -> None:
+        self.name, self.fn = name, fn
 
     def find_spec(self, name, path, target=None):
-        if name != "torch._dynamo":
+        if name != self.name:
             return None
         import importlib.util
 
@@ -185,15 +189,35 @@ class _DynamoHook(importlib.abc.MetaPathFinder):
             orig(module)
             if hook in sys.meta_path:
                 sys.meta_path.remove(hook)
-            _on_dynamo()
+            hook.fn()
 
         loader.exec_module = exec_module
         return spec
 
 
-if "torch._dynamo" in sys.modules:
-    _on_dynamo()
-else:
-    sys.meta_path.insert(0, _DynamoHook())
+def _after_import(name: str, fn) -> None:
+    if name in sys.modules:
+        fn()
+    else:
+        sys.meta_path.insert(0, _AfterImport(name, fn))
+
+
+def _quiet_hf_warning_once() -> None:
+    """Hugging Face's `logger.warning_once` (GPT-2's `loss_type=None ... unrecognized` on every
+    forward with labels) is a logging call dynamo cannot trace: a graph break inside the model
+    whose resume frames dynamo retraces (~5 restarts, 6 graphs for a GPT-2 training step
+    instead of 4, ~20% of a warm compile). Told to dynamo as an ignored logging function (as
+    `torch._dynamo.config.ignore_logging_functions` documents): inside compiled code the
+    one-time warning is not printed; eager code still prints it."""
+    try:
+        import torch._dynamo.config as dconfig
+        from transformers.utils import logging as hf_logging
+
+        dconfig.ignore_logging_functions.add(hf_logging.warning_once)
+    except Exception:    # noqa: BLE001 - another transformers or torch layout: the break stays
+        pass
+
+
+_after_import("torch._dynamo", _on_dynamo)
 
 __all__ = ["stats", "reset_stats"]
