@@ -6,7 +6,8 @@ the score_mod and mask_mod as dozens of elementwise kernels over them. Here the 
 (FX graphs of scalar ops on score, b, h, q_idx, kv_idx and captured buffers) are rendered into
 Numba scalar code inside one kernel that walks the block mask: only the kv blocks listed for a
 query block are visited (`kv_indices`), the mask_mod runs in partial blocks only (`full_kv_*`
-blocks skip it), and softmax is online (running max, rescaled sum), so no score matrix exists.
+blocks skip it), and softmax is online (running max, rescaled sum), so scores exist one
+(query block, kv block) tile at a time. The kernel sources are kernels/flex.py's.
 
 Both doors use it: eager (the HOP's NeuronTensor py_impl, compile/__init__.py) and a graph
 compiled by the neuron backend (compile/program.py runs the HOP node through `forward` /
