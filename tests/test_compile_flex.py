@@ -237,3 +237,33 @@ def test_without_mkl_gemm(monkeypatch):
     # a torch that exports no MKL gemm: the tiles' products are Numba's np.dot
     monkeypatch.setattr(flex.km, "mkl_symbols", lambda: {})
     assert _run("compiled", "document", "rel_bias", hk=2) == _FUSED
+
+
+def test_fewer_queries_than_keys():
+    # 24 queries over 40 keys (the last 24 positions of a causal prefix): L != S, and the last
+    # query block is partial in both directions
+    torch._dynamo.reset()
+    L = 24
+    g = torch.Generator().manual_seed(6)
+    q0 = torch.randn(1, H, L, D, generator=g, dtype=torch.float64)
+    k0, v0 = (torch.randn(1, H, S, D, generator=g, dtype=torch.float64) for _ in range(2))
+    xn = [t.float().to(N).requires_grad_() for t in (q0, k0, v0)]
+    xr = [t.float().double().requires_grad_() for t in (q0, k0, v0)]
+
+    def offset_causal(b, h, qi, ki):
+        return qi + (S - L) >= ki
+
+    bm = create_block_mask(offset_causal, 1, None, L, S, device=N, BLOCK_SIZE=BLOCK)
+    flex.FSTATS.reset()
+    out = torch.compile(flex_attention, backend="neuron")(*xn, score_mod=rel_bias,
+                                                          block_mask=bm)
+    qi, ki = torch.arange(L).view(L, 1), torch.arange(S).view(1, S)
+    s = xr[0] @ xr[1].transpose(-1, -2) / D ** 0.5 + (qi - ki) * 0.125
+    ref = torch.softmax(s.masked_fill(qi + (S - L) < ki, float("-inf")), -1) @ xr[2]
+    w = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    (out * w.float().to(N)).sum().backward()
+    (ref * w.float().double()).sum().backward()
+    assert flex.stats() == _FUSED
+    for a, b in [(out, ref)] + [(t.grad, r.grad) for t, r in zip(xn, xr)]:
+        a, b = a.detach().cpu().double(), b.detach()
+        assert ((a - b).abs() <= _bound(b, torch.float32)).all(), (a - b).abs().max().item()
