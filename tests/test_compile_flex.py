@@ -153,7 +153,8 @@ def test_unrenderable_subgraph_runs_dense(mode, mask_name, mod_name, op):
     assert reasons[1].startswith(f"forward: score_mod/mask_mod op {op}"), reasons
 
 
-def test_captured_buffer_gradient_runs_dense():
+@pytest.mark.parametrize("mode", ["eager", "compiled"])
+def test_captured_buffer_gradient_runs_dense(mode):
     # a learned bias table read by the score_mod: its gradient needs a scatter, the dense path
     torch._dynamo.reset()
     g = torch.Generator().manual_seed(3)
@@ -167,8 +168,8 @@ def test_captured_buffer_gradient_runs_dense():
     qn, kn, vn = (t.float().to(N).requires_grad_() for t in (q0, k0, v0))
     bm = create_block_mask(causal, 1, None, S, S, device=N, BLOCK_SIZE=BLOCK)
     flex.FSTATS.reset()
-    out = torch.compile(flex_attention, backend="neuron")(qn, kn, vn, score_mod=table,
-                                                          block_mask=bm)
+    fa = flex_attention if mode == "eager" else torch.compile(flex_attention, backend="neuron")
+    out = fa(qn, kn, vn, score_mod=table, block_mask=bm)
     out.sum().backward()
     st = flex.stats()
     assert st["fused_forward"] == 1 and st["dense_backward"] == 1, st
