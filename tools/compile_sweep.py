@@ -7,7 +7,8 @@ CPU fallbacks (must be 0), graphs that fell back to eager, eager ops inside grap
 wall time per step of torch CPU eager, neuron eager and neuron compiled, and the ratio
 compiled / torch CPU eager (targets: <= 1.0 on mlp and gpt2, <= 1.5 on every model), the
 three timed in turns step by step, with each side's process CPU time per step next to it
-(the load-independent view on a shared machine); the cold compile time (first compiled step).
+(the load-independent view on a shared machine), and torch CPU eager on one intra-op thread
+beside it (its two threads collapse under load); the cold compile time (first compiled step).
 
     .venv/bin/python tools/compile_sweep.py                      # every model
     .venv/bin/python tools/compile_sweep.py --models mlp,gpt2 --steps 5
@@ -99,24 +100,32 @@ def run(name: str, steps: int) -> dict:
     #    turns step by step, so a change of the shared machine's load hits them alike; wall
     #    time (the target's measure) and this process's CPU time (what the step costs,
     #    whatever the load; torch's idle intra-op threads spin on it too) per step
+    #    torch CPU eager also runs on one intra-op thread ("cpu1"): on a shared machine its
+    #    two threads collapse under load where its ops are parallel, and their spinning
+    #    inflates every side's process CPU time; one thread is the load-independent reference
     steppers = {"compiled": sc}
-    for label, device in (("cpu", "cpu"), ("neuron", "neuron")):
+    for label, device in (("cpu", "cpu"), ("cpu1", "cpu"), ("neuron", "neuron")):
         _, steppers[label] = _stepper(model, loss, device, False)
         steppers[label](batches[0])
     wall: dict = {k: [] for k in steppers}
     cpu: dict = {k: [] for k in steppers}
+    threads = torch.get_num_threads()
     for i in range(steps + 3):
         b = batches[i % len(batches)]
         for label, step in steppers.items():
+            torch.set_num_threads(1 if label == "cpu1" else threads)
             t0, c0 = time.perf_counter(), time.process_time()
             step(b).item()
             wall[label].append(time.perf_counter() - t0)
             cpu[label].append(time.process_time() - c0)
+    torch.set_num_threads(threads)
     for label in steppers:
         row[f"{label}_ms"] = statistics.median(wall[label][1:]) * 1e3
         row[f"{label}_cpu_ms"] = statistics.median(cpu[label][1:]) * 1e3
     row["ratio_cpu"] = row["compiled_ms"] / row["cpu_ms"]
     row["ratio_cpu_time"] = row["compiled_cpu_ms"] / row["cpu_cpu_ms"]
+    row["ratio_cpu1"] = row["compiled_ms"] / row["cpu1_ms"]
+    row["ratio_cpu1_time"] = row["compiled_cpu_ms"] / row["cpu1_cpu_ms"]
     return row
 
 
@@ -146,8 +155,10 @@ def main(argv=None) -> int:
               f"{r['compiled_ms']:8.2f} {r['ratio_cpu']:8.2f} <= {limit} {verdict}"
               f" (max loss diff {r['max_err']:.1e}); process CPU ms per step: torch "
               f"{r['cpu_cpu_ms']:.1f}, neuron eager {r['neuron_cpu_ms']:.1f}, compiled "
-              f"{r['compiled_cpu_ms']:.1f} (compiled/torch {r['ratio_cpu_time']:.2f})",
-              flush=True)
+              f"{r['compiled_cpu_ms']:.1f} (compiled/torch {r['ratio_cpu_time']:.2f}); torch "
+              f"on 1 thread {r['cpu1_ms']:.2f} ms wall, {r['cpu1_cpu_ms']:.1f} ms CPU: "
+              f"compiled/torch-1-thread {r['ratio_cpu1']:.2f} wall, "
+              f"{r['ratio_cpu1_time']:.2f} CPU time", flush=True)
     return 0
 
 
