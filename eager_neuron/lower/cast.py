@@ -172,7 +172,7 @@ def cast_steps(src: torch.Tensor, dst: torch.Tensor):
     if _direct(src, dst):   # a plain copy kernel
         yield from _ew("aten::_to_copy", src, dst)
     elif src.dtype in FP8 or dst.dtype in FP8:
-        _cast_fp8(src, dst)   # launched by lower/fp8.py's cast_fp8 (deeper)
+        yield from _cast_fp8(src, dst)
     elif src.dtype == torch.bfloat16 or dst.dtype == torch.bfloat16 or \
             src.dtype == torch.float16 or dst.dtype == torch.float16:
         yield from _half_steps(src, dst)
@@ -183,16 +183,16 @@ def cast_steps(src: torch.Tensor, dst: torch.Tensor):
 
 
 # float8 casts live in lower/fp8.py (numpy has no fp8 dtype): that module imports this one and
-# installs its cast_fp8 here when imported (by ops.py's family table, at import eager_neuron);
-# importing it from here would be an import cycle
+# installs its cast_fp8_steps here when imported (by ops.py's family table, at import
+# eager_neuron); importing it from here would be an import cycle
 FP8_CAST: list = [None]
 
 
-def _cast_fp8(src: torch.Tensor, dst: torch.Tensor) -> None:
+def _cast_fp8(src: torch.Tensor, dst: torch.Tensor):
     if FP8_CAST[0] is None:
         raise RuntimeError(f"cast from {src.dtype} to {dst.dtype}: the fp8 family "
                            "(eager_neuron/lower/fp8.py) is not loaded (see the import warning)")
-    FP8_CAST[0](src, dst)
+    return (yield from FP8_CAST[0](src, dst))
 
 
 def _half_steps(src: torch.Tensor, dst: torch.Tensor):

@@ -24,7 +24,9 @@ from ..adaptive import MODULE as _adaptive
 from ..kernels import fp8 as kfp8
 from ..launch import launch
 from . import cast as _cast
+from .cast import RUN
 from .common import FP8
+from .complex_ew import real_steps
 
 VERSION = 1     # bump when this family's rendered source changes (disk cache key)
 _NAME = {torch.float8_e4m3fn: "e4m3fn", torch.float8_e5m2: "e5m2",
@@ -48,40 +50,61 @@ def _unfused(why: str) -> None:
     _adaptive.flush(why)
 
 
-def _decode(src: torch.Tensor) -> np.ndarray:
-    """float32 values of an fp8 tensor (a contiguous numpy array of src's shape)."""
+def _decode_steps(src: torch.Tensor):
+    """float32 values of an fp8 tensor (a contiguous numpy array of src's shape): the decode
+    kernel's launch request, then the values."""
     codes = np.ascontiguousarray(src.view(torch.uint8).numpy()).reshape(-1)
     out = np.empty(codes.size, np.float32)
-    launch(("fp8", "dec", VERSION), lambda: (kfp8.DECODE, "fp8_decode"),
-           (codes, _table(src.dtype), out), bytes_moved=5.0 * codes.size)
+    yield (("fp8", "dec", VERSION), lambda: (kfp8.DECODE, "fp8_decode"),
+           (codes, _table(src.dtype), out), 0.0, 5.0 * codes.size)
     return out.reshape(tuple(src.shape))
 
 
 def cast_fp8(src: torch.Tensor, dst: torch.Tensor) -> None:
     """dst[...] = src where src or dst is an fp8 dtype (called by lower/cast.py's cast)."""
+    for req in cast_fp8_steps(src, dst):
+        launch(*req)
+
+
+def cast_fp8_steps(src: torch.Tensor, dst: torch.Tensor):
+    """cast_fp8 as a generator of launch requests (lower/cast.py's cast_steps yields them)."""
     if src.is_complex() or dst.is_complex():
-        return _cast_complex(src, dst)
+        return (yield from _cast_complex(src, dst))
     _unfused("fp8 cast")
     if src.dtype == dst.dtype:      # same format: the bit patterns, copied by the uint8 kernel
-        _cast.cast(src.view(torch.uint8), dst.view(torch.uint8))
+        yield from _cast.cast_steps(src.view(torch.uint8), dst.view(torch.uint8))
         return
     if src.dtype in FP8:
-        _cast.cast(torch.from_numpy(_decode(src)), dst)   # exact to float32, then to dst
+        dec = yield from _decode_steps(src)
+        yield from _cast.cast_steps(torch.from_numpy(dec), dst)   # exact to float32, then dst
         return
-    src32 = src if src.dtype == torch.float32 else _cast._f32(src)
+    if src.dtype == torch.float32:
+        src32 = src
+    else:
+        src32 = _cast._f32_buf(src)
+        yield from _cast.cast_steps(src, src32)
     x = np.ascontiguousarray(np.broadcast_to(src32.numpy(), tuple(dst.shape))).reshape(-1)
     codes = np.empty(x.size, np.uint8)
     fmt = _NAME[dst.dtype]
-    launch(("fp8", "enc", fmt, VERSION), lambda: kfp8.render_encode(fmt), (x, codes),
-           bytes_moved=5.0 * x.size)
+    yield (("fp8", "enc", fmt, VERSION), lambda: kfp8.render_encode(fmt), (x, codes), 0.0,
+           5.0 * x.size)
     dst.view(torch.uint8).numpy()[...] = codes.reshape(tuple(dst.shape))
 
 
-def _scales(s: torch.Tensor, n: int, rowwise_shape: tuple, which: str) -> np.ndarray:
-    """One float64 scale per row (scale_a) / column (scale_b): per-tensor or row-wise."""
+def _f32_steps(t: torch.Tensor):
+    """lower/cast.py's _f32 as steps: the float32 copy's launches; returns the copy."""
+    out = _cast._f32_buf(t)
+    yield from _cast.cast_steps(t, out)
+    return out
+
+
+def _scales(s: torch.Tensor, n: int, rowwise_shape: tuple, which: str):
+    """One float64 scale per row (scale_a) / column (scale_b): per-tensor or row-wise (steps:
+    the float32 copy's launches; returns the scales)."""
+    s32 = yield from _f32_steps(s)
     if s.numel() == 1:
-        return np.full(n, float(_cast._f32(s).reshape(-1)[0]), np.float64)
-    return _cast._f32(s).numpy().astype(np.float64).reshape(-1)
+        return np.full(n, float(s32.reshape(-1)[0]), np.float64)
+    return s32.numpy().astype(np.float64).reshape(-1)
 
 
 def _check_scaled_mm(x, w, sa, sb) -> None:
@@ -111,7 +134,18 @@ def dynamic_scaled_mm(func, a, index):
     """torch._scaled_mm with the CPU's checks and output: (a * scale_a) @ (b * scale_b) + bias
     in float64, rounded once to float32, divided by scale_result for an fp8 result, then cast
     to out_dtype (default: self's dtype). A DYNAMIC lowering because PyTorch's meta function
-    applies CUDA's shape rules, which the CPU does not."""
+    applies CUDA's shape rules, which the CPU does not. It launches its steps itself
+    (dispatch -> _run_dynamic -> here -> launch)."""
+    steps = _scaled_mm_steps(func, a, index)
+    while True:
+        try:
+            req = next(steps)
+        except StopIteration as stop:
+            return stop.value
+        launch(*req)
+
+
+def _scaled_mm_steps(func, a, index):
     from ..buffers import alloc
 
     x, w = a["self"], a["mat2"]
@@ -123,41 +157,45 @@ def dynamic_scaled_mm(func, a, index):
     n = w.shape[1]
     out_dtype = a.get("out_dtype") or x.dtype
     out, block = alloc(index, (m, n), (n, 1), out_dtype)
-    sa = _scales(a["scale_a"], m, (m, 1), "scale_a")
-    sb = _scales(a["scale_b"], n, (1, n), "scale_b")
+    sa = yield from _scales(a["scale_a"], m, (m, 1), "scale_a")
+    sb = yield from _scales(a["scale_b"], n, (1, n), "scale_b")
     bias = a.get("bias")
-    bv = np.zeros(n, np.float64) if bias is None else np.ascontiguousarray(np.broadcast_to(
-        _cast._f32(bias).numpy(), (n,)), dtype=np.float64)
+    if bias is None:
+        bv = np.zeros(n, np.float64)
+    else:
+        b32 = yield from _f32_steps(bias)
+        bv = np.ascontiguousarray(np.broadcast_to(b32.numpy(), (n,)), dtype=np.float64)
     res = np.empty((m, n), np.float64)
-    launch(("fp8", "scaled_mm", VERSION), lambda: (kfp8.SCALED_MM, "fp8_scaled_mm"),
+    yield (("fp8", "scaled_mm", VERSION), lambda: (kfp8.SCALED_MM, "fp8_scaled_mm"),
            (x.view(torch.uint8).numpy(), w.view(torch.uint8).numpy(), _table(x.dtype),
             _table(w.dtype), sa, sb, bv, res),
-           flops=2.0 * m * n * k, bytes_moved=float(m * k + k * n + 4 * m * n),
-           engine="tensor", dtype_class="fp8")
+           2.0 * m * n * k, float(m * k + k * n + 4 * m * n), "tensor", "fp8")
     # one rounding to float32 (the CPU's accumulator type), then the cast to out_dtype
     r32 = res.astype(np.float32)
     scale_result = a.get("scale_result")
     if scale_result is not None and out_dtype in FP8:
-        r32 = r32 / np.float32(float(_cast._f32(scale_result).reshape(-1)[0]))
-    _cast.cast(torch.from_numpy(r32), out)
+        sr32 = yield from _f32_steps(scale_result)
+        r32 = r32 / np.float32(float(sr32.reshape(-1)[0]))
+    yield from _cast.cast_steps(torch.from_numpy(r32), out)
     return [(out, block)]
 
 
-def _cast_complex(src: torch.Tensor, dst: torch.Tensor) -> None:
+def _cast_complex(src: torch.Tensor, dst: torch.Tensor):
     """fp8 <-> complex through float32, as the CPU's c10 conversions (complex -> fp8 keeps the
-    real part, with PyTorch's warning)."""
+    real part, with PyTorch's warning). Steps."""
     import warnings
 
-    from .complex import elementwise
+    from .complex_ew import elementwise_steps
 
     if src.dtype in FP8:
-        elementwise("aten::_to_copy", {"self": torch.from_numpy(_decode(src))}, dst)
+        dec = yield from _decode_steps(src)
+        yield from elementwise_steps("aten::_to_copy", {"self": torch.from_numpy(dec)}, dst)
         return
     warnings.warn("Casting complex values to real discards the imaginary part", UserWarning,
                   stacklevel=2)
     real = torch.empty(dst.shape, dtype=torch.float32)
-    elementwise("aten::_to_copy", {"self": src.expand(dst.shape)}, real)
-    cast_fp8(real, dst)
+    yield from elementwise_steps("aten::_to_copy", {"self": src.expand(dst.shape)}, real)
+    yield from cast_fp8_steps(real, dst)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -327,17 +365,40 @@ def _with_written(plan, a2: dict, outs2: list) -> list:
     return outs2
 
 
+def _decoded(v):
+    """_map(v, decode) as steps: each fp8 tensor's decode launch, in order; returns the map."""
+    if isinstance(v, torch.Tensor):
+        return torch.from_numpy((yield from _decode_steps(v))) if v.dtype in FP8 else v
+    if isinstance(v, (list, tuple)) and v and isinstance(v[0], torch.Tensor):
+        items = []
+        for t in v:
+            items.append(torch.from_numpy((yield from _decode_steps(t))) if t.dtype in FP8
+                         else t)
+        return type(v)(items)
+    return v
+
+
 def run_fp8(func, plan, a: dict, outs: list) -> None:
     """An op with a float8 operand or result (dispatch routes each such kernel call here):
     the CPU's error when the CPU refuses it; data movement over the bit patterns; anything else
     computed in float32 from exactly decoded values and rounded to the fp8 result, which is how
-    the CPU's Float8 arithmetic computes (float(a) * float(b), rounded once)."""
+    the CPU's Float8 arithmetic computes (float(a) * float(b), rounded once). It launches its
+    steps itself (dispatch -> run_fp8 -> launch); another family's lowering without a request
+    builder runs from its frame (a RUN step, one call deeper)."""
+    for req in _fp8_steps(func, plan, a, outs):
+        if req[0] is RUN:
+            req[1](*req[2:])
+        else:
+            launch(*req)
+
+
+def _fp8_steps(func, plan, a: dict, outs: list):
     _unfused(f"fp8 op {plan.name}")
     dtype = _fp8_of(a, outs)
     name = func._schema.name
     if name in _COPIES:   # every cast the CPU has: lower/cast.py, which sends fp8 to cast_fp8
         src = a["src"] if "src" in a else a["self"]
-        _cast.cast(src.expand(outs[0].shape), outs[0])
+        yield from _cast.cast_steps(src.expand(outs[0].shape), outs[0])
         return
     refused = cpu_verdict(func, (), a)
     if refused is not None:
@@ -356,22 +417,23 @@ def run_fp8(func, plan, a: dict, outs: list) -> None:
                     id(a[k]) not in fp8_in and name in ("aten::fill", "aten::where"):
                 a2[k] = _encode_scalar(v.item(), dtype)
         outs2 = [_map(o, lambda t: t.view(torch.uint8) if t.dtype in FP8 else t) for o in outs]
-        plan.lower(func, a2, _with_written(plan, a2, outs2))
+        yield from real_steps(plan.lower, func, a2, _with_written(plan, a2, outs2))
         return
     # computed: decoded float32 operands, float32 results rounded to fp8
-    a2 = {k: _map(v, lambda t: torch.from_numpy(_decode(t)) if t.dtype in FP8 else t)
-          for k, v in a.items()}
+    a2 = {}
+    for k, v in a.items():
+        a2[k] = yield from _decoded(v)
     outs2 = [torch.empty(o.shape, dtype=torch.float32) if isinstance(o, torch.Tensor)
              and o.dtype in FP8 else o for o in outs]
     outs2 = _with_written(plan, a2, outs2)
-    plan.lower(func, a2, outs2)
+    yield from real_steps(plan.lower, func, a2, outs2)
     for o, t in zip(outs, outs2):
         if isinstance(o, torch.Tensor) and o.dtype in FP8 and t is not o:
-            cast_fp8(t, o)
+            yield from cast_fp8_steps(t, o)
 
 
 dynamic_scaled_mm.handles_fp8 = True
 LOWERINGS: dict = {}
 DYNAMIC = {"aten::_scaled_mm": dynamic_scaled_mm}
-_cast.FP8_CAST[0] = cast_fp8   # lower/cast.py's cast() routes every fp8 cast here
+_cast.FP8_CAST[0] = cast_fp8_steps   # lower/cast.py's cast_steps yields every fp8 cast's steps
 
