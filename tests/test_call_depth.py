@@ -96,6 +96,32 @@ CASES.update({
     "bf16 add scalar": lambda x, i: x.to(torch.bfloat16) + 0.3,
     "f16 gelu": lambda x, i: F.gelu(x.to(torch.float16)),
     "bf16 where": lambda x, i: torch.where(x > 0, x.to(torch.bfloat16), 1.5),
+    # the fp8 route: run_fp8 launches the decode/encode kernels and the float32 op's request
+    "to float8": lambda x, i: x.to(torch.float8_e4m3fn),
+    "float8 to bfloat16": lambda x, i: x.to(torch.float8_e5m2).to(torch.bfloat16),
+    "float8 mul": lambda x, i: x.to(torch.float8_e4m3fn) * x.to(torch.float8_e4m3fn),
+    # convolution, batch norm, pooling and resampling of half operands, pointwise losses
+    "conv2d": lambda x, i: F.conv2d(x.view(1, 1, 5, 8), x[:3, :3].reshape(1, 1, 3, 3)),
+    "conv2d bf16": lambda x, i: F.conv2d(x.view(1, 1, 5, 8).to(torch.bfloat16),
+                                         x[:3, :3].reshape(1, 1, 3, 3).to(torch.bfloat16)),
+    "conv_transpose2d": lambda x, i: F.conv_transpose2d(x.view(1, 1, 5, 8),
+                                                        x[:3, :3].reshape(1, 1, 3, 3)),
+    "batch_norm": lambda x, i: F.batch_norm(x, None, None, training=True),
+    "batch_norm running": lambda x, i: F.batch_norm(x, torch.zeros(8, device="neuron"),
+                                                    torch.ones(8, device="neuron"),
+                                                    training=True),
+    "batch_norm bf16": lambda x, i: F.batch_norm(x.to(torch.bfloat16), None, None,
+                                                 training=True),
+    "avg_pool2d bf16 backward": lambda x, i: torch.ops.aten.avg_pool2d_backward(
+        x.view(1, 1, 5, 8)[..., :2, :4].to(torch.bfloat16),
+        x.view(1, 1, 5, 8).to(torch.bfloat16), [2, 2], [2, 2], [0, 0], False, True, None),
+    "grid_sample bf16": lambda x, i: F.grid_sample(
+        x.view(1, 1, 5, 8).to(torch.bfloat16),
+        (x[:4, :6].reshape(1, 2, 6, 2) / 4).to(torch.bfloat16), align_corners=False),
+    "upsample bilinear bf16": lambda x, i: F.interpolate(x.view(1, 1, 5, 8).to(torch.bfloat16),
+                                                         scale_factor=2, mode="bilinear"),
+    "mse_loss": lambda x, i: F.mse_loss(x, x.flip(0)),
+    "binary_cross_entropy": lambda x, i: F.binary_cross_entropy(x.sigmoid(), x.sigmoid().t().t()),
 })
 
 
