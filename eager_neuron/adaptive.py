@@ -328,8 +328,8 @@ def join_calls(name: str, staged, spans: list, pins, sids: tuple, core: int) -> 
             if blk is not None and id(blk) not in g.pins:
                 g.pins[id(blk)] = blk
                 g.pinned_bytes += getattr(blk, "nbytes", 0)
-        if g.lag:
-            _sync(g)
+        # (no _sync of the recognised ops' bookkeeping: nothing here reads it, and marking
+        # hit buffers read from memory commutes with it; a replayed step never applies it)
         for st, sid in zip(staged, sids):
             # every buffer of the group the call's arrays overlap keeps its stores (the call
             # reads memory); ops recorded after the call go to loops after it (the floor)
