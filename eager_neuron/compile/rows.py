@@ -27,6 +27,8 @@ True
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch.fx import GraphModule, Node
 
@@ -258,10 +260,12 @@ def _strided(v) -> bool:
     (A, B, C) view: unit stride in the last dimension, the leading ones in at most two runs of
     one stride each. The flat fused groups take only contiguous operands."""
     try:
-        if v.dim() == 0 or v.numel() <= 1 or v.is_contiguous():
-            return False
-        shape, strides = [int(s) for s in v.shape], [int(s) for s in v.stride()]
-    except Exception:    # symbolic sizes or strides: not decided at compile time
+        shape, strides = tuple(v.shape), tuple(v.stride())
+    except Exception:    # noqa: BLE001 - no strides (a sparse or opaque value)
+        return False
+    if not shape or any(not isinstance(s, int) for s in shape + strides):
+        return False     # symbolic: never int() them (that would specialize a dynamic size)
+    if math.prod(shape) <= 1 or v.is_contiguous():
         return False
     if shape[-1] != 1 and strides[-1] != 1:
         return False
