@@ -62,6 +62,17 @@ def run_complex(func, plan, a: dict, outs: list) -> None:
     """An op with a complex operand or output (dispatch routes every such kernel call here).
     It launches the op's steps itself (dispatch -> run_complex -> launch); a step that runs a
     real family's lowering without a request builder launches below it."""
+    for req in complex_steps(func, plan, a, outs):
+        if req[0] is RUN:   # a real family's lowering that launches itself
+            req[1](*req[2:])
+        else:
+            launch(*req)
+
+
+def complex_steps(func, plan, a: dict, outs: list):
+    """run_complex's work as a generator of launch requests, each built when the one before it
+    has run, and RUN steps (a real family's lowering its driver calls). dispatch could drive it
+    itself: a RUN step's lowering would then launch two calls below dispatch, as a plain op's."""
     # NOTE: these launches are not recorded by adaptive eager: flush what is pending first
     ctx = _context.current()   # these launches run now: adaptive eager may not record them
     if ctx is not None:
@@ -71,16 +82,11 @@ def run_complex(func, plan, a: dict, outs: list) -> None:
     refusal = CPU_REFUSES.get(base)
     if refusal is not None:
         raise RuntimeError(refusal)
-    for req in _steps(func, plan, base, a, outs):
-        if req[0] is RUN:   # a real family's lowering that launches itself
-            req[1](*req[2:])
-        else:
-            launch(*req)
+    return (yield from _steps(func, plan, base, a, outs))
 
 
 def _steps(func, plan, base: str, a: dict, outs: list):
-    """run_complex's routing, as a generator of launch requests (each built when the one
-    before it has run)."""
+    """The routing by concern (see the module docstring), as steps."""
     if _parts.has_chalf(a, outs):
         return (yield from _parts.chalf(plan, base, a, outs))
     if base in ("aten::sum", "aten::mean"):

@@ -385,14 +385,16 @@ def run_fp8(func, plan, a: dict, outs: list) -> None:
     the CPU's Float8 arithmetic computes (float(a) * float(b), rounded once). It launches its
     steps itself (dispatch -> run_fp8 -> launch); another family's lowering without a request
     builder runs from its frame (a RUN step, one call deeper)."""
-    for req in _fp8_steps(func, plan, a, outs):
+    for req in fp8_steps(func, plan, a, outs):
         if req[0] is RUN:
             req[1](*req[2:])
         else:
             launch(*req)
 
 
-def _fp8_steps(func, plan, a: dict, outs: list):
+def fp8_steps(func, plan, a: dict, outs: list):
+    """run_fp8's work as a generator of launch requests and RUN steps (see lower/half.py's
+    upcast_steps)."""
     _unfused(f"fp8 op {plan.name}")
     dtype = _fp8_of(a, outs)
     name = func._schema.name

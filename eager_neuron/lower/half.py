@@ -155,14 +155,17 @@ def _round_tensor(t: torch.Tensor, dtype):
 def run_upcast(func, plan, a: dict, outs: list) -> None:
     """A half-type op computed in float32 (dispatch routes every such kernel call here): it
     launches its steps itself, the casts and the float32 op's request (or runs its lowering)."""
-    for req in _upcast_steps(func, plan, a, outs):
+    for req in upcast_steps(func, plan, a, outs):
         if req[0] is RUN:   # a lowering without a request builder: it launches itself
             req[1](*req[2:])
         else:
             launch(*req)
 
 
-def _upcast_steps(func, plan, a: dict, outs: list):
+def upcast_steps(func, plan, a: dict, outs: list):
+    """run_upcast's work as a generator of launch requests and RUN steps (the float32 lowering
+    when its family builds no request). dispatch could drive it itself: the lowering would then
+    launch two calls below dispatch, as a float32 op's."""
     a = yield from _round_numbers(func, a, outs)
     # NOTE: temporaries are host-backed scratch, like SBUF tiles; only outputs touch HBM.
     up = {}
