@@ -36,6 +36,7 @@ from .buffers import device_index as _device_index
 from .compile.tracing import run_outside_fake
 from .config import config
 from .context import OpContext
+from .cpu_check import cpu_raises, shares_written
 from .fallback import log_op, run_fallback
 from .inplace import resize_out, resize_outs, run_inplace_view
 from .launch import launch
@@ -112,8 +113,8 @@ def dispatch(func, args, kwargs, mode=None, plan=None):
                         raise
                     plan = _PLANS.get(func) or _plan(func)
                     if _backward.in_backward():
-                        return _backward.failed(_kernel_error(plan, exc, args, kwargs))
-                    raise _kernel_error(plan, exc, args, kwargs) from exc
+                        return _backward.failed(_kernel_error(func, plan, exc, args, kwargs))
+                    raise _kernel_error(func, plan, exc, args, kwargs) from exc
                 if out is not _fast.MISS:
                     return out
         if _STATE.enabled and mode is None and not OP_HOOKS:
@@ -133,9 +134,11 @@ def dispatch(func, args, kwargs, mode=None, plan=None):
             log_op(plan, args, kwargs)
         refuse = _REFUSE.get(func)   # what the CPU refuses before any kernel (refusals.py)
         if OP_HOOKS or _adaptive.PENDING or plan.kind != "kernel" or refuse is not None:
+            refused = refuse is not None
             try:
                 if refuse is not None:
                     refuse(args, kwargs)
+                    refused = False
                 if OP_HOOKS:
                     with OP_HOOKS[0](plan, args, kwargs):
                         return _dispatch_plan(func, plan, args, kwargs, mode)
@@ -146,13 +149,25 @@ def dispatch(func, args, kwargs, mode=None, plan=None):
                 if plan.kind != "kernel":
                     return _dispatch_plan(func, plan, args, kwargs, mode, gated=True)
             except Exception as exc:
+                worded = None if refused or plan.kind == "kernel" else \
+                    _cpu_words(func, plan, exc, args, kwargs)
                 if mode is None and _backward.in_backward():
-                    return _placeholder_outputs(func, plan, args, kwargs, exc)
+                    return _placeholder_outputs(func, plan, args, kwargs, worded or exc)
+                if worded is not None:
+                    raise worded from exc
                 raise
     # the kernel path: 1-2. outputs and the op's context; 3. the lowering, called from here
     # (half types computed in float32, rounded to nearest even); 4. the results
     try:
-        call = _kernel_setup(func, plan, args, kwargs, mode)
+        try:
+            call = _kernel_setup(func, plan, args, kwargs, mode)
+        except _RAISED_AS_IS:
+            raise
+        except Exception as exc:   # a meta function's or a written-tensor check's refusal
+            worded = _cpu_words(func, plan, exc, args, kwargs)
+            if worded is None:
+                raise
+            raise worded from exc
         ctx = call[0]
         if ctx is None:   # adaptive eager recorded the op: its result
             return call[1]
@@ -187,7 +202,7 @@ def dispatch(func, args, kwargs, mode=None, plan=None):
         except NotImplementedError as exc:
             return _lowering_declined(func, plan, args, kwargs, mode, exc)
         except Exception as exc:
-            raise _kernel_error(plan, exc, args, kwargs) from exc
+            raise _kernel_error(func, plan, exc, args, kwargs) from exc
         finally:
             tls.ctx = prev
         return _kernel_results(func, plan, args, kwargs, outs, blocks, index, spec)
@@ -209,7 +224,7 @@ def _run_hooked(func, run, args, kwargs):
         except _RAISED_AS_IS:
             raise
         except Exception as exc:   # the runner's own error, worded as the funnel words it
-            raise _kernel_error(plan, exc, args, kwargs) from exc
+            raise _kernel_error(func, plan, exc, args, kwargs) from exc
         if out is _fast.MISS:
             return _dispatch_plan(func, plan, args, kwargs, None)
         return out
@@ -249,6 +264,10 @@ def _dispatch_plan(func, plan, args, kwargs, mode, gated=False):
     if kind == "decomp":
         if plan.mutates and mode is None:
             _check_decomp_written(func, plan, args, kwargs)
+            if plan.out_args:
+                _refuse_shared_out(func, plan, args, kwargs)
+                if _out_dtypes_differ(func, plan, args, kwargs):
+                    _refuse_via_cpu(func, plan, args, kwargs)   # some out= must match exactly
         return _run_decomp(func, plan, plan.decomp, args, kwargs, mode)
     if kind == "host":
         if plan.out_args and mode is None:
@@ -323,6 +342,8 @@ def _kernel_setup(func, plan, args, kwargs, mode) -> tuple:
         check_placement(func, args, kwargs, index)
     if plan.mutates:   # ATen's result-type check first (PyTorch's meta functions word it else)
         _check_decomp_written(func, plan, uargs, ukw)
+        if plan.out_args and index is not None:
+            _refuse_shared_out(func, plan, args, kwargs)
     # 1. output metadata (validates shapes and dtypes exactly as PyTorch would)
     leaves, spec = meta_outputs(func, uargs, ukw)
     a = bind(func, uargs, ukw)
@@ -334,6 +355,9 @@ def _kernel_setup(func, plan, args, kwargs, mode) -> tuple:
     for i, leaf in enumerate(leaves):
         target = plan.ret_alias[i] if i < len(plan.ret_alias) else None
         if target is not None:
+            if plan.out_args and index is not None and isinstance(leaf, tuple) and \
+                    a[target].dtype != leaf[2]:
+                _refuse_via_cpu(func, plan, args, kwargs)   # some out= must match exactly
             if isinstance(leaf, tuple) and a[target].shape != leaf[0]:
                 if index is None:   # NeuronMode: a CPU out= tensor resizes itself
                     a[target].resize_(leaf[0])
@@ -444,10 +468,56 @@ _PLAIN_CTX: dict = {}   # core -> the shared context of plain-eager ops on it (n
 _KEEP_TYPE = (IndexError, ValueError, TypeError, ZeroDivisionError, torch.linalg.LinAlgError)
 
 
-def _kernel_error(plan, exc, args, kwargs) -> Exception:
+def _kernel_error(func, plan, exc, args, kwargs) -> Exception:
     """The error a user sees: the op, its arguments, their line, with the CPU's exception type
-    (see errors.kernel_error)."""
-    return errors.kernel_error(plan.name, exc, args, kwargs)
+    (see errors.kernel_error); the CPU's own exception and words when the CPU refuses the call
+    too."""
+    worded = _cpu_words(func, plan, exc, args, kwargs)
+    return worded if worded is not None else errors.kernel_error(plan.name, exc, args, kwargs)
+
+
+def _cpu_words(func, plan, exc, args, kwargs):
+    """The CPU's exception for a call that failed here, worded with the op and the user's line,
+    when the CPU refuses the call too (run on copies: cpu_check.py); None otherwise."""
+    if isinstance(exc, _RAISED_AS_IS) or isinstance(exc, errors.NotImplementedForDtype):
+        return None
+    if _adaptive.PENDING:
+        try:
+            flush(f"error in {plan.name}")   # the CPU reads values the group may yet write
+        except Exception:   # noqa: BLE001 -- then the CPU is not asked
+            return None
+    cpu = cpu_raises(func, args, kwargs)
+    return None if cpu is None else errors.cpu_worded(plan.name, cpu, args, kwargs, exc)
+
+
+def _refuse_shared_out(func, plan, args, kwargs) -> None:
+    """An out= tensor sharing memory with an operand: refused where the CPU refuses it."""
+    if shares_written(func, plan, args, kwargs):
+        _refuse_via_cpu(func, plan, args, kwargs)
+
+
+def _out_dtypes_differ(func, plan, args, kwargs) -> bool:
+    """Is an out= tensor of another dtype than the call's first tensor operand?"""
+    first = next((v for v in args if isinstance(v, torch.Tensor)), None)
+    if first is None:
+        return False
+    for name in plan.out_args:
+        try:
+            w = _original(func, args, kwargs, name)
+        except KeyError:
+            continue
+        if isinstance(w, torch.Tensor) and w.dtype != first.dtype:
+            return True
+    return False
+
+
+def _refuse_via_cpu(func, plan, args, kwargs) -> None:
+    """A call some CPU kernels refuse (what it writes overlaps what it reads, an out= of
+    another dtype than the result's): raise what the CPU raises, if it does."""
+    cpu = cpu_raises(func, args, kwargs)
+    if cpu is not None:
+        worded = errors.cpu_worded(plan.name, cpu, args, kwargs)
+        raise worded if worded is not None else cpu
 
 
 def _capture_host_operands(a: dict, blocks: dict) -> bool:
@@ -483,6 +553,8 @@ def _run_dynamic(func, plan, args, kwargs, mode):
     uargs, ukw, index = unwrap_args(args, kwargs)
     if index is not None:
         check_placement(func, args, kwargs, index)
+        if plan.out_args:
+            _refuse_shared_out(func, plan, args, kwargs)
     a = bind(func, uargs, ukw)
     prev = _context.swap(OpContext(index or 0, mode))
     try:
@@ -498,7 +570,7 @@ def _run_dynamic(func, plan, args, kwargs, mode):
             IndexError):
         raise
     except Exception as exc:
-        raise _kernel_error(plan, exc, args, kwargs) from exc
+        raise _kernel_error(func, plan, exc, args, kwargs) from exc
     finally:
         _context.swap(prev)
     outs = [wrap(data, block, index) for data, block in produced]

@@ -163,6 +163,26 @@ def cpu_error_type(name: str, exc: BaseException) -> type:
     return KernelError
 
 
+def cpu_worded(name: str, cpu: BaseException, args=(), kwargs=None, ours=None):
+    """The CPU's exception `cpu` for a call of op `name` the neuron device refused too: its
+    type and words first, then the op (and what the device said, `ours`, when it said more),
+    the user's line and the arguments (None when its type cannot be built from a message).
+
+    >>> e = cpu_worded("aten::mm", RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+    >>> type(e).__name__, str(e).splitlines()[:2]
+    ('RuntimeError', ['mat1 and mat2 shapes cannot be multiplied', '  (aten::mm on neuron)'])
+    """
+    first = str(cpu).splitlines()[0] if str(cpu) else ""
+    said = str(ours).splitlines()[0] if ours is not None and str(ours) else ""
+    said = f": {said}" if said and first not in said else ""
+    detail = (f"{cpu}\n  ({name} on neuron{said})\n{where()}\n"
+              f"  args: {describe_args(args, kwargs or {})}")
+    try:
+        return type(cpu)(detail)
+    except Exception:   # noqa: BLE001 -- an exception type with a custom constructor
+        return None
+
+
 def kernel_error(name: str, exc: BaseException, args=(), kwargs=None) -> Exception:
     """The error a user sees when op `name` fails on neuron: the CPU's exception type, with the
     op, the original error, the user's line and the arguments.

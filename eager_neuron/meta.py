@@ -61,13 +61,7 @@ def meta_outputs(func, args, kwargs):
     mkw = {k: _to_meta(v) for k, v in kwargs.items()}
     if "device" in mkw and mkw["device"] is not None:
         mkw["device"] = "meta"
-    try:
-        out = _META_VIA_OUT.get(func, func)(*margs, **mkw)
-    except (RuntimeError, IndexError, ValueError, TypeError) as exc:
-        cpu = _cpu_error(func, args, kwargs, type(exc))
-        if cpu is not None:
-            raise cpu from None
-        raise
+    out = _META_VIA_OUT.get(func, func)(*margs, **mkw)
     leaves, spec = tree_flatten(out)
     leaves = [(tuple(v.shape), v.stride(), v.dtype) if isinstance(v, torch.Tensor) else v
               for v in leaves]
@@ -78,40 +72,3 @@ def meta_outputs(func, args, kwargs):
         _META[key] = result
     return result
 
-
-_CPU_CHECK_BYTES = 1 << 26
-
-
-def _cpu_error(func, args, kwargs, kind):
-    """The CPU's own exception for a call whose meta function refused it, when the CPU refuses
-    it too with an exception of the same type, else None. Meta functions word some checks
-    their own way (mm's "a and b must have same reduction dim" is the CPU's "mat1 and mat2
-    shapes cannot be multiplied (4x3 and 4x3)"); the user should read the CPU's words. `args`
-    are host tensors: the CPU runs on copies of them (nothing of the caller's is written), and
-    not at all for random ops or more than 64 MB of operands."""
-    if torch.Tag.nondeterministic_seeded in func.tags:
-        return None
-    flat, _ = tree_flatten((args, kwargs))
-    tensors = [x for x in flat if isinstance(x, torch.Tensor)]
-    if any(t.device.type != "cpu" for t in tensors) or \
-            sum(t.untyped_storage().nbytes() for t in tensors) > _CPU_CHECK_BYTES:
-        return None
-
-    def copy(x):
-        if isinstance(x, torch.Tensor):
-            return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype).copy_(x)
-        if isinstance(x, (list, tuple)):
-            return type(x)(copy(v) for v in x)
-        return x
-
-    cargs = copy(args)
-    ckw = {k: copy(v) for k, v in kwargs.items()}
-    if ckw.get("device") is not None:
-        ckw["device"] = "cpu"
-    try:
-        func(*cargs, **ckw)
-    except kind as exc:
-        return exc
-    except Exception:
-        return None
-    return None

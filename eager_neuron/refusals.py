@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from .errors import _SCALAR_NAME
+from .cpu_check import cpu_raises
+from .errors import _SCALAR_NAME, cpu_worded
 
 aten = torch.ops.aten
 
@@ -60,7 +61,23 @@ def _every_overload(packet, check) -> dict:
     return {getattr(packet, name): check for name in packet.overloads()}
 
 
+def _convolution(func):
+    # (input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    # torch's meta function and our lowering accept a dilation or stride below 1 and a
+    # negative padding, which the CPU refuses; ask it (on copies) when one is there
+    def check(args, kwargs) -> None:
+        stride, padding, dilation = (args[i] if len(args) > i else kwargs.get(n) for i, n in
+                                     ((3, "stride"), (4, "padding"), (5, "dilation")))
+        if any(v < 1 for v in stride or ()) or any(v < 0 for v in padding or ()) or \
+                any(v < 1 for v in dilation or ()):
+            cpu = cpu_raises(func, args, kwargs)
+            if cpu is not None:
+                raise cpu_worded(func.name(), cpu, args, kwargs) or cpu
+    return check
+
+
 REFUSE = {
+    aten.convolution.default: _convolution(aten.convolution.default),
     **_every_overload(aten.trace, _trace),
     **_every_overload(aten.floor_divide, _floor_divide),
     **_every_overload(aten.floor_divide_, _floor_divide),

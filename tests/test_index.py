@@ -295,7 +295,7 @@ def test_out_of_range_raises_naming_the_op(op, fn):
     # the CPU's type: IndexError for embedding/index_select/index_*, RuntimeError for
     # gather/scatter (tests/test_errors.py test_error_type_is_the_cpus compares with the CPU)
     x = dev(X)
-    with pytest.raises((IndexError, RuntimeError), match=f"{op}.*out of bounds"):
+    with pytest.raises((IndexError, RuntimeError), match=f"(?s)(?=.*{op})(?=.*out of bounds)"):
         fn(x)
 
 
@@ -304,7 +304,7 @@ def test_failed_inplace_put_leaves_self_untouched():
     with pytest.raises((IndexError, eager_neuron.KernelError), match="out of bounds"):
         x.index_put_((dev(torch.tensor([0, 9])),), dev(torch.tensor(5.0)))
     assert torch.equal(x.cpu(), X)
-    with pytest.raises(IndexError, match="aten::index.*out of bounds"):
+    with pytest.raises(IndexError, match="(?s)(?=.*aten::index)(?=.*out of bounds)"):
         x[dev(torch.tensor([6]))]
     with pytest.raises(IndexError, match="shape of the mask"):
         x[dev(torch.tensor([True, False]))]

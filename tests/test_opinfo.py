@@ -82,6 +82,11 @@ ISA_SENSITIVE = {
     ("nn.functional.conv_transpose1d", "bfloat16", "fwd"): "terms",
     ("nn.functional.conv_transpose2d", "bfloat16", "fwd"): "terms",
     ("nn.functional.conv_transpose3d", "bfloat16", "fwd"): "terms",
+    # float16 too: on an AMD EPYC (AVX-512, no AMX) the CPU's float16 transposed convolution
+    # rounds its sums elsewhere than ours (0.03 apart at |y| ~ 10; PyTorch's 1e-3 fails)
+    ("nn.functional.conv_transpose1d", "float16", "fwd"): "terms",
+    ("nn.functional.conv_transpose2d", "float16", "fwd"): "terms",
+    ("nn.functional.conv_transpose3d", "float16", "fwd"): "terms",
     ("matrix_exp", "float32", "bwd"): "normwise",
     ("linalg.cond", "float32", "bwd"): "normwise",
 }
