@@ -1,12 +1,15 @@
 """PyTorch's OpInfo `error_inputs` on neuron: every call the CPU refuses with the OpInfo's
 exception type and message, neuron refuses with the same type and a message the same regex
 finds (the CPU's words come first; the op and the user's line follow). Strict known misses in
-KNOWN below can only shrink."""
+KNOWN below can only shrink. `EAGER_NEURON_ERROR_INPUTS_EVERY=1` runs every op (the suite runs
+half of them)."""
 
 from __future__ import annotations
 
+import os
 import re
 import warnings
+import zlib
 
 import pytest
 from torch.testing._internal.common_methods_invocations import op_db
@@ -23,7 +26,11 @@ KNOWN = {
     # cat(out=) into a 0-element tensor that is also an operand
     ("cat", 6): "empty out= aliasing an empty operand",
 }
-OPS = [op for op in op_db if op.error_inputs_func is not None]
+# 1 in EAGER_NEURON_ERROR_INPUTS_EVERY (default 2) of them, by a stable hash of the name: a
+# cold kernel cache compiles what the calls that pass reach (EVERY=1 runs all ~220 ops)
+EVERY = int(os.environ.get("EAGER_NEURON_ERROR_INPUTS_EVERY", "2"))
+OPS = [op for op in op_db if op.error_inputs_func is not None
+       and zlib.crc32(op.name.encode()) % EVERY == 0]
 
 
 def _outcome(op, ei) -> str:
