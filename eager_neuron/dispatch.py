@@ -41,6 +41,7 @@ from .fallback import log_op, run_fallback
 from .inplace import resize_out, resize_outs, run_inplace_view
 from .launch import launch
 from .lower import host as _host
+from .lower.cast import RUN as _RUN
 from .lower.common import COMPLEX, FP8, HALF, bind
 from .operands import _check_tensor, _original, _unwrap, unwrap_args  # noqa: F401 -- API
 from .operands import spans as _op_spans
@@ -186,12 +187,15 @@ def dispatch(func, args, kwargs, mode=None, plan=None):
                             func, plan, args, kwargs, index, a, outs, leaves, req):
                         _learn_captured(func, plan, args, kwargs, index, outs, leaves, spec,
                                         ctx.capture)
-            elif not dtypes.isdisjoint(FP8) and not getattr(lower, "handles_fp8", False):
-                _route("fp8")(func, plan, a, outs)        # float8: the CPU's rules (lower/fp8.py)
-            elif not dtypes.isdisjoint(COMPLEX) and not getattr(lower, "handles_complex", False):
-                _route("complex")(func, plan, a, outs)    # complex operands: their own family
-            elif not dtypes.isdisjoint(HALF) and not getattr(lower, "handles_half", False):
-                _route("half")(func, plan, a, outs)       # computed in float32 (lower/half.py)
+            elif not dtypes.isdisjoint(_WIDENED) and (route := _route_of(dtypes, lower)):
+                # float8 (the CPU's rules, lower/fp8.py), complex operands (their own family),
+                # half types (computed in float32, lower/half.py): the route's steps, launched
+                # here; a RUN step is a lowering without a request builder (it launches itself)
+                for req in _route(route)(func, plan, a, outs):
+                    if req[0] is _RUN:
+                        req[1](*req[2:])
+                    else:
+                        launch(*req)
             else:
                 lower(func, a, outs)
                 if ctx.capture:
@@ -449,16 +453,29 @@ _TLS_CTX = _context._TLS
 _ROUTES: dict = {}
 
 
+def _route_of(dtypes, lower) -> str | None:
+    """The dtype route an op's operands take (fp8, complex, half), or None when its lowering
+    handles them itself."""
+    if not dtypes.isdisjoint(FP8) and not getattr(lower, "handles_fp8", False):
+        return "fp8"
+    if not dtypes.isdisjoint(COMPLEX) and not getattr(lower, "handles_complex", False):
+        return "complex"
+    if not dtypes.isdisjoint(HALF) and not getattr(lower, "handles_half", False):
+        return "half"
+    return None
+
+
 def _route(kind: str):
-    """The run_* of a dtype route (fp8, complex, half): imported on first use."""
+    """The steps of a dtype route (fp8, complex, half), a generator of launch requests and
+    RUN steps dispatch drives: imported on first use."""
     fn = _ROUTES.get(kind)
     if fn is None:
         if kind == "fp8":
-            from .lower.fp8 import run_fp8 as fn
+            from .lower.fp8 import fp8_steps as fn
         elif kind == "complex":
-            from .lower.complex import run_complex as fn
+            from .lower.complex import complex_steps as fn
         else:
-            from .lower.half import run_upcast as fn
+            from .lower.half import upcast_steps as fn
         _ROUTES[kind] = fn
     return fn
 

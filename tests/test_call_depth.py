@@ -124,6 +124,16 @@ CASES.update({
     "binary_cross_entropy": lambda x, i: F.binary_cross_entropy(x.sigmoid(), x.sigmoid().t().t()),
 })
 
+# the dtype routes' steps driven by dispatch itself: a half or complex op whose float32 family
+# builds no request (reductions, scans, shape ops) runs its lowering two calls up
+CASES.update({
+    "sum bf16": lambda x, i: x.to(torch.bfloat16).sum(1),
+    "softmax bf16": lambda x, i: torch.softmax(x.to(torch.bfloat16), 1),
+    "cumsum f16": lambda x, i: x.to(torch.float16).cumsum(1),
+    "sum c64": lambda x, i: x.to(torch.complex64).sum(1),
+    "cat c64": lambda x, i: torch.cat([x.to(torch.complex64)] * 2),
+})
+
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_launch_is_at_most_two_calls_below_dispatch(name):
@@ -139,9 +149,9 @@ def test_launch_is_at_most_two_calls_below_dispatch(name):
 
 
 def test_the_probe_sees_a_deeper_launch():
-    # the probe itself: a lowering that launches below the route calling it (a bfloat16 sum:
-    # run_upcast runs the reduce family's lowering, which launches) is counted deeper than two
-    x = torch.randn(4, device="neuron", dtype=torch.bfloat16)
+    # the probe itself: a lowering whose helper launches below it (the FFT family's passes) is
+    # counted deeper than two
+    x = torch.randn(8, device="neuron")
     with DepthProbe() as probe:
-        x.sum()
+        torch.fft.rfft(x)
     assert max(probe.depths) > 2
