@@ -228,8 +228,11 @@ def test_sparse_or_nested_results_of_neuron_tensors_name_the_op_and_the_fix(make
         # the fix works: the jagged layout holds neuron values
         nt = torch.nested.nested_tensor([x, x[:2]], layout=torch.jagged)
         assert nt.values().device.type == "neuron"
-        want = torch.nested.nested_tensor([x.cpu(), x[:2].cpu()], layout=torch.jagged)
-        assert torch.equal(nt.sin().values().cpu(), want.sin().values())
+        # against float64 (the CPU's own float32 sin rounds per ISA)
+        want = torch.cat([x.cpu(), x[:2].cpu()]).double().sin()
+        eps = torch.finfo(torch.float32).eps
+        torch.testing.assert_close(nt.sin().values().cpu().double(), want, atol=4 * eps,
+                                   rtol=4 * eps)
 
 
 SHAPE_ERRORS = {
