@@ -89,6 +89,8 @@ ISA_SENSITIVE = {
     ("nn.functional.conv_transpose3d", "float16", "fwd"): "terms",
     ("matrix_exp", "float32", "bwd"): "normwise",
     ("linalg.cond", "float32", "bwd"): "normwise",
+    # on an AMD EPYC the CPU's float32 gradient is 1.9e-5 from ours (PyTorch's 1e-5 fails)
+    ("linalg.householder_product", "float32", "bwd"): "normwise",
 }
 
 
