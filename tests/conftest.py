@@ -29,7 +29,12 @@ def pytest_configure(config):
 
 @pytest.fixture
 def stats_delta():
-    """A function returning the counters accumulated since the fixture was set up."""
+    """A function returning the counters accumulated since the fixture was set up (after an
+    earlier test's adaptive fused kernels, built in the background, are done: their compiles
+    are not this test's)."""
+    from eager_neuron import adaptive_compile
+
+    adaptive_compile.wait(600)
     eager_neuron.reset_stats()
 
     def delta() -> dict:
