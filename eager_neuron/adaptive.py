@@ -230,6 +230,56 @@ def record_flat(op: str, expr: str, kinds: tuple, loads: tuple, scalar_casts: tu
         g.ops.append(op)
 
 
+def record_flat_many(items: list, core: int) -> None:
+    """record_flat for every element of an in-place foreach call, in order, under one lock and
+    one stream key (adaptive_fast's foreach runners). Each item is (facts, out, operands,
+    scalars), facts = (op, expr, kinds, loads, scalar_casts, store, numel, static, tails) as
+    record_flat takes them. The group gets exactly what one record_flat call per element
+    gives it (same buffers, guards, trace edges, limit flushes): only the per-call work
+    (the element runner, the lock, the group lookup) is paid once.
+
+    NOTE: the body repeats record_flat's; tests/test_adaptive_fast.py checks that both build
+    the same trace (a foreach step hits the trace an element-by-element step recorded)."""
+    key = (_get_ident(), _graph_task_id())
+    with _lock:
+        g = PENDING.get(key)
+        for facts, out, operands, scalars in items:
+            op, expr, kinds, loads, scalar_casts, store, numel, static, tails = facts
+            n_args = len(operands) + 1
+            if (g is None or g.core != core or g.n_nodes >= MAX_NODES
+                    or len(g.bufs) + g.n_call_args + n_args > MAX_BUFS
+                    or g.pinned_bytes > MAX_PINNED_BYTES):
+                g = _group_for(key, core, n_args)
+            g.descs = descs = []
+            index = g.index
+            op_idx = []
+            for (arr, src, blk), tail in zip(operands, tails):
+                k = (src.data_ptr(),) + tail
+                j = index.get(k)
+                op_idx.append(g.new_buf(k, arr, blk) if j is None else j)
+            op_idx = tuple(op_idx)
+            k = (out[1].data_ptr(),) + tails[-1]
+            out_idx = index.get(k)
+            if out_idx is None:
+                out_idx = g.new_buf(k, out[0], out[2])
+            sig = (static, op_idx, out_idx, tuple(descs)) if descs else (static, op_idx, out_idx)
+            nxt = g.cursor.children.get(sig)
+            if nxt is None:
+                _record_new(g, sig, op, expr, kinds, loads, store, op_idx, out_idx, scalars,
+                            numel, None)
+            else:
+                new_loop, target, node, bk = nxt.step
+                if new_loop:
+                    g.loops.append(_Loop(numel, out_idx))
+                g.loops[target].nodes.append(node)
+                g.lag.append(bk)
+                g.cursor = nxt
+            g.scalars.extend(scalars)
+            g.scalar_casts.extend(scalar_casts)
+            g.n_nodes += 1
+            g.ops.append(op)
+
+
 def _record_new(g: _Group, sig: tuple, op, expr, kinds, loads, store, op_idx, out_idx,
                 scalars, numel, reduce) -> None:
     """The analysis of an op not recognised at the group's trace node: place it, apply its

@@ -47,7 +47,7 @@ from .operands import spans as _op_spans
 from .tensor import NeuronTensor
 
 TABLES: dict = {}       # func -> (values_matter, {signature: runner})
-COUNTERS = {"hits": 0, "call_hits": 0, "learned": 0}
+COUNTERS = {"hits": 0, "call_hits": 0, "learned": 0, "batched": 0}   # batched: foreach elements
 _MISS = _fp.MISS
 _PENDING = _ad.PENDING
 _STATE = _ad.STATE
@@ -209,7 +209,9 @@ def _learn_foreach(func, args, kwargs):
 
     ns = {"R": tuple(runners), "N": n, "S": STATS, "MISS": _MISS, "PER": per,
           "D": sys.modules[__package__ + ".tensor"]._dispatch, "incv": increment_version}
-    lines = _foreach.runner_lines(func, plan, args, kwargs, spec, pos, kw)
+    lines = _foreach_lines(func, plan, args, spec, pos, kw, runners, ns)
+    if lines is None:
+        lines = _foreach.runner_lines(func, plan, args, kwargs, spec, pos, kw)
     runner = _fp._build(plan.name, lines, ns)
     with _fp._LOCK:
         ftab = TABLES.get(func)
@@ -219,6 +221,49 @@ def _learn_foreach(func, args, kwargs):
             ftab[1][sig] = runner
             COUNTERS["learned"] += 1
     return runner
+
+
+def _foreach_lines(func, plan, args, spec, pos, kw, runners, ns):
+    """The body of a runner for an in-place foreach op whose every element has an in-place
+    recording runner of one structure (`_Rec`): it records all the elements with one
+    `adaptive.record_flat_many` call (what each element runner would record, in order), after
+    checking every element as the element runners do (nothing is recorded when one needs the
+    slow path). None: another kind of foreach op (the element runners run in turn)."""
+    if not plan.mutates or any(plan.ret_alias):
+        return None
+    recs = [getattr(r, "rec", None) for r in runners]
+    r0 = recs[0]
+    if r0 is None or any(r is None or r.shape() != r0.shape() for r in recs):
+        return None
+    kwmap = dict(item.split(": ", 1) for item in kw)
+
+    def tr(ref: str) -> str:   # an element runner's reference -> this call's expression
+        def sub(m):
+            if m.group(1) is not None:
+                return pos[int(m.group(1))]
+            return kwmap.get(m.group(2), f"kwargs[{m.group(2)}]")
+        return _foreach._REF.sub(sub, ref)
+
+    ns.update(RECM=_ad.record_flat_many, FNP=_fp.flat_np, F=COUNTERS, IDX=r0.index,
+              FACTS=tuple(r.facts for r in recs), **r0.consts)
+    w = tr(r0.written)
+    lines = [f"A{j} = args[{j}]" for j, (is_list, _s, _n) in enumerate(spec[:len(args)])
+             if is_list]
+    # ATen's partial-overlap check on each written tensor, as each element runner makes it
+    checks = [f"{tr(t)}._block is W._block" for t in r0.tensors if t != r0.written]
+    if checks:
+        lines += ["for i in range(N):", f"    W = {w}", f"    if {' or '.join(checks)}:",
+                  "        return MISS"]
+    ops = ", ".join(f"(FNP({tr(t)}), {tr(t)}._data, {tr(t)}._block)" for t in r0.tensors)
+    scal = "".join(tr(x) + ", " for x in r0.scalars)
+    lines += [f"RECM([(FACTS[i], (FNP({w}), {w}._data, {w}._block), [{ops}], ({scal})) "
+              "for i in range(N)], IDX)",
+              "S.ops += N", "F['hits'] += N", "F['batched'] += N"]
+    for j, ((is_list, _s, _n), schema_arg) in enumerate(zip(spec, func._schema.arguments)):
+        if is_list and j < len(args) and schema_arg.name in plan.mutates:
+            lines.append(f"incv(A{j})")
+    lines.append("return None")
+    return lines
 
 
 # sum/mean overloads run() may decline for the group: their (dim, dtype) argument positions
@@ -364,6 +409,11 @@ def learn(out, spec, kinds: tuple, numel: int, op_name: str, ctx) -> None:
               f"({''.join(s + ', ' for s in svals)}), NUMEL, IDX, SID, TAILS, {fresh})",
               "F['hits'] += 1", ret]
     runner = _fp._build(plan.name, lines, ns)
+    if target is not None:
+        # what a foreach runner needs to record this element itself (_foreach_lines)
+        runner.rec = _Rec(ns["STATIC"][:6] + (numel, ns["SID"], ns["TAILS"]), index, wref,
+                          tuple(r for r, _fl in refs), tuple(svals),
+                          {k: v for k, v in ns.items() if k[:1] == "C" and k[1:].isdigit()})
     with _fp._LOCK:
         tab = TABLES.get(func)
         if tab is None:
@@ -371,6 +421,22 @@ def learn(out, spec, kinds: tuple, numel: int, op_name: str, ctx) -> None:
         if tab[0] == values and len(tab[1]) < _fp.LIMIT:
             tab[1][sig] = runner
             COUNTERS["learned"] += 1
+
+
+class _Rec:
+    """An in-place recording runner's fixed facts: record_flat's static arguments (op, expr,
+    kinds, loads, scalar casts, store, numel, static id, buffer-key tails), its core, and the
+    source text of its written tensor, tensor operands and scalars in the runner, with the
+    constants those name."""
+
+    __slots__ = ("facts", "index", "written", "tensors", "scalars", "consts")
+
+    def __init__(self, facts, index, written, tensors, scalars, consts) -> None:
+        self.facts, self.index, self.written = facts, index, written
+        self.tensors, self.scalars, self.consts = tensors, scalars, consts
+
+    def shape(self) -> tuple:
+        return (self.index, self.written, self.tensors, self.scalars, repr(self.consts))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -131,3 +131,58 @@ def test_a_runners_fresh_output_is_still_found_by_a_later_view():
         got = [t.cpu() for t in outs]
     _bitwise(plain, got)
     assert plain[0].tolist() == [(i + 0.5) * (2 if 2 <= i < 6 else 1) * 3 for i in range(8)]
+
+
+def _foreach_update(ps, ms, gs, scales):
+    # an AdamW-like in-place update: Scalar, List, ScalarList overloads and a keyword scalar
+    torch._foreach_mul_(ps, 0.99)
+    torch._foreach_lerp_(ms, gs, 0.1)
+    torch._foreach_addcmul_(ms, gs, gs, value=0.5)
+    torch._foreach_div_(ms, scales)            # one scalar per element
+    torch._foreach_addcdiv_(ps, ms, gs, scales)
+    torch._foreach_add_(ps, gs, alpha=-0.25)
+
+
+def _foreach_lists(seed):
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(5, 3), (7,), (2, 2, 2), (9,)]
+    ps, ms, gs = ([torch.randn(s, generator=g).to("neuron") for s in shapes] for _ in range(3))
+    return ps, ms, [g_.abs() + 0.5 for g_ in gs], [1.5, 3.0, 0.25, 7.0]
+
+
+def test_a_repeated_inplace_foreach_records_its_elements_in_one_call():
+    plain = _foreach_lists(4)
+    for _ in range(4):
+        _foreach_update(*plain)
+    got = _foreach_lists(4)
+    with eager_neuron.adaptive():
+        for step in range(4):
+            if step == 3:
+                batched = adaptive_fast.COUNTERS["batched"]
+                before = _ad.COUNTERS["analyses"], _ad.COUNTERS["renders"]
+                hits = eager_neuron.stats()["trace_hits"]
+            _foreach_update(*got)
+            got[0][0].sum().item()   # a host read: the group launches
+        after = _ad.COUNTERS["analyses"], _ad.COUNTERS["renders"]
+    # every element of the six foreach calls of the last step was recorded by a batched runner
+    assert adaptive_fast.COUNTERS["batched"] - batched == 6 * 4
+    assert after == before                                  # the trace an earlier step made
+    assert eager_neuron.stats()["trace_hits"] - hits >= 1
+    for plain_list, got_list in zip(plain[:3], got[:3]):
+        _bitwise([t.cpu() for t in plain_list], [t.cpu() for t in got_list])
+
+
+def test_a_batched_foreach_call_with_an_aliasing_element_takes_the_slow_path():
+    def run(adaptive):
+        xs, _ms, ys, _s = _foreach_lists(5)
+        with eager_neuron.adaptive(adaptive):
+            for _ in range(3):   # learns the batched runner for this signature
+                torch._foreach_add_(xs, ys, alpha=0.5)
+            batched = adaptive_fast.COUNTERS["batched"]
+            # the same signature, but element 1 adds the written tensor to itself
+            torch._foreach_add_(xs, [ys[0], xs[1], ys[2], ys[3]], alpha=0.5)
+            if adaptive:
+                assert adaptive_fast.COUNTERS["batched"] == batched   # not recorded by it
+            return [t.cpu() for t in xs]
+
+    _bitwise(run(False), run(True))
