@@ -186,3 +186,24 @@ def test_a_batched_foreach_call_with_an_aliasing_element_takes_the_slow_path():
             return [t.cpu() for t in xs]
 
     _bitwise(run(False), run(True))
+
+
+def test_a_batched_foreach_call_crossing_the_buffer_limit_launches_mid_call(monkeypatch):
+    # a group that cannot take the next element launches (as element by element) and the
+    # rest of the call records into a new group: values are plain eager's
+    def run(adaptive):
+        lists = _foreach_lists(6)
+        with eager_neuron.adaptive(adaptive):
+            for _ in range(4):
+                _foreach_update(*lists)
+                lists[0][0].sum().item()
+        return [t.cpu() for lst in lists[:3] for t in lst]
+
+    plain = run(False)
+    monkeypatch.setattr(_ad, "MAX_BUFS", 7)
+    eager_neuron.reset_stats()
+    batched = adaptive_fast.COUNTERS["batched"]
+    got = run(True)
+    assert adaptive_fast.COUNTERS["batched"] > batched
+    assert eager_neuron.stats()["flushes"]["buffer limit"] >= 4
+    _bitwise(plain, got)
