@@ -51,7 +51,10 @@ from .tensor import NeuronTensor
 TABLES: dict = {}
 LIMIT = 512          # signatures per overload: a loop over ever-new shapes stops learning
 MISS = object()      # a runner's answer when this call's operands need the slow path
-STATS_FAST = {"hits": 0, "learned": 0}
+# hits: runner calls; learned: runners left; view_methods / view_ops: view runners calling a
+# Tensor method / the overload itself (fastpath._view_method); entry_points: flat runners
+# calling their kernel's compiled entry point (_entry_point)
+STATS_FAST = {"hits": 0, "learned": 0, "view_methods": 0, "view_ops": 0, "entry_points": 0}
 # torch's own factory, not the pin_memory wrapper pinned.py installs as torch.empty_strided
 _EMPTY_STRIDED = torch._C._VariableFunctions.empty_strided
 _KW = object()       # marks where the keyword arguments start in a signature
@@ -240,7 +243,7 @@ SIM.on_configure.append(reset)
 MEMORY.on_clear.append(reset)
 
 
-def _add(func, values: bool, sig: tuple, run, call: tuple | None = None) -> None:
+def _add(func, values: bool, sig: tuple, run, call: tuple | None = None) -> bool:
     with _LOCK:
         tab = TABLES.get(func)
         if tab is None:
@@ -251,9 +254,10 @@ def _add(func, values: bool, sig: tuple, run, call: tuple | None = None) -> None
             sig = signature(*call, True)
             values = sig is not None
         if tab[0] != values or len(tab[1]) >= LIMIT:
-            return
+            return False
         tab[1][sig] = run
         STATS_FAST["learned"] += 1
+        return True
 
 
 def _ref(func, args: tuple, kwargs: dict, name: str):
@@ -361,6 +365,18 @@ def learn_elementwise(func, plan, args, kwargs, index: int, a: dict, outs: list,
         out_flat = ".reshape(-1)" if len(outs[0].shape) != 1 else ""
         lines.append(f"out_np = data.numpy(){out_flat}")
     lines.append(f"K(out_np, {', '.join(arrays + svals)})")
+    # the kernel's compiled entry point for the argument types every call of this signature
+    # passes (the dispatcher's per-call type matching skipped: ~0.25 us)
+    if target is not None:
+        out_sample = flat_np(_eval(wref, args, kwargs))
+    elif "NPDT" in ns:
+        out_sample = np.empty(ns["NUMEL"], ns["NPDT"])
+    else:
+        out_sample = _EMPTY_STRIDED(shape, stride, dtype=dtype).numpy().reshape(-1)
+    env = {"FNP": flat_np, "args": args, "kwargs": kwargs, **ns}
+    entry = _entry_point(kernel, (out_sample, *(eval(e, env) for e in arrays + svals)))  # noqa: S307
+    if entry is not None:
+        ns["K"] = entry
     flops = req[3] if len(req) > 3 else 0.0
     nbytes = req[4] if len(req) > 4 else 0.0
     engine = req[5] if len(req) > 5 else "vector"
@@ -375,8 +391,28 @@ def learn_elementwise(func, plan, args, kwargs, index: int, a: dict, outs: list,
         run.flat = Flat(kernel, wref, tuple(refs.values()), tuple(svals),
                         {k: v for k, v in ns.items() if k[0] == "C" and k[1:].isdigit()},
                         index, flops, nbytes, engine)
-    _add(func, values, sig, run, (args, kwargs))
+    if _add(func, values, sig, run, (args, kwargs)) and entry is not None:
+        STATS_FAST["entry_points"] += 1
     return True
+
+
+def _entry_point(kernel, sample: tuple):
+    """The compiled entry point of Numba dispatcher `kernel` for the types of `sample` (the
+    arguments as a runner passes them), or None. Calling it skips the dispatcher's type
+    matching; it trusts its arguments, so a runner takes it only where every call passes the
+    same types: arrays whose dtype, rank and layout the signature fixes (flat views of
+    operands and fresh outputs: 1-d, C-contiguous, element-aligned buffers of our allocators)
+    and Python numbers of the signature's types."""
+    overloads = getattr(kernel, "overloads", None)
+    typeof = getattr(kernel, "typeof_pyval", None)
+    if not overloads or typeof is None:
+        return None
+    try:
+        types = tuple(typeof(a) for a in sample)
+    except Exception:   # noqa: BLE001 -- a type Numba cannot tell: the dispatcher decides
+        return None
+    cres = overloads.get(types)
+    return None if cres is None else cres.entry_point
 
 
 class Flat:
@@ -440,14 +476,81 @@ def _wrap_lines(ns: dict, lines: list, index: int) -> str:
               "r._data = data", "r._block = block", "r._index = IDX"]
     if "NPDT" in ns:   # _alloc_lines' numpy form: data_np and out_np are its numpy views
         lines.append("r._npc = (data, data_np, out_np)")
+    ns["PART"] = _out_part(ns, "", index)
+    lines.append("r._sgc = (data, PART)")   # the result is often the next op's operand
     return "return r"
+
+
+def _out_part(ns: dict, x: str, index: int) -> tuple:
+    """The signature part (see signature) of every host buffer `data{x}` that _alloc_lines'
+    source makes, read off one made the same way (strides as the allocator sets them)."""
+    if f"NPDT{x}" in ns:
+        sample = torch.from_numpy(np.empty(ns[f"SHAPE{x}"], ns[f"NPDT{x}"]))
+    else:
+        sample = _EMPTY_STRIDED(ns[f"SHAPE{x}"], ns[f"STRIDE{x}"], dtype=ns[f"DT{x}"])
+    return (sample.dtype, sample.shape, sample.stride(), index)
 
 
 _SAME_VIEW = frozenset({torch.ops.aten.detach.default, torch.ops.aten.alias.default})
 
 
+def _view_method(func, x, args, kwargs, out):
+    """The Tensor method doing view op `func` on x's host view, or None (then `func._op`).
+
+    A method's generated Python binding parses its arguments in C++ (~1.1 us for `view`);
+    the overload's generic entry matches them against the schema (~2.4 us). Taken only if it
+    gives exactly the funnel's views on this call: the method picks its overload by argument
+    types, which the signature fixes, so it picks the same one on every call of the signature.
+    Methods written in Python (Tensor.split) are not taken: they add a frame of their own."""
+    meth = getattr(torch.Tensor, func._schema.name.split("::")[-1], None)
+    if func is _SLICE:
+        # no Tensor.slice: its view is x's with this signature's sizes and strides at a
+        # fixed offset from x's (start * stride of dim, both fixed by the signature)
+        meth = _slice_method(x._data, out)
+    if type(meth) is not _METHOD and not getattr(meth, "slice_as_strided", False):
+        return None
+    try:
+        got = meth(x._data, *args[1:], **kwargs)
+    except Exception:   # noqa: BLE001 -- a binding that parses these arguments otherwise
+        return None
+    want = [out] if isinstance(out, torch.Tensor) else list(out)
+    got = [got] if isinstance(got, torch.Tensor) else got
+    if not isinstance(got, (list, tuple)) or len(got) != len(want):
+        return None
+    base = x._data.untyped_storage().data_ptr()
+    for g, w in zip(got, want):
+        if not isinstance(g, torch.Tensor) or _view_meta(g) != _view_meta(w) or \
+                g.untyped_storage().data_ptr() != base:
+            return None
+    return meth
+
+
+def _view_meta(t: torch.Tensor) -> tuple:
+    return (t.shape, t.stride(), t.storage_offset(), t.dtype, t.is_neg(), t.is_conj())
+
+
+_METHOD = type(torch.Tensor.view)   # a method of the C++ binding (method_descriptor)
+_SLICE = torch.ops.aten.slice.Tensor
+
+
+def _slice_method(d: torch.Tensor, out):
+    if not isinstance(out, torch.Tensor):
+        return None
+    shape, stride, delta = tuple(out.shape), out.stride(), out.storage_offset() - d.storage_offset()
+
+    def run(d, *_args, **_kwargs):
+        return d.as_strided(shape, stride, d.storage_offset() + delta)
+
+    run.slice_as_strided = True
+    run.delta = delta
+    return run
+
+
 def learn_view(func, args, kwargs, out) -> None:
-    """After a plain-eager view op on one neuron tensor (args[0]): leave its runner."""
+    """After a plain-eager view op on one neuron tensor (args[0]): leave its runner. The
+    runner makes the host view (`meth`: see _view_method), then the wrapper positionally with
+    the signature's sizes, strides and dtype and the host view's offset, with its signature
+    part cached (`_sgc`: the output is often the next op's operand)."""
     if not args or type(args[0]) is not NeuronTensor:
         return
     for v in (*args[1:], *kwargs.values()):
@@ -466,11 +569,19 @@ def learn_view(func, args, kwargs, out) -> None:
         return
     from .tensor import DEVICES
 
-    ns = {"OP": func._op, "S": STATS, "F": STATS_FAST, "NT": NeuronTensor, "MISS": MISS,
-          "make": torch.Tensor._make_wrapper_subclass, "STRIDED": torch.strided}
+    x = args[0]
+    index = x._index
+    meth = _view_method(func, x, args, kwargs, out)
+    ns = {"OP": meth or func._op, "S": STATS, "F": STATS_FAST, "NT": NeuronTensor, "MISS": MISS,
+          "make": torch.Tensor._make_wrapper_subclass, "STRIDED": torch.strided,
+          "DEV": DEVICES[index], "IDX": index}
     call = "OP(x._data" + "".join(f", args[{i}]" for i in range(1, len(args)))
     call += ", **kwargs)" if kwargs else ")"
     lines = ["x = args[0]", f"out = {call}"]
+    if getattr(meth, "slice_as_strided", False):
+        ns["DELTA"] = meth.delta
+        lines[1:] = ["d = x._data",
+                     "out = d.as_strided(SHAPE, STRIDE, d.storage_offset() + DELTA)"]
     same = func in _SAME_VIEW and len(args) == 1 and not kwargs
     if same:
         # detach/alias: the host view itself (host views are never changed in place: an
@@ -479,19 +590,31 @@ def learn_view(func, args, kwargs, out) -> None:
     if single:
         # sizes, strides and dtype are the signature's: only the offset is read back
         ns.update(SHAPE=tuple(out.shape), STRIDE=out.stride(), DT=out.dtype,
-                  DEV=DEVICES[args[0]._index], IDX=args[0]._index)
+                  PART=(out.dtype, out.shape, out.stride(), index))
         lines += ["if out.is_neg(): return MISS",
                   "r = make(NT, SHAPE, STRIDE, out.storage_offset(), None, DT, STRIDED, DEV)",
                   "r._data = out", "r._block = x._block", "r._index = IDX",
+                  "r._sgc = (out, PART)",
                   *(["r._npc = x._npc"] if same else []),
                   "S.views += 1", "F['hits'] += 1", "return r"]
     else:
-        lines += ["for o in out:",
+        # the number of views and each one's metadata are the signature's (unbind, split)
+        ns["META"] = tuple((tuple(o.shape), o.stride(), o.dtype, (o.dtype, o.shape, o.stride(),
+                                                                   index)) for o in outs)
+        lines += ["b = x._block",
+                  "res = []",
+                  "for o, (sh, st, dt, part) in zip(out, META):",
                   "    if o.is_neg(): return MISS",
+                  "    r = make(NT, sh, st, o.storage_offset(), None, dt, STRIDED, DEV)",
+                  "    r._data = o",
+                  "    r._block = b",
+                  "    r._index = IDX",
+                  "    r._sgc = (o, part)",
+                  "    res.append(r)",
                   "S.views += 1", "F['hits'] += 1",
-                  "b = x._block", "i = x._index",
-                  f"return {type(out).__name__}(NT(o, b, i) for o in out)"]
-    _add(func, True, sig, _build(func.__name__, lines, ns))
+                  f"return {type(out).__name__}(res)" if type(out) is not list else "return res"]
+    if _add(func, True, sig, _build(func.__name__, lines, ns)):
+        STATS_FAST["view_methods" if meth is not None else "view_ops"] += 1
 
 
 def _eval(ref: str, args, kwargs):

@@ -30,6 +30,7 @@ from .fastpath import (
     _build,
     _charge_lines,
     _eval,
+    _out_part,
     _ref,
     full_np,
     signature,
@@ -256,7 +257,8 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
             # reads it back from the host view), with its numpy view cached (fastpath.full_np)
             lines += [f"r{i} = make(NT, SHAPE{i}, STRIDE{i}, 0, None, DT{i}, STRIDED, DEV)",
                       f"r{i}._data = data{i}", f"r{i}._block = block{i}", f"r{i}._index = IDX",
-                      f"r{i}._npc = (data{i}, O{i}, None)"]
+                      f"r{i}._npc = (data{i}, O{i}, None)", f"r{i}._sgc = (data{i}, PART{i})"]
+            ns[f"PART{i}"] = _out_part(ns, str(i), index)
             results.append(f"r{i}")
     lines.append("F['hits'] += 1")
     if len(results) == 1 and spec.num_leaves == 1 and spec.type is None:

@@ -614,3 +614,118 @@ def test_clamp_bound_range_check_survives_replays(dtype):
                 x.clamp(min=b)
             continue
         assert torch.equal(x.clamp(min=b).cpu(), want)
+
+
+# ---------------------------------------------------------------------------------------------
+# the per-op cost (issue 14): view runners call Tensor methods, flat runners the kernel's
+# compiled entry point, runner outputs carry their signature part
+# ---------------------------------------------------------------------------------------------
+
+_VIEWS = {
+    "view": lambda t: t.view(-1, 2),
+    "view dtype": lambda t: t.view(torch.int32),
+    "select": lambda t: t[1],
+    "slice": lambda t: t[1:6:2],
+    "slice dim 1": lambda t: t[:, 1:3],
+    "t": lambda t: t.t(),
+    "transpose": lambda t: t.transpose(0, 1),
+    "permute": lambda t: t.permute(1, 0),
+    "unsqueeze": lambda t: t.unsqueeze(1),
+    "expand": lambda t: t.unsqueeze(0).expand(3, 6, 4),
+    "diagonal": lambda t: t.diagonal(1),
+    "narrow": lambda t: t.narrow(1, 1, 2),
+    "unfold": lambda t: t.unfold(0, 2, 2),
+    "as_strided": lambda t: t.as_strided((2, 2), (1, 4), 1),
+    "unbind": lambda t: t.unbind(1),
+    "split": lambda t: t.split(4),
+    "detach": lambda t: t.detach(),
+}
+
+
+@pytest.mark.parametrize("name", list(_VIEWS))
+def test_view_runners_equal_cpu_at_every_offset(name):
+    # the same signature (shape, strides, dtype) at three storage offsets: each call's views
+    # must sit at that call's offset (a slice is the base's view at a fixed distance from it)
+    fn = _VIEWS[name]
+    base = torch.arange(3 * 6 * 4, dtype=torch.float32).view(3, 6, 4)
+    dev = base.to("neuron")
+    for k in (0, 1, 2, 0, 2):
+        before = _hits()
+        got, want = fn(dev[k]), fn(base[k])
+        gots = list(got) if isinstance(got, (list, tuple)) else [got]
+        wants = list(want) if isinstance(want, (list, tuple)) else [want]
+        assert isinstance(got, torch.Tensor) == isinstance(want, torch.Tensor)
+        assert len(gots) == len(wants)
+        for g, w in zip(gots, wants):
+            assert (g.shape, g.stride(), g.storage_offset(), g.dtype) == \
+                (w.shape, w.stride(), w.storage_offset(), w.dtype)
+            assert g._sgc is None or g._sgc[1] == (g._data.dtype, g._data.shape,
+                                                   g._data.stride(), g._index)
+            assert torch.equal(g.cpu(), w)
+        if k == 2:
+            assert _hits() - before >= 1   # the repeat ran on the view runner
+    # the views alias the base: a write through the last one shows in the device base
+    g = gots[-1]
+    if g.dtype == torch.float32 and name != "expand":
+        g.fill_(-1.0)
+        wants[-1].fill_(-1.0)
+        assert torch.equal(dev.cpu(), base)
+
+
+def test_view_runners_take_tensor_methods_and_keep_autograd_and_versions():
+    methods = fastpath.STATS_FAST["view_methods"]
+    x = torch.randn(4, 4, requires_grad=True)
+    xn = x.detach().to("neuron").requires_grad_()
+    for _ in range(3):
+        y, yn = x.t()[1:3], xn.t()[1:3]
+    assert fastpath.STATS_FAST["view_methods"] > methods   # t and slice learned as methods
+    assert yn._base is xn and yn.grad_fn is not None
+    (yn * 2).sum().backward()
+    (y * 2).sum().backward()
+    assert torch.equal(xn.grad.cpu(), x.grad)
+    # an in-place write through a runner-made view bumps the base's version counter
+    b = torch.zeros(4, 4, device="neuron")
+    for _ in range(3):
+        v = b[1:3]
+    before = b._version
+    v.add_(1.0)
+    assert b._version == before + 1 and b.cpu()[1:3].eq(1.0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.bool])
+def test_flat_runners_call_the_kernel_entry_point_and_equal_cpu(dtype):
+    fastpath.reset()   # every case learns its runner here
+    entries = fastpath.STATS_FAST["entry_points"]
+    a = torch.arange(1, 7).to(dtype)
+    b = torch.arange(6, 0, -1).to(dtype)
+    one = torch.tensor(3).to(dtype)
+    an, bn, onen = a.to("neuron"), b.to("neuron"), one.to("neuron")
+    cases = [lambda x, y, o: x + y, lambda x, y, o: x * o, lambda x, y, o: x.ne(y),
+             lambda x, y, o: x.add(y, alpha=2) if dtype != torch.bool else x | y]
+    if dtype.is_floating_point:
+        cases += [lambda x, y, o: x * 2.5, lambda x, y, o: x.neg()]
+    for fn in cases:
+        for _ in range(3):
+            assert torch.equal(fn(an, bn, onen).cpu(), fn(a, b, one))
+        # new values, same signature: the runner reads this call's buffers
+        a2 = a.flip(0)
+        assert torch.equal(fn(a2.to("neuron"), bn, onen).cpu(), fn(a2, b, one))
+    assert fastpath.STATS_FAST["entry_points"] - entries >= len(cases) - 1
+
+
+def test_runner_outputs_carry_their_signature_part():
+    # a runner's output caches the signature part a later op reads (fastpath.signature):
+    # it must be what the output's own host view gives
+    x = torch.randn(3, 5, device="neuron")
+    m = torch.randn(5, 4, device="neuron")
+    big = torch.randn(300, 100, device="neuron")   # above the small-block path
+    cached = 0
+    for _ in range(3):
+        outs = [x + 1, x * x, x.exp(), x @ m, x.sum(0), x.view(-1), x[1:], x.t(), big * 2,
+                big.sum(1), *x.unbind(0), torch.zeros(2, 0, device="neuron") + 1, x > 0]
+        for o in outs:
+            if o._sgc is not None:
+                cached += 1
+                assert o._sgc[0] is o._data
+                assert o._sgc[1] == (o._data.dtype, o._data.shape, o._data.stride(), o._index)
+    assert cached >= 2 * 10
