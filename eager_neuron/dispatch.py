@@ -18,6 +18,7 @@ are their own modules.)
 from __future__ import annotations
 
 import threading
+import types
 
 import torch
 from torch.utils._pytree import tree_unflatten
@@ -82,6 +83,8 @@ def dispatch(func, args, kwargs, mode=None, plan=None):
 
     A kernel op is one call from here to its lowering and two to its launch: the lowering is
     called in this frame, between `_kernel_setup` (outputs, context) and `_kernel_results`.
+    A dynamic op's lowering is called in this frame too; one written as a generator of launch
+    requests (count, allocate, fill) has each launch made here.
     `plan`: the funnel's own re-entry into the kernel path (an op under the profiler's hook, a
     same-core copy lower/host.py routes to the copy kernels): no fast path, not counted again.
     """
@@ -145,8 +148,34 @@ def dispatch(func, args, kwargs, mode=None, plan=None):
                         return _dispatch_plan(func, plan, args, kwargs, mode)
                 if _adaptive.PENDING:
                     _adaptive_gate(plan, args, kwargs, mode)
-                if plan.kind == "dynamic":   # one call less to its launches
-                    return _run_dynamic(func, plan, args, kwargs, mode)
+                if plan.kind == "dynamic":
+                    # a data-dependent op (_run_dynamic, inlined): its lowering is called from
+                    # here, and a lowering written as steps has each launch made here
+                    a, index = _dynamic_setup(func, plan, args, kwargs)
+                    prev = _context.swap(OpContext(index or 0, mode))
+                    try:
+                        produced = _dynamic_lowering(plan, a)(func, a, index)
+                        if type(produced) is _GENERATOR:
+                            steps = produced
+                            while True:
+                                try:
+                                    req = next(steps)
+                                except StopIteration as stop:
+                                    produced = stop.value
+                                    break
+                                if req[0] is _RUN:
+                                    req[1](*req[2:])
+                                else:
+                                    launch(*req)
+                    except NotImplementedError as exc:
+                        return _lowering_declined(func, plan, args, kwargs, mode, exc)
+                    except _DYNAMIC_AS_IS:
+                        raise
+                    except Exception as exc:
+                        raise _kernel_error(func, plan, exc, args, kwargs) from exc
+                    finally:
+                        _context.swap(prev)
+                    return _dynamic_results(produced, index)
                 if plan.kind != "kernel":
                     return _dispatch_plan(func, plan, args, kwargs, mode, gated=True)
             except Exception as exc:
@@ -566,30 +595,68 @@ def _blocks_of(args, kwargs, outs, blocks) -> dict:
 
 def _run_dynamic(func, plan, args, kwargs, mode):
     """Ops whose output size depends on the data (nonzero, masked_select, x[mask]): the
-    lowering counts first, then allocates and fills; it returns [(data, block), ...]."""
-    uargs, ukw, index = unwrap_args(args, kwargs)
-    if index is not None:
-        check_placement(func, args, kwargs, index)
-        if plan.out_args:
-            _refuse_shared_out(func, plan, args, kwargs)
-    a = bind(func, uargs, ukw)
+    lowering counts first, then allocates and fills; it returns [(data, block), ...], or it is
+    a generator of launch requests (and RUN steps) that returns them. dispatch() runs this
+    inline (its launches two calls below it); this copy serves the profiler's hooked path."""
+    a, index = _dynamic_setup(func, plan, args, kwargs)
     prev = _context.swap(OpContext(index or 0, mode))
     try:
-        lower = plan.lower
-        if any(isinstance(v, torch.Tensor) and v.dtype in FP8 for v in a.values()):
-            from .lower.fp8 import dynamic_fp8  # float8 operands: the CPU's rules (fp8.py)
-
-            lower = dynamic_fp8(lower)
-        produced = lower(func, a, index)
+        produced = _dynamic_lowering(plan, a)(func, a, index)
+        if type(produced) is _GENERATOR:
+            produced = _drive(produced)
     except NotImplementedError as exc:
         return _lowering_declined(func, plan, args, kwargs, mode, exc)
-    except (errors.UnsupportedOpError, errors.UnsupportedTensorError, torch.OutOfMemoryError,
-            IndexError):
+    except _DYNAMIC_AS_IS:
         raise
     except Exception as exc:
         raise _kernel_error(func, plan, exc, args, kwargs) from exc
     finally:
         _context.swap(prev)
+    return _dynamic_results(produced, index)
+
+
+# errors of a dynamic lowering raised unchanged (an IndexError is the CPU's own: x[mask] of a
+# mask of another shape); any other is worded by _kernel_error
+_DYNAMIC_AS_IS = (errors.UnsupportedOpError, errors.UnsupportedTensorError,
+                  torch.OutOfMemoryError, IndexError)
+_GENERATOR = types.GeneratorType
+
+
+def _dynamic_setup(func, plan, args, kwargs) -> tuple:
+    """A dynamic op's checks before its lowering (placement, an out= sharing an operand's
+    memory) and its bound arguments: (bound args, device index or None)."""
+    uargs, ukw, index = unwrap_args(args, kwargs)
+    if index is not None:
+        check_placement(func, args, kwargs, index)
+        if plan.out_args:
+            _refuse_shared_out(func, plan, args, kwargs)
+    return bind(func, uargs, ukw), index
+
+
+def _dynamic_lowering(plan, a: dict):
+    """The dynamic op's lowering; for float8 operands, wrapped in the CPU's rules (fp8.py)."""
+    if any(isinstance(v, torch.Tensor) and v.dtype in FP8 for v in a.values()):
+        from .lower.fp8 import dynamic_fp8
+
+        return dynamic_fp8(plan.lower)
+    return plan.lower
+
+
+def _drive(steps):
+    """Run a generator of launch requests and RUN steps to its end; its return value."""
+    while True:
+        try:
+            req = next(steps)
+        except StopIteration as stop:
+            return stop.value
+        if req[0] is _RUN:
+            req[1](*req[2:])
+        else:
+            launch(*req)
+
+
+def _dynamic_results(produced, index):
+    """The device tensors of a dynamic lowering's [(data, block), ...]."""
     outs = [wrap(data, block, index) for data, block in produced]
     return outs[0] if len(outs) == 1 else tuple(outs)
 

@@ -124,6 +124,48 @@ CASES.update({
     "binary_cross_entropy": lambda x, i: F.binary_cross_entropy(x.sigmoid(), x.sigmoid().t().t()),
 })
 
+# dynamic (data-dependent) ops: dispatch calls their lowering in its own frame; one written as
+# steps (count, allocate, fill) has each launch made by dispatch itself
+CASES.update({
+    "nonzero": lambda x, i: (x > 0).nonzero(),
+    "argwhere": lambda x, i: torch.argwhere(x > 0),
+    "masked_select": lambda x, i: x.masked_select(x > 0),
+    "x[mask]": lambda x, i: x[x > 0],
+    "x[index]": lambda x, i: x[i],
+    "take": lambda x, i: x.take(i),
+    "unique": lambda x, i: torch.unique(i, return_inverse=True, return_counts=True),
+    "unique bf16": lambda x, i: torch.unique(x.t().to(torch.bfloat16)),
+    "unique_consecutive": lambda x, i: torch.unique_consecutive(i),
+    "unique dim": lambda x, i: torch.unique(x.round(), dim=1),
+    "bincount": lambda x, i: torch.bincount(i),
+    "histogram": lambda x, i: torch.histogram(x, torch.linspace(-2, 2, 5, device="neuron")),
+    "histogramdd": lambda x, i: torch.histogramdd(x.t()[:, :2], bins=[3, 4]),
+    "repeat_interleave": lambda x, i: torch.repeat_interleave(i),
+    "geqrf": lambda x, i: torch.geqrf(x),
+    "linalg.lstsq": lambda x, i: torch.linalg.lstsq(x, x[:, :2]),
+    # (strided log_probs: copied first)
+    "ctc_loss": lambda x, i: F.ctc_loss(x.view(5, 8, 1).expand(5, 8, 2).log_softmax(1)
+                                        .transpose(1, 2), torch.tensor([[1, 2], [3, 3]],
+                                                                       device="neuron"),
+                                        [5, 5], [2, 2]),
+    # index_put with a mask: the mask's count and coordinates, then put, all one call below
+    "index_put mask": lambda x, i: x.clone().index_put_((x > 0,), torch.tensor(1.0)),
+    "index_put mask bf16": lambda x, i: x.to(torch.bfloat16).index_put_(
+        (x > 0,), torch.tensor(1.0, dtype=torch.bfloat16), accumulate=True),
+    "histc bf16": lambda x, i: torch.histc(x.t().to(torch.bfloat16), 4),
+    "bucketize": lambda x, i: torch.bucketize(x, torch.tensor([-1.0, 0.0, 1.0])
+                                              .to("neuron")),
+    "isin": lambda x, i: torch.isin(i, torch.tensor([0, 2], device="neuron")),
+    "addr": lambda x, i: torch.addr(x, x[:, 0], x[0]),
+    "addr bf16": lambda x, i: torch.addr(*(t.to(torch.bfloat16) for t in (x, x[:, 0], x[0]))),
+    "linalg.eig": lambda x, i: torch.linalg.eig(_sq(x).t()),
+    # the FFT family: each pass's launch made by the lowering
+    "rfft": lambda x, i: torch.fft.rfft(x),
+    "fft2 c64": lambda x, i: torch.fft.fft2(x.to(torch.complex64), s=(6, 8)),
+    "irfftn": lambda x, i: torch.fft.irfftn(torch.fft.rfftn(x)),
+    "fftn no dims": lambda x, i: torch.fft.fftn(x.to(torch.complex64), dim=()),
+})
+
 # the dtype routes' steps driven by dispatch itself: a half or complex op whose float32 family
 # builds no request (reductions, scans, shape ops) runs its lowering two calls up
 CASES.update({
@@ -148,10 +190,23 @@ def test_launch_is_at_most_two_calls_below_dispatch(name):
         + " > ".join(probe.chains[deepest] + ["launch"]))
 
 
-def test_the_probe_sees_a_deeper_launch():
-    # the probe itself: a lowering whose helper launches below it (the FFT family's passes) is
-    # counted deeper than two
-    x = torch.randn(8, device="neuron")
+def test_the_probe_sees_a_deeper_launch(monkeypatch):
+    # the probe itself: a lowering whose helper makes a launch (mask.count_nonzero) is counted
+    # three calls below dispatch
+    from eager_neuron.lower.mask import count_nonzero
+    from eager_neuron.plan import _PLANS
+
+    x = torch.tensor([0.0, 1.0, 2.0], device="neuron")
+    x.nonzero()   # the op's plan
+    plan = _PLANS[aten.nonzero.default]
+    steps = plan.lower
+
+    def deeper(func, a, index):
+        count_nonzero(a["self"])   # dispatch > deeper > count_nonzero > launch
+        return steps(func, a, index)
+
+    monkeypatch.setattr(plan, "lower", deeper)
     with DepthProbe() as probe:
-        torch.fft.rfft(x)
-    assert max(probe.depths) > 2
+        got = x.nonzero()
+    assert got.cpu().tolist() == [[1], [2]]
+    assert max(probe.depths) == 3, probe.chains

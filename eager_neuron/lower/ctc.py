@@ -1,7 +1,8 @@
 """CTC loss: _ctc_loss and _ctc_loss_backward (both overloads: lengths as int lists or
 tensors) as kernels (kernels/ctc.py). PyTorch has no meta kernels for them, so they are DYNAMIC
 lowerings that allocate their own outputs: the per-sample negative log likelihood and the
-log-alpha table (batch, T, 2 * max target length + 1) that backward reads.
+log-alpha table (batch, T, 2 * max target length + 1) that backward reads. Each is a
+generator of launch requests dispatch makes (dispatch -> launch).
 
 >>> import torch, eager_neuron
 >>> lp = torch.randn(6, 2, 4).log_softmax(2)
@@ -17,7 +18,7 @@ import numpy as np
 import torch
 
 from ..kernels import ctc as kctc
-from ..launch import launch
+from .cast import cast_steps
 
 VERSION = 1
 _FLOAT = frozenset({torch.float32, torch.float64})
@@ -40,6 +41,7 @@ def _lengths(v, nb: int, what: str) -> np.ndarray:
 
 
 def _prepare(a):
+    """The checked operands as numpy arrays (a strided log_probs copied first): steps."""
     lp, targets = a["log_probs"], a["targets"]
     if lp.dtype not in _FLOAT or lp.dim() != 3:
         raise NotImplementedError(f"_ctc_loss on a {lp.dim()}-d {lp.dtype} tensor")
@@ -75,29 +77,27 @@ def _prepare(a):
                                f"element {b}")
     lpc = lp if lp.is_contiguous() else None
     if lpc is None:
-        from .cast import cast
-
         lpc = torch.empty(lp.shape, dtype=lp.dtype)
-        cast(lp, lpc)
+        yield from cast_steps(lp, lpc)
     return lpc.numpy(), tg, toff, ilen, tlen, blank
 
 
 def dynamic_ctc_loss(func, a, index=-1):
-    lpn, tg, toff, ilen, tlen, blank = _prepare(a)
+    lpn, tg, toff, ilen, tlen, blank = yield from _prepare(a)
     nT, nb, nc = lpn.shape
     dtype = a["log_probs"].dtype
     smax = int(tlen.max()) if nb else 0
     nll, nblock = _alloc(index, (nb,), dtype)
     la, lblock = _alloc(index, (nb, nT, 2 * smax + 1), dtype)
     if nb:
-        launch(("ctc", "forward", VERSION), lambda: kctc.render("forward"),
+        yield (("ctc", "forward", VERSION), lambda: kctc.render("forward"),
                (lpn, tg, toff, ilen, tlen, blank, nll.numpy(), la.numpy()),
-               flops=float(nT * nb * (2 * smax + 1) * 8), bytes_moved=float(la.numpy().nbytes))
+               float(nT * nb * (2 * smax + 1) * 8), float(la.numpy().nbytes))
     return [(nll, nblock), (la, lblock)]
 
 
 def dynamic_ctc_loss_backward(func, a, index=-1):
-    lpn, tg, toff, ilen, tlen, blank = _prepare(a)
+    lpn, tg, toff, ilen, tlen, blank = yield from _prepare(a)
     nT, nb, nc = lpn.shape
     dtype = a["log_probs"].dtype
     grad, gblock = _alloc(index, (nT, nb, nc), dtype)
@@ -110,11 +110,10 @@ def dynamic_ctc_loss_backward(func, a, index=-1):
     lb = np.empty((nT, 2 * smax + 1), np.float64)
     acc = np.empty((nT, nc), np.float64)
     if grad.numel():
-        launch(("ctc", "backward", VERSION), lambda: kctc.render("backward"),
+        yield (("ctc", "backward", VERSION), lambda: kctc.render("backward"),
                (gout, lpn, tg, toff, ilen, tlen, blank, nll, la, bool(a["zero_infinity"]),
                 lb, acc, grad.numpy()),
-               flops=float(nT * nb * (2 * smax + 1 + nc) * 10),
-               bytes_moved=float(grad.numpy().nbytes * 3))
+               float(nT * nb * (2 * smax + 1 + nc) * 10), float(grad.numpy().nbytes * 3))
     return [(grad, gblock)]
 
 

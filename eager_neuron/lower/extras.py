@@ -19,6 +19,7 @@ import torch
 from .. import errors
 from ..kernels import extras as kex
 from ..launch import launch
+from .cast import cast_steps, launches
 from .common import COMPLEX, HALF, NP_TYPE
 
 VERSION = 1
@@ -59,13 +60,13 @@ def dynamic_repeat_interleave(func, a, index=-1):
 
 
 def dynamic_unique_dim(func, a, index=-1):
-    return unique_along(a, index, consecutive=False)
+    return (yield from unique_along(a, index, consecutive=False))
 
 
-def unique_along(a, index, consecutive: bool) -> list:
+def unique_along(a, index, consecutive: bool):
     """unique_dim, or unique_consecutive with a dim (`consecutive`: only runs of equal slices
-    collapse, in their order): [(values, block), (inverse, block), (counts, block)]."""
-    from .cast import cast
+    collapse, in their order): a generator of launch requests (dispatch makes each) that
+    returns [(values, block), (inverse, block), (counts, block)]."""
 
     x, dim = a["self"], a["dim"]
     if x.dtype in COMPLEX:   # the CPU's unique_dim has no complex instance
@@ -86,18 +87,18 @@ def unique_along(a, index, consecutive: bool) -> list:
     work = torch.float32 if x.dtype in HALF else x.dtype   # half: exact in float32
     rows = torch.empty((n,) + rest, dtype=work)
     if rows.numel():
-        cast(moved, rows)
+        yield from cast_steps(moved, rows)
     xr = rows.numpy().reshape(n, m)
     perm, tmp, group = (np.empty(n, np.int64) for _ in range(3))
     res = np.zeros(1, np.int64)
     if n and consecutive:
-        launch(("extras", "unique_rows_consecutive", VERSION),
+        yield (("extras", "unique_rows_consecutive", VERSION),
                lambda: kex.render("unique_rows_consecutive"), (xr, perm, group, res),
-               flops=float(n * m), bytes_moved=float(xr.nbytes))
+               float(n * m), float(xr.nbytes))
     elif n:
-        launch(("extras", "unique_rows", VERSION), lambda: kex.render("unique_rows"),
-               (xr, perm, tmp, group, res), flops=float(n * max(1, np.log2(max(n, 2))) * m),
-               bytes_moved=float(xr.nbytes * 2))
+        yield (("extras", "unique_rows", VERSION), lambda: kex.render("unique_rows"),
+               (xr, perm, tmp, group, res), float(n * max(1, np.log2(max(n, 2))) * m),
+               float(xr.nbytes * 2))
     k = int(res[0])
     out_shape = list(x.shape)
     out_shape[dim] = k
@@ -106,25 +107,25 @@ def unique_along(a, index, consecutive: bool) -> list:
     counts, cblock = _alloc(index, (k,), torch.int64)
     if n:
         vtmp = torch.empty((k,) + rest, dtype=work)
-        launch(("extras", "unique_rows_fill", VERSION), lambda: kex.render("unique_rows_fill"),
+        yield (("extras", "unique_rows_fill", VERSION), lambda: kex.render("unique_rows_fill"),
                (xr, perm, group, vtmp.numpy().reshape(k, m), inverse.numpy(), counts.numpy()),
-               flops=float(n * m), bytes_moved=float(xr.nbytes * 2))
+               float(n * m), float(xr.nbytes * 2))
         if values.numel():
-            cast(vtmp, values.movedim(dim, 0))
+            yield from cast_steps(vtmp, values.movedim(dim, 0))
     return [(values, vblock), (inverse, iblock), (counts, cblock)]
 
 
 # ---------------------------------------------------------------------------------------------
 # histogramdd: _histogramdd_bin_edges, _histogramdd_from_bin_cts, _histogramdd_from_bin_tensors
-# (no meta kernels in PyTorch: DYNAMIC, they allocate their own outputs)
+# (no meta kernels in PyTorch: DYNAMIC, they allocate their own outputs; generators of launch
+# requests dispatch makes, as their helpers below)
 # ---------------------------------------------------------------------------------------------
 
 _HDD_FLOAT = frozenset({torch.float32, torch.float64})
 
 
 def _hdd_input(x: torch.Tensor, weight, nd: int):
-    """x as a contiguous (N, D) array (a device copy when strided), weight as (N,)."""
-    from .cast import cast
+    """x as a contiguous (N, D) array (a device copy when strided), weight as (N,): steps."""
 
     if x.dtype not in _HDD_FLOAT:
         raise NotImplementedError(f"histogramdd on {x.dtype}")
@@ -135,7 +136,7 @@ def _hdd_input(x: torch.Tensor, weight, nd: int):
     xs = x if x.is_contiguous() else None
     if xs is None:
         xs = torch.empty(x.shape, dtype=x.dtype)
-        cast(x, xs)
+        yield from cast_steps(x, xs)
     x2 = xs.numpy().reshape(n, nd)
     if weight is not None:
         if weight.dtype != x.dtype or weight.numel() != n:
@@ -145,7 +146,7 @@ def _hdd_input(x: torch.Tensor, weight, nd: int):
         ws = weight if weight.is_contiguous() else None
         if ws is None:
             ws = torch.empty(weight.shape, dtype=weight.dtype)
-            cast(weight, ws)
+            yield from cast_steps(weight, ws)
         w = ws.numpy().reshape(-1)
     else:
         w = np.zeros(1, x2.dtype)
@@ -154,7 +155,8 @@ def _hdd_input(x: torch.Tensor, weight, nd: int):
 
 def _hdd_outer(x2: np.ndarray, rng, nd: int) -> tuple[list, list]:
     """The leftmost and rightmost edge of each dim: `range`, else the data's min and max (0 and
-    1 for no data); equal ones widened by 0.5 either way; not finite -> the CPU's error."""
+    1 for no data); equal ones widened by 0.5 either way; not finite -> the CPU's error
+    (steps: the min/max kernel's request)."""
     if rng is not None:
         if len(rng) != 2 * nd:
             raise RuntimeError(f"torch.histogramdd: for a {nd}-dimensional histogram, range "
@@ -164,8 +166,8 @@ def _hdd_outer(x2: np.ndarray, rng, nd: int) -> tuple[list, list]:
     elif x2.shape[0]:
         lo = np.empty(nd, x2.dtype)
         hi = np.empty(nd, x2.dtype)
-        launch(("extras", "hdd_minmax", VERSION), lambda: kex.render("hdd_minmax"),
-               (x2, lo, hi), flops=x2.size, bytes_moved=x2.nbytes)
+        yield (("extras", "hdd_minmax", VERSION), lambda: kex.render("hdd_minmax"),
+               (x2, lo, hi), x2.size, x2.nbytes)
         left, right = [float(v) for v in lo], [float(v) for v in hi]
     else:
         left, right = [0.0] * nd, [1.0] * nd
@@ -185,14 +187,13 @@ def _hdd_edges(x2, bins, rng, dtype, index) -> list:
     nd = len(bins)
     if any(b <= 0 for b in bins):
         raise RuntimeError(f"torch.histogramdd: bins must be > 0, got {list(bins)}")
-    left, right = _hdd_outer(x2, rng, nd)
+    left, right = yield from _hdd_outer(x2, rng, nd)
     npt = x2.dtype.type
     out = []
     for d in range(nd):
         e, block = _alloc(index, (bins[d] + 1,), dtype)
-        launch(("extras", "hdd_edges", VERSION), lambda: kex.render("hdd_edges"),
-               (e.numpy(), npt(left[d]), npt(right[d])), flops=bins[d] + 1,
-               bytes_moved=e.numpy().nbytes)
+        yield (("extras", "hdd_edges", VERSION), lambda: kex.render("hdd_edges"),
+               (e.numpy(), npt(left[d]), npt(right[d])), bins[d] + 1, e.numpy().nbytes)
         out.append((e, block))
     return out
 
@@ -207,36 +208,39 @@ def _hdd_count(x2, w, use_w, edges: list, density: bool, dtype, index):
     hist, block = _alloc(index, tuple(int(b) for b in nbins), dtype)
     acc = np.zeros(max(hist.numel(), 1), np.float64)
     hv = hist.numpy().reshape(-1) if hist.numel() else np.zeros(1, x2.dtype)
-    launch(("extras", "hdd_count", VERSION), lambda: kex.render("hdd_count"),
+    yield (("extras", "hdd_count", VERSION), lambda: kex.render("hdd_count"),
            (x2, flat_edges, eoff, nbins, w, bool(use_w), bool(density), acc, hv),
-           flops=float(x2.size * max(1, np.log2(max(int(nbins.max(initial=1)), 2)))),
-           bytes_moved=float(x2.nbytes + hv.nbytes))
+           float(x2.size * max(1, np.log2(max(int(nbins.max(initial=1)), 2)))),
+           float(x2.nbytes + hv.nbytes))
     return [(hist, block)]
 
 
 def dynamic_hdd_bin_edges(func, a, index=-1):
     x, bins = a["self"], list(a["bins"])
-    x2, _ = _hdd_input(x, None, len(bins))
-    return _hdd_edges(x2, bins, a.get("range"), x.dtype, index)
+    x2, _ = yield from _hdd_input(x, None, len(bins))
+    return (yield from _hdd_edges(x2, bins, a.get("range"), x.dtype, index))
 
 
 def dynamic_hdd_from_bin_cts(func, a, index=-1):
     x, bins, weight = a["self"], list(a["bins"]), a.get("weight")
-    x2, w = _hdd_input(x, weight, len(bins))
-    edges = [e for e, _b in _hdd_edges(x2, bins, a.get("range"), x.dtype, index)]
-    return _hdd_count(x2, w, weight is not None, edges, bool(a.get("density")), x.dtype, index)
+    x2, w = yield from _hdd_input(x, weight, len(bins))
+    made = yield from _hdd_edges(x2, bins, a.get("range"), x.dtype, index)
+    edges = [e for e, _b in made]
+    return (yield from _hdd_count(x2, w, weight is not None, edges, bool(a.get("density")),
+                                  x.dtype, index))
 
 
 def dynamic_hdd_from_bin_tensors(func, a, index=-1):
     x, bins, weight = a["self"], list(a["bins"]), a.get("weight")
-    x2, w = _hdd_input(x, weight, len(bins))
+    x2, w = yield from _hdd_input(x, weight, len(bins))
     edges = []
     for d, e in enumerate(bins):
         if e.dtype != x.dtype or e.dim() != 1 or e.numel() < 1:
             raise RuntimeError(f"torch.histogramdd: bins[{d}] should be a 1-d {x.dtype} tensor "
                                f"with at least one edge, got {e.dtype} {tuple(e.shape)}")
         edges.append(e)
-    return _hdd_count(x2, w, weight is not None, edges, bool(a.get("density")), x.dtype, index)
+    return (yield from _hdd_count(x2, w, weight is not None, edges, bool(a.get("density")),
+                                  x.dtype, index))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -248,8 +252,6 @@ _EIG_IN = {torch.float32: (True, False), torch.float64: (True, True),
 
 
 def lower_linalg_eig(func, a, outs):
-    from .cast import cast
-
     x = a["self"]
     if x.dtype not in _EIG_IN:
         raise NotImplementedError(f"linalg_eig on {x.dtype}")
@@ -260,7 +262,11 @@ def lower_linalg_eig(func, a, outs):
     if w.numel() == 0 or batch == 0:
         return
     xs = torch.empty(x.shape, dtype=x.dtype)
-    cast(x, xs) if real else xs.copy_(x)   # complex: a host copy of the operand's elements
+    if real:
+        for req in cast_steps(x, xs):
+            launch(*req)
+    else:
+        xs.copy_(x)   # complex: a host copy of the operand's elements
     xa = xs.numpy().reshape(batch, n, n)
     if not np.isfinite(xa).all():
         raise RuntimeError("torch.linalg.eig: input tensor should not contain infs or NaNs.")
@@ -293,9 +299,12 @@ lower_linalg_eig.handles_complex = True
 _ADDR_FLOAT = frozenset({torch.float32, torch.float64, torch.bfloat16, torch.float16})
 
 
-def lower_addr(func, a, outs):
+def _addr(func, a, outs):
+    """addr's steps (lower_addr below launches them): the elementwise family's requests and
+    the half casts between them."""
+    from .complex_ew import real_steps
     from .elementwise import LOWERINGS as EW  # not the op table: lower/ never imports ops
-    from .half import _half_round, _up
+    from .half import _half_round, _up_steps
 
     x, v1, v2, out = a["self"], a["vec1"], a["vec2"], outs[0]
     dt = out.dtype
@@ -310,34 +319,42 @@ def lower_addr(func, a, outs):
     mul_t, add_t = torch.ops.aten.mul.Tensor, torch.ops.aten.add.Tensor
 
     def rounded(t):
-        """t rounded to the half dtype and back (exact float32 values of half numbers)."""
+        """t rounded to the half dtype and back (exact float32 values of half numbers): steps."""
         if not half:
             return t
         h = torch.empty(t.shape, dtype=dt)
-        cast(t, h)
-        return _up(h, h)
+        yield from cast_steps(t, h)
+        return (yield from _up_steps(h, h))
 
-    from .cast import cast
+    def up(t):
+        """t as float32 (a half t: its cast's steps; any other dtype: t itself)."""
+        return (yield from _up_steps(t, t))
 
-    up = (lambda t: _up(t, t)) if half else (lambda t: t)
     if half:
         beta, alpha = _half_round(float(beta), dt), _half_round(float(alpha), dt)
     n, m = out.shape
     av1 = torch.empty((n,), dtype=work)
-    mul(mul_t, {"self": up(v1), "other": alpha}, [av1])
+    yield from real_steps(mul, mul_t, {"self": (yield from up(v1)), "other": alpha}, [av1])
     prod = torch.empty((n, m), dtype=work)
-    mul(mul_t, {"self": rounded(av1).view(n, 1), "other": up(v2).view(1, m)}, [prod])
-    prod = rounded(prod)
+    r_av1 = yield from rounded(av1)
+    u_v2 = yield from up(v2)
+    yield from real_steps(mul, mul_t, {"self": r_av1.view(n, 1), "other": u_v2.view(1, m)},
+                          [prod])
+    prod = yield from rounded(prod)
     if beta == 0:   # the CPU ignores self then (a NaN in it does not propagate)
         res = prod
     else:
         bs = torch.empty((n, m), dtype=work)
-        mul(mul_t, {"self": up(x).expand(n, m), "other": beta}, [bs])
+        u_x = yield from up(x)
+        yield from real_steps(mul, mul_t, {"self": u_x.expand(n, m), "other": beta}, [bs])
         res = torch.empty((n, m), dtype=work)
-        add(add_t, {"self": rounded(bs), "other": prod, "alpha": 1}, [res])
-    cast(res, out)
+        r_bs = yield from rounded(bs)
+        yield from real_steps(add, add_t, {"self": r_bs, "other": prod, "alpha": 1}, [res])
+    yield from cast_steps(res, out)
 
 
+lower_addr = launches(_addr)   # dispatch -> lower_addr -> launch
+lower_addr.__name__ = "lower_addr"
 lower_addr.handles_half = True
 
 # addr_ (read off the schema by ops.py) had no decomposition: it reached the CPU fallback

@@ -29,15 +29,17 @@ from ..kernels import compile as kc
 from ..kernels import fft as kfft
 from ..launch import launch
 from .common import COMPLEX, HALF, coalesce, strided_np
+from .complex_ew import elementwise_steps
 
 PARALLEL_MIN = 1 << 15   # elements per pass; below this a prange launch costs more
 
 
 def _pass(mode: str, src: torch.Tensor, dst: torch.Tensor, d: int, n: int, scale: float,
-          inverse: bool) -> None:
-    """Transform every line of src along dim d into dst (same shape except at d)."""
+          inverse: bool) -> tuple | None:
+    """Transform every line of src along dim d into dst (same shape except at d): the pass's
+    launch (launch()'s positional arguments, for the lowering to make; None: empty)."""
     if dst.numel() == 0:
-        return
+        return None
     nd = src.dim()
     batch = [k for k in range(nd) if k != d]
     bshape, (ss, ds) = coalesce(tuple(src.shape[k] for k in batch),
@@ -49,10 +51,10 @@ def _pass(mode: str, src: torch.Tensor, dst: torch.Tensor, d: int, n: int, scale
     parallel = lines > 1 and dst.numel() >= PARALLEL_MIN and kc.parallel_allowed()
     key = ("fft", mode, rank_b, parallel, kfft.DFT_MAX, kfft.LINES_PER_CHUNK)
     logn = max(1.0, math.log2(max(n, 2)))
-    launch(key, lambda: kfft.render_fft(mode, rank_b, parallel),
-           (y, x, int(n), float(scale), bool(inverse)),
-           flops=float(5 * n * logn * lines),
-           bytes_moved=float(src.numel() * src.element_size() + dst.numel() * dst.element_size()))
+    return (key, lambda: kfft.render_fft(mode, rank_b, parallel),
+            (y, x, int(n), float(scale), bool(inverse)),
+            float(5 * n * logn * lines),
+            float(src.numel() * src.element_size() + dst.numel() * dst.element_size()))
 
 
 def _scale(normalization: int, n: int) -> float:
@@ -90,30 +92,31 @@ def lower_r2c(func, a, outs) -> None:
     n_total = math.prod(x.shape[d] for d in dims)
     scale = _scale(a["normalization"], n_total)
     last = dims[-1]
-    _pass("r2c", x, out, last, x.shape[last], scale, False)
+    req = _pass("r2c", x, out, last, x.shape[last], scale, False)
+    if req is not None:
+        launch(*req)
     for d in dims[:-1]:
-        _pass("c2c", out, out, d, out.shape[d], 1.0, False)
+        req = _pass("c2c", out, out, d, out.shape[d], 1.0, False)
+        if req is not None:
+            launch(*req)
 
 
 def lower_c2c(func, a, outs) -> None:
     x, out = _prepare(a["self"]), outs[0]
     dims = _dims(x, a["dim"])
     inverse = not a["forward"]
-    if not dims:
-        _pass_copy(x, out)
+    if not dims:   # a copy, by the complex family's clone kernel
+        for req in elementwise_steps("aten::clone", {"self": x}, out):
+            launch(*req)
         return
     n_total = math.prod(x.shape[d] for d in dims)
     scale = _scale(a["normalization"], n_total)
     src = x
     for i, d in enumerate(dims):
-        _pass("c2c", src, out, d, out.shape[d], scale if i == 0 else 1.0, inverse)
+        req = _pass("c2c", src, out, d, out.shape[d], scale if i == 0 else 1.0, inverse)
+        if req is not None:
+            launch(*req)
         src = out
-
-
-def _pass_copy(x: torch.Tensor, out: torch.Tensor) -> None:
-    from .complex import elementwise
-
-    elementwise("aten::clone", {"self": x}, out)
 
 
 def lower_c2r(func, a, outs) -> None:
@@ -130,10 +133,14 @@ def lower_c2r(func, a, outs) -> None:
         # scratch for the complex passes: `self` must not change (like SBUF tiles, host-backed)
         tmp = torch.empty(x.shape, dtype=x.dtype if x.dtype in COMPLEX else torch.complex64)
         for i, d in enumerate(dims[:-1]):
-            _pass("c2c", src, tmp, d, x.shape[d], scale if i == 0 else 1.0, True)
+            req = _pass("c2c", src, tmp, d, x.shape[d], scale if i == 0 else 1.0, True)
+            if req is not None:
+                launch(*req)
             src = tmp
         scale = 1.0
-    _pass("c2r", src, out, last, n_last, scale, True)
+    req = _pass("c2r", src, out, last, n_last, scale, True)
+    if req is not None:
+        launch(*req)
 
 
 for _fn in (lower_r2c, lower_c2c, lower_c2r):

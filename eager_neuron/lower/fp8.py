@@ -15,6 +15,8 @@ once to float32 (then to out_dtype).
 
 from __future__ import annotations
 
+from types import GeneratorType
+
 import numpy as np
 import torch
 
@@ -134,18 +136,8 @@ def dynamic_scaled_mm(func, a, index):
     """torch._scaled_mm with the CPU's checks and output: (a * scale_a) @ (b * scale_b) + bias
     in float64, rounded once to float32, divided by scale_result for an fp8 result, then cast
     to out_dtype (default: self's dtype). A DYNAMIC lowering because PyTorch's meta function
-    applies CUDA's shape rules, which the CPU does not. It launches its steps itself
-    (dispatch -> _run_dynamic -> here -> launch)."""
-    steps = _scaled_mm_steps(func, a, index)
-    while True:
-        try:
-            req = next(steps)
-        except StopIteration as stop:
-            return stop.value
-        launch(*req)
-
-
-def _scaled_mm_steps(func, a, index):
+    applies CUDA's shape rules, which the CPU does not. A generator of launch requests:
+    dispatch makes each (dispatch -> launch) and wraps the outputs it returns."""
     from ..buffers import alloc
 
     x, w = a["self"], a["mat2"]
@@ -302,6 +294,8 @@ def dynamic_fp8(lower):
         return lower
 
     def run(func, a: dict, index):
+        # a generator dispatch drives: a lowering written as steps has its requests passed
+        # on (dispatch makes them); a plain one launches from here
         _unfused(f"fp8 op {func._schema.name}")
         dtype = _fp8_of(a, ())
         refused = cpu_verdict(func, (), a)
@@ -312,6 +306,8 @@ def dynamic_fp8(lower):
         a2 = {k: _map(v, lambda t: t.view(torch.uint8) if t.dtype in FP8 else t)
               for k, v in a.items()}
         produced = lower(func, a2, index)
+        if isinstance(produced, GeneratorType):
+            produced = yield from produced
         return [(t.view(dtype) if t.dtype == torch.uint8 else t, b) for t, b in produced]
 
     return run

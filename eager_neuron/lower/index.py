@@ -25,15 +25,13 @@ import torch
 
 from ..kernels import index as kix
 from ..launch import checked, launch
+from .cast import cast_steps, launches
 from .common import HALF, NP_TYPE, coalesce
 from .mask import (
     core_index,
-    dynamic_masked_select,
-    dynamic_nonzero,
     lower_masked_scatter,
     lower_masked_scatter_backward,
     lower_nonzero_static,
-    nonzero_scratch,
 )
 from .shape import LOWERINGS as SHAPE_LOWERINGS
 from .shape import axis_views as _axis_views
@@ -235,8 +233,9 @@ def _adv_plan(self: torch.Tensor, indices: list):
     return P, R, [idx[d] for d in P], shape, perm
 
 
-def expand_masks(self: torch.Tensor, indices) -> list:
-    """Boolean (or uint8) masks become one long index tensor per masked dim (via nonzero)."""
+def expand_masks(self: torch.Tensor, indices):
+    """Boolean (or uint8) masks become one long index tensor per masked dim (via nonzero): a
+    generator of the count and fill launches; returns the index list."""
     out = []
     for t in indices:
         if t is None or t.dtype not in (torch.bool, torch.uint8):
@@ -250,7 +249,7 @@ def expand_masks(self: torch.Tensor, indices) -> list:
                 raise IndexError(
                     f"The shape of the mask {list(t.shape)} at index {j} does not match the "
                     f"shape of the indexed tensor {list(self.shape)} at index {d + j}")
-        coords = nonzero_scratch(t)
+        coords = yield from _nonzero_scratch(t)
         out.extend(coords[:, j] for j in range(t.dim()))
     return out
 
@@ -261,11 +260,13 @@ def _index(self, indices, out) -> tuple | None:
     return take("aten::index", out.permute(perm), self.permute(P + R), idxs, P, wrap=True)
 
 
-def lower_index_put(func, a, outs, store=None):
+def _index_put(func, a, outs, store=None):
+    """index_put's steps (lower_index_put below launches them): the masks' coordinates, then
+    put's launch."""
     self, out, values = a["self"], outs[0], a["values"]
     if out.dtype in HALF:
-        return _index_put_half(func, a, outs)
-    indices = expand_masks(self, a["indices"])
+        return (yield from _index_put_half(func, a, outs))
+    indices = yield from expand_masks(self, a["indices"])
     P, R, idxs, shape, perm = _adv_plan(self, indices)
     vals = values
     while vals.dim() > len(shape) and vals.shape[0] == 1:
@@ -280,26 +281,27 @@ def lower_index_put(func, a, outs, store=None):
     req = put(func._schema.name, out, out.permute(P + R), vals.permute(perm), idxs, P, self=self,
               wrap=True, accumulate=bool(a["accumulate"]), store=store)
     if req is not None:
-        launch(*req)
+        yield req
 
 
 def _index_put_half(func, a, outs):
     """Half floats in float32 scratch; a bfloat16 accumulate rounds after every add, as the
     CPU's bfloat16 `+=` does (duplicate indices give the CPU's sums, not float32's)."""
-    from .cast import lower_to_copy
-    from .half import _up
+    from .half import _up_steps
 
     out = outs[0]
-    self32 = _up(a["self"], a["self"])
+    self32 = yield from _up_steps(a["self"], a["self"])
     if self32 is a["self"]:
         self32 = a["self"].clone()   # NOTE: never for a half self (_up copies); kept for safety
     vals = a["values"]
-    vals32 = _up(vals, vals) if vals.dtype in HALF else vals
+    vals32 = (yield from _up_steps(vals, vals)) if vals.dtype in HALF else vals
     rnd = "_round_bf16({})" if out.dtype == torch.bfloat16 and a["accumulate"] else None
-    lower_index_put(func, dict(a, self=self32, values=vals32), [self32], store=rnd)
-    lower_to_copy(torch.ops.aten._to_copy.default, {"self": self32}, [out])
+    yield from _index_put(func, dict(a, self=self32, values=vals32), [self32], store=rnd)
+    yield from cast_steps(self32, out)   # the launches lower_to_copy makes
 
 
+lower_index_put = launches(_index_put)   # dispatch -> lower_index_put -> launch
+lower_index_put.__name__ = "lower_index_put"
 lower_index_put.handles_half = True
 
 
@@ -419,8 +421,84 @@ def lower_index_reduce(func, a, outs):
 
 
 # ---------------------------------------------------------------------------------------------
-# DYNAMIC: output shape depends on the data. fn(func, a[, index]) -> [(data, block), ...]
+# masks as steps: the count (read back to size an output), the coordinates, the selection.
+# The launches of lower/mask.py's count_nonzero, fill_nonzero and _select, as requests a
+# generator yields: dispatch makes them (two calls below it at most), not a helper.
 # ---------------------------------------------------------------------------------------------
+
+def _count_steps(x: torch.Tensor):
+    """Number of non-zero elements of x: the count kernel's request; returns the count."""
+    if x.numel() == 0:
+        return 0
+    cshape, (cstr,) = coalesce(tuple(x.shape), [x.stride()])   # order does not matter here
+    rank, bits = len(cshape), x.dtype in HALF
+    out = np.zeros(1, np.int64)
+    key = ("index", "count", rank, bits)   # rank of the mask; half floats as bits
+    yield (key, lambda: kix.render_count(rank, bits), (_np(x, cshape, cstr), out),
+           x.numel(), _nbytes(x))
+    return int(out[0])
+
+
+def _fill_steps(x: torch.Tensor, out: torch.Tensor, fill: int = -1):
+    """out's rows = coordinates of x's non-zeros (rows left over: `fill`): the request."""
+    if out.numel() == 0:
+        return
+    x = x.view(1) if x.dim() == 0 else x
+    bits = x.dtype in HALF
+    key = ("index", "nonzero", x.dim(), bits)
+    yield (key, lambda: kix.render_nonzero(x.dim(), bits), (_np(out), _np(x), int(fill)),
+           x.numel(), _nbytes(x, out))
+
+
+def _nonzero_scratch(x: torch.Tensor):
+    """(n, x.dim()) coordinates of x's non-zeros in host-backed scratch: count, then fill."""
+    n = yield from _count_steps(x)
+    out = torch.empty((n, x.dim()), dtype=torch.int64)
+    yield from _fill_steps(x, out)
+    return out
+
+
+def _select_steps(self: torch.Tensor, mask: torch.Tensor, out: torch.Tensor):
+    """out[:n] = self[mask] (broadcast), out[n:] = 0; out is 1-D: the request."""
+    if out.numel() == 0:
+        return
+    shape = torch.broadcast_shapes(self.shape, mask.shape)
+    x, m = self.expand(shape), mask.expand(shape)
+    cshape, cstr = coalesce(tuple(shape), [x.stride(), m.stride()])
+    rank = len(cshape)
+    yield (("index", "masked_select", rank), lambda: kix.render_masked_select(rank),
+           (_np(out), _np(x, cshape, cstr[0]), _np(m, cshape, cstr[1])), 0.0,
+           _nbytes(m) + 2 * _nbytes(out))
+
+
+# ---------------------------------------------------------------------------------------------
+# DYNAMIC: output shape depends on the data. Each is a generator of launch requests dispatch
+# makes (dispatch -> launch); it returns [(data, block), ...] on core `index`
+# ---------------------------------------------------------------------------------------------
+
+def dynamic_nonzero(func, a, index=-1):
+    from ..buffers import alloc
+
+    x = a["self"]
+    n = yield from _count_steps(x)
+    # NOTE: the CPU returns nonzero column-major: strides (1, n)
+    data, block = alloc(core_index(index), (n, x.dim()), (1, n), torch.int64)
+    yield from _fill_steps(x, data)
+    return [(data, block)]
+
+
+def dynamic_masked_select(func, a, index=-1):
+    from ..buffers import alloc
+
+    self, mask = a["self"], a["mask"]
+    if mask.dtype != torch.bool:
+        raise NotImplementedError("masked_select with a non-bool mask")
+    shape = torch.broadcast_shapes(self.shape, mask.shape)
+    n = (yield from _count_steps(mask.expand(shape))) if math.prod(shape) else 0
+    data, block = alloc(core_index(index), (n,), (1,), self.dtype)
+    yield from _select_steps(self, mask, data)
+    return [(data, block)]
+
 
 def dynamic_index(func, a, index=-1):
     """self[indices]: boolean masks become coordinates first, then meta sizes the output."""
@@ -428,12 +506,12 @@ def dynamic_index(func, a, index=-1):
     from ..meta import meta_outputs
 
     self = a["self"]
-    indices = expand_masks(self, a["indices"])
+    indices = yield from expand_masks(self, a["indices"])
     leaves, _spec = meta_outputs(func, (self, indices), {})
     data, block = alloc(core_index(index), *leaves[0])
     req = _index(self, indices, data)
     if req is not None:
-        launch(*req)
+        yield req
     return [(data, block)]
 
 

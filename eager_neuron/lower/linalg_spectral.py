@@ -19,7 +19,6 @@ import torch
 
 from ..kernels import compile as kc
 from ..kernels import linalg as klin
-from ..launch import launch
 from .cast import cast_steps
 from .linalg_base import (
     C128,
@@ -65,7 +64,9 @@ def _fcontig_strides(shape: tuple) -> tuple:
 # QR
 # ---------------------------------------------------------------------------------------------
 
-def _geqrf_steps(func, a, index):
+def dynamic_geqrf(func, a, index):
+    """geqrf: sizes its outputs; a generator of launch requests dispatch makes (dispatch ->
+    launch), returning the outputs."""
     from ..buffers import alloc
 
     A = a["self"]
@@ -84,17 +85,6 @@ def _geqrf_steps(func, a, index):
         yield from put(x, qr)
         yield from put(t64, tau)
     return [(qr, qr_block), (tau, tau_block)]
-
-
-def dynamic_geqrf(func, a, index):
-    """geqrf: sizes its outputs and launches its steps (dispatch -> _run_dynamic -> here)."""
-    steps = _geqrf_steps(func, a, index)
-    while True:
-        try:
-            req = next(steps)
-        except StopIteration as stop:
-            return stop.value
-        launch(*req)
 
 
 def lower_householder_product(func, a, outs):
@@ -283,7 +273,9 @@ def lower_matrix_exp(func, a, outs):
 _DRIVERS = ("gels", "gelsy", "gelsd", "gelss")
 
 
-def _lstsq_steps(func, a, index):
+def dynamic_lstsq(func, a, index):
+    """lstsq: sizes its outputs; a generator of launch requests dispatch makes (dispatch ->
+    launch), returning the outputs."""
     from ..buffers import alloc
 
     A, B = a["self"], a["b"]
@@ -344,17 +336,6 @@ def _lstsq_steps(func, a, index):
     if driver in ("gelsd", "gelss") and svals.numel():
         yield from put(sv, svals)
     return [(solution, sb), (residuals, rb), (rank_out, kb), (svals, vb)]
-
-
-def dynamic_lstsq(func, a, index):
-    """lstsq: sizes its outputs and launches its steps (dispatch -> _run_dynamic -> here)."""
-    steps = _lstsq_steps(func, a, index)
-    while True:
-        try:
-            req = next(steps)
-        except StopIteration as stop:
-            return stop.value
-        launch(*req)
 
 
 class MatrixExpKernel(NamedTuple):

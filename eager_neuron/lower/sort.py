@@ -21,6 +21,7 @@ import torch
 from .. import errors
 from ..kernels import sort as kso
 from ..launch import launch
+from .cast import cast_steps, launches
 from .common import COMPLEX, HALF
 from .shape import axis_views, nbytes
 
@@ -152,7 +153,9 @@ def lower_mode(func, a, outs):
 # searchsorted / bucketize: binary search per element (ATen's cus_lower_bound / upper_bound)
 # ---------------------------------------------------------------------------------------------
 
-def search(out: torch.Tensor, x, bd: torch.Tensor, sorter, right: bool) -> None:
+def search(out: torch.Tensor, x, bd: torch.Tensor, sorter, right: bool) -> tuple | None:
+    """The binary-search kernel's launch of every element of x into bd (launch()'s positional
+    arguments, for the lowering to make; None: empty)."""
     if not isinstance(x, torch.Tensor):
         x = torch.full((), x, dtype=bd.dtype)   # the Scalar overloads: a one-element operand
     if x.is_complex() or bd.is_complex():
@@ -161,7 +164,7 @@ def search(out: torch.Tensor, x, bd: torch.Tensor, sorter, right: bool) -> None:
         _refuse_bool("searchsorted_out_cpu", x)
     x, out = _as_1d(x, out)
     if out.numel() == 0:
-        return
+        return None
     nb = bd.shape[-1]
     lead = tuple(x.shape[:-1])
     bde = bd.expand(lead + (nb,)) if bd.dim() == 1 else bd
@@ -173,67 +176,73 @@ def search(out: torch.Tensor, x, bd: torch.Tensor, sorter, right: bool) -> None:
     o, v, b, st = axis_views(x.shape, last, [(out, m), (x, m), (bde, nb), (srt, nb)])
     c = v.ndim - 1
     store = "np.int32" if out.dtype == torch.int32 else "np.int64"
-    launch(("sort", "search", c, store), lambda: kso.render_search(c, store),
-           (o, v, b, st, bool(right), use),
-           flops=float(x.numel() * max(1, int(np.log2(max(nb, 2))))),
-           bytes_moved=float(nbytes(x, out) + nbytes(bd)))
+    return (("sort", "search", c, store), lambda: kso.render_search(c, store),
+            (o, v, b, st, bool(right), use),
+            float(x.numel() * max(1, int(np.log2(max(nb, 2))))),
+            float(nbytes(x, out) + nbytes(bd)))
 
 
 def lower_searchsorted(func, a, outs):
     right = bool(a["right"]) or a.get("side") == "right"
-    search(outs[0], a["self"], a["sorted_sequence"], a.get("sorter"), right)
+    req = search(outs[0], a["self"], a["sorted_sequence"], a.get("sorter"), right)
+    if req is not None:
+        launch(*req)
 
 
 def lower_bucketize(func, a, outs):
-    search(outs[0], a["self"], a["boundaries"], None, bool(a["right"]))
+    req = search(outs[0], a["self"], a["boundaries"], None, bool(a["right"]))
+    if req is not None:
+        launch(*req)
 
 
 # ---------------------------------------------------------------------------------------------
 # DYNAMIC: unique / unique_consecutive (the output length is the number of distinct values)
 # ---------------------------------------------------------------------------------------------
 
-def _flat_f(x: torch.Tensor) -> torch.Tensor:
+def _flat_f(x: torch.Tensor):
     """x as a 1-D kernel operand: a view when contiguous, else a device copy (scratch); half
-    floats upcast to float32 (exact, and order and equality are unchanged)."""
-    from .half import _up
-    from .shape import copy
+    floats upcast to float32 (exact, and order and equality are unchanged). A generator of the
+    copies' launches; returns the operand."""
+    from .half import _up_steps
+    from .shape import copy_request
 
     if x.dtype in HALF:
-        x = _up(x, x)
+        x = yield from _up_steps(x, x)
     if x.is_contiguous():
         return x.reshape(-1)
     tmp = torch.empty(x.shape, dtype=x.dtype)
-    copy(x, tmp)
+    req = copy_request(x, tmp)   # same dtype and shape: the remap kernel's launch
+    if req is not None:
+        yield req
     return tmp.view(-1)
 
 
-def _store(tmp: torch.Tensor, out: torch.Tensor) -> None:
-    """out = tmp, rounding float32 down to a half type (the cast kernel)."""
-    from .cast import lower_to_copy
-
+def _store(tmp: torch.Tensor, out: torch.Tensor):
+    """out = tmp, rounding float32 down to a half type (the cast kernel's steps, as
+    lower_to_copy launches them)."""
     if tmp is not out and out.numel():
-        lower_to_copy(torch.ops.aten._to_copy.default, {"self": tmp}, [out])
+        yield from cast_steps(tmp, out)
 
 
 def unique_flat(func, x, index, *, consecutive: bool, want_inv: bool, want_counts: bool,
-                n_out: int = 3) -> list:
-    """[(values, block), (inverse, block), (counts, block)][:n_out] of the flattened x."""
+                n_out: int = 3):
+    """[(values, block), (inverse, block), (counts, block)][:n_out] of the flattened x: a
+    generator of launch requests (dispatch makes each) that returns them."""
     from ..buffers import alloc
     from .mask import core_index
 
     if x.dtype in COMPLEX:   # the CPU's unique kernels have no complex instance
         raise errors.NotImplementedForDtype("unique", x.dtype)
     core = core_index(index)
-    flat = _flat_f(x)
+    flat = yield from _flat_f(x)
     n = flat.numel()
     sk, perm = torch.empty(n, dtype=flat.dtype), torch.empty(n, dtype=torch.int64)
     tk, ti = torch.empty(n, dtype=flat.dtype), torch.empty(n, dtype=torch.int64)
     cnt = np.zeros(1, np.int64)
     args = (flat.numpy(), sk.numpy(), perm.numpy(), tk.numpy(), ti.numpy(), cnt)
     if n:
-        launch(("sort", "unique_count", consecutive), lambda: kso.render_unique(consecutive),
-               args, flops=float(n * max(1, int(np.log2(max(n, 2))))),
-               bytes_moved=float(nbytes(flat) * 3))
+        yield (("sort", "unique_count", consecutive), lambda: kso.render_unique(consecutive),
+               args, float(n * max(1, int(np.log2(max(n, 2))))), float(nbytes(flat) * 3))
     m = int(cnt[0])
     values, vblock = alloc(core, (m,), (1,), x.dtype)
     inv_shape = tuple(x.shape) if want_inv else (0,)
@@ -242,23 +251,24 @@ def unique_flat(func, x, index, *, consecutive: bool, want_inv: bool, want_count
     counts, cblock = alloc(core, (m,) if want_counts else (0,), (1,), torch.int64)
     vtmp = values if values.dtype == flat.dtype else torch.empty(m, dtype=flat.dtype)
     if n:
-        launch(("sort", "unique_fill"), kso.render_unique_fill,
+        yield (("sort", "unique_fill"), kso.render_unique_fill,
                (sk.numpy(), perm.numpy(), vtmp.numpy(),
                 inverse.view(-1).numpy() if want_inv else perm.numpy(),
                 counts.numpy() if want_counts else perm.numpy(), want_inv, want_counts),
-               flops=float(n), bytes_moved=float(nbytes(flat) * 3))
-        _store(vtmp, values)
+               float(n), float(nbytes(flat) * 3))
+        yield from _store(vtmp, values)
     return [(values, vblock), (inverse, iblock), (counts, cblock)][:n_out]
 
 
 def dynamic_unique2(func, a, index=-1):
-    return unique_flat(func, a["self"], index, consecutive=False,
-                       want_inv=bool(a["return_inverse"]), want_counts=bool(a["return_counts"]))
+    return (yield from unique_flat(func, a["self"], index, consecutive=False,
+                       want_inv=bool(a["return_inverse"]), want_counts=bool(a["return_counts"])))
 
 
 def dynamic_unique(func, a, index=-1):
-    return unique_flat(func, a["self"], index, consecutive=False,
-                       want_inv=bool(a["return_inverse"]), want_counts=False, n_out=2)
+    return (yield from unique_flat(func, a["self"], index, consecutive=False,
+                                   want_inv=bool(a["return_inverse"]), want_counts=False,
+                                   n_out=2))
 
 
 def dynamic_unique_consecutive(func, a, index=-1):
@@ -267,9 +277,10 @@ def dynamic_unique_consecutive(func, a, index=-1):
     if a["dim"] is not None and not (a["dim"] == 0 and a["self"].dim() == 1):
         from .extras import unique_along
 
-        return unique_along(a, index, consecutive=True)
-    return unique_flat(func, a["self"], index, consecutive=True,
-                       want_inv=bool(a["return_inverse"]), want_counts=bool(a["return_counts"]))
+        return (yield from unique_along(a, index, consecutive=True))
+    return (yield from unique_flat(func, a["self"], index, consecutive=True,
+                                   want_inv=bool(a["return_inverse"]),
+                                   want_counts=bool(a["return_counts"])))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -279,15 +290,15 @@ def dynamic_unique_consecutive(func, a, index=-1):
 _HALF_KIND = {torch.bfloat16: 1, torch.float16: 2}   # halfround.ROUND_HALF's kinds
 
 
-def lower_histc(func, a, outs):
+def _histc(func, a, outs):
     x, out = a["self"], outs[0]
     if not x.is_floating_point() and x.dtype != torch.bool:
-        return _histc_int(x, out, int(a["bins"]), a["min"], a["max"])
+        return (yield from _histc_int(x, out, int(a["bins"]), a["min"], a["max"]))
     if not x.is_floating_point() or x.dtype == torch.float64:
         raise NotImplementedError(f"histc of {x.dtype}")
     bins = int(a["bins"])
     lo, hi = float(a["min"]), float(a["max"])
-    flat = _flat_f(x)
+    flat = yield from _flat_f(x)
     bf = _HALF_KIND.get(x.dtype, 0)   # the half type the CPU computes in (kernels/halfround.py)
     hist = torch.empty(out.shape, dtype=torch.float32) if bf else out
     info = np.zeros(3, np.float64)
@@ -295,16 +306,18 @@ def lower_histc(func, a, outs):
     n = x.numel()
     parts = min(torch.get_num_threads(), -(-n // HIST_GRAIN)) if n > HIST_GRAIN else 1
     chunk = max(1, -(-n // parts))
-    launch(("sort", "histc"), kso.render_histc,
+    yield (("sort", "histc"), kso.render_histc,
            (hist.numpy(), flat.numpy(), info, lo, hi, bins, lo == hi and n > 0, bf, chunk),
-           flops=float(4 * x.numel()), bytes_moved=float(nbytes(x, out)))
+           float(4 * x.numel()), float(nbytes(x, out)))
     if info[2]:
         if not all(np.isfinite(info[:2])):
             raise RuntimeError(f"torch.histc: range of [{info[0]}, {info[1]}] is not finite")
         raise RuntimeError("torch.histc: max must be larger than min")
-    _store(hist, out)
+    yield from _store(hist, out)
 
 
+lower_histc = launches(_histc)   # dispatch -> lower_histc -> launch
+lower_histc.__name__ = "lower_histc"
 lower_histc.handles_half = True
 
 
@@ -312,21 +325,22 @@ def _histc_int(x, out, bins, lo, hi):
     """Integer histc (the CPU refuses it; CUDA's semantics, which MoE routers rely on:
     transformers' grouped experts count tokens per expert with histc of int32 ids)."""
     info = np.zeros(3, np.int64)
-    flat = _flat_f(x)
+    flat = yield from _flat_f(x)
     lo, hi = int(lo), int(hi)   # CUDA: Scalar.to<int64_t>() truncates
-    launch(("sort", "histc_int"), kso.render_histc_int,
+    yield (("sort", "histc_int"), kso.render_histc_int,
            (out.numpy(), flat.numpy(), info, lo, hi, bins, lo == hi and x.numel() > 0),
-           flops=float(4 * x.numel()), bytes_moved=float(nbytes(x, out)))
+           float(4 * x.numel()), float(nbytes(x, out)))
     if info[2]:
         raise RuntimeError("torch.histc: max must be larger than min")
 
 
 def dynamic_histogram(func, a, index=-1):
     """histogram.bin_ct of a float32 tensor (optional weight, range, density). DYNAMIC only
-    because the op has no meta kernel: the shapes are (bins,) and (bins + 1,)."""
+    because the op has no meta kernel: the shapes are (bins,) and (bins + 1,). A generator
+    of launch requests (dispatch makes each)."""
     from ..buffers import alloc
     from .mask import core_index
-    from .shape import copy
+    from .shape import copy_request
 
     x, w = a["self"], a["weight"]
     given = isinstance(a["bins"], torch.Tensor)
@@ -340,18 +354,20 @@ def dynamic_histogram(func, a, index=-1):
         raise NotImplementedError(f"histogram of {x.dtype}")
     rng = a.get("range")
     if given:
-        copy(a["bins"], edges)
-    flat = _flat_f(x)
-    wf = _flat_f(w) if w is not None else flat
+        req = copy_request(a["bins"], edges)
+        if req is not None:
+            yield req
+    flat = yield from _flat_f(x)
+    wf = (yield from _flat_f(w)) if w is not None else flat
     n = x.numel()
     parts = min(torch.get_num_threads(), -(-n // HIST_GRAIN)) if n > HIST_GRAIN else 1
     info = np.zeros(3, np.float64)
     # no range and no data: ATen's outer edges start at [0, 1] (then nothing widens them)
     lo, hi = (float(rng[0]), float(rng[1])) if rng is not None else (0.0, 0.0 if n else 1.0)
-    launch(("sort", "histogram"), kso.render_histogram,
+    yield (("sort", "histogram"), kso.render_histogram,
            (hist.numpy(), edges.numpy(), flat.numpy(), wf.numpy(), info, lo, hi,
             rng is None, w is not None, bool(a["density"]), max(1, -(-n // parts)), given),
-           flops=float(6 * n), bytes_moved=float(nbytes(x, hist, edges)))
+           float(6 * n), float(nbytes(x, hist, edges)))
     if info[2]:
         raise ValueError(f"histogram(): range of [{info[0]}, {info[1]}] is not finite or "
                          "reversed")
@@ -378,19 +394,19 @@ def dynamic_bincount(func, a, index=-1):
         raise NotImplementedError("bincount with complex weights")
     info = np.zeros(2, np.int64)
     xv = x.numpy()
-    wv = (_flat_f(w).numpy() if w is not None else xv)
+    wv = (yield from _flat_f(w)).numpy() if w is not None else xv
     key = ("sort", "bincount", w is not None)
     render = lambda: kso.render_bincount(w is not None)
     nbins = minlength
     if x.numel():
-        launch(key, render, (np.zeros(1, np.dtype(str(dtype).split(".")[1])), xv, wv, info, 0),
-               flops=float(x.numel()), bytes_moved=float(nbytes(x)))
+        yield (key, render, (np.zeros(1, np.dtype(str(dtype).split(".")[1])), xv, wv, info, 0),
+               float(x.numel()), float(nbytes(x)))
         if info[0] < 0:
             raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
         nbins = max(int(info[1]) + 1, minlength)
     out, block = alloc(core_index(index), (nbins,), (1,), dtype)
-    launch(key, render, (out.numpy(), xv, wv, info, 1),
-           flops=float(x.numel()), bytes_moved=float(nbytes(x, out)))
+    yield (key, render, (out.numpy(), xv, wv, info, 1), float(x.numel()),
+           float(nbytes(x, out)))
     return [(out, block)]
 
 
