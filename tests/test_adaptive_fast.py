@@ -207,3 +207,22 @@ def test_a_batched_foreach_call_crossing_the_buffer_limit_launches_mid_call(monk
     assert adaptive_fast.COUNTERS["batched"] > batched
     assert eager_neuron.stats()["flushes"]["buffer limit"] >= 4
     _bitwise(plain, got)
+
+
+def test_a_batched_foreach_call_whose_elements_read_each_others_outputs():
+    # element 1 reads what element 0 wrote in the same call (and the reverse the next time):
+    # the batched runner records them in order, as element by element
+    def run(adaptive):
+        xs, ms, _gs, _s = _foreach_lists(7)
+        a, b = xs[1], ms[1]    # both of 7 elements
+        with eager_neuron.adaptive(adaptive):
+            for _ in range(4):
+                torch._foreach_add_([a, b], [b, a], alpha=0.5)
+                torch._foreach_mul_([a, b], 1.5)
+            return [a.cpu(), b.cpu()]
+
+    batched = adaptive_fast.COUNTERS["batched"]
+    plain = run(False)
+    got = run(True)
+    assert adaptive_fast.COUNTERS["batched"] - batched >= 4
+    _bitwise(plain, got)
