@@ -65,6 +65,9 @@ def per_op_overhead() -> None:
         "unary a.neg()": lambda a, b, m: a.neg(),
         "in-place a.add_(b)": lambda a, b, m: a.add_(b),
         "view a.view(2, 2)": lambda a, b, m: a.view(2, 2),
+        "view m[0][1]": lambda a, b, m: m[0][1],
+        "view m[0].t()": lambda a, b, m: m[0].t(),
+        "view m[0][1:3]": lambda a, b, m: m[0][1:3],
         "reduction a.sum()": lambda a, b, m: a.sum(),
         "mm 64x64": lambda a, b, m: m[0] @ m[1],   # two matrices (m @ m is never learned)
     }
@@ -82,6 +85,7 @@ def per_op_overhead() -> None:
             f"<= {goal:g} us: {'met' if neu <= goal else f'missed by {neu / goal:.1f}x'}")
         print(f"  {name:<24} {cpu:8.2f} {neu:8.2f} {neu / cpu:6.1f}x  {verdict}")
     _breakdown()
+    _view_breakdown()
 
 
 def _breakdown() -> None:
@@ -104,6 +108,7 @@ def _breakdown() -> None:
     an, bn, on = ad.numpy(), bd.numpy(), np.empty(4, np.float32)
     core = SIM.cores[0]
     charge = core.cost_of(4.0, 48.0, "vector", "fp32")[1:] + ("vector", 48.0)
+    entry = fastpath._entry_point(kernel, (on, an, bn, 1)) or kernel
 
     def _drop(make):
         # what a dropped result costs: the wrapper, its host view and its HBM block
@@ -129,14 +134,18 @@ def _breakdown() -> None:
     fa, fb = _Floor(), _Floor()
     make = torch.Tensor._make_wrapper_subclass
     dev = DEVICES[0]
+    run, dispatch = _runner(torch.ops.aten.add.Tensor, (a, b))
     stages = {
         "whole op (a + b)": lambda: a + b,
+        "dispatch() alone": lambda: dispatch(torch.ops.aten.add.Tensor, (a, b), {}),
+        "runner alone": lambda: run((a, b), {}),
         "Python dispatch floor": lambda: fa + fb,
         "signature": lambda: fastpath.signature((a, b), {}, False),
         "out alloc (core + numpy)": lambda: (core.alloc_small(512), torch.from_numpy(
             np.empty(4, np.float32))),
         "operand numpy views x2 (cached)": lambda: (fastpath.flat_np(a), fastpath.flat_np(b)),
         "kernel call (Numba)": lambda: kernel(on, an, bn, 1),
+        "kernel entry point": lambda: entry(on, an, bn, 1),
         "simulator charge": lambda: core.charge(*charge),
         "wrap (wrapper subclass)": lambda: make(NeuronTensor, (4,), (1,), 0, None,
                                                 torch.float32, torch.strided, dev),
@@ -149,9 +158,81 @@ def _breakdown() -> None:
         print(f"    {name:<28} {t * 1e6:6.2f}")
     drop = (res["a result made and dropped"] - res["out alloc (core + numpy)"]
             - res["wrap (wrapper subclass)"]) * 1e6
-    parts = sum(res[k] for k in list(stages)[1:-2]) * 1e6 + drop
+    parts = sum(res[k] for k in list(stages)[3:-2] if k != "kernel call (Numba)") * 1e6 + drop
     print(f"    {'-> dropping a result':<28} {drop:6.2f}  (made and dropped - alloc - wrap)")
     print(f"    {'sum of the stages':<28} {parts:6.2f}  (the rest is the runner's own Python)")
+    _split(res, "whole op (a + b)")
+
+
+def _runner(func, args):
+    """The learned runner of func(*args) (called twice first) and dispatch() itself."""
+    from eager_neuron import fastpath
+    from eager_neuron.dispatch import dispatch
+
+    tab = fastpath.TABLES[func]
+    return tab[1][fastpath.signature(args, {}, tab[0])], dispatch
+
+
+def _split(res: dict, whole: str) -> None:
+    """The op in three: torch's C++ -> Python door, the funnel's entry (dispatch.py's checks,
+    the signature and its lookup), the runner."""
+    w, d, r = (res[k] * 1e6 for k in (whole, "dispatch() alone", "runner alone"))
+    print(f"    {'-> door | entry | runner':<28} {w - d:6.2f} | {d - r:.2f} | {r:.2f}"
+          "  (whole - dispatch() | dispatch() - runner | runner)")
+
+
+def _view_breakdown() -> None:
+    """Where a repeat view `x.view(-1)` spends its microseconds: the view runner's stages
+    (eager_neuron/fastpath.py, learn_view) timed alone, next to the floor of any wrapper
+    subclass: a __torch_dispatch__ that only makes the output wrapper."""
+    from eager_neuron import fastpath
+    from eager_neuron.tensor import DEVICES, NeuronTensor
+
+    x = torch.randn(4, 4, device="neuron")
+    xd = x._data
+    cx = torch.randn(4, 4)
+    make = torch.Tensor._make_wrapper_subclass
+    dev = DEVICES[0]
+
+    class _Floor(torch.Tensor):
+        """A wrapper subclass whose __torch_dispatch__ makes the view's wrapper and nothing
+        else (autograd still records the view around it, as for ours)."""
+
+        @staticmethod
+        def __new__(cls):
+            return make(cls, (4, 4), dtype=torch.float32)
+
+        __torch_function__ = torch._C._disabled_torch_function_impl
+
+        @classmethod
+        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+            return make(cls, (16,), (1,), 0, None, torch.float32, torch.strided, None)
+
+    fx = _Floor()
+    args = (x, [-1])
+    x.view(-1)
+    x.view(-1)
+    run, dispatch = _runner(torch.ops.aten.view.default, args)
+    stages = {
+        "whole op (x.view(-1))": lambda: x.view(-1),
+        "dispatch() alone": lambda: dispatch(torch.ops.aten.view.default, args, {}),
+        "runner alone": lambda: run(args, {}),
+        "floor: wrapper-only subclass": lambda: fx.view(-1),
+        "signature": lambda: fastpath.signature(args, {}, True),
+        "host view (Tensor.view)": lambda: xd.view(-1),
+        "host view (aten overload)": lambda: torch.ops.aten.view.default(xd, [-1]),
+        "wrap (wrapper subclass)": lambda: make(NeuronTensor, (16,), (1,), 0, None,
+                                                torch.float32, torch.strided, dev),
+        "torch CPU view": lambda: cx.view(-1),
+    }
+    res = _interleaved(stages, 2000, rounds=5)
+    print("  breakdown of a repeat x.view(-1) (each stage alone, us):")
+    for name, t in res.items():
+        print(f"    {name:<28} {t * 1e6:6.2f}")
+    floor = res["floor: wrapper-only subclass"] * 1e6
+    print(f"    {'-> above the floor':<28} {res['whole op (x.view(-1))'] * 1e6 - floor:6.2f}"
+          f"  (target 3 us is {3.0 / floor:.2f}x the floor)")
+    _split(res, "whole op (x.view(-1))")
 
 
 def _tp_interleaved(fns: dict, repeat: int = 15, clock=time.perf_counter) -> dict:
@@ -342,9 +423,12 @@ def extra(script: str) -> None:
 
 
 def main() -> None:
+    """make bench; `tools/bench.py --per-op`: the per-op table and its breakdowns only."""
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, "
           f"{os.cpu_count()} cores; eager_neuron {eager_neuron.__version__}", flush=True)
     per_op_overhead()
+    if "--per-op" in sys.argv[1:]:   # the per-op table and breakdowns only
+        return
     throughput()
     adaptive_bench()
     chain_bench()
