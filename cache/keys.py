@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import platform
 import sys
 
@@ -130,3 +131,83 @@ def disk_key(key: tuple, source: str) -> str:
     """
     src = hashlib.sha256(source.encode()).hexdigest()
     return hashlib.sha256(repr((toolchain(), key, src)).encode()).hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def _package_dirs() -> list:
+    """The directories of eager_neuron's code: the package, and kernels/ and cache/ (installed
+    as eager_neuron.kernels / eager_neuron.cache from the repository's top)."""
+    import importlib
+
+    dirs = []
+    for name in ("eager_neuron", "eager_neuron.kernels", "eager_neuron.cache"):
+        path = os.path.dirname(os.path.abspath(importlib.import_module(name).__file__))
+        if path not in dirs:
+            dirs.append(path)
+    return dirs
+
+
+@functools.lru_cache(maxsize=1)
+def source_hash() -> str:
+    """sha256 of every .py of eager_neuron (the package, kernels/, cache/): whatever renders a
+    kernel's source, builds its key or shapes a traced graph. Any edit changes it (~30 ms, once
+    per process).
+
+    >>> len(source_hash())
+    64
+    """
+    h = hashlib.sha256()
+    files: dict = {}             # path -> name relative to its top's parent (a nested top: once)
+    for top in _package_dirs():
+        for root, subdirs, names in os.walk(top):
+            subdirs[:] = sorted(d for d in subdirs if not d.startswith((".", "__")))
+            for n in names:
+                path = os.path.join(root, n)
+                if n.endswith(".py") and path not in files:
+                    files[path] = os.path.relpath(path, os.path.dirname(top))
+    for path, rel in sorted(files.items(), key=lambda kv: kv[1]):
+        with open(path, "rb") as f:
+            h.update(rel.encode() + b"\0" + hashlib.sha256(f.read()).digest())
+    return h.hexdigest()
+
+
+_ORIGINS: dict = {}     # a renderer's file outside the package -> sha256 of its bytes
+
+
+def renderer_origin(render) -> str | None:
+    """What, besides the package's sources, the code of `render` is: "" for a renderer of
+    eager_neuron (in `source_hash()`), a digest of the file that defines any other (a test's or
+    a user's `launch()` call), None when its code cannot be pinned down (no file: `-c`, exec;
+    not a function): such a kernel is never found by the index.
+
+    >>> renderer_origin(lambda: ("", "k")) is None or len(renderer_origin(lambda: ("", "k")))
+    True
+    """
+    while isinstance(render, functools.partial):     # (eager lowerings: partial(renderer, ...))
+        render = render.func
+    code = getattr(render, "__code__", None)
+    if code is None:
+        return None
+    path = os.path.abspath(code.co_filename)
+    if any(path.startswith(top + os.sep) for top in _package_dirs()):
+        return ""
+    digest = _ORIGINS.get(path)
+    if digest is None:
+        try:
+            with open(path, "rb") as f:
+                digest = hashlib.sha256(f.read()).hexdigest()
+        except OSError:
+            return None
+        _ORIGINS[path] = digest
+    return digest
+
+
+def index_key(key: tuple, origin: str = "") -> str:
+    """The render index's key: a kernel found by what names it, without rendering its source.
+
+    Only sound next to `source_hash()` and the renderer's `origin` (renderer_origin): a renderer
+    reads nothing but its key (docs/CACHE.md), so the key, the toolchain and the code that
+    renders decide the source. `disk_key` stays the entry's key (an edit elsewhere in the
+    package misses the index, never the entries)."""
+    return hashlib.sha256(repr(("index", toolchain(), key, source_hash(), origin)).encode()
+                          ).hexdigest()

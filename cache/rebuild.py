@@ -233,8 +233,14 @@ def entry(key: tuple, kernel, source: str, name: str, seconds: float) -> tuple[b
     return pack(header, payload), json.dumps(meta)
 
 
-def rebuild(header: dict, payload: bytes, source: str, args: tuple):
-    """The dispatcher for a verified entry, its only overload rebuilt from object code."""
+def rebuild(header: dict, payload: bytes, source: str | None, args: tuple,
+            key: tuple | None = None):
+    """The dispatcher for a verified entry, its only overload rebuilt from object code.
+
+    `source` is what the caller rendered (the entry must hold exactly that kernel); None when
+    the render index found the entry (tier.load_indexed): the entry's own source and code
+    object stand, checked against the digest stored with them and, with the kernel `key`,
+    against the entry's disk key (an index entry can only point at this kernel's entry)."""
     from eager_neuron.kernels import compile as kc
 
     nb = kc.numba()
@@ -254,6 +260,12 @@ def rebuild(header: dict, payload: bytes, source: str, args: tuple):
         stored = _Unpickler(stream, namespace).load()
     except Exception as exc:
         raise _Miss("corrupt", f"unpickling failed ({type(exc).__name__}: {exc})") from None
+    if source is None:
+        source = stored.get("source")
+        if not isinstance(source, str):
+            raise _Miss("corrupt", "entry holds no source")
+        if key is not None and keys.disk_key(key, source) != header.get("key"):
+            raise _Miss("corrupt", "the index points at another kernel's entry")
     if stored.get("source_sha256") != hashlib.sha256(source.encode()).hexdigest():
         raise _Miss("corrupt", "entry holds another kernel's source")
     # 2. the stored signature must be exactly what this call dispatches on

@@ -16,6 +16,13 @@ One count per request: an `absent` miss is counted when the kernel is compiled a
 kernel that another thread or process compiled while this one waited for the lock counts as one
 hit, not a miss and a hit.
 
+The render index (`DIR/index`, a diskcache of its own: the entries' database holds entries only)
+maps `keys.index_key(kernel key)` -- the toolchain, the key and a hash of eager_neuron's sources --
+to the entry's disk key, so a process whose code is the one that stored a kernel loads it without
+rendering its source (`load_indexed`: the entry carries its source and code object). It is an
+accelerator only: a missing, stale or unreadable index entry falls through to the render path,
+uncounted, and the render path counts what it finds.
+
 >>> from eager_neuron.cache.tier import DiskTier
 >>> tier = DiskTier("/tmp/eager_neuron_doctest_cache")
 >>> tier.info()["directory"]
@@ -61,6 +68,8 @@ class DiskTier:
         self._failed_dir: str | None = None
         self._warned = False
         self._pending: set = set()       # disk keys whose `absent` miss waits for store()
+        self._index = None               # the render index (a diskcache in DIR/index), its dir
+        self._index_dir: str | None = None
         self._open_lock = threading.Lock()
         self._stripes = [threading.Lock() for _ in range(N_LOCK_STRIPES)]
         os.register_at_fork(after_in_child=self._after_fork)
@@ -151,6 +160,10 @@ class DiskTier:
             with contextlib.suppress(Exception):
                 self._cache.close()
         self._cache = self._cache_dir = self._db_ino = None
+        if self._index is not None:    # (a recreated directory: a new index beside it)
+            with contextlib.suppress(Exception):
+                self._index.close()
+        self._index = self._index_dir = None
 
     def _move_aside(self, directory: str, exc: BaseException) -> str:
         """Rename a database SQLite cannot read (and its WAL files) out of the way; warn once."""
@@ -181,10 +194,85 @@ class DiskTier:
                 self._move_aside(directory, exc)
         return True
 
+    # -- the render index ----------------------------------------------------------------------
+
+    def _open_index(self):
+        """The render index's diskcache (created beside the entries), or None. Never counted as
+        a disk error: without it kernels render, as before it existed."""
+        directory = os.path.join(self.directory, "index")
+        index = self._index
+        if index is not None and self._index_dir == directory:
+            return index
+        if self._index_dir == directory:           # failed before in this process
+            return None
+        with self._open_lock:
+            if self._index is not None and self._index_dir == directory:
+                return self._index
+            try:
+                index = self._connect_index(directory)
+            except Exception as exc:    # noqa: BLE001 - unusable: no index this process
+                index = None
+                if damaged(exc):         # only an accelerator: start it afresh
+                    with contextlib.suppress(Exception):
+                        for name in os.listdir(directory):
+                            if name.startswith(DB_NAME):
+                                os.remove(os.path.join(directory, name))
+                        index = self._connect_index(directory)
+            if self._index is not None:
+                with contextlib.suppress(Exception):
+                    self._index.close()
+            self._index, self._index_dir = index, directory
+            return index
+
+    @staticmethod
+    def _connect_index(directory: str):
+        import diskcache
+
+        return diskcache.Cache(directory, timeout=DB_TIMEOUT_S, statistics=False,
+                               size_limit=64 * 2**20, eviction_policy="least-recently-used")
+
+    def load_indexed(self, key: tuple, args: tuple, render=None):
+        """The kernel for `key` found through the render index (its source never rendered), or
+        None: then the caller renders and takes the counted path (`load`). `render` (the
+        launch's) says whose code renders it (keys.renderer_origin)."""
+        if not config.disk_cache:
+            return None
+        try:
+            origin = keys.renderer_origin(render) if render is not None else ""
+            if origin is None:
+                return None
+            cache = self._open()
+            if cache is None:
+                return None
+            index = self._open_index()
+            if index is None:
+                return None
+            dkey = index.get(keys.index_key(key, origin))
+            if not isinstance(dkey, str):
+                return None
+            blob = cache.get(dkey)
+            if blob is None:                      # evicted: the render path counts the miss
+                return None
+            header, payload = unpack(blob)
+            if header.get("key") != dkey:
+                return None
+            return rebuild.rebuild(header, payload, None, args, key)
+        except Exception:    # noqa: BLE001 - any doubt: the render path decides and counts
+            return None
+
+    def _remember(self, key: tuple, dkey: str, render=None) -> None:
+        """Index the entry `dkey` (loaded or stored under `key` in this process)."""
+        with contextlib.suppress(Exception):
+            origin = keys.renderer_origin(render) if render is not None else ""
+            index = self._open_index() if origin is not None else None
+            if index is not None:
+                index.set(keys.index_key(key, origin), dkey)
+
     # -- the launch hooks ----------------------------------------------------------------------
 
-    def load(self, key: tuple, args: tuple, source: str, count: bool = True):
-        """The kernel for `key` built from disk, or None (a counted miss when `count`)."""
+    def load(self, key: tuple, args: tuple, source: str, count: bool = True, render=None):
+        """The kernel for `key` built from disk, or None (a counted miss when `count`); found,
+        it is indexed under `render`'s origin (load_indexed)."""
         if not config.disk_cache:
             return None
         dkey = None
@@ -207,6 +295,7 @@ class DiskTier:
                 raise _Miss("corrupt", "entry stored under another key")
             kernel = rebuild.rebuild(header, payload, source, args)
             self._pending.discard(dkey)
+            self._remember(key, dkey, render)
             return kernel
         except _Miss as miss:
             if count:
@@ -223,7 +312,8 @@ class DiskTier:
                 self._warn(f"cannot load {key[1:3]} ({type(exc).__name__}: {exc})")
             return None
 
-    def store(self, key: tuple, kernel, source: str, name: str, seconds: float) -> None:
+    def store(self, key: tuple, kernel, source: str, name: str, seconds: float,
+              render=None) -> None:
         """Write the kernel just compiled for `key`; failures are counted, never raised."""
         if not config.disk_cache:
             return
@@ -249,6 +339,8 @@ class DiskTier:
                 return
             STATS.disk_errors += 1
             self._warn(f"cannot write ({type(exc).__name__}: {exc})")
+            return
+        self._remember(key, dkey, render)
 
     @contextlib.contextmanager
     def lock(self, key: tuple, source: str):

@@ -23,8 +23,32 @@ from . import context as _context
 from .cache import FORMAT_VERSION, MemoryCache
 from .config import config
 from .kernels import compile as kc
-from .stats import STATS
+from .stats import STATS, add_counters
 
+
+class RenderStats:
+    """Kernel sources rendered, and kernels the disk tier's render index found without one.
+
+    A render is a lowering's render() run by a memory miss (or a row kernel's source built
+    with its program, compile/rowstep.py); a warm process renders nothing: each kernel comes
+    from the render index (cache/tier.py). In eager_neuron.stats()."""
+
+    __slots__ = ("kernel_renders", "render_index_hits")
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.kernel_renders = 0
+        self.render_index_hits = 0
+
+    def snapshot(self) -> dict:
+        return {"kernel_renders": self.kernel_renders,
+                "render_index_hits": self.render_index_hits}
+
+
+RSTATS = RenderStats()
+add_counters(RSTATS)
 MEMORY = MemoryCache()
 DISK = None          # set by eager_neuron.cache.disk when the disk tier is enabled
 _TLS = _context._TLS
@@ -57,12 +81,21 @@ def current_core() -> int:
 
 
 def _build(key: tuple, render: Callable[[], tuple[str, str]], args: tuple):
+    if DISK is not None:
+        # 0. the render index: a kernel stored by a process of the same toolchain and sources
+        #    loads by its key, its source never rendered (the entry holds it)
+        kernel = DISK.load_indexed(key, args, render)
+        if kernel is not None:
+            STATS.disk_hits += 1
+            RSTATS.render_index_hits += 1
+            return kernel, "disk", 0.0
     source, name = render()
+    RSTATS.kernel_renders += 1
     if DISK is None:
         kernel, seconds = kc.timed_compile(source, name, args)
     else:
         # 1. disk tier (machine code from an earlier process)
-        kernel = DISK.load(key, args, source)
+        kernel = DISK.load(key, args, source, render=render)
         if kernel is not None:
             STATS.disk_hits += 1
             return kernel, "disk", 0.0
@@ -73,12 +106,12 @@ def _build(key: tuple, render: Callable[[], tuple[str, str]], args: tuple):
             if kernel is not None:
                 STATS.memory_hits += 1
                 return kernel, "memory", 0.0
-            kernel = DISK.load(key, args, source, count=False)
+            kernel = DISK.load(key, args, source, count=False, render=render)
             if kernel is not None:
                 STATS.disk_hits += 1
                 return kernel, "disk", 0.0
             kernel, seconds = kc.timed_compile(source, name, args)
-            DISK.store(key, kernel, source, name, seconds)
+            DISK.store(key, kernel, source, name, seconds, render)
             MEMORY.put(key, kernel)
     STATS.compiles += 1
     STATS.compile_seconds += seconds

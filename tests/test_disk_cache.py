@@ -587,6 +587,132 @@ def test_tool_warm_stats_ls_export_import_clear(small, tmp_path):
 
 # -- in-process units (no kernels run: nothing here touches a cache but tmp_path) --------------
 
+# -- the render index: a warm process renders nothing; a bad index is only a slower path -------
+
+RENDERS = SMALL.replace('("compiles", "disk_hits"',
+                        '("kernel_renders", "render_index_hits", "compiles", "disk_hits"')
+# the index is keyed by a hash of eager_neuron's sources: pinned, so that an edit of the tree
+# while the test runs cannot turn an index hit into a miss (test_source_hash_follows_edits)
+PIN_SOURCES = """
+from eager_neuron.cache import keys as _keys
+_keys.source_hash = lambda: "pinned-by-the-test"
+"""
+
+
+def test_render_index_warm_process_renders_nothing_and_survives_damage(small, tmp_path):
+    """A warm process finds each kernel through the render index (cache/tier.py) without
+    rendering its source; a garbage index database, or index entries pointing at another
+    kernel's entry, cost the renders back and nothing else (never fatal, never a wrong
+    kernel: the entry must be the one the key and its own source name)."""
+    import diskcache
+
+    source, kernels, _ = small
+    script = _script(tmp_path, RENDERS, prelude=PIN_SOURCES)
+    dirs = {case: tmp_path / case for case in ("warm", "garbage")}
+    for d in dirs.values():
+        shutil.copytree(source, d)
+        shutil.rmtree(d / "index", ignore_errors=True)   # (indexed by the fixture's code)
+    # a fresh process first: it renders, loads from disk and indexes
+    first, _ = _run(script, dirs["warm"])
+    warm, err = _run(script, dirs["warm"])
+    assert warm["ok"] and warm["compiles"] == 0 and "DiskCacheWarning" not in err
+    assert warm["kernel_renders"] == 0 and warm["render_index_hits"] == kernels == \
+        warm["disk_hits"], (first, warm)
+    # the index's own database garbled: kernels render and load as before, nothing counted,
+    # and the index starts afresh (the next process finds every kernel by key again)
+    _run(script, dirs["garbage"])
+    for name in os.listdir(dirs["garbage"] / "index"):
+        if name.startswith("cache.db"):
+            (dirs["garbage"] / "index" / name).write_bytes(b"not a database " * 300)
+    out, err = _run(script, dirs["garbage"])
+    assert out["ok"] and out["compiles"] == 0 and out["disk_hits"] == kernels
+    assert out["kernel_renders"] == kernels and out["render_index_hits"] == 0
+    assert out["disk_misses"] == {} and out["disk_errors"] == 0 and "Warning" not in err
+    again, _ = _run(script, dirs["garbage"])
+    assert again["ok"] and again["kernel_renders"] == 0 and again["render_index_hits"] == kernels
+    # two kernels of one signature, their index entries swapped: each is refused (its entry
+    # is not the one its key and source name), rendered and loaded right
+    crossed = tmp_path / "crossed"
+    script = _script(tmp_path, TWO_FILLS, prelude=PIN_SOURCES)
+    _run(script, crossed)
+    with diskcache.Cache(str(crossed / "index")) as index:
+        ikeys = list(index.iterkeys())
+        assert len(ikeys) == 2
+        a, b = index[ikeys[0]], index[ikeys[1]]
+        index[ikeys[0]], index[ikeys[1]] = b, a
+    out, _ = _run(script, crossed)
+    assert out["fills"] == [[1.0] * 3, [2.0] * 3]
+    assert out["compiles"] == 0 and out["disk_hits"] == 2
+    assert out["render_index_hits"] == 0 and out["kernel_renders"] == 2
+    assert out["disk_misses"] == {} and out["disk_errors"] == 0
+
+
+TWO_FILLS = """
+import json, numpy as np, eager_neuron
+from eager_neuron.launch import launch
+{prelude}
+fills = []
+for v in (1, 2):
+    out = np.zeros(3, np.float32)
+    src = f"@njit\\ndef k_fill(o):\\n    o[:] = {{v}}\\n"
+    launch(("test", "fill", v), lambda: (src, "k_fill"), (out,))
+    fills.append(out.tolist())
+s = eager_neuron.stats()
+print(json.dumps({{"fills": fills, **{{k: s[k] for k in ("kernel_renders", "render_index_hits",
+      "compiles", "disk_hits", "disk_misses", "disk_errors")}}}}))
+"""
+
+
+def test_source_hash_follows_edits(tmp_path, monkeypatch):
+    """The render index's source hash changes with any edit of a .py file of the package (a
+    renderer's edit must never find the old kernel by key), and only with those."""
+    from eager_neuron.cache import keys
+
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "a.py").write_text("A = 1\n")
+    (pkg / "sub" / "b.py").write_text("B = 1\n")
+    monkeypatch.setattr(keys, "_package_dirs", lambda: [str(pkg)])
+    hashes = []
+    for change in (None, ("a.py", "A = 2\n"), ("sub/b.py", "B = 2\n"), ("notes.txt", "x")):
+        if change:
+            (pkg / change[0]).write_text(change[1])
+        keys.source_hash.cache_clear()
+        hashes.append(keys.source_hash())
+    keys.source_hash.cache_clear()
+    assert len(set(hashes[:3])) == 3 and hashes[3] == hashes[2]
+    monkeypatch.setattr(keys, "source_hash", lambda: "one")
+    k1 = keys.index_key(("fused", "spec"))
+    monkeypatch.setattr(keys, "source_hash", lambda: "two")
+    assert keys.index_key(("fused", "spec")) != k1
+
+
+def test_renderer_origin_pins_code_outside_the_package(tmp_path):
+    """A kernel rendered by eager_neuron's code is pinned by the source hash; one rendered by
+    other code (a user's launch() call) by its file's digest; code with no file never uses the
+    render index."""
+    import functools
+    import importlib.util
+
+    from eager_neuron.cache import keys
+    from eager_neuron.compile import program
+
+    assert keys.renderer_origin(program._renderer(((), 0, ()), False)) == ""
+    assert keys.renderer_origin(functools.partial(program._renderer, ((), 0, ()))) == ""
+    mod = tmp_path / "user_kernels.py"
+    mod.write_text("def render():\n    return ('@njit\\ndef k(o):\\n    o[:] = 1\\n', 'k')\n")
+    spec = importlib.util.spec_from_file_location("user_kernels", mod)
+    user = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(user)
+    import hashlib
+
+    assert keys.renderer_origin(user.render) == hashlib.sha256(mod.read_bytes()).hexdigest()
+    ns: dict = {}
+    exec("def render():\n    return ('', 'k')\n", ns)
+    assert keys.renderer_origin(ns["render"]) is None
+    assert keys.index_key(("k",), "") != keys.index_key(("k",), "abc")
+
+
 def test_unpack_rejects_damage():
     from eager_neuron.cache import disk, keys
 
