@@ -70,3 +70,45 @@ def test_second_process_builds_no_kernel_for_a_training_step():
     assert fused > 0 and rows > 0           # both kernel kinds ran ...
     assert disk_hits >= 2                    # ... loaded from the disk cache
     assert second[5:] == first[5:], (first, second)   # the same kernels: the same numbers
+
+
+# the same step, also printing what each process rendered and how it got its programs; the
+# hash of eager_neuron's sources that keys the render index and the program cache is pinned
+# (an edit of the tree between the two processes would otherwise be a clean miss of both)
+_STEP_RENDERS = _STEP.replace('print("RESULT"', '''print("RENDERS", s["kernel_renders"],
+      s["render_index_hits"], c["programs_saved"], c["programs_loaded"], c["programs_restored"])
+print("RESULT"''').replace("import torch, eager_neuron\n", '''import torch, eager_neuron
+from eager_neuron.cache import keys as _keys
+_keys.source_hash = lambda: "pinned-by-the-test"
+''', 1)
+
+
+def _renders(out: str) -> list:
+    line = [ln for ln in out.splitlines() if ln.startswith("RENDERS")]
+    assert line, out[-2000:]
+    return [int(v) for v in line[0].split()[1:]]
+
+
+def test_warm_process_renders_no_kernel(tmp_path):
+    """A warm process renders no kernel source: fused and row kernels come from the disk
+    cache's render index by key, and each program is restored whole from torch's AOTAutograd
+    cache (no partition, no row source built). Both processes are fresh, on caches of this
+    test's own (with the source hash pinned, the shared cache must not hold its entries)."""
+    env = dict(os.environ, EAGER_NEURON_CACHE_DIR=str(tmp_path / "kernels"),
+               EAGER_NEURON_DISK_CACHE="1", TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "torch"))
+    outs = []
+    for _ in range(2):
+        r = subprocess.run([sys.executable, "-c", _STEP_RENDERS], env=env, capture_output=True,
+                           text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+        outs.append(r.stdout)
+    first, second = _result(outs[0]), _result(outs[1])
+    renders1, _hits1, saved1, _loaded1, _restored1 = _renders(outs[0])
+    renders2, hits2, saved2, loaded2, restored2 = _renders(outs[1])
+    assert renders1 > 0 and saved1 >= 2, outs[0][-1000:]      # the first one built programs
+    assert int(second[0]) == 0, second                         # no Numba compile ...
+    assert renders2 == 0, (renders2, hits2, restored2)         # ... and no source rendered:
+    assert hits2 >= 2 and int(second[1]) >= hits2             # kernels found by key
+    assert saved2 == 0 and loaded2 == restored2 == saved1      # every program restored whole
+    assert int(second[4]) == 0                                 # no graph fallback
+    assert second[5:] == first[5:], (first, second)            # the same kernels, same numbers

@@ -10,6 +10,7 @@ Prints medians and ratios (one run on a shared machine: read ratios, not absolut
 
     .venv/bin/python tools/bench_compile.py              # everything
     .venv/bin/python tools/bench_compile.py chain gpt2   # some sections
+    .venv/bin/python tools/bench_compile.py gpt2-warm    # GPT-2 cold and warm compile, no inductor
 """
 
 from __future__ import annotations
@@ -190,6 +191,68 @@ def gpt2_bench() -> None:
           f"{s['host_scalar_ops']} host scalar ops, graph fallbacks {s['graph_fallbacks']}")
 
 
+class Phases:
+    """Inclusive seconds spent inside a few functions of torch's and ours, wrapped in place
+    (module attributes looked up at call time): where a warm compile goes, without cProfile's
+    distortion of Python-heavy code. `report()` splits the compile into torch's and ours."""
+
+    def __init__(self) -> None:
+        self.t: dict = {}
+
+    def wrap(self, owner, attr: str, label: str) -> None:
+        import functools
+
+        fn = getattr(owner, attr, None)
+        if fn is None:                        # (an older tree without it: not timed)
+            return
+        depth = [0]
+
+        @functools.wraps(fn)
+        def timed(*args, **kwargs):
+            if depth[0]:                      # (recursive: counted once, outermost)
+                return fn(*args, **kwargs)
+            depth[0] += 1
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+                self.t[label] = self.t.get(label, 0.0) + time.perf_counter() - t0
+        if isinstance(owner, type) and isinstance(owner.__dict__.get(attr), staticmethod):
+            timed = staticmethod(timed)
+        setattr(owner, attr, timed)
+
+    def install(self) -> None:
+        import torch._dynamo.convert_frame as cf
+        import torch._functorch._aot_autograd.autograd_cache as ac
+        import torch._functorch.aot_autograd as aa
+        from torch.fx._graph_pickler import GraphPickler
+
+        from eager_neuron import launch
+        from eager_neuron.compile import artifact, backend
+        from eager_neuron.kernels import compile as kc
+
+        self.wrap(cf, "_compile", "dynamo")                  # a frame: trace + backend
+        self.wrap(aa, "aot_module_simplified", "aot")        # the backend's AOTAutograd call
+        self.wrap(ac, "autograd_cache_key", "aot_key")       # torch's cache key
+        self.wrap(GraphPickler, "loads", "graph_load")       # a stored aten graph
+        self.wrap(GraphPickler, "dumps", "graph_save")
+        self.wrap(backend, "compile_graph", "partition")      # ours: graph -> Program
+        self.wrap(artifact, "load_program", "restore")       # ours: a stored Program
+        self.wrap(launch, "_build", "kernels")               # ours: kernel load or compile
+        self.wrap(kc, "numba", "numba_import")
+
+    def report(self, compile_s: float) -> str:
+        t = self.t
+        ours_in_aot = t.get("partition", 0) + t.get("restore", 0)
+        torch_s = t.get("dynamo", 0) - ours_in_aot
+        ours_s = ours_in_aot + t.get("kernels", 0)
+        parts = " ".join(f"{k}={v:.2f}" for k, v in sorted(t.items()))
+        return (f"torch (dynamo + AOTAutograd, its cache) {torch_s:.2f} s, ours (programs, "
+                f"kernels) {ours_s:.2f} s, the rest (first runs) "
+                f"{max(compile_s - torch_s - ours_s, 0.0):.2f} s [{parts}]")
+
+
 _GPT2_COLD = """
 import time, os, sys, warnings
 t0 = time.perf_counter()
@@ -197,6 +260,8 @@ import torch
 warnings.simplefilter("ignore")
 import eager_neuron
 import tools.bench_compile as b
+phases = b.Phases()
+phases.install()
 t_import = time.perf_counter()
 model, batches, hf = b._gpt2_parts()
 dev = "neuron" if sys.argv[1] == "neuron" else "cpu"
@@ -211,12 +276,20 @@ for _ in range(3):
     step()
     steady.append(time.perf_counter() - t)
 c = eager_neuron.compile.stats()
-print("SECONDS", t_two - t0, eager_neuron.stats()["compiles"], c["programs_loaded"],
+s = eager_neuron.stats()
+print("SECONDS", t_two - t0, s["compiles"], c["programs_loaded"],
       c["programs_saved"], t_import - t0, t_build - t_import, t_two - t_build, min(steady))
+print("PHASES", s.get("kernel_renders", "?"), c.get("programs_restored", "?"),
+      phases.report(t_two - t_build - 2 * min(steady)))
 """
 
 
-def gpt2_compile_bench() -> None:
+def gpt2_warm_bench() -> None:
+    """gpt2-compile without the inductor process (cold and warm neuron only)."""
+    gpt2_compile_bench(inductor=False)
+
+
+def gpt2_compile_bench(inductor: bool = True) -> None:
     """Three fresh processes (cold neuron, warm neuron on the first's caches, cold inductor),
     each timed in phases: imports (torch, eager_neuron, transformers' modules), building the
     model and the compiled step, and the first two steps. The same work in each process; the
@@ -232,8 +305,9 @@ def gpt2_compile_bench() -> None:
     with tempfile.TemporaryDirectory() as d:
         env = dict(os.environ, EAGER_NEURON_CACHE_DIR=os.path.join(d, "neuron"),
                    TORCHINDUCTOR_CACHE_DIR=os.path.join(d, "inductor"), PYTHONPATH=root)
-        for label, backend in (("neuron cold", "neuron"), ("neuron warm", "neuron"),
-                               ("inductor cold", "inductor")):
+        sides = (("neuron cold", "neuron"), ("neuron warm", "neuron"),
+                 ("inductor cold", "inductor"))
+        for label, backend in sides if inductor else sides[:2]:
             r = subprocess.run([sys.executable, "-c", _GPT2_COLD, backend], env=env, cwd=root,
                                capture_output=True, text=True)
             line = [ln for ln in r.stdout.splitlines() if ln.startswith("SECONDS")]
@@ -248,6 +322,11 @@ def gpt2_compile_bench() -> None:
                   f"compiles, programs loaded/saved {parts[3]}/{parts[4]}): imports {imp:.2f} s,"
                   f" model + step built {build:.2f} s, first two steps {two:.2f} s (a steady "
                   f"step {steady * 1e3:.0f} ms): compile {comp[label]:.2f} s")
+            ph = [ln for ln in r.stdout.splitlines() if ln.startswith("PHASES")]
+            if ph:
+                renders, restored, text = ph[0].split(maxsplit=3)[1:]
+                print(f"    {renders} kernel renders, {restored} programs restored whole; "
+                      f"compile: {text}")
     if "neuron cold" in out and "inductor cold" in out:
         r = comp["neuron cold"] / comp["inductor cold"]
         print(f"  compile: neuron cold / inductor cold {r:.2f} (target <= 1.0: "
@@ -277,7 +356,8 @@ def main() -> None:
           f"{os.cpu_count()} cores", flush=True)
     only = sys.argv[1:] or ["chain", "mlp", "compile", "gpt2", "gpt2-compile"]
     for name, fn in (("chain", chain_bench), ("mlp", mlp_bench), ("compile", compile_time_bench),
-                     ("gpt2", gpt2_bench), ("gpt2-compile", gpt2_compile_bench)):
+                     ("gpt2", gpt2_bench), ("gpt2-compile", gpt2_compile_bench),
+                     ("gpt2-warm", gpt2_warm_bench)):
         if name in only:
             fn()
 

@@ -4,8 +4,11 @@ A warm process used to redo AOTAutograd's tracing (functionalization, the joint 
 partitioner: a third of its time to the first step) because torch's AOTAutogradCache only
 serves compilers that return a serializable `OutputCode`. The neuron backend's compilers do:
 `NeuronOutputCode` holds the aten graph it compiled (with its fake values, pickled by torch's
-GraphPickler) and rebuilds the Program from it when a later process loads the entry, so a warm
-process skips AOTAutograd's tracing *and* finds the same graph to partition.
+GraphPickler) and the Program built from it, stored whole (its steps, buffer plans, kernel specs
+and row kernels' sources, FX nodes by name): a later process that loads the entry skips
+AOTAutograd's tracing, the partition and every kernel render (the kernels come from the disk
+cache's render index by key). A Program that cannot be stored (a symbolic size in a plan, under
+dynamic shapes) is rebuilt from the stored graph instead.
 
 Rules, the disk cache's:
 - never fatal: any failure to key, save or load an entry is a cache bypass (torch counts it,
@@ -28,8 +31,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
-import os
+import io
+import pickle
 import time
 
 import torch
@@ -38,7 +41,7 @@ from torch._inductor.output_code import OutputCode
 from .stats import CSTATS
 
 # bump when what an entry holds changes meaning (the graph's pickled form, the Program's input)
-FORMAT = 1
+FORMAT = 2
 # the attribute of dynamo's GraphModule that salts torch's AOTAutograd cache key (its __dict__
 # is part of the key; torch's key otherwise ignores which backend compiles the graph)
 SALT_ATTR = "_eager_neuron_cache_salt"
@@ -48,18 +51,12 @@ SALT_ATTR = "_eager_neuron_cache_salt"
 def cache_salt() -> str:
     """The backend's part of the cache key: format, and a hash of the package's source — the
     graph compiler, its decompositions, and whatever shapes the traced graph (meta and fake
-    implementations, custom ops' registrations): any edit makes every entry a miss (~30 ms
-    once per process to hash)."""
-    h = hashlib.sha256()
-    pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    for root, dirs, files in os.walk(pkg):
-        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__")))
-        for name in sorted(files):
-            if name.endswith(".py"):
-                path = os.path.join(root, name)
-                with open(path, "rb") as f:
-                    h.update(os.path.relpath(path, pkg).encode() + b"\0" + f.read())
-    return f"eager_neuron/{FORMAT}/{h.hexdigest()[:24]}"
+    implementations, custom ops' registrations) and the kernels' renderers (kernels/: a stored
+    Program holds row kernels' sources): any edit makes every entry a miss (~30 ms once per
+    process to hash: the disk cache's render index shares the hash)."""
+    from ..cache import keys
+
+    return f"eager_neuron/{FORMAT}/{keys.source_hash()[:24]}"
 
 
 def enabled() -> bool:
@@ -85,6 +82,7 @@ class NeuronOutputCode(OutputCode):
         # graph); pickled by reference with the entry, so a loading process finds it
         self._compile = compile_graph
         self._blob: bytes | None = None
+        self._program: bytes | None = None   # the Program stored whole (None: rebuild it)
         self._boxed_call = True
         t0 = time.time_ns()
         self._fn = compile_graph(gm, None, kind)
@@ -100,6 +98,7 @@ class NeuronOutputCode(OutputCode):
 
         if self._gm is not None:
             self._blob = GraphPickler.dumps(self._gm, options=Options(ops_filter=_ops_ok))
+            self._program = dump_program(self._fn)
         self._gm = None
         self._fn = None
         CSTATS.programs_saved += 1
@@ -119,11 +118,82 @@ class NeuronOutputCode(OutputCode):
         gm = GraphPickler.loads(self._blob, fake_mode)
         gm.recompile()
         self._gm = gm
-        self._fn = self._compile(gm, None, self._kind)
+        blob = getattr(self, "_program", None)
+        self._fn = load_program(gm, blob, self._kind) if blob else None
+        if self._fn is None:
+            self._fn = self._compile(gm, None, self._kind)
+        else:
+            CSTATS.programs_restored += 1
         CSTATS.programs_loaded += 1
 
     def set_triton_bundle(self, triton_bundle) -> None:
         pass
+
+
+class _Unsaved(Exception):
+    """A Program holds something that is not stored by value (a tensor, a symbolic size)."""
+
+
+class _ProgramPickler(pickle.Pickler):
+    """A Program's state, FX nodes by name (the graph module is stored beside it by torch's
+    GraphPickler, names kept) and host-scalar operations by their table name."""
+
+    def __init__(self, f) -> None:
+        from .hostscalar import _OPS
+
+        super().__init__(f, protocol=pickle.HIGHEST_PROTOCOL)
+        self._ops = {id(fn): name for name, fn in _OPS.items()}
+
+    def persistent_id(self, obj):
+        if isinstance(obj, torch.fx.Node):
+            return ("node", obj.name)
+        if isinstance(obj, (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool,
+                            torch.nn.Module)):
+            raise _Unsaved(type(obj).__name__)
+        name = self._ops.get(id(obj))
+        return None if name is None else ("hostop", name)
+
+
+class _ProgramUnpickler(pickle.Unpickler):
+    def __init__(self, f, nodes: dict) -> None:
+        super().__init__(f)
+        self._nodes = nodes
+
+    def persistent_load(self, pid):
+        from .hostscalar import _OPS
+
+        kind, name = pid
+        if kind == "node":
+            return self._nodes[name]
+        if kind == "hostop":
+            return _OPS[name]
+        raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
+
+
+def dump_program(fn) -> bytes | None:
+    """The bytes of the Program behind a compiled callable (backend.compile_graph's), or None
+    (a graph that runs in eager, a Program holding a symbolic size: rebuilt on load)."""
+    program = getattr(fn, "_neuron_program", None)
+    if program is None:
+        return None
+    try:
+        buf = io.BytesIO()
+        _ProgramPickler(buf).dump(program.__getstate__())
+        return buf.getvalue()
+    except Exception:    # noqa: BLE001 - not storable: a later process rebuilds it
+        return None
+
+
+def load_program(gm: torch.fx.GraphModule, blob: bytes, kind: str):
+    """The compiled callable of the stored Program over `gm`, or None (then it is rebuilt)."""
+    from .backend import restore_graph
+
+    try:
+        nodes = {n.name: n for n in gm.graph.nodes}
+        state = _ProgramUnpickler(io.BytesIO(blob), nodes).load()
+        return restore_graph(gm, state, kind)
+    except Exception:    # noqa: BLE001 - a stale or damaged program: rebuild from the graph
+        return None
 
 
 def compilers(compile_graph):

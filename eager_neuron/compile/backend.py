@@ -100,13 +100,29 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str = "graph")
 
     name = f"{kind}_{next(_ids)}"
     try:
-        return make_boxed_func(Program(gm, name))
+        program = Program(gm, name)
+        fn = make_boxed_func(program)
+        fn._neuron_program = program       # (compile/artifact.py stores it whole)
+        return fn
     except (LoweringError, Exception) as exc:   # never a crash: the graph runs eagerly
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
         CSTATS.graph_fallbacks[reason] += 1
         warnings.warn(f"eager_neuron: graph {name} could not be compiled into kernels "
                       f"({reason}); it runs op by op in neuron eager", stacklevel=2)
         return make_boxed_func(gm.forward if hasattr(gm, "forward") else gm)
+
+
+def restore_graph(gm: torch.fx.GraphModule, state: dict, kind: str = "graph"):
+    """The compiled callable of a Program stored whole (compile/artifact.py): no partition, no
+    kernel rendered; its kernels come from the disk cache by key."""
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    from .program import Program
+
+    program = Program.restore(gm, f"{kind}_{next(_ids)}", state)
+    fn = make_boxed_func(program)
+    fn._neuron_program = program
+    return fn
 
 
 def neuron_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):

@@ -156,6 +156,10 @@ class FusedStep:
         # for profiler hooks: the user's lines this kernel computes
         self.lines = sorted({_stack_line(el.node) for el in members})
 
+    def __getstate__(self) -> dict:
+        # (stored with its Program, compile/artifact.py: the render closures are rebuilt)
+        return {**self.__dict__, "renders": {}}
+
     def describe(self) -> str:
         lines = [f"  kernel: {self.n_nodes} ops in {len(self.spec[0])} loop(s), "
                  f"{len(self.stores)} stored, {len(self.bufs) - len(self.stores)} read"]
@@ -177,13 +181,7 @@ class Program:
         graph = gm.graph
         self.placeholders = [n for n in graph.nodes if n.op == "placeholder"]
         # get_attr nodes: constants and subgraphs (a HOP's score_mod), fetched once
-        self.consts = {}
-        for n in graph.nodes:
-            if n.op == "get_attr":
-                obj = gm
-                for part in n.target.split("."):
-                    obj = getattr(obj, part)
-                self.consts[n] = obj
+        self.consts = _consts(gm)
         self.output = next(n for n in graph.nodes if n.op == "output")
         steps = partition(gm, find_regions(gm))
         # last use of every value, for freeing as the program runs (its memory goes back to
@@ -235,10 +233,36 @@ class Program:
                              if i not in skip]
         self.loaders = {x: _loader(x) for k, x in self.steps if k == "node"}
         self.n_kernels = sum(1 for k, _ in self.steps if k in ("fused", "rows"))
+        self._counted()
+
+    def _counted(self) -> None:
         CSTATS.graphs_compiled += 1
         CSTATS.kernels_per_graph.append(self.n_kernels)
         if "graphs" in config.log:
             print(self.describe(), file=sys.stderr)
+
+    # -- stored whole (compile/artifact.py): a warm process neither partitions nor renders ----
+
+    def __getstate__(self) -> dict:
+        """What a later process needs besides the graph module: steps, buffer plans, kernel
+        specs and row kernels' sources (FX nodes are pickled by name, compile/artifact.py).
+        Not the graph module, its constants, the loaders (closures) nor kept values."""
+        state = dict(self.__dict__)
+        for k in ("gm", "consts", "loaders", "folded"):
+            del state[k]
+        return state
+
+    @classmethod
+    def restore(cls, gm: GraphModule, name: str, state: dict) -> "Program":
+        """The Program `state` (from __getstate__) describes, over `gm` (the graph module it
+        was built from, as stored: its foreach and var_mean passes already applied)."""
+        self = cls.__new__(cls)
+        self.__dict__.update(state)
+        self.gm, self.name, self.folded = gm, name, None
+        self.consts = _consts(gm)
+        self.loaders = {x: _loader(x) for k, x in self.steps if k == "node"}
+        self._counted()
+        return self
 
     def describe(self) -> str:
         lines = [f"[eager_neuron] graph {self.name}: {len(self.placeholders)} inputs, "
@@ -301,6 +325,18 @@ class Program:
         out = self.output.args[0]
         return tuple(_load(a, env) for a in out) if isinstance(out, (list, tuple)) else \
             _load(out, env)
+
+
+def _consts(gm: GraphModule) -> dict:
+    """get_attr node -> its object (a constant tensor, a HOP's subgraph module)."""
+    consts = {}
+    for n in gm.graph.nodes:
+        if n.op == "get_attr":
+            obj = gm
+            for part in n.target.split("."):
+                obj = getattr(obj, part)
+            consts[n] = obj
+    return consts
 
 
 def _produced(kind: str, x) -> list:

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch.fx import Node
 
+from .. import launch as _launch
 from ..kernels import compile as kc
 from ..launch import launch
 from ..tensor import NeuronTensor
@@ -212,7 +213,16 @@ class RowStep:
         self.extra = {"group_ops": self.n_nodes, "graph": True, "graph_ops": self.ops,
                       "source_lines": self.lines}
 
+    def __getstate__(self) -> dict:
+        # (stored with its Program, compile/artifact.py: the sources are, the closures not)
+        return {k: v for k, v in self.__dict__.items() if k != "render"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.render = {k: _renderer_src(v) for k, v in self.src.items()}
+
     def _render(self, body, mm_lines, scalar_casts, parallel):
+        _launch.RSTATS.kernel_renders += 1     # (a kernel's source built: counted as launch's)
         n_bufs = len(self.bufs)
         params = (["R", "C"] + [f"b{j}" for j in range(n_bufs)]
                   + [f"s{j}" for j in range(len(scalar_casts))])

@@ -23,6 +23,7 @@ class CompileStats:
         self.host_scalar_ops = 0          # 0-d CPU nodes run as numpy scalar math
         self.programs_saved = 0           # compiled graphs written to torch's AOTAutograd cache
         self.programs_loaded = 0          # ... and rebuilt from it (no AOTAutograd tracing)
+        self.programs_restored = 0        # ... of which stored whole (no partition, no render)
         self.folded_steps = 0             # steps skipped: values no input decides, kept
 
     def snapshot(self) -> dict:
@@ -40,6 +41,7 @@ class CompileStats:
             "host_scalar_ops": self.host_scalar_ops,
             "programs_saved": self.programs_saved,
             "programs_loaded": self.programs_loaded,
+            "programs_restored": self.programs_restored,
             "folded_steps": self.folded_steps,
         }
 
