@@ -502,6 +502,8 @@ def _view_method(func, x, args, kwargs, out):
     gives exactly the funnel's views on this call: the method picks its overload by argument
     types, which the signature fixes, so it picks the same one on every call of the signature.
     Methods written in Python (Tensor.split) are not taken: they add a frame of their own."""
+    if func._schema.is_mutable:
+        return None   # never called twice on one call (in-place view ops are not views here)
     meth = getattr(torch.Tensor, func._schema.name.split("::")[-1], None)
     if func is _SLICE:
         # no Tensor.slice: its view is x's with this signature's sizes and strides at a
