@@ -104,6 +104,12 @@ def clear(tier) -> int:
             path = os.path.join(root, name)
             if name.endswith(".val") and os.path.relpath(path, tier.directory) not in referenced:
                 os.remove(path)
+    try:                             # the render index: pointers only, nothing left to point at
+        index = tier._open_index()
+        if index is not None:
+            index.clear(retry=True)
+    except Exception:    # noqa: BLE001 - an accelerator: a stale pointer is only a miss
+        pass
     len(cache)                       # the proof that it works: raises if the database does not
     return n
 

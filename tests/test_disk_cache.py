@@ -645,6 +645,13 @@ def test_render_index_warm_process_renders_nothing_and_survives_damage(small, tm
     assert out["compiles"] == 0 and out["disk_hits"] == 2
     assert out["render_index_hits"] == 0 and out["kernel_renders"] == 2
     assert out["disk_misses"] == {} and out["disk_errors"] == 0
+    # `cache clear` empties the index with the entries
+    from eager_neuron.cache import admin
+    from eager_neuron.cache.tier import DiskTier
+
+    assert admin.clear(DiskTier(str(crossed))) == 2
+    with diskcache.Cache(str(crossed / "index")) as index:
+        assert len(index) == 0
 
 
 TWO_FILLS = """
