@@ -186,7 +186,7 @@ def dump_program(fn) -> bytes | None:
 
 def load_program(gm: torch.fx.GraphModule, blob: bytes, kind: str):
     """The compiled callable of the stored Program over `gm`, or None (then it is rebuilt)."""
-    from .backend import restore_graph
+    from .program import restore_graph
 
     try:
         nodes = {n.name: n for n in gm.graph.nodes}

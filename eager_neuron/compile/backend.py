@@ -9,7 +9,6 @@ torch.Size([3, 2])
 
 from __future__ import annotations
 
-import itertools
 import sys
 import warnings
 
@@ -17,8 +16,6 @@ import torch
 
 from ..config import config
 from .stats import CSTATS
-
-_ids = itertools.count()
 
 
 def _decompositions() -> dict:
@@ -96,9 +93,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str = "graph")
     from torch._functorch.aot_autograd import make_boxed_func
 
     from .codegen import LoweringError
-    from .program import Program
+    from .program import GRAPH_IDS, Program
 
-    name = f"{kind}_{next(_ids)}"
+    name = f"{kind}_{next(GRAPH_IDS)}"
     try:
         program = Program(gm, name)
         fn = make_boxed_func(program)
@@ -110,19 +107,6 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str = "graph")
         warnings.warn(f"eager_neuron: graph {name} could not be compiled into kernels "
                       f"({reason}); it runs op by op in neuron eager", stacklevel=2)
         return make_boxed_func(gm.forward if hasattr(gm, "forward") else gm)
-
-
-def restore_graph(gm: torch.fx.GraphModule, state: dict, kind: str = "graph"):
-    """The compiled callable of a Program stored whole (compile/artifact.py): no partition, no
-    kernel rendered; its kernels come from the disk cache by key."""
-    from torch._functorch.aot_autograd import make_boxed_func
-
-    from .program import Program
-
-    program = Program.restore(gm, f"{kind}_{next(_ids)}", state)
-    fn = make_boxed_func(program)
-    fn._neuron_program = program
-    return fn
 
 
 def neuron_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):

@@ -11,6 +11,7 @@ structure; the partitioner, row kernels and the backend are their own modules.)
 
 from __future__ import annotations
 
+import itertools
 import sys
 
 import numpy as np
@@ -32,6 +33,8 @@ from .stats import CSTATS
 
 aten = torch.ops.aten
 _PARALLEL_MIN = 1 << 18
+# names graphs forward_0, backward_1, ... (compiled now or restored whole) in one sequence
+GRAPH_IDS = itertools.count()
 
 
 def _renderer(spec: tuple, parallel: bool):
@@ -325,6 +328,17 @@ class Program:
         out = self.output.args[0]
         return tuple(_load(a, env) for a in out) if isinstance(out, (list, tuple)) else \
             _load(out, env)
+
+
+def restore_graph(gm: GraphModule, state: dict, kind: str = "graph"):
+    """The compiled callable of a Program stored whole (compile/artifact.py): no partition, no
+    kernel rendered; its kernels come from the disk cache by key."""
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    program = Program.restore(gm, f"{kind}_{next(GRAPH_IDS)}", state)
+    fn = make_boxed_func(program)
+    fn._neuron_program = program
+    return fn
 
 
 def _consts(gm: GraphModule) -> dict:
