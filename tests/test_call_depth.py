@@ -176,6 +176,16 @@ CASES.update({
     "cat c64": lambda x, i: torch.cat([x.to(torch.complex64)] * 2),
 })
 
+# the last helpers that launched for their lowering (a cell kernel, trilinear's mul/sum, the hash
+# cast, the half segment reduce): each builds the request the lowering launches
+CASES.update({
+    "frexp": lambda x, i: torch.frexp(x),
+    "bilinear": lambda x, i: F.bilinear(x, x, x[:2].reshape(2, 1, 8).expand(2, 8, 8)),
+    "hash_tensor": lambda x, i: torch.hash_tensor(x, dim=1),
+    "segment_reduce bf16": lambda x, i: torch.segment_reduce(
+        x.reshape(-1).to(torch.bfloat16), "sum", lengths=torch.tensor([10, 30], device="neuron")),
+})
+
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_launch_is_at_most_two_calls_below_dispatch(name):

@@ -36,11 +36,16 @@ def _cell_arrays(*ts):
 
 
 def _cell_launch(op: str, key: tuple, render, arrays: list, numel: int) -> None:
+    launch(*_cell_request(op, key, render, arrays, numel))
+
+
+def _cell_request(op: str, key: tuple, render, arrays: list, numel: int) -> tuple:
+    """The cell kernel's launch (launch()'s positional arguments) for the lowering to make."""
     if _adaptive.STATE.group is not None:   # reads buffers a pending fused group may write
         _adaptive.flush(f"non-fusible op {op}")
     nbytes = sum(x.nbytes for x in arrays)
-    launch(("elementwise", op) + key, render, tuple(arrays), flops=30.0 * numel,
-           bytes_moved=float(nbytes), engine="scalar")
+    return (("elementwise", op) + key, render, tuple(arrays), 30.0 * numel, float(nbytes),
+            "scalar")
 
 
 def _check_cell(*ts) -> str:
@@ -178,7 +183,8 @@ def lower_frexp(func, a, outs) -> None:
         return
     T = NP_TYPE[x.dtype]
     arrays = [_np(m).reshape(-1), _np(e).reshape(-1), _np(x).reshape(-1)]
-    _cell_launch("aten::frexp", (T,), lambda: kew.render_frexp(T), arrays, x.numel())
+    launch(*_cell_request("aten::frexp", (T,), lambda: kew.render_frexp(T), arrays,
+                          x.numel()))
 
 
 LOWERINGS = {

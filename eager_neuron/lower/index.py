@@ -29,9 +29,12 @@ from .cast import cast_steps, launches
 from .common import HALF, NP_TYPE, coalesce
 from .mask import (
     core_index,
+    count_steps,
+    fill_steps,
     lower_masked_scatter,
     lower_masked_scatter_backward,
     lower_nonzero_static,
+    select_steps,
 )
 from .shape import LOWERINGS as SHAPE_LOWERINGS
 from .shape import axis_views as _axis_views
@@ -421,54 +424,16 @@ def lower_index_reduce(func, a, outs):
 
 
 # ---------------------------------------------------------------------------------------------
-# masks as steps: the count (read back to size an output), the coordinates, the selection.
-# The launches of lower/mask.py's count_nonzero, fill_nonzero and _select, as requests a
-# generator yields: dispatch makes them (two calls below it at most), not a helper.
+# masks as steps (lower/mask.py's count_steps, fill_steps, select_steps): the requests a
+# generator yields; dispatch makes them (two calls below it at most), not a helper.
 # ---------------------------------------------------------------------------------------------
-
-def _count_steps(x: torch.Tensor):
-    """Number of non-zero elements of x: the count kernel's request; returns the count."""
-    if x.numel() == 0:
-        return 0
-    cshape, (cstr,) = coalesce(tuple(x.shape), [x.stride()])   # order does not matter here
-    rank, bits = len(cshape), x.dtype in HALF
-    out = np.zeros(1, np.int64)
-    key = ("index", "count", rank, bits)   # rank of the mask; half floats as bits
-    yield (key, lambda: kix.render_count(rank, bits), (_np(x, cshape, cstr), out),
-           x.numel(), _nbytes(x))
-    return int(out[0])
-
-
-def _fill_steps(x: torch.Tensor, out: torch.Tensor, fill: int = -1):
-    """out's rows = coordinates of x's non-zeros (rows left over: `fill`): the request."""
-    if out.numel() == 0:
-        return
-    x = x.view(1) if x.dim() == 0 else x
-    bits = x.dtype in HALF
-    key = ("index", "nonzero", x.dim(), bits)
-    yield (key, lambda: kix.render_nonzero(x.dim(), bits), (_np(out), _np(x), int(fill)),
-           x.numel(), _nbytes(x, out))
-
 
 def _nonzero_scratch(x: torch.Tensor):
     """(n, x.dim()) coordinates of x's non-zeros in host-backed scratch: count, then fill."""
-    n = yield from _count_steps(x)
+    n = yield from count_steps(x)
     out = torch.empty((n, x.dim()), dtype=torch.int64)
-    yield from _fill_steps(x, out)
+    yield from fill_steps(x, out)
     return out
-
-
-def _select_steps(self: torch.Tensor, mask: torch.Tensor, out: torch.Tensor):
-    """out[:n] = self[mask] (broadcast), out[n:] = 0; out is 1-D: the request."""
-    if out.numel() == 0:
-        return
-    shape = torch.broadcast_shapes(self.shape, mask.shape)
-    x, m = self.expand(shape), mask.expand(shape)
-    cshape, cstr = coalesce(tuple(shape), [x.stride(), m.stride()])
-    rank = len(cshape)
-    yield (("index", "masked_select", rank), lambda: kix.render_masked_select(rank),
-           (_np(out), _np(x, cshape, cstr[0]), _np(m, cshape, cstr[1])), 0.0,
-           _nbytes(m) + 2 * _nbytes(out))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -480,10 +445,10 @@ def dynamic_nonzero(func, a, index=-1):
     from ..buffers import alloc
 
     x = a["self"]
-    n = yield from _count_steps(x)
+    n = yield from count_steps(x)
     # NOTE: the CPU returns nonzero column-major: strides (1, n)
     data, block = alloc(core_index(index), (n, x.dim()), (1, n), torch.int64)
-    yield from _fill_steps(x, data)
+    yield from fill_steps(x, data)
     return [(data, block)]
 
 
@@ -494,9 +459,9 @@ def dynamic_masked_select(func, a, index=-1):
     if mask.dtype != torch.bool:
         raise NotImplementedError("masked_select with a non-bool mask")
     shape = torch.broadcast_shapes(self.shape, mask.shape)
-    n = (yield from _count_steps(mask.expand(shape))) if math.prod(shape) else 0
+    n = (yield from count_steps(mask.expand(shape))) if math.prod(shape) else 0
     data, block = alloc(core_index(index), (n,), (1,), self.dtype)
-    yield from _select_steps(self, mask, data)
+    yield from select_steps(self, mask, data)
     return [(data, block)]
 
 

@@ -1,5 +1,6 @@
 """Mask lowerings: nonzero, masked_select (DYNAMIC: the output size is the mask's count) and
-masked_scatter. Each counts the mask first (one launch, read back to size the output), then fills.
+masked_scatter. A dynamic op counts the mask first (one launch, read back to size the output), then
+fills: count_steps, fill_steps and select_steps yield the requests (lower/index.py drives them).
 
 >>> import torch, eager_neuron
 >>> from eager_neuron.lower.mask import count_nonzero
@@ -8,8 +9,6 @@ masked_scatter. Each counts the mask first (one launch, read back to size the ou
 """
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 import torch
@@ -27,41 +26,45 @@ def core_index(index: int) -> int:
     return _launch.current_core() if index == -1 else index
 
 
-def count_nonzero(x: torch.Tensor) -> int:
-    """Number of non-zero elements (one launch; the count is read back to size the output)."""
+def count_steps(x: torch.Tensor):
+    """Number of non-zero elements of x: the count kernel's request (a generator a lowering
+    yields from, or dispatch drives); returns the count read back."""
     if x.numel() == 0:
         return 0
     cshape, (cstr,) = coalesce(tuple(x.shape), [x.stride()])   # order does not matter here
     rank, bits = len(cshape), x.dtype in HALF
     out = np.zeros(1, np.int64)
     key = ("index", "count", rank, bits)   # rank of the mask; half floats as bits
-    launch(key, lambda: kix.render_count(rank, bits), (_np(x, cshape, cstr), out),
-           flops=x.numel(), bytes_moved=_nbytes(x))
+    yield (key, lambda: kix.render_count(rank, bits), (_np(x, cshape, cstr), out),
+           x.numel(), _nbytes(x))
     return int(out[0])
 
 
-def fill_nonzero(x: torch.Tensor, out: torch.Tensor, fill: int = -1) -> None:
-    """out's rows = coordinates of x's non-zeros (rows left over: `fill`)."""
+def count_nonzero(x: torch.Tensor) -> int:
+    """Number of non-zero elements (count_steps' request, launched here)."""
+    steps = count_steps(x)
+    try:
+        while True:
+            launch(*next(steps))
+    except StopIteration as stop:
+        return stop.value
+
+
+def fill_steps(x: torch.Tensor, out: torch.Tensor, fill: int = -1):
+    """out's rows = coordinates of x's non-zeros (rows left over: `fill`): the request."""
     if out.numel() == 0:
         return
     x = x.view(1) if x.dim() == 0 else x
     bits = x.dtype in HALF
     key = ("index", "nonzero", x.dim(), bits)
-    launch(key, lambda: kix.render_nonzero(x.dim(), bits), (_np(out), _np(x), int(fill)),
-           flops=x.numel(), bytes_moved=_nbytes(x, out))
+    yield (key, lambda: kix.render_nonzero(x.dim(), bits), (_np(out), _np(x), int(fill)),
+           x.numel(), _nbytes(x, out))
 
 
 def lower_nonzero_static(func, a, outs):
     """nonzero padded with fill_value (or cut) to a static number of rows: no count needed."""
-    fill_nonzero(a["self"], outs[0], a["fill_value"])
-
-
-def nonzero_scratch(x: torch.Tensor) -> torch.Tensor:
-    """(n, x.dim()) coordinates of x's non-zeros in host-backed scratch (like an SBUF tile)."""
-    n = count_nonzero(x)
-    out = torch.empty((n, x.dim()), dtype=torch.int64)
-    fill_nonzero(x, out)
-    return out
+    for req in fill_steps(a["self"], outs[0], a["fill_value"]):
+        launch(*req)
 
 
 def lower_masked_scatter(func, a, outs):
@@ -84,44 +87,17 @@ def lower_masked_scatter(func, a, outs):
                            f"elements as ones in mask ({err[1]}), got {err[3]}")
 
 
-# DYNAMIC: the output size depends on the data, so dispatch cannot size it by meta first:
-# fn(func, a, index) -> [(data, block), ...] allocated here on core `index` (None: the CPU).
-
-def dynamic_nonzero(func, a, index=-1):
-    from ..buffers import alloc
-
-    x = a["self"]
-    n = count_nonzero(x)
-    # NOTE: the CPU returns nonzero column-major: strides (1, n)
-    data, block = alloc(core_index(index), (n, x.dim()), (1, n), torch.int64)
-    fill_nonzero(x, data)
-    return [(data, block)]
-
-
-def dynamic_masked_select(func, a, index=-1):
-    from ..buffers import alloc
-
-    self, mask = a["self"], a["mask"]
-    if mask.dtype != torch.bool:
-        raise NotImplementedError("masked_select with a non-bool mask")
-    shape = torch.broadcast_shapes(self.shape, mask.shape)
-    n = count_nonzero(mask.expand(shape)) if math.prod(shape) else 0
-    data, block = alloc(core_index(index), (n,), (1,), self.dtype)
-    _select(self, mask, data)
-    return [(data, block)]
-
-
-def _select(self: torch.Tensor, mask: torch.Tensor, out: torch.Tensor) -> None:
-    """out[:n] = self[mask] (broadcast), out[n:] = 0; out is 1-D."""
+def select_steps(self: torch.Tensor, mask: torch.Tensor, out: torch.Tensor):
+    """out[:n] = self[mask] (broadcast), out[n:] = 0; out is 1-D: the request."""
     if out.numel() == 0:
         return
     shape = torch.broadcast_shapes(self.shape, mask.shape)
     x, m = self.expand(shape), mask.expand(shape)
     cshape, cstr = coalesce(tuple(shape), [x.stride(), m.stride()])
     rank = len(cshape)
-    launch(("index", "masked_select", rank), lambda: kix.render_masked_select(rank),
-           (_np(out), _np(x, cshape, cstr[0]), _np(m, cshape, cstr[1])),
-           bytes_moved=_nbytes(m) + 2 * _nbytes(out))
+    yield (("index", "masked_select", rank), lambda: kix.render_masked_select(rank),
+           (_np(out), _np(x, cshape, cstr[0]), _np(m, cshape, cstr[1])), 0.0,
+           _nbytes(m) + 2 * _nbytes(out))
 
 
 def lower_masked_scatter_backward(func, a, outs):
@@ -129,4 +105,5 @@ def lower_masked_scatter_backward(func, a, outs):
     out = outs[0]
     if a["mask"].dtype != torch.bool or not out.is_contiguous():
         raise NotImplementedError("masked_scatter_backward with a non-bool mask")
-    _select(a["grad_output"], a["mask"], out.view(-1))
+    for req in select_steps(a["grad_output"], a["mask"], out.view(-1)):
+        launch(*req)

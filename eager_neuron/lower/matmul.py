@@ -249,7 +249,7 @@ def lower_trilinear(func, a, outs):
     their expand dims, multiplied on the device with broadcasting, then summed over sumdim.
     The product is host-backed scratch (like run_upcast's temporaries)."""
     from .elementwise import LOWERINGS as EW
-    from .reduce import LOWERINGS as RED
+    from .reduce import acc_type, red_dims, reduce
 
     aten = torch.ops.aten
     out = outs[0]
@@ -262,13 +262,19 @@ def lower_trilinear(func, a, outs):
     sumdim = list(a["sumdim"])
     prod = torch.empty(torch.broadcast_shapes(*(t.shape for t in ts)), dtype=out.dtype) \
         if sumdim else out
-    mul = EW["aten::mul"]
-    mul(aten.mul.Tensor, {"self": ts[0], "other": ts[1]}, [prod])
-    mul(aten.mul.Tensor, {"self": prod, "other": ts[2]}, [prod])
-    if sumdim:
-        RED["aten::sum.dim_IntList"](
-            aten.sum.dim_IntList, {"self": prod, "dim": sumdim, "keepdim": False, "dtype": None},
-            [out])
+    # the elementwise and reduce families' requests, launched here (dispatch -> here -> launch)
+    mul = EW["aten::mul"].prepare
+    req = mul(aten.mul.Tensor, {"self": ts[0], "other": ts[1]}, [prod])
+    if req is not None:
+        launch(*req)
+    req = mul(aten.mul.Tensor, {"self": prod, "other": ts[2]}, [prod])
+    if req is not None:
+        launch(*req)
+    if sumdim:   # the request sum.dim_IntList's lowering builds
+        req = reduce("sum", prod, [out], red_dims(prod, sumdim), False,
+                     load_t=NP_TYPE[out.dtype], acc_t=acc_type(out.dtype), what="sum")
+        if req is not None:
+            launch(*req)
 
 
 def dynamic_grouped_mm(func, a, index=-1):

@@ -22,6 +22,7 @@ from ..cache.families import REDUCE
 from ..kernels import compile as kc
 from ..kernels import reduce as kr
 from ..launch import launch
+from .cast import cast_steps, launches
 from .common import NP_TYPE, coalesce, strided_np
 
 PARALLEL_MIN = 1 << 18   # elements read; below this a prange launch costs more than it saves
@@ -303,9 +304,10 @@ def _scan_index(op: str):
     return lower
 
 
-def lower_segment_reduce(func, a, outs):
-    """segment_reduce over lengths or offsets (the CPU's loop; contiguous data and lengths)."""
-    from .half import _up
+def _segment_reduce(func, a, outs):
+    """segment_reduce over lengths or offsets (the CPU's loop; contiguous data and lengths):
+    steps (lower_segment_reduce launches them: dispatch -> lower_segment_reduce -> launch)."""
+    from .half import _up_steps
 
     data, out, axis = a["data"], outs[0], a["axis"] % max(a["data"].dim(), 1)
     lens = a["lengths"] if a["lengths"] is not None else a["offsets"]
@@ -319,25 +321,25 @@ def lower_segment_reduce(func, a, outs):
         return
     # the half type the CPU's running value rounds to (kernels/halfround.py ROUND_HALF's kinds)
     bf = {torch.bfloat16: 1, torch.float16: 2}.get(data.dtype, 0)
-    d32 = _up(data, data) if bf else data
+    d32 = (yield from _up_steps(data, data)) if bf else data
     o32 = torch.empty(out.shape, dtype=torch.float32) if bf else out
     outer = math.prod(data.shape[:axis])
     inner = math.prod(data.shape[axis + 1:])
     init = a["initial"]
     if init is not None and bf:   # initial.to<scalar_t>(): the half value
         init = float(torch.tensor(float(init), dtype=torch.float64).to(data.dtype))
-    launch(("reduce", "segment"), kr.render_segment,
+    yield (("reduce", "segment"), kr.render_segment,
            (o32.numpy().reshape(outer, out.shape[axis], inner),
             d32.numpy().reshape(outer, data.shape[axis], inner),
             lens.numpy().reshape(outer, -1), kr.SEGMENT[a["reduce"]], a["offsets"] is not None,
             init is not None, float(0 if init is None else init), bf),
-           flops=float(data.numel()), bytes_moved=float(data.numel() * data.element_size()))
+           float(data.numel()), float(data.numel() * data.element_size()))
     if bf:
-        from .cast import lower_to_copy
-
-        lower_to_copy(torch.ops.aten._to_copy.default, {"self": o32}, [out])
+        yield from cast_steps(o32, out)   # what lower_to_copy launches
 
 
+lower_segment_reduce = launches(_segment_reduce)
+lower_segment_reduce.__name__ = "lower_segment_reduce"
 lower_segment_reduce.handles_half = True
 
 

@@ -19,6 +19,7 @@ import torch
 from ..kernels import shape as ksh
 from ..launch import launch
 from .cast import cast as copy_into
+from .cast import cast_steps
 from .common import HALF, NP_TYPE, coalesce
 
 aten = torch.ops.aten
@@ -264,7 +265,8 @@ def lower_hash_tensor(func, a, outs):
     order = kept + red
     wide = torch.float64 if x.is_floating_point() else torch.int64
     bits = torch.empty([x.shape[d] for d in order], dtype=wide)
-    copy_into(x.permute(order), bits)
+    for req in cast_steps(x.permute(order), bits):
+        launch(*req)
     k = 1
     for d in kept:
         k *= x.shape[d]
