@@ -216,10 +216,17 @@ def _from_disk(ent: _Launch, parallel: bool, args: tuple):
     disk = _launch.DISK
     if disk is None:
         return None
-    source, _name = _renderer(ent.spec, parallel, ent.callees)()
-    kernel = disk.load(ent.full_key, args, source)
-    if kernel is None:
-        return None
+    render = _renderer(ent.spec, parallel, ent.callees)
+    # the render index first (as launch() asks it): a warm process renders no fused source
+    kernel = disk.load_indexed(ent.full_key, args, render)
+    if kernel is not None:
+        _launch.RSTATS.render_index_hits += 1
+    else:
+        source, _name = render()
+        _launch.RSTATS.kernel_renders += 1
+        kernel = disk.load(ent.full_key, args, source, render=render)
+        if kernel is None:
+            return None
     STATS.disk_hits += 1
     _launch.MEMORY.put(ent.full_key, kernel)
     return kernel

@@ -670,6 +670,37 @@ print(json.dumps({{"fills": fills, **{{k: s[k] for k in ("kernel_renders", "rend
 """
 
 
+ADAPTIVE = """
+import json, torch, eager_neuron
+{prelude}
+from eager_neuron.adaptive import MODULE as _ad
+import os
+_ad.set_compile_mode(os.environ["MODE"])
+x = torch.arange(6, dtype=torch.float32, device="neuron")
+with eager_neuron.adaptive():
+    y = ((x + 1) * 2 - x.exp()).sum()
+c = torch.arange(6, dtype=torch.float32)
+ok = torch.allclose(y.cpu(), ((c + 1) * 2 - c.exp()).sum())
+s = eager_neuron.stats()
+print(json.dumps({{"ok": bool(ok), **{{k: s[k] for k in
+      ("kernel_renders", "render_index_hits", "compiles", "disk_hits", "fused_launches")}}}}))
+"""
+
+
+def test_fused_kernels_of_a_warm_process_come_through_the_render_index(tmp_path):
+    """Adaptive eager's fused kernels are found through the render index too: a warm process
+    renders no fused source (adaptive_launch._from_disk asks the index before rendering).
+    The first process builds its kernels at once ("sync"); the second runs as users do (the
+    background mode: a kernel not in memory is looked for on disk, never compiled inline)."""
+    script = _script(tmp_path, ADAPTIVE, prelude=PIN_SOURCES)
+    cold, _ = _run(script, tmp_path / "cache", MODE="sync")
+    warm, err = _run(script, tmp_path / "cache", MODE="background")
+    assert cold["ok"] and warm["ok"] and cold["fused_launches"] == warm["fused_launches"] >= 1
+    assert cold["compiles"] >= 1 and cold["kernel_renders"] >= 1
+    assert warm["compiles"] == 0 and warm["kernel_renders"] == 0, (cold, warm)
+    assert warm["render_index_hits"] == warm["disk_hits"] >= 1 and "Warning" not in err
+
+
 def test_source_hash_follows_edits(tmp_path, monkeypatch):
     """The render index's source hash changes with any edit of a .py file of the package (a
     renderer's edit must never find the old kernel by key), and only with those."""

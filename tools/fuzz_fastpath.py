@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import math
 import random
 import sys
@@ -758,6 +759,7 @@ STEPS = {"unary": st_unary, "binary": st_binary, "inplace": st_inplace, "out": s
 # ---------------------------------------------------------------------------------------------
 
 def _counters() -> dict:
+    gc.collect()   # memory_allocated counts blocks a cycle still holds: collect them first
     out = {k: getattr(STATS, k) for k in ("ops", "launches", "memory_hits", "views",
                                            "compiles", "disk_hits")}
     out["allocated"] = sum(torch.neuron.memory_allocated(i) for i in range(len(SIM.cores)))
