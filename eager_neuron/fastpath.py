@@ -1,4 +1,7 @@
 """The fast path: a repeat call of an (overload, argument signature) seen before.
+(Over 500 lines on purpose: the signature, the runner generator's line helpers and the two
+learners built on them must agree on every operand they accept; fastpath_capture.py and
+fastpath_foreach.py hold the learners that reuse them.)
 
 The first call of a signature goes down the whole funnel (dispatch.py: classification, schema
 binding, meta execution, the lowering's analysis, the kernel lookup). Where the result of all

@@ -1,5 +1,7 @@
 """FlexAttention on neuron: the `flex_attention` / `flex_attention_backward` higher-order ops as
 one fused Numba kernel each (flash-attention style), with the dense decomposition behind them.
+(Over 500 lines on purpose: the subgraph renderer, the operand staging and the two doors read
+one set of block-mask conventions; the kernels' sources are already apart, in kernels/flex.py.)
 
 Why: torch's dense implementation (`sdpa_dense`) materializes the (B, H, L, S) scores and runs
 the score_mod and mask_mod as dozens of elementwise kernels over them. Here the two subgraphs
