@@ -1,7 +1,8 @@
 """The PyTorch device conventions CUDA users take for granted, installed at import.
 
 Each piece lives in its own module (storage.py: storages and checkpoints; amp.py: autocast and
-GradScaler; pinned.py: pinned host memory; devapi.py: the rest of torch.neuron's API); this
+GradScaler; pinned.py: pinned host memory; swap.py: Module.to("neuron") while an old graph
+lives; devapi.py: the rest of torch.neuron's API); this
 module only wires them in once, after device.register() made torch.neuron.
 """
 
@@ -19,7 +20,7 @@ def install() -> None:
     if _installed:
         return
     _installed = True
-    from . import amp, devapi, hf, optim, pinned, storage
+    from . import amp, devapi, hf, optim, pinned, storage, swap
 
     storage.install()
     hf.install()
@@ -27,6 +28,7 @@ def install() -> None:
     pinned.install()
     devapi.install()
     amp.install()
+    swap.install()
     mod = torch.neuron
     for name in amp.MODULE_FUNCTIONS:
         setattr(mod, name, getattr(amp, name))

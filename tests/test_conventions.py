@@ -505,6 +505,68 @@ def test_channels_last_survives_to_neuron():
     torch.testing.assert_close(conv(xd).detach().cpu(), want, rtol=1e-5, atol=1e-5)
 
 
+def test_module_moves_while_a_cpu_graph_is_alive():
+    # `ref = model(x); model.to("neuron")`: the convolution's graph saved conv.weight, which
+    # made torch's swap refuse it half way (CUDA moves it with `.data =`). The whole model
+    # moves, each Parameter keeps its identity (tied weights stay tied), and the old graph's
+    # backward raises instead of sending gradients to a tensor no module holds.
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(5, 4)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4),
+                                torch.nn.Flatten(), torch.nn.Linear(64, 5))
+    model[3].weight = torch.nn.Parameter(torch.randn(5, 64))
+    x = torch.randn(2, 3, 6, 6)
+    ref = model(x)
+    params = list(model.parameters())
+    before = [p.detach().clone() for p in params]
+    model.to("neuron")
+    assert all(p.device.type == "neuron" for p in model.parameters())
+    assert [id(p) for p in model.parameters()] == [id(p) for p in params]
+    assert all(torch.equal(p.detach().cpu(), b) for p, b in zip(params, before))
+    got = model(x.to("neuron"))
+    torch.testing.assert_close(got.detach().cpu().double(), ref.detach().double(),
+                               rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="before its module moved to neuron|poisoned by swap"):
+        ref.sum().backward()
+    got.sum().backward()
+    assert all(p.grad is not None and p.grad.device.type == "neuron"
+               for p in model.parameters())
+    # a weight the old graph saved (use count 3: torch's own poisoning does not cover it)
+    conv = torch.nn.Conv2d(3, 4, 3, bias=False)
+    ref = conv(x)
+    conv.to("neuron")
+    with pytest.raises(RuntimeError, match="graph recorded before its module moved to neuron"):
+        ref.sum().backward()
+    # tied weights (one Parameter in two modules) stay one after the move
+    head = torch.nn.Linear(4, 5, bias=False)
+    head.weight = emb.weight
+    both = torch.nn.ModuleList([emb, head])
+    _ = head(emb(torch.tensor([1, 2])))
+    both.to("neuron")
+    assert both[0].weight is both[1].weight and both[1].weight.device.type == "neuron"
+    # a dtype change on the device, a neuron graph alive
+    conv = torch.nn.Conv2d(3, 4, 3).to("neuron")
+    out = conv(x.to("neuron"))
+    conv.double()
+    assert conv.weight.dtype == torch.float64 and conv.weight.device.type == "neuron"
+    assert out.dtype == torch.float32
+
+
+def test_swap_keeps_torch_refusals():
+    # what torch's swap refuses for other reasons (a weak reference) is still refused
+    import weakref
+
+    p = torch.nn.Parameter(torch.ones(2))
+    _ = weakref.ref(p)
+    with pytest.raises(RuntimeError, match="weakref"):
+        torch.utils.swap_tensors(p, torch.nn.Parameter(torch.ones(2, device="neuron")))
+    # a CPU-to-CPU swap with an extra reference is torch's refusal, unchanged
+    lin = torch.nn.Conv2d(1, 1, 1)
+    _ = lin(torch.ones(1, 1, 2, 2))
+    with pytest.raises(RuntimeError, match="use_count"):
+        torch.utils.swap_tensors(lin.weight, torch.nn.Parameter(torch.zeros(1, 1, 1, 1)))
+
+
 def test_accelerate_and_trainer_use_neuron(tmp_path):
     accelerate = pytest.importorskip("accelerate")
     transformers = pytest.importorskip("transformers")

@@ -1,0 +1,76 @@
+"""nn.Module.to("neuron") while an earlier forward's graph is still alive.
+
+A neuron tensor is a traceable wrapper subclass, so `Module._apply` moves each parameter with
+`torch.utils.swap_tensors` (the Parameter object keeps its identity: tied weights stay tied,
+optimizers built before the move keep working). torch's swap refuses a parameter that anything
+but its AccumulateGrad node references, e.g. a convolution's weight saved by a CPU forward whose
+output the user still holds (`ref = model(x); model.to("neuron")`, the usual way to compare
+devices). On CUDA that works (`.data =`); here it failed half way, some parameters moved and
+some not.
+
+So a swap whose target is a neuron tensor goes ahead when only that reference check objects:
+the old graph keeps the CPU tensor it saved (its values are unchanged), and its AccumulateGrad
+node is poisoned, so a backward through that old graph raises instead of sending its gradient
+to a tensor no module holds any more. Every other refusal (weak references, different slots) is
+torch's, unchanged.
+
+>>> import torch, eager_neuron
+>>> conv = torch.nn.Conv2d(1, 1, 1)
+>>> ref = conv(torch.ones(1, 1, 2, 2))      # its graph saves conv.weight
+>>> w = conv.weight
+>>> conv.to("neuron").weight is w, w.device.type
+(True, 'neuron')
+"""
+
+from __future__ import annotations
+
+import copyreg
+
+import torch
+
+_TORCH_SWAP = torch.utils.swap_tensors
+
+
+def _refuse_old_graph(grad_outputs):
+    raise RuntimeError(
+        "backward through a graph recorded before its module moved to neuron: the parameter "
+        "this gradient belongs to is now a neuron tensor (Module.to swapped it). Run backward "
+        "before moving the module, or run the forward again after the move.")
+
+
+def swap_tensors(t1, t2) -> None:
+    """torch.utils.swap_tensors, which also swaps a parameter an old graph still references
+    when the swap moves it to neuron (see the module's docstring)."""
+    from .tensor import NeuronTensor
+
+    try:
+        return _TORCH_SWAP(t1, t2)
+    except RuntimeError as exc:
+        if "use_count" not in str(exc) or not isinstance(t2, NeuronTensor) \
+                or t2._use_count() > 1:
+            raise
+    if t1.is_leaf and t1.requires_grad:
+        torch.autograd.graph.get_gradient_edge(t1).node.register_prehook(_refuse_old_graph)
+    _exchange(t1, t2)
+
+
+def _exchange(t1, t2) -> None:
+    """Exchange the two objects' class, attributes, slots and C++ tensors (torch's checks of
+    weak references and slots already passed in its own swap)."""
+    for name in ("__class__", "__dict__"):
+        a, b = getattr(t1, name), getattr(t2, name)
+        setattr(t1, name, b)
+        setattr(t2, name, a)
+    for slot in copyreg._slotnames(t1.__class__):
+        has1, has2 = hasattr(t1, slot), hasattr(t2, slot)
+        v1, v2 = getattr(t1, slot, None), getattr(t2, slot, None)
+        for t, has, v in ((t1, has2, v2), (t2, has1, v1)):
+            if has:
+                setattr(t, slot, v)
+            elif hasattr(t, slot):
+                delattr(t, slot)
+    torch._C._swap_tensor_impl(t1, t2)
+
+
+def install() -> None:
+    torch.utils.swap_tensors = swap_tensors
