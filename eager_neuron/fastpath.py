@@ -56,8 +56,10 @@ LIMIT = 512          # signatures per overload: a loop over ever-new shapes stop
 MISS = object()      # a runner's answer when this call's operands need the slow path
 # hits: runner calls; learned: runners left; view_methods / view_ops: view runners calling a
 # Tensor method / the overload itself (fastpath._view_method); entry_points: flat runners
-# calling their kernel's compiled entry point (_entry_point)
-STATS_FAST = {"hits": 0, "learned": 0, "view_methods": 0, "view_ops": 0, "entry_points": 0}
+# calling their kernel's compiled entry point (_entry_point); host_reuses: flat runners'
+# outputs placed in a dead output's host buffer (_recycle_lines)
+STATS_FAST = {"hits": 0, "learned": 0, "view_methods": 0, "view_ops": 0, "entry_points": 0,
+              "host_reuses": 0}
 # torch's own factory, not the pin_memory wrapper pinned.py installs as torch.empty_strided
 _EMPTY_STRIDED = torch._C._VariableFunctions.empty_strided
 _KW = object()       # marks where the keyword arguments start in a signature
@@ -362,7 +364,7 @@ def learn_elementwise(func, plan, args, kwargs, index: int, a: dict, outs: list,
     else:
         shape, stride, dtype = leaves[0]
         ns.update(SHAPE=shape, STRIDE=stride, DT=dtype)
-        lines += _alloc_lines(ns, outs[0], index)
+        lines += _alloc_lines(ns, outs[0], index, recycle=True)
         ret = _wrap_lines(ns, lines, index)
     if target is None and "NPDT" not in ns:   # the numpy form and W's path define out_np
         out_flat = ".reshape(-1)" if len(outs[0].shape) != 1 else ""
@@ -434,11 +436,13 @@ class Flat:
 
 
 def _alloc_lines(ns: dict, out: torch.Tensor, index: int, suffix: str = "",
-                 numpy_ok: bool = True) -> list:
+                 numpy_ok: bool = True, recycle: bool = False) -> list:
     """Source allocating output buffer `data{suffix}` (and `block{suffix}`; `out_np` too in the
     numpy form): a small one straight from the core's accounting and a host allocator (what
     buffers.alloc does for it), a large one via buffers.alloc (the pool, and an OOM that
-    flushes adaptive groups). SHAPE/STRIDE/DT{suffix} must be in ns."""
+    flushes adaptive groups). SHAPE/STRIDE/DT{suffix} must be in ns. `recycle` (a plain flat
+    runner's one output): a small host buffer is reused when its block died and nothing else
+    reaches it (_recycle_lines)."""
     from . import buffers
 
     x = suffix
@@ -447,6 +451,9 @@ def _alloc_lines(ns: dict, out: torch.Tensor, index: int, suffix: str = "",
     nbytes = extent * out.element_size()
     if nbytes < buffers._POOLED_BYTES:
         ns[f"NB{x}"] = max(512, (nbytes + 511) // 512 * 512)
+        if (recycle and not x and numpy_ok and out.is_contiguous() and out.dtype in _NP_DTYPES
+                and 0 < nbytes <= _RECYCLE_MAX_BYTES):
+            return _recycle_lines(ns, out)
         lines = [f"block{x} = SIM.cores[IDX].alloc_small(NB{x})"]
         if numpy_ok and out.is_contiguous() and out.dtype in _NP_DTYPES:
             # numpy's allocator and one from_numpy: half the cost of torch.empty + .numpy()
@@ -466,6 +473,68 @@ def _alloc_lines(ns: dict, out: torch.Tensor, index: int, suffix: str = "",
     return [f"data{x}, block{x} = alloc(IDX, SHAPE{x}, STRIDE{x}, DT{x})"]
 
 
+_RECYCLE_MAX_BYTES = 1 << 14   # larger outputs: a fresh host buffer (bounds what lists hold)
+_RC = __import__("sys").getrefcount
+_SUC = torch._C._storage_Use_Count
+
+
+def _fresh_host(shape, npdt, part) -> tuple:
+    """A new host buffer for a recycling runner: (host tensor, its numpy array, its flat
+    numpy view, its signature part cache, its storage). The tuple is also the output's `_npc`
+    (its first three items are flat_np's cache) and h[3] its `_sgc`."""
+    data_np = np.empty(shape, npdt)
+    data = torch.from_numpy(data_np)
+    return (data, data_np, data_np.reshape(-1) if data_np.ndim != 1 else data_np, (data, part),
+            data.untyped_storage())
+
+
+def _host_refs(h: tuple) -> tuple:
+    """What reaches a host buffer h (see _fresh_host), counted the way a runner's check counts
+    it: the host tensor's C++ holders (views, DLPack capsules, autograd), the Python holders of
+    the tensor, its numpy array, its flat view and its storage object (numpy views, escaped
+    arrays, a neuron storage's `_neuron_host`), and the storage's C++ holders (tensors made
+    over it with set_ or as_strided below autograd)."""
+    return (h[0]._use_count(), _RC(h[0]), _RC(h[1]), _RC(h[2]), _RC(h[4]),
+            _SUC(h[4]._cdata))
+
+
+# the counts of a buffer held by nothing but its own tuple, for a 1-d and an n-d output
+# (measured, not assumed: torch's PyObject preservation adds references of its own)
+_RECYCLE_CHECK = (_host_refs(_fresh_host(4, np.float32, None)),
+                  _host_refs(_fresh_host((2, 2), np.float32, None)))
+
+
+def _recycle_lines(ns: dict, out: torch.Tensor) -> list:
+    """Source allocating a small contiguous output (as _alloc_lines' numpy form) into a host
+    buffer whose block died, when one is on this runner's list (simulator.HostBlock puts it
+    there) and *nothing else reaches it*: every holder a view, an escaped storage, array or
+    DLPack capsule, an adaptive group or a saved tensor could be raises one of the counts
+    _host_refs reads above what the buffer's own tuple makes (_RECYCLE_CHECK). Else a fresh one.
+    A buffer that fails is dropped (its memory is freed by whoever still holds it). What the
+    block accounts is unchanged: a small block reserves nothing beyond its allocation."""
+    free = []
+    ns.update({"FREE": free, "POP": free.pop, "fresh_host": _fresh_host,
+               "HSHAPE": out.numel() if out.dim() == 1 else tuple(out.shape),
+               "NPDT": _NP_DTYPES[out.dtype], "NUMEL": out.numel(), "UC": torch.Tensor._use_count,
+               "RC": _RC, "SUC": _SUC})
+    uc, rc0, rc1, rc2, rc3, suc = _RECYCLE_CHECK[out.dim() != 1]
+    flat = f" or RC(h[2]) != {rc2}" if out.dim() != 1 else ""   # 1-d: h[2] is h[1]
+    return ["h = None",
+            "if FREE:",
+            "    try:",
+            "        h = POP()",
+            "    except IndexError:   # another thread took the last one",
+            "        pass",
+            f"if h is None or UC(h[0]) != {uc} or RC(h[0]) != {rc0} or RC(h[1]) != {rc1}"
+            f"{flat} or RC(h[4]) != {rc3} or SUC(h[4]._cdata) != {suc}:",
+            "    h = fresh_host(HSHAPE, NPDT, PART)",
+            "else:",
+            "    F['host_reuses'] += 1",
+            "block = SIM.cores[IDX].alloc_small(NB, h, FREE)",
+            "data = h[0]",
+            "out_np = h[2]"]
+
+
 def _wrap_lines(ns: dict, lines: list, index: int) -> str:
     """Source of the return statement wrapping `data` (SHAPE/STRIDE/DT known): the wrapper made
     directly, as NeuronTensor.__new__ makes it, without reading the metadata back."""
@@ -477,9 +546,12 @@ def _wrap_lines(ns: dict, lines: list, index: int) -> str:
     # the keyword form costs ~0.4 us more in the argument parser
     lines += ["r = make(NT, SHAPE, STRIDE, 0, None, DT, STRIDED, DEV)",
               "r._data = data", "r._block = block", "r._index = IDX"]
+    ns["PART"] = _out_part(ns, "", index)
+    if "FREE" in ns:   # _recycle_lines: the host buffer's tuple holds both caches
+        lines += ["r._npc = h", "r._sgc = h[3]"]
+        return "return r"
     if "NPDT" in ns:   # _alloc_lines' numpy form: data_np and out_np are its numpy views
         lines.append("r._npc = (data, data_np, out_np)")
-    ns["PART"] = _out_part(ns, "", index)
     lines.append("r._sgc = (data, PART)")   # the result is often the next op's operand
     return "return r"
 

@@ -68,6 +68,39 @@ class Block:
             pass
 
 
+class HostBlock(Block):
+    """A small block (below the pool) whose host buffer a fast-path runner reuses.
+
+    When the block dies its bytes are freed as any block's (the same queue, the same counters),
+    and `host` (the buffer: its host tensor, numpy views, storage) goes onto `free`, the
+    runner's list. It is only a candidate there: the runner takes it again only if nothing but
+    the list still reaches its memory (fastpath._RECYCLE_CHECK counts every holder), so a view,
+    an escaped storage or DLPack capsule, a pending adaptive group's array or a saved tensor
+    keeps it from ever being handed out twice.
+    """
+
+    __slots__ = ("free", "host")
+
+    def __init__(self, core: Core, nbytes: int, host: tuple, free: list) -> None:
+        self.core = core
+        self.nbytes = nbytes
+        self.storage = None
+        self.host = host
+        self.free = free
+
+    def __del__(self) -> None:
+        try:
+            self.core._freed.append((self.nbytes, None))
+            free = self.free
+            if len(free) < HOST_RECYCLE_DEPTH:
+                free.append(self.host)
+        except Exception:  # noqa: BLE001, S110 -- interpreter shutdown: nothing left to account
+            pass
+
+
+HOST_RECYCLE_DEPTH = 4   # dead host buffers a runner keeps for reuse (a loop needs one or two)
+
+
 class Queue:
     """One stream's timeline on one core: the time its last enqueued work completes."""
 
@@ -184,9 +217,11 @@ class Core:
             storage = torch.UntypedStorage(size)
         return Block(self, size, storage)
 
-    def alloc_small(self, size: int) -> Block:
+    def alloc_small(self, size: int, host: tuple | None = None, free: list | None = None
+                    ) -> Block:
         """alloc(size, want_storage=False) for a size already rounded and below the pool's
-        threshold (the fast path's outputs): the same accounting in fewer steps."""
+        threshold (the fast path's outputs): the same accounting in fewer steps. With `host`
+        and `free`, a HostBlock: its host buffer goes onto `free` when it dies."""
         with self.lock:
             if self._freed:
                 self._drain()
@@ -201,8 +236,11 @@ class Core:
                     self.peak = allocated
                 self.alloc_count += 1
                 self.alloc_bytes_total += size
-                return Block(self, size, None)
-        return self.alloc(size, want_storage=False)   # the full path: pool retry, OOM error
+                if host is None:
+                    return Block(self, size, None)
+                return HostBlock(self, size, host, free)
+        # the full path (pool retry, OOM error); its block's host buffer is not reused
+        return self.alloc(size, want_storage=False)
 
     def _empty_pool(self) -> None:
         for size, storages in self.pool.items():

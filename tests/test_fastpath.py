@@ -729,3 +729,167 @@ def test_runner_outputs_carry_their_signature_part():
                 assert o._sgc[0] is o._data
                 assert o._sgc[1] == (o._data.dtype, o._data.shape, o._data.stride(), o._index)
     assert cached >= 2 * 10
+
+
+# --- recycled host buffers (fastpath._recycle_lines, simulator.HostBlock) ---------------------
+
+def _reuses() -> int:
+    return fastpath.STATS_FAST["host_reuses"]
+
+
+def _adder(shape=(4,)):
+    """Operands of a learned `a + b` runner whose list holds no dead buffer (all taken)."""
+    a = torch.randn(shape, device="neuron")
+    b = torch.randn(shape, device="neuron")
+    for _ in range(3):
+        a + b
+    keep = [a + b for _ in range(6)]   # takes every dead buffer off the list
+    assert _reuses() > 0
+    return a, b, keep
+
+
+def test_dead_outputs_host_buffers_are_reused_and_values_stay_right():
+    a, b, keep = _adder()
+    before = _reuses()
+    for k in range(6):
+        c = a + b * k if k % 2 else a + b   # b * k: its own runner; the adds share one
+        want = a.cpu() + (b.cpu() * k if k % 2 else b.cpu())
+        assert torch.equal(c.cpu(), want)
+    del c
+    assert _reuses() - before >= 5   # every add after the first takes the previous c's buffer
+    # outputs alive together never share memory; each keeps its value
+    ptrs = {t.data_ptr() for t in keep}
+    assert len(ptrs) == len(keep)
+    keep[0].add_(1.0)
+    assert all(torch.equal(t.cpu(), a.cpu() + b.cpu()) for t in keep[1:])
+    # counters and accounting are the funnel's: a dead small output frees its bytes
+    core = eager_neuron.simulator.SIM.cores[0]
+    held = core.allocated
+    c = a + b
+    assert core.allocated == held + 512
+    del c
+    assert core.allocated == held
+
+
+# each escape: (what holds the host memory, a reader of the values it sees: called once, at the
+# end, as a flat tensor)
+def _escape_host_view(c):      # a CPU view of the host buffer, held without the block
+    v = c._data.reshape(-1)[1:]
+    return v, lambda: torch.cat([c_first(v), v])
+
+
+def c_first(v):   # the element before a view's first one (the reader shows the whole buffer)
+    return v.as_strided((1,), (1,), v.storage_offset() - 1)
+
+
+def _escape_host_dlpack(c):    # an unconsumed DLPack capsule of the host buffer
+    cap = c._data.__dlpack__()
+    return cap, lambda: torch.from_dlpack(_Capsule(cap)).reshape(-1).clone()
+
+
+def _escape_dlpack_consumer(c):   # a tensor a DLPack consumer made over the host buffer
+    t = torch.from_dlpack(_Capsule(c._data.__dlpack__()))
+    return t, lambda: t.reshape(-1).clone()
+
+
+def _escape_host_storage(c):   # the host storage object alone (a neuron storage holds it)
+    st = c._data.untyped_storage()
+    return st, lambda: torch.frombuffer(bytearray(bytes(st)), dtype=torch.float32)
+
+
+def _escape_host_numpy(c):     # Tensor.numpy() of the host tensor (holds the tensor)
+    arr = c._data.numpy()
+    return arr, lambda: torch.from_numpy(arr.reshape(-1).copy())
+
+
+def _escape_flat_numpy(c):     # the cached flat numpy view (a group or a kernel keeps it)
+    arr = fastpath.flat_np(c)
+    return arr, lambda: torch.from_numpy(arr.copy())
+
+
+def _escape_below_autograd(c):  # a tensor over the storage that autograd never saw
+    with torch._C._AutoDispatchBelowADInplaceOrView():
+        v = c._data.as_strided((2,), (1,), 0)
+    return v, lambda: v.clone()
+
+
+class _Capsule:
+    def __init__(self, cap):
+        self.cap = cap
+
+    def __dlpack__(self, **_kw):
+        return self.cap
+
+    def __dlpack_device__(self):
+        return (1, 0)   # kDLCPU
+
+
+@pytest.mark.parametrize("escape", [_escape_host_view, _escape_host_dlpack,
+                                    _escape_dlpack_consumer, _escape_host_storage,
+                                    _escape_host_numpy, _escape_flat_numpy,
+                                    _escape_below_autograd])
+@pytest.mark.parametrize("shape", [(4,), (3, 5)])
+def test_a_dead_output_whose_host_memory_escaped_is_never_reused(escape, shape):
+    # the output's block dies with it, but something still reaches its host memory: the
+    # runner must not hand that memory to a later output (the reference counts tell)
+    a, b, keep = _adder(shape)
+    c = a + b
+    ptr = c.data_ptr()
+    seen = c.cpu().reshape(-1)
+    holder, read = escape(c)
+    del c   # its buffer goes onto the runner's list: the next add pops it first
+    before = _reuses()
+    for k in range(4):
+        d = a + b * (k + 2)
+        assert d.data_ptr() != ptr
+        assert torch.equal(d.cpu(), a.cpu() + b.cpu() * (k + 2))
+    got = read()
+    assert torch.equal(got, seen[:got.numel()])
+    assert _reuses() - before >= 2   # the other dead outputs are reused meanwhile
+    del holder, d, keep
+
+
+def test_live_view_storage_and_saved_tensor_keep_a_buffer_from_reuse():
+    # a neuron view, the neuron storage and an autograd graph each hold the output's block:
+    # it does not die, so its buffer never reaches the list
+    a, b, keep = _adder()
+    w = torch.randn(4, device="neuron", requires_grad=True)
+    c1, c2, c3 = a + b, a + b * 2, a + b * 3
+    ptrs = {c1.data_ptr(), c2.data_ptr(), c3.data_ptr()}
+    v = c1.view(2, 2)
+    s = c2.untyped_storage()
+    loss = (c3 * w).sum()   # mul saves c3 for w's gradient
+    del c1, c2, c3
+    before = _reuses()
+    for k in range(6):
+        d = a + b * (k + 5)
+        assert d.data_ptr() not in ptrs
+        assert torch.equal(d.cpu(), a.cpu() + b.cpu() * (k + 5))
+    assert _reuses() - before >= 5
+    assert torch.equal(v.cpu().reshape(-1), a.cpu() + b.cpu())
+    assert torch.equal(torch.tensor(s.cpu().tolist(), dtype=torch.uint8)[:16],
+                       (a.cpu() + b.cpu() * 2).view(torch.uint8))
+    loss.backward()
+    assert torch.equal(w.grad.cpu(), a.cpu() + b.cpu() * 3)
+    del keep
+
+
+def test_a_pending_adaptive_group_keeps_a_dead_output_from_reuse():
+    # a group reads a runner's output lazily: it pins the block (and holds its arrays), so the
+    # buffer is not reused while the group is pending, and is afterwards
+    a, b, keep = _adder()
+    c = a + b
+    ptr = c.data_ptr()
+    with eager_neuron.adaptive():
+        y = c * 3          # recorded, not run
+        del c
+        z = a + b * 4      # adaptive eager's own runner: a fresh buffer
+        assert z.data_ptr() != ptr
+        out = y + z
+    assert torch.equal(out.cpu(), (a.cpu() + b.cpu()) * 3 + (a.cpu() + b.cpu() * 4))
+    del y, z, out
+    before = _reuses()
+    d = a + b   # the group has let go: the dead output's buffer is taken now
+    assert _reuses() - before == 1 and d.data_ptr() == ptr
+    assert torch.equal(d.cpu(), a.cpu() + b.cpu())
+    del keep
