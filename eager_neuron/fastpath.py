@@ -73,10 +73,30 @@ _I64 = 1 << 63
 _NEG_ZERO = ("-0.0",)     # -0.0 in a values-keyed signature (it compares equal to 0.0)
 
 
+_PART_IDS: dict = {}   # a tensor's signature part (dtype, sizes, strides, index) -> its number
+_PART_NEXT = __import__("itertools").count(1).__next__   # atomic: two threads never share one
+_PART_MAX = 1 << 16    # then parts stay tuples (still distinct keys: a tuple never equals an int)
+
+
+def _part(dtype, shape, stride, index):
+    """A neuron tensor's part of a signature: a small int standing for (dtype, sizes, strides,
+    device index), numbered once per process. A signature of ints hashes and compares in a
+    fraction of the time of one of nested tuples (issue 14: the entry's cost). Unambiguous:
+    every other operand's part starts with a type, None or an atom, never a bare int."""
+    part = (dtype, shape, stride, index)
+    n = _PART_IDS.get(part)
+    if n is None:
+        if len(_PART_IDS) >= _PART_MAX:
+            return part
+        n = _PART_IDS.setdefault(part, _PART_NEXT())
+    return n
+
+
 def signature(args: tuple, kwargs: dict, values: bool):
     """The call's signature as a tuple, or None when an operand cannot be taken fast. A neuron
-    tensor's part (dtype, sizes, strides, device index) is cached on it (`_sgc`) while its host
-    view is the same object (host views are never changed in place: see NeuronTensor._npc)."""
+    tensor's part (_part: its dtype, sizes, strides, device index, numbered) is cached on it
+    (`_sgc`) while its host view is the same object (host views are never changed in place:
+    see NeuronTensor._npc)."""
     sig = [len(args)]
     app = sig.append
     # NOTE: the keyword loop below repeats this one on purpose: a helper call per operand
@@ -87,7 +107,7 @@ def signature(args: tuple, kwargs: dict, values: bool):
             d = a._data
             c = a._sgc
             if c is None or c[0] is not d:
-                c = a._sgc = (d, (d.dtype, d.shape, d.stride(), a._index))
+                c = a._sgc = (d, _part(d.dtype, d.shape, d.stride(), a._index))
             app(c[1])
         elif t is float or t is int or t is bool:
             app(t)
@@ -112,7 +132,7 @@ def signature(args: tuple, kwargs: dict, values: bool):
                 d = a._data
                 c = a._sgc
                 if c is None or c[0] is not d:
-                    c = a._sgc = (d, (d.dtype, d.shape, d.stride(), a._index))
+                    c = a._sgc = (d, _part(d.dtype, d.shape, d.stride(), a._index))
                 app(c[1])
             elif t is float or t is int or t is bool:
                 app(t)
@@ -139,7 +159,7 @@ def _tensor_part(v) -> tuple:
     d = v._data
     c = v._sgc
     if c is None or c[0] is not d:
-        c = v._sgc = (d, (d.dtype, d.shape, d.stride(), v._index))
+        c = v._sgc = (d, _part(d.dtype, d.shape, d.stride(), v._index))
     return c[1]
 
 
@@ -369,7 +389,14 @@ def learn_elementwise(func, plan, args, kwargs, index: int, a: dict, outs: list,
     if target is None and "NPDT" not in ns:   # the numpy form and W's path define out_np
         out_flat = ".reshape(-1)" if len(outs[0].shape) != 1 else ""
         lines.append(f"out_np = data.numpy(){out_flat}")
-    lines.append(f"K(out_np, {', '.join(arrays + svals)})")
+    # the operands' cached flat views (flat_np inlined: its call is ~50 ns of a ~4 us runner)
+    operands = []
+    for i, e in enumerate(arrays):
+        lines += [f"x = {e[4:-1]}", "c = x._npc",
+                  f"o{i} = c[2] if c is not None and c[0] is x._data and c[2] is not None "
+                  "else FNP(x)"]
+        operands.append(f"o{i}")
+    lines.append(f"K(out_np, {', '.join(operands + svals)})")
     # the kernel's compiled entry point for the argument types every call of this signature
     # passes (the dispatcher's per-call type matching skipped: ~0.25 us)
     if target is not None:
@@ -453,7 +480,7 @@ def _alloc_lines(ns: dict, out: torch.Tensor, index: int, suffix: str = "",
         ns[f"NB{x}"] = max(512, (nbytes + 511) // 512 * 512)
         if (recycle and not x and numpy_ok and out.is_contiguous() and out.dtype in _NP_DTYPES
                 and 0 < nbytes <= _RECYCLE_MAX_BYTES):
-            return _recycle_lines(ns, out)
+            return _recycle_lines(ns, out, index)
         lines = [f"block{x} = SIM.cores[IDX].alloc_small(NB{x})"]
         if numpy_ok and out.is_contiguous() and out.dtype in _NP_DTYPES:
             # numpy's allocator and one from_numpy: half the cost of torch.empty + .numpy()
@@ -504,7 +531,7 @@ _RECYCLE_CHECK = (_host_refs(_fresh_host(4, np.float32, None)),
                   _host_refs(_fresh_host((2, 2), np.float32, None)))
 
 
-def _recycle_lines(ns: dict, out: torch.Tensor) -> list:
+def _recycle_lines(ns: dict, out: torch.Tensor, index: int) -> list:
     """Source allocating a small contiguous output (as _alloc_lines' numpy form) into a host
     buffer whose block died, when one is on this runner's list (simulator.HostBlock puts it
     there) and *nothing else reaches it*: every holder a view, an escaped storage, array or
@@ -516,7 +543,7 @@ def _recycle_lines(ns: dict, out: torch.Tensor) -> list:
     ns.update({"FREE": free, "POP": free.pop, "fresh_host": _fresh_host,
                "HSHAPE": out.numel() if out.dim() == 1 else tuple(out.shape),
                "NPDT": _NP_DTYPES[out.dtype], "NUMEL": out.numel(), "UC": torch.Tensor._use_count,
-               "RC": _RC, "SUC": _SUC})
+               "RC": _RC, "SUC": _SUC, "ACORE": SIM.cores[index]})
     uc, rc0, rc1, rc2, rc3, suc = _RECYCLE_CHECK[out.dim() != 1]
     flat = f" or RC(h[2]) != {rc2}" if out.dim() != 1 else ""   # 1-d: h[2] is h[1]
     return ["h = None",
@@ -530,7 +557,7 @@ def _recycle_lines(ns: dict, out: torch.Tensor) -> list:
             "    h = fresh_host(HSHAPE, NPDT, PART)",
             "else:",
             "    F['host_reuses'] += 1",
-            "block = SIM.cores[IDX].alloc_small(NB, h, FREE)",
+            "block = ACORE.alloc_small(NB, h, FREE)",
             "data = h[0]",
             "out_np = h[2]"]
 
@@ -563,7 +590,7 @@ def _out_part(ns: dict, x: str, index: int) -> tuple:
         sample = torch.from_numpy(np.empty(ns[f"SHAPE{x}"], ns[f"NPDT{x}"]))
     else:
         sample = _EMPTY_STRIDED(ns[f"SHAPE{x}"], ns[f"STRIDE{x}"], dtype=ns[f"DT{x}"])
-    return (sample.dtype, sample.shape, sample.stride(), index)
+    return _part(sample.dtype, sample.shape, sample.stride(), index)
 
 
 _SAME_VIEW = frozenset({torch.ops.aten.detach.default, torch.ops.aten.alias.default})
@@ -667,7 +694,7 @@ def learn_view(func, args, kwargs, out) -> None:
     if single:
         # sizes, strides and dtype are the signature's: only the offset is read back
         ns.update(SHAPE=tuple(out.shape), STRIDE=out.stride(), DT=out.dtype,
-                  PART=(out.dtype, out.shape, out.stride(), index))
+                  PART=_part(out.dtype, out.shape, out.stride(), index))
         lines += ["if out.is_neg(): return MISS",
                   "r = make(NT, SHAPE, STRIDE, out.storage_offset(), None, DT, STRIDED, DEV)",
                   "r._data = out", "r._block = x._block", "r._index = IDX",
@@ -676,8 +703,8 @@ def learn_view(func, args, kwargs, out) -> None:
                   "S.views += 1", "F['hits'] += 1", "return r"]
     else:
         # the number of views and each one's metadata are the signature's (unbind, split)
-        ns["META"] = tuple((tuple(o.shape), o.stride(), o.dtype, (o.dtype, o.shape, o.stride(),
-                                                                   index)) for o in outs)
+        ns["META"] = tuple((tuple(o.shape), o.stride(), o.dtype,
+                            _part(o.dtype, o.shape, o.stride(), index)) for o in outs)
         lines += ["b = x._block",
                   "res = []",
                   "for o, (sh, st, dt, part) in zip(out, META):",

@@ -659,8 +659,8 @@ def test_view_runners_equal_cpu_at_every_offset(name):
         for g, w in zip(gots, wants):
             assert (g.shape, g.stride(), g.storage_offset(), g.dtype) == \
                 (w.shape, w.stride(), w.storage_offset(), w.dtype)
-            assert g._sgc is None or g._sgc[1] == (g._data.dtype, g._data.shape,
-                                                   g._data.stride(), g._index)
+            assert g._sgc is None or g._sgc[1] == fastpath._part(g._data.dtype, g._data.shape,
+                                                                 g._data.stride(), g._index)
             assert torch.equal(g.cpu(), w)
         if k == 2:
             assert _hits() - before >= 1   # the repeat ran on the view runner
@@ -727,7 +727,8 @@ def test_runner_outputs_carry_their_signature_part():
             if o._sgc is not None:
                 cached += 1
                 assert o._sgc[0] is o._data
-                assert o._sgc[1] == (o._data.dtype, o._data.shape, o._data.stride(), o._index)
+                assert o._sgc[1] == fastpath._part(o._data.dtype, o._data.shape,
+                                                   o._data.stride(), o._index)
     assert cached >= 2 * 10
 
 
@@ -893,3 +894,29 @@ def test_a_pending_adaptive_group_keeps_a_dead_output_from_reuse():
     assert _reuses() - before == 1 and d.data_ptr() == ptr
     assert torch.equal(d.cpu(), a.cpu() + b.cpu())
     del keep
+
+
+def test_signature_parts_are_numbered_one_to_one(monkeypatch):
+    # a tensor's signature part is a number standing for (dtype, sizes, strides, core): two
+    # different layouts never share one, the same layout always gets the same one
+    metas = [(torch.float32, (4,), (1,)), (torch.float64, (4,), (1,)), (torch.int64, (4,), (1,)),
+             (torch.float32, (2, 2), (2, 1)), (torch.float32, (2, 2), (1, 2)),
+             (torch.float32, (4, 1), (1, 1)), (torch.float32, (1, 4), (4, 1)),
+             (torch.float32, (), ()), (torch.float32, (0,), (1,)), (torch.float32, (1,), (1,))]
+    parts = {(m, i): fastpath._part(m[0], torch.Size(m[1]), m[2], i) for m in metas
+             for i in (0, 1)}
+    assert len(set(parts.values())) == len(parts)
+    assert all(fastpath._part(m[0], torch.Size(m[1]), m[2], i) == p
+               for (m, i), p in parts.items())
+    x = torch.randn(2, 3, device="neuron")
+    assert fastpath.signature((x, x.t()), {}, False) != fastpath.signature((x, x), {}, False)
+    # a full numbering: new layouts keep their tuple (never equal to a number) and still run
+    monkeypatch.setattr(fastpath, "_PART_MAX", 0)
+    assert fastpath._part(torch.int8, torch.Size([3, 7]), (7, 1), 0) == \
+        (torch.int8, (3, 7), (7, 1), 0)
+    y = torch.randn(3, 7, 2).to("neuron")
+    want = (y.cpu() * 2 + y.cpu())
+    before = _hits()
+    for _ in range(3):
+        assert torch.equal((y * 2 + y).cpu(), want)
+    assert _hits() - before >= 4
