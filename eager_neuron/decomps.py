@@ -10,6 +10,8 @@ True
 
 from __future__ import annotations
 
+import torch
+
 _DECOMP = None
 
 
@@ -21,5 +23,22 @@ def decomposition(func):
 
         table = dict(decomposition_table)
         table.update(core_aten_decompositions())
+        for op in (torch.ops.aten.channel_shuffle.default,
+                   torch.ops.aten.native_channel_shuffle.default):
+            if op in table:
+                table[op] = _keeps_memory_format(table[op])
         _DECOMP = table
     return _DECOMP.get(func)
+
+
+def _keeps_memory_format(decomp):
+    """torch's decomposition, its result in the input's suggested memory format as the CPU's
+    kernel gives it (channel_shuffle of a channels_last input is channels_last)."""
+    def run(self, *args, **kwargs):
+        from torch._prims_common import suggest_memory_format
+
+        out = decomp(self, *args, **kwargs)
+        fmt = suggest_memory_format(self)
+        return out if fmt == torch.contiguous_format else out.contiguous(memory_format=fmt)
+
+    return run

@@ -24,8 +24,56 @@ def _nan_to_num_inplace(self, nan=None, posinf=None, neginf=None):
     return torch.ops.aten.nan_to_num.out(self, nan, posinf, neginf, out=self)
 
 
-# in-place ops whose torch meta function wrongly refuses operands the CPU accepts
-_META_VIA_OUT = {torch.ops.aten.nan_to_num_.default: _nan_to_num_inplace}
+def _cpu_memory_format(x, w, bias_sizes, stride, padding, dilation, transposed,
+                       output_padding, groups):
+    """The memory format the CPU's convolution gives its outputs and gradients: its backend's
+    (channels_last when the input or the weight is, where that backend has it: not float64
+    3-d). Asked of torch on CPU tensors of the operands' layouts, never written or read."""
+    empty = torch._C._VariableFunctions.empty_strided
+    xc = empty(x.shape, x.stride(), dtype=x.dtype)
+    wc = empty(w.shape, w.stride(), dtype=w.dtype)
+    backend = torch._C._select_conv_backend(xc, wc, None, stride, padding, dilation, transposed,
+                                            output_padding, groups, bias_sizes)
+    if w.dim() == 3:   # 1-d: asked as 2-d, the input contiguous (what ATen does)
+        xc = torch.empty(x.shape, dtype=x.dtype).unsqueeze(2)
+        wc = wc.unsqueeze(2)
+    return torch._C._conv_determine_backend_memory_format(xc, wc, backend)
+
+
+def _in_format(t, fmt):
+    if t is None:
+        return t
+    if t.dim() == 3 and fmt != torch.contiguous_format:
+        return t.unsqueeze(2).contiguous(memory_format=fmt).squeeze(2)
+    return t.contiguous(memory_format=fmt)
+
+
+def _convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
+                 groups):
+    # torch's meta convolution leaves its output contiguous ("meta tensors have no device");
+    # the CPU's is in its backend's memory format
+    out = torch.ops.aten.convolution.default(input, weight, bias, stride, padding, dilation,
+                                             transposed, output_padding, groups)
+    sizes = None if bias is None else list(bias.shape)
+    return _in_format(out, _cpu_memory_format(input, weight, sizes, stride, padding, dilation,
+                                              transposed, output_padding, groups))
+
+
+def _convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
+                          transposed, output_padding, groups, output_mask):
+    gi, gw, gb = torch.ops.aten.convolution_backward.default(
+        grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
+        output_padding, groups, output_mask)
+    fmt = _cpu_memory_format(input, weight, bias_sizes, stride, padding, dilation, transposed,
+                             output_padding, groups)
+    return _in_format(gi, fmt), _in_format(gw, fmt), gb
+
+
+# in-place ops whose torch meta function wrongly refuses operands the CPU accepts, and ops whose
+# meta output layout is not the CPU's
+_META_VIA_OUT = {torch.ops.aten.nan_to_num_.default: _nan_to_num_inplace,
+                 torch.ops.aten.convolution.default: _convolution,
+                 torch.ops.aten.convolution_backward.default: _convolution_backward}
 
 
 def _spec(x):

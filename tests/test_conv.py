@@ -79,6 +79,41 @@ def test_conv2d(case):
     run(CONV2D[case], torch.randn(2, 4, 7, 9), torch.randn(6, 4, 3, 3), torch.randn(6))
 
 
+LAYOUTS = [(dtype, nd, icl, wcl, tr, groups)
+           for dtype in (torch.float32, torch.float64) for nd in (1, 2, 3)
+           for icl, wcl in ((0, 0), (1, 0), (0, 1)) for tr, groups in ((False, 1), (True, 1),
+                                                                        (False, 2))
+           if nd > 1 or not (icl or wcl)]
+
+
+@pytest.mark.parametrize("dtype,nd,icl,wcl,tr,groups", LAYOUTS)
+def test_conv_output_and_gradient_layouts_are_the_cpus(dtype, nd, icl, wcl, tr, groups):
+    # the CPU's convolution gives its backend's memory format (channels_last when the input or
+    # the weight is, where the backend has it; float64 3-d has not): the output and both
+    # gradients have the CPU's strides, and values within float64's reference bounds
+    fmt = {2: torch.channels_last, 3: torch.channels_last_3d}.get(nd)
+    x = torch.randn(2, 4, *(5,) * nd, dtype=dtype)
+    w = torch.randn(4, 4 // groups, *(3,) * nd, dtype=dtype)
+    x = x.contiguous(memory_format=fmt) if icl else x
+    w = w.contiguous(memory_format=fmt) if wcl else w
+    got = {}
+    for dev in ("cpu", DEV):
+        xx, ww = x.to(dev).requires_grad_(), w.to(dev).requires_grad_()
+        y = torch.ops.aten.convolution(xx, ww, None, [1] * nd, [1] * nd, [1] * nd, tr,
+                                       [0] * nd, groups)
+        gx, gw = torch.autograd.grad(y, (xx, ww), torch.ones_like(y))
+        got[dev] = (y, gx, gw)
+    for c, d in zip(got["cpu"], got[DEV]):
+        assert d.stride() == c.stride()
+        torch.testing.assert_close(d.detach().cpu(), c.detach(), **TOL[dtype])
+
+
+def test_channel_shuffle_keeps_channels_last():
+    x = torch.randn(2, 8, 3, 3).contiguous(memory_format=torch.channels_last)
+    want, got = F.channel_shuffle(x, 2), F.channel_shuffle(x.to(DEV), 2)
+    assert got.stride() == want.stride() and torch.equal(got.cpu(), want)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_conv1d(dtype):
     """Height-1 2-D convolution; in float32 it reuses the conv2d kernels."""
