@@ -92,11 +92,39 @@ def _part(dtype, shape, stride, index):
     return n
 
 
+_BIN = True   # signature's shortcut for one or two tensors (the tests compare it off and on)
+_default_dtype = torch.get_default_dtype
+
+
 def signature(args: tuple, kwargs: dict, values: bool):
     """The call's signature as a tuple, or None when an operand cannot be taken fast. A neuron
     tensor's part (_part: its dtype, sizes, strides, device index, numbered) is cached on it
     (`_sgc`) while its host view is the same object (host views are never changed in place:
     see NeuronTensor._npc)."""
+    if _BIN and not kwargs:
+        # one or two neuron tensors (unary and binary ops): the general loop's tuple, built
+        # directly (~0.2 us less; keep the two alike)
+        n = len(args)
+        if n == 2:
+            a, b = args
+            if type(b) is NeuronTensor and type(a) is NeuronTensor:
+                d = a._data
+                c = a._sgc
+                if c is None or c[0] is not d:
+                    c = a._sgc = (d, _part(d.dtype, d.shape, d.stride(), a._index))
+                d = b._data
+                e = b._sgc
+                if e is None or e[0] is not d:
+                    e = b._sgc = (d, _part(d.dtype, d.shape, d.stride(), b._index))
+                return (2, c[1], e[1], _default_dtype())
+        elif n == 1:
+            a = args[0]
+            if type(a) is NeuronTensor:
+                d = a._data
+                c = a._sgc
+                if c is None or c[0] is not d:
+                    c = a._sgc = (d, _part(d.dtype, d.shape, d.stride(), a._index))
+                return (1, c[1], _default_dtype())
     sig = [len(args)]
     app = sig.append
     # NOTE: the keyword loop below repeats this one on purpose: a helper call per operand

@@ -910,6 +910,12 @@ def test_signature_parts_are_numbered_one_to_one(monkeypatch):
                for (m, i), p in parts.items())
     x = torch.randn(2, 3, device="neuron")
     assert fastpath.signature((x, x.t()), {}, False) != fastpath.signature((x, x), {}, False)
+    # the shortcut for one or two tensors gives the general loop's signature
+    calls = [(x,), (x, x.t()), (x, x[0]), (x, 2), (x, [3, 2]), (x.double(), x), (1.5, x)]
+    fast = [fastpath.signature(c, {}, v) for c in calls for v in (False, True)]
+    monkeypatch.setattr(fastpath, "_BIN", False)
+    assert fast == [fastpath.signature(c, {}, v) for c in calls for v in (False, True)]
+    monkeypatch.setattr(fastpath, "_BIN", True)
     # a full numbering: new layouts keep their tuple (never equal to a number) and still run
     monkeypatch.setattr(fastpath, "_PART_MAX", 0)
     assert fastpath._part(torch.int8, torch.Size([3, 7]), (7, 1), 0) == \
