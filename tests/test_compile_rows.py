@@ -183,3 +183,90 @@ def test_strided_chunks_are_row_kernels(dtype):
     assert s["row_kernel_launches"] >= 1
     assert not {"aten::sigmoid", "aten::tanh", "aten::mul.Tensor"} & set(s["graph_eager_ops"])
     assert not s["group_fallbacks"]
+
+
+# -- per-step costs of a compiled training step (issue 17) ----------------------------------------
+
+class _Proj(torch.nn.Module):
+    """Llama's attention shapes in small: projections viewed into heads and transposed, a
+    rotate_half (slices, cat: its backward is slice_backward), a SiLU gate (its backward builds
+    `1 - sigmoid` from empty_like + fill)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(5)
+        self.q = torch.nn.Linear(16, 16, bias=False)
+        self.up = torch.nn.Linear(16, 32, bias=False)
+        self.down = torch.nn.Linear(32, 16, bias=False)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        q = self.q(x).view(B, T, 2, 8).transpose(1, 2)          # (B, heads, T, 8)
+        rot = torch.cat((-q[..., 4:], q[..., :4]), dim=-1)
+        h = (q * 0.5 + rot).transpose(1, 2).reshape(B, T, 16)
+        return self.down(torch.nn.functional.silu(self.up(h)) * 2)
+
+
+def _proj_step(compiled: bool):
+    torch.manual_seed(0)
+    m = _Proj().to(N)
+    x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(6)).to(N)
+
+    def step(x):
+        out = m(x)
+        out.square().mean().backward()
+        return out.detach()
+
+    f = torch.compile(step, backend="neuron") if compiled else step
+    return m, f, x
+
+
+def test_training_step_costs_views_slice_backward_fill():
+    """The views a kernel reads are absorbed (no tensor made), slice_backward runs as zeros and
+    a strided copy (not torch's reference decomposition), fill(empty_like) is a constant in a
+    fused kernel; compiled equals neuron eager and a float64 CPU reference."""
+    mc, fc, x = _proj_step(True)
+    me, fe, _ = _proj_step(False)
+    eager_neuron.reset_stats()
+    out_c = fc(x)
+    s, st = cstats(), eager_neuron.stats()
+    out_e = fe(x)
+    _close(out_c, out_e, torch.float32, 64)
+    for pc, pe in zip(mc.parameters(), me.parameters()):
+        _close(pc.grad, pe.grad, torch.float32, 256)
+    assert s["views_absorbed"] >= 4, s["views_absorbed"]
+    assert s["graph_eager_ops"].get("aten::slice_backward", 0) >= 1
+    assert st["decompositions"].get("aten::slice_backward", 0) == 0, st["decompositions"]
+    assert not {"aten::empty_like", "aten::fill.Scalar"} & set(s["graph_eager_ops"])
+    assert not s["group_fallbacks"] and not s["graph_fallbacks"]
+    # a float64 CPU reference of the same step
+    m64 = _Proj().double()
+    x64 = x.cpu().double()
+    out64 = m64(x64)
+    out64.square().mean().backward()
+    _close(out_c, out64, torch.float32, 64)
+    for pc, p64 in zip(mc.parameters(), m64.parameters()):
+        _close(pc.grad, p64.grad, torch.float32, 256)
+
+
+def test_absorbed_views_are_made_when_a_kernel_falls_back(monkeypatch):
+    """A row kernel that cannot run (here: every launch fails) reruns its nodes eagerly; the
+    views it absorbed are made first, so the result is the same."""
+    from eager_neuron.compile import rowstep
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no kernel today")
+
+    monkeypatch.setattr(rowstep, "launch", broken)
+    mc, fc, x = _proj_step(True)
+    me, fe, _ = _proj_step(False)
+    out_c = fc(x)
+    s = cstats()
+    assert s["views_absorbed"] >= 4
+    assert s["group_fallbacks"].get("row kernel failed: RuntimeError", 0) >= 1
+    _close(out_c, fe(x), torch.float32, 64)
+    for pc, pe in zip(mc.parameters(), me.parameters()):
+        _close(pc.grad, pe.grad, torch.float32, 256)

@@ -23,10 +23,15 @@ import sys
 import time
 import warnings
 
-import torch
-import torch.nn as nn
+# OpenMP workers spin after torch's parallel regions and took a core from whatever ran next
+# (tools/compile_sweep.py measured it: a compiled Llama step 59 ms next to torch's two-thread
+# steps, 23 ms without them); passive workers sleep at once. Set before torch loads OpenMP.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import eager_neuron
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+
+import eager_neuron  # noqa: E402
 
 warnings.simplefilter("ignore")
 torch._dynamo.config.cache_size_limit = 64

@@ -25,6 +25,12 @@ import time
 import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# OpenMP's workers spin after each of torch's parallel regions (GNU OpenMP: a few hundred ms by
+# default). Timed in turns on 2 cores, torch's two-thread steps left a worker spinning through
+# the next side's step: Llama compiled 59 ms wall / 42 ms CPU next to it, 23 / 23 ms without
+# it, torch on one thread 16 ms against 6 ms (2026-12-03, load 5). Passive workers sleep at
+# once; set before torch loads OpenMP (a value the caller exported wins).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
@@ -137,7 +143,7 @@ def main(argv=None) -> int:
     warnings.simplefilter("ignore")
     torch._dynamo.config.cache_size_limit = 64
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, "
-          f"{os.cpu_count()} cores")
+          f"{os.cpu_count()} cores, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}")
     print(f"{'model':7} {'ok':3} {'fallbk':6} {'gfb':3} {'kfb':3} {'eager':5} {'kern':4} "
           f"{'cold s':>7} {'cpu ms':>8} {'eager ms':>8} {'comp ms':>8} {'comp/cpu':>8} target")
     for name in args.models.split(","):

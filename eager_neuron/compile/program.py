@@ -24,7 +24,8 @@ from ..kernels import compile as kc
 from ..launch import launch
 from ..tensor import NeuronTensor
 from . import fold, hostscalar
-from .codegen import Group, LoweringError, _stack_line, partition
+from .absorb import absorb_views, materialize
+from .codegen import Group, LoweringError, _stack_line, fill_as_full_like, partition
 from .foreach import expand_foreach
 from .hostscalar import tensorize
 from .rows import find_regions, split_var_mean
@@ -181,6 +182,7 @@ class Program:
         self.name = name
         expand_foreach(gm)
         split_var_mean(gm)
+        fill_as_full_like(gm)
         graph = gm.graph
         self.placeholders = [n for n in graph.nodes if n.op == "placeholder"]
         # get_attr nodes: constants and subgraphs (a HOP's score_mod), fetched once
@@ -202,6 +204,8 @@ class Program:
                 self.steps.append(("rows", RowStep(x, users_outside)))
             else:
                 self.steps.append(("node", x))
+        # views read only by kernels: the kernels read their sources (compile/absorb.py)
+        self.n_absorbed = absorb_views(self.steps, out_users)
         self.n_host = _host_scalars(self.steps, out_users)
         self.frees: list = []
         last: dict = {}
@@ -241,6 +245,7 @@ class Program:
     def _counted(self) -> None:
         CSTATS.graphs_compiled += 1
         CSTATS.kernels_per_graph.append(self.n_kernels)
+        CSTATS.views_absorbed += getattr(self, "n_absorbed", 0)
         if "graphs" in config.log:
             print(self.describe(), file=sys.stderr)
 
@@ -316,7 +321,8 @@ class Program:
                 loader = self.loaders.get(x)
                 if loader is None:
                     _run_node(x, env)
-                elif not (direct and x.target in _VIEWS and _run_view(x, env, loader)):
+                elif not (direct and (form := _FORMS.get(x.target)) is not None and
+                          form(x, env, loader)):
                     _run_node(x, env, loader)
             if keep and record is not None:
                 for n in keep:
@@ -387,6 +393,7 @@ def _run_rows(step, env: dict) -> None:
         if not ok:
             CSTATS.group_fallbacks["row operand layout at run time"] += 1
     if not ok:
+        materialize(step, env, _run_node)
         tensorize(env, step.nodes)
         for node in step.nodes:
             _run_node(node, env)
@@ -434,28 +441,37 @@ def _hop_impl(t):
     return t
 
 
+def _reads_env(a) -> bool:
+    """Whether an FX argument holds a node (its value comes from the environment)."""
+    if isinstance(a, Node):
+        return True
+    if isinstance(a, (list, tuple)):
+        return any(_reads_env(x) for x in a)
+    if isinstance(a, dict):
+        return any(_reads_env(x) for x in a.values())
+    return False
+
+
 def _loader(node: Node):
     """env -> (args, kwargs) of one node, with the positions of its operands found once (the
-    generic walk over every argument cost ~10 us per node and run)."""
+    generic walk over every argument cost ~10 us per node and run). A nested argument with no
+    node in it (a view's shape, a permutation) is a constant, passed as it is (aten ops do not
+    mutate their int[] arguments); one with nodes (cat's tensors) is loaded by the walk."""
     args, kwargs = node.args, node.kwargs
-    nested = (list, tuple, dict)
-    if any(isinstance(a, nested) for a in args) or any(
-            isinstance(v, nested) for v in kwargs.values()):
-        return lambda env: (_load(args, env), _load(kwargs, env))
     base = list(args)
-    pos = [(i, a) for i, a in enumerate(args) if isinstance(a, Node)]
+    pos = [(i, a, type(a) is Node) for i, a in enumerate(args) if _reads_env(a)]
     kbase = dict(kwargs)
-    kpos = [(k, v) for k, v in kwargs.items() if isinstance(v, Node)]
+    kpos = [(k, v, type(v) is Node) for k, v in kwargs.items() if _reads_env(v)]
 
     def load(env):
         a = base.copy()
-        for i, n in pos:
-            a[i] = env[n]
+        for i, n, flat in pos:
+            a[i] = env[n] if flat else _load(n, env)
         if not kpos:
             return a, kbase
         kw = dict(kbase)
-        for k, n in kpos:
-            kw[k] = env[n]
+        for k, n, flat in kpos:
+            kw[k] = env[n] if flat else _load(n, env)
         return a, kw
     return load
 
@@ -471,6 +487,18 @@ _VIEWS = frozenset({
 })
 
 
+# the same views as Tensor methods on the host data (~1.5 us a call less than the OpOverload's
+# Python frame; 232 views per Llama training step)
+_VIEW_METHODS = {
+    aten.view.default: torch.Tensor.view, aten._unsafe_view.default: torch.Tensor.view,
+    aten.t.default: torch.Tensor.t, aten.transpose.int: torch.Tensor.transpose,
+    aten.unsqueeze.default: torch.Tensor.unsqueeze, aten.squeeze.dim: torch.Tensor.squeeze,
+    aten.squeeze.default: torch.Tensor.squeeze, aten.expand.default: torch.Tensor.expand,
+    aten.permute.default: torch.Tensor.permute, aten.select.int: torch.Tensor.select,
+    aten.detach.default: torch.Tensor.detach, aten.as_strided.default: torch.Tensor.as_strided,
+}
+
+
 def _run_view(node: Node, env: dict, loader) -> bool:
     """A view of a neuron tensor, straight from its host data; False: take the dispatch path
     (another operand kind, or a view the host tensor refuses: dispatch raises the error)."""
@@ -482,12 +510,35 @@ def _run_view(node: Node, env: dict, loader) -> bool:
     if data.is_conj() or data.is_neg():
         return False
     try:
-        out = node.target(data, *args[1:], **kwargs)
+        out = _VIEW_METHODS.get(node.target, node.target)(data, *args[1:], **kwargs)
     except Exception:    # (dispatch gives the error its neuron form)
         return False
     env[node] = NeuronTensor(out, base._block, base._index)
     CSTATS.graph_views += 1
     return True
+
+
+def _run_slice_backward(node: Node, env: dict, loader) -> bool:
+    """aten.slice_backward (the gradient of a slice: Llama's rotate_half, 8 per training step)
+    as zeros and one strided copy into the slice, both neuron kernels. Neuron eager ran
+    torch's reference decomposition (new_zeros and slice_scatter through the Python refs,
+    ~300-500 us each against ~70 us here). False: take the dispatch path."""
+    args, kwargs = loader(env)
+    if kwargs or len(args) != 6 or type(args[0]) is not NeuronTensor:
+        return False
+    grad, sizes, dim, start, end, step = args
+    CSTATS.eager_ops["aten::slice_backward"] += 1
+    out = _alloc(tuple(int(s) for s in sizes), grad.dtype, grad._index)
+    out.zero_()
+    aten.slice.Tensor(out, dim, start, end, step).copy_(grad)
+    env[node] = out
+    return True
+
+
+# eager nodes with a cheaper form than their dispatch when no dispatch mode must see them;
+# form(node, env, loader) -> False: run the node through dispatch (nothing was written)
+_FORMS = {v: _run_view for v in _VIEWS}
+_FORMS[aten.slice_backward.default] = _run_slice_backward
 
 
 def _run_node(node: Node, env: dict, loader=None) -> None:
@@ -582,6 +633,7 @@ def _run_fused(step: FusedStep, env: dict) -> None:
                 break
     if not ok:
         CSTATS.group_fallbacks["operand layout at run time"] += 1
+        materialize(step, env, _run_node)
         tensorize(env, step.nodes)
         for node in step.nodes:
             _run_node(node, env)
@@ -605,6 +657,7 @@ def _run_fused(step: FusedStep, env: dict) -> None:
         if "graphs" in config.log:
             print(f"[eager_neuron] fused kernel failed ({type(exc).__name__}: {exc}); "
                   "running its ops one by one", file=sys.stderr)
+        materialize(step, env, _run_node)
         tensorize(env, step.nodes)
         for node in step.nodes:
             _run_node(node, env)

@@ -25,6 +25,7 @@ from .. import launch as _launch
 from ..kernels import compile as kc
 from ..launch import launch
 from ..tensor import NeuronTensor
+from .absorb import apply_views
 from .codegen import _stack_line
 from .rows import PARALLEL_MIN, Region, _key, _mm_args, _val
 from .stats import CSTATS
@@ -305,13 +306,20 @@ def _view3d(arr: np.ndarray, mode: str, F: tuple, R: int):
 
 def run(step: RowStep, env: dict, run_node, alloc, flat) -> bool:
     """Launch the step's kernel; False when it must run its nodes eagerly (then nothing ran)."""
+    # (a view the step absorbed, compile/absorb.py, is not in env: its static shape is known)
+    vshape = getattr(step, "view_shapes", None) or {}
+    in_views = getattr(step, "in_views", None) or {}
+
+    def shape_of(n):
+        return vshape[n] if n in vshape else env[n].shape
+
     if step.shape_src is not None:
-        F = tuple(env[step.shape_src].shape)
+        F = tuple(shape_of(step.shape_src))
     elif step.static_F is not None:
         F = step.static_F
     else:
         x, w = step.mm_ops[0]
-        F = (env[x].shape[0], env[w].shape[1])
+        F = (shape_of(x)[0], shape_of(w)[1])
     R, C = int(math.prod(F[:-1])), int(F[-1])
     if R == 0 or C == 0:
         return False
@@ -322,6 +330,8 @@ def run(step: RowStep, env: dict, run_node, alloc, flat) -> bool:
         if type(t) is not NeuronTensor:
             return False
         arr = t._data.numpy()
+        if j in in_views:
+            arr = apply_views(arr, in_views[j])
         if mode == "mat":
             if arr.ndim != 2:
                 return False
@@ -359,7 +369,7 @@ def run(step: RowStep, env: dict, run_node, alloc, flat) -> bool:
         from ..blas import blas_threads
 
         for x, _ in step.mm_ops:
-            k = env[x].shape[1]
+            k = shape_of(x)[1]
             flops += 2.0 * R * C * k
             blas_threads(2.0 * R * C * k)
     params = (R, C) + tuple(args) + tuple(scalars)

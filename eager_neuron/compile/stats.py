@@ -17,6 +17,7 @@ class CompileStats:
         self.fused_nodes = 0              # aten nodes that ran inside fused kernels
         self.row_kernel_launches = 0      # of which row-region kernels (reductions, matmuls)
         self.graph_views = 0              # views made from host data, without dispatch
+        self.views_absorbed = 0           # view nodes kernels read through (per graph compiled)
         self.eager_ops: Counter = Counter()        # op name -> eager calls inside graphs
         self.graph_fallbacks: Counter = Counter()  # reason -> graphs run entirely in eager
         self.group_fallbacks: Counter = Counter()  # reason -> fused groups run op by op
@@ -35,6 +36,7 @@ class CompileStats:
             "fused_nodes": self.fused_nodes,
             "row_kernel_launches": self.row_kernel_launches,
             "graph_views": self.graph_views,
+            "views_absorbed": self.views_absorbed,
             "graph_eager_ops": dict(self.eager_ops),
             "graph_fallbacks": dict(self.graph_fallbacks),
             "group_fallbacks": dict(self.group_fallbacks),
