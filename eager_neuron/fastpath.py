@@ -506,9 +506,9 @@ def _alloc_lines(ns: dict, out: torch.Tensor, index: int, suffix: str = "",
     nbytes = extent * out.element_size()
     if nbytes < buffers._POOLED_BYTES:
         ns[f"NB{x}"] = max(512, (nbytes + 511) // 512 * 512)
-        if (recycle and not x and numpy_ok and out.is_contiguous() and out.dtype in _NP_DTYPES
+        if (recycle and numpy_ok and out.is_contiguous() and out.dtype in _NP_DTYPES
                 and 0 < nbytes <= _RECYCLE_MAX_BYTES):
-            return _recycle_lines(ns, out, index)
+            return _recycle_lines(ns, out, index, x)
         lines = [f"block{x} = SIM.cores[IDX].alloc_small(NB{x})"]
         if numpy_ok and out.is_contiguous() and out.dtype in _NP_DTYPES:
             # numpy's allocator and one from_numpy: half the cost of torch.empty + .numpy()
@@ -559,35 +559,38 @@ _RECYCLE_CHECK = (_host_refs(_fresh_host(4, np.float32, None)),
                   _host_refs(_fresh_host((2, 2), np.float32, None)))
 
 
-def _recycle_lines(ns: dict, out: torch.Tensor, index: int) -> list:
+def _recycle_lines(ns: dict, out: torch.Tensor, index: int, x: str = "") -> list:
     """Source allocating a small contiguous output (as _alloc_lines' numpy form) into a host
     buffer whose block died, when one is on this runner's list (simulator.HostBlock puts it
     there) and *nothing else reaches it*: every holder a view, an escaped storage, array or
     DLPack capsule, an adaptive group or a saved tensor could be raises one of the counts
     _host_refs reads above what the buffer's own tuple makes (_RECYCLE_CHECK). Else a fresh one.
     A buffer that fails is dropped (its memory is freed by whoever still holds it). What the
-    block accounts is unchanged: a small block reserves nothing beyond its allocation."""
+    block accounts is unchanged: a small block reserves nothing beyond its allocation.
+    Defines data{x}, block{x}, data_np{x}, out_np{x} and h{x} (the buffer's tuple)."""
     free = []
-    ns.update({"FREE": free, "POP": free.pop, "fresh_host": _fresh_host,
-               "HSHAPE": out.numel() if out.dim() == 1 else tuple(out.shape),
-               "NPDT": _NP_DTYPES[out.dtype], "NUMEL": out.numel(), "UC": torch.Tensor._use_count,
-               "RC": _RC, "SUC": _SUC, "ACORE": SIM.cores[index]})
+    ns.update({f"FREE{x}": free, f"POP{x}": free.pop, "fresh_host": _fresh_host,
+               f"HSHAPE{x}": out.numel() if out.dim() == 1 else tuple(out.shape),
+               f"NPDT{x}": _NP_DTYPES[out.dtype], f"NUMEL{x}": out.numel(),
+               "UC": torch.Tensor._use_count, "RC": _RC, "SUC": _SUC, "ACORE": SIM.cores[index]})
     uc, rc0, rc1, rc2, rc3, suc = _RECYCLE_CHECK[out.dim() != 1]
-    flat = f" or RC(h[2]) != {rc2}" if out.dim() != 1 else ""   # 1-d: h[2] is h[1]
-    return ["h = None",
-            "if FREE:",
+    h = f"h{x}"
+    flat = f" or RC({h}[2]) != {rc2}" if out.dim() != 1 else ""   # 1-d: h[2] is h[1]
+    return [f"{h} = None",
+            f"if FREE{x}:",
             "    try:",
-            "        h = POP()",
+            f"        {h} = POP{x}()",
             "    except IndexError:   # another thread took the last one",
             "        pass",
-            f"if h is None or UC(h[0]) != {uc} or RC(h[0]) != {rc0} or RC(h[1]) != {rc1}"
-            f"{flat} or RC(h[4]) != {rc3} or SUC(h[4]._cdata) != {suc}:",
-            "    h = fresh_host(HSHAPE, NPDT, PART)",
+            f"if {h} is None or UC({h}[0]) != {uc} or RC({h}[0]) != {rc0} or "
+            f"RC({h}[1]) != {rc1}{flat} or RC({h}[4]) != {rc3} or SUC({h}[4]._cdata) != {suc}:",
+            f"    {h} = fresh_host(HSHAPE{x}, NPDT{x}, PART{x})",
             "else:",
             "    F['host_reuses'] += 1",
-            "block = ACORE.alloc_small(NB, h, FREE)",
-            "data = h[0]",
-            "out_np = h[2]"]
+            f"block{x} = ACORE.alloc_small(NB{x}, {h}, FREE{x})",
+            f"data{x} = {h}[0]",
+            *([f"data_np{x} = {h}[1]"] if x else []),   # a captured output's full view
+            f"out_np{x} = {h}[2]"]
 
 
 def _wrap_lines(ns: dict, lines: list, index: int) -> str:

@@ -926,3 +926,34 @@ def test_signature_parts_are_numbered_one_to_one(monkeypatch):
     for _ in range(3):
         assert torch.equal((y * 2 + y).cpu(), want)
     assert _hits() - before >= 4
+
+
+@pytest.mark.parametrize("escape", [_escape_host_view, _escape_host_numpy, _escape_flat_numpy])
+def test_captured_outputs_reuse_dead_buffers_but_never_escaped_ones(escape):
+    # captured runners (a reduction, a matmul: fastpath_capture) recycle as flat runners do
+    m = torch.randn(6, 5, device="neuron")
+    w = torch.randn(5, 3, device="neuron")
+    ops = [lambda: m.sum(0), lambda: m @ w, lambda: m.amax(1)]
+    for op in ops:
+        for _ in range(3):
+            op()
+        keep = [op() for _ in range(6)]   # every dead buffer taken off the list
+        c = op()
+        ptr = c.data_ptr()
+        seen = c.cpu().reshape(-1)
+        holder, read = escape(c)
+        del c
+        before = _reuses()
+        m2 = m * 1.0   # other values, same signature
+        for _ in range(4):
+            m2.mul_(-1.5)
+            d = (m2.sum(0) if op is ops[0] else m2 @ w if op is ops[1] else m2.amax(1))
+            assert d.data_ptr() != ptr
+            want = (m2.cpu().double().sum(0) if op is ops[0] else
+                    m2.cpu().double() @ w.cpu().double() if op is ops[1] else
+                    m2.cpu().double().amax(1))
+            torch.testing.assert_close(d.cpu().double(), want, rtol=1e-5, atol=1e-5)
+        got = read()
+        assert torch.equal(got, seen[:got.numel()])
+        assert _reuses() - before >= 2
+        del holder, keep, d
