@@ -11,6 +11,8 @@ call it directly (this module imports nothing of ours).
 
 from __future__ import annotations
 
+import threading
+
 import torch
 from torch.utils._pytree import tree_flatten
 
@@ -76,6 +78,34 @@ _META_VIA_OUT = {torch.ops.aten.nan_to_num_.default: _nan_to_num_inplace,
                  torch.ops.aten.convolution_backward.default: _convolution_backward}
 
 
+class _Hint(threading.local):
+    cpu = False   # True while meta_outputs runs a meta function for a neuron op
+
+
+_HINT = _Hint()
+
+
+def _install_cpu_hint() -> None:
+    """torch's Python meta functions branch on `device_hint(t)`, which calls every meta tensor
+    "cuda" (cuFFT's output strides for fft, row-major eigenvectors, contiguous max_pool of a
+    channels_last input, ...). A neuron op is the CPU's: while meta_outputs runs one, a meta
+    tensor's hint is "cpu". Fake tensors and other threads' meta calls are untouched."""
+    import torch._meta_registrations as mr
+
+    torch_hint = mr.device_hint
+    if getattr(torch_hint, "neuron_cpu_hint", False):
+        return
+
+    def device_hint(tensor) -> str:
+        hint = torch_hint(tensor)
+        if hint == "cuda" and _HINT.cpu and getattr(tensor, "is_meta", False):
+            return "cpu"
+        return hint
+
+    device_hint.neuron_cpu_hint = True
+    mr.device_hint = device_hint
+
+
 def _spec(x):
     if isinstance(x, torch.Tensor):
         return (x.shape, x.stride(), x.dtype)
@@ -109,7 +139,13 @@ def meta_outputs(func, args, kwargs):
     mkw = {k: _to_meta(v) for k, v in kwargs.items()}
     if "device" in mkw and mkw["device"] is not None:
         mkw["device"] = "meta"
-    out = _META_VIA_OUT.get(func, func)(*margs, **mkw)
+    if not _HINT.cpu:
+        _install_cpu_hint()
+    outer, _HINT.cpu = _HINT.cpu, True
+    try:
+        out = _META_VIA_OUT.get(func, func)(*margs, **mkw)
+    finally:
+        _HINT.cpu = outer
     leaves, spec = tree_flatten(out)
     leaves = [(tuple(v.shape), v.stride(), v.dtype) if isinstance(v, torch.Tensor) else v
               for v in leaves]
