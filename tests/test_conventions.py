@@ -567,6 +567,32 @@ def test_swap_keeps_torch_refusals():
         torch.utils.swap_tensors(lin.weight, torch.nn.Parameter(torch.zeros(1, 1, 1, 1)))
 
 
+LAYOUT_CASES = {
+    "rfftn": lambda x: torch.fft.rfftn(x),
+    "fftn": lambda x: torch.fft.fftn(x.to(torch.complex64), dim=(0, 2)),
+    "irfftn": lambda x: torch.fft.irfftn(torch.fft.rfftn(x)),
+    "hfft": lambda x: torch.fft.hfft(x.to(torch.complex64)),
+    "eig vectors": lambda x: torch.linalg.eig(x[0, :4, :4] @ x[0, :4, :4].T + torch.eye(4,
+                                                                                  device=x.device))[1],
+    "svd_lowrank": lambda x: torch.svd_lowrank(x[0], q=2)[0],
+    "max_pool2d channels_last": lambda x: torch.nn.functional.max_pool2d(
+        x.unsqueeze(0).contiguous(memory_format=torch.channels_last), 2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUT_CASES))
+def test_output_strides_are_the_cpus(name):
+    # torch's meta functions call a meta tensor "cuda"; a neuron op's outputs are laid out as
+    # the CPU lays them out (a later .view() works or fails on both)
+    torch.manual_seed(0)
+    x = torch.randn(5, 6, 4)
+    want = LAYOUT_CASES[name](x)
+    torch.manual_seed(0)
+    got = LAYOUT_CASES[name](x.to("neuron"))
+    assert got.shape == want.shape and got.stride() == want.stride(), (got.stride(),
+                                                                       want.stride())
+
+
 def test_accelerate_and_trainer_use_neuron(tmp_path):
     accelerate = pytest.importorskip("accelerate")
     transformers = pytest.importorskip("transformers")
