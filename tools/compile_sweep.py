@@ -12,6 +12,7 @@ beside it (its two threads collapse under load); the cold compile time (first co
 
     .venv/bin/python tools/compile_sweep.py                      # every model
     .venv/bin/python tools/compile_sweep.py --models mlp,gpt2 --steps 5
+    .venv/bin/python tools/compile_sweep.py --models llama --turns 40   # steadier medians
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def _close(a, b) -> bool:
                                atol=1e-5))
 
 
-def run(name: str, steps: int) -> dict:
+def run(name: str, steps: int, turns: int = 0) -> dict:
     model, batches, loss, _, _ = _build(name)
     row = {"model": name}
     # 1. correctness: compiled vs neuron eager, step by step
@@ -116,7 +117,7 @@ def run(name: str, steps: int) -> dict:
     wall: dict = {k: [] for k in steppers}
     cpu: dict = {k: [] for k in steppers}
     threads = torch.get_num_threads()
-    for i in range(steps + 3):
+    for i in range(max(turns, steps + 3)):
         b = batches[i % len(batches)]
         for label, step in steppers.items():
             torch.set_num_threads(1 if label == "cpu1" else threads)
@@ -139,6 +140,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--steps", type=int, default=3)
+    # timed turns per side (the first one dropped): at load 6 medians of 7 moved by +-15%
+    p.add_argument("--turns", type=int, default=15)
     args = p.parse_args(argv)
     warnings.simplefilter("ignore")
     torch._dynamo.config.cache_size_limit = 64
@@ -148,7 +151,7 @@ def main(argv=None) -> int:
           f"{'cold s':>7} {'cpu ms':>8} {'eager ms':>8} {'comp ms':>8} {'comp/cpu':>8} target")
     for name in args.models.split(","):
         try:
-            r = run(name, args.steps)
+            r = run(name, args.steps, args.turns)
         except Exception as exc:  # one model's failure is a row, not the end of the sweep
             print(f"{name:7} FAILED {type(exc).__name__}: {str(exc).splitlines()[0][:150]}",
                   flush=True)

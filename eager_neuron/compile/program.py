@@ -276,7 +276,8 @@ class Program:
         lines = [f"[eager_neuron] graph {self.name}: {len(self.placeholders)} inputs, "
                  f"{self.n_kernels} fused kernels, "
                  f"{sum(1 for k, _ in self.steps if k == 'node')} eager nodes, "
-                 f"{self.n_host} host scalar nodes"]
+                 f"{self.n_host} host scalar nodes, "
+                 f"{getattr(self, 'n_absorbed', 0)} views absorbed"]
         for kind, x in self.steps:
             if kind in ("fused", "rows"):
                 lines.append(x.describe())
