@@ -27,8 +27,17 @@ def decomposition(func):
                    torch.ops.aten.native_channel_shuffle.default):
             if op in table:
                 table[op] = _keeps_memory_format(table[op])
+        table[torch.ops.aten.slice_backward.default] = _slice_backward
         _DECOMP = table
     return _DECOMP.get(func)
+
+
+def _slice_backward(grad, input_sizes, dim, start, end, step):
+    """slice_backward as zeros and one strided copy (torch's reference builds it from
+    index arithmetic: ~2x slower on neuron); the CPU's result, a contiguous tensor."""
+    out = grad.new_zeros(input_sizes)
+    torch.ops.aten.slice.Tensor(out, dim, start, end, step).copy_(grad)
+    return out
 
 
 def _keeps_memory_format(decomp):

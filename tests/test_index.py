@@ -337,3 +337,15 @@ def test_index_put_accumulate_bfloat16_rounds_each_add():
     want = x.index_put((idx,), v, accumulate=True)
     got = x.to("neuron").index_put((idx.to("neuron"),), v.to("neuron"), accumulate=True)
     assert torch.equal(got.cpu(), want)
+
+
+@pytest.mark.parametrize("sizes,dim,start,end,step", [
+    ((6, 8), 1, 1, 7, 2), ((6, 8), 0, -4, 100, 1), ((5,), 0, 0, 5, 3), ((3, 4, 5), 2, -3, -1, 1),
+    ((4, 4), 1, 2, 2, 1)])
+def test_slice_backward_is_the_cpus(sizes, dim, start, end, step):
+    # zeros and one strided copy (decomps._slice_backward): exact, contiguous, as on the CPU
+    x = torch.zeros(sizes)
+    g = torch.randn(x[(slice(None),) * dim + (slice(start, end, step),)].shape)
+    want = torch.ops.aten.slice_backward(g, list(sizes), dim, start, end, step)
+    got = torch.ops.aten.slice_backward(g.to("neuron"), list(sizes), dim, start, end, step)
+    assert torch.equal(got.cpu(), want) and got.stride() == want.stride()
