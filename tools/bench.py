@@ -13,7 +13,12 @@ import sys
 import time
 import warnings
 
-import torch
+# torch's and Numba's OpenMP workers spin after a parallel op and take a core from whichever
+# side is timed next on a 2-core machine (docs/COMPILE.md, "Session 9"): passive workers sleep
+# at once; set before torch loads OpenMP (a value the caller exported wins)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
 import torch.nn as nn
 
 import eager_neuron

@@ -35,6 +35,10 @@ import sys
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# torch's and Numba's OpenMP workers spin after a parallel op and take a core from whichever
+# side is timed next on a 2-core machine (docs/COMPILE.md, "Session 9"): passive workers sleep
+# at once; set before torch loads OpenMP (a value the caller exported wins)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 _TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
 sys.path.insert(0, _TESTS)
 
