@@ -85,6 +85,11 @@ class _Hint(threading.local):
 _HINT = _Hint()
 
 
+# ops whose meta keeps torch's accelerator rule: the device runs what the CPU refuses
+# (integer histc, which HF's Mixtral router counts experts with, as on CUDA)
+_DEVICE_RULES = frozenset({torch.ops.aten.histc.default, torch.ops.aten.histc.out})
+
+
 def _install_cpu_hint() -> None:
     """torch's Python meta functions branch on `device_hint(t)`, which calls every meta tensor
     "cuda" (cuFFT's output strides for fft, row-major eigenvectors, contiguous max_pool of a
@@ -141,7 +146,7 @@ def meta_outputs(func, args, kwargs):
         mkw["device"] = "meta"
     if not _HINT.cpu:
         _install_cpu_hint()
-    outer, _HINT.cpu = _HINT.cpu, True
+    outer, _HINT.cpu = _HINT.cpu, func not in _DEVICE_RULES
     try:
         out = _META_VIA_OUT.get(func, func)(*margs, **mkw)
     finally:
