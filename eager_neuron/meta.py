@@ -32,18 +32,21 @@ def _cpu_memory_format(x, w, bias_sizes, stride, padding, dilation, transposed,
     (channels_last when the input or the weight is, where that backend has it: not float64
     3-d). Asked of torch on CPU tensors of the operands' layouts, never written or read."""
     empty = torch._C._VariableFunctions.empty_strided
-    xc = empty(x.shape, x.stride(), dtype=x.dtype)
-    wc = empty(w.shape, w.stride(), dtype=w.dtype)
-    backend = torch._C._select_conv_backend(xc, wc, None, stride, padding, dilation, transposed,
-                                            output_padding, groups, bias_sizes)
-    if w.dim() == 3:   # 1-d: asked as 2-d, the input contiguous (what ATen does)
-        xc = torch.empty(x.shape, dtype=x.dtype).unsqueeze(2)
-        wc = wc.unsqueeze(2)
-    return torch._C._conv_determine_backend_memory_format(xc, wc, backend)
+    try:
+        xc = empty(x.shape, x.stride(), dtype=x.dtype)
+        wc = empty(w.shape, w.stride(), dtype=w.dtype)
+        backend = torch._C._select_conv_backend(xc, wc, None, stride, padding, dilation,
+                                                transposed, output_padding, groups, bias_sizes)
+        if w.dim() == 3:   # 1-d: asked as 2-d, the input contiguous (what ATen does)
+            xc = torch.empty(x.shape, dtype=x.dtype).unsqueeze(2)
+            wc = wc.unsqueeze(2)
+        return torch._C._conv_determine_backend_memory_format(xc, wc, backend)
+    except RuntimeError:   # torch's meta accepted the call: its layout stands (never an error)
+        return None
 
 
 def _in_format(t, fmt):
-    if t is None:
+    if t is None or fmt is None:
         return t
     if t.dim() == 3 and fmt != torch.contiguous_format:
         return t.unsqueeze(2).contiguous(memory_format=fmt).squeeze(2)
@@ -92,9 +95,10 @@ _DEVICE_RULES = frozenset({torch.ops.aten.histc.default, torch.ops.aten.histc.ou
 
 def _install_cpu_hint() -> None:
     """torch's Python meta functions branch on `device_hint(t)`, which calls every meta tensor
-    "cuda" (cuFFT's output strides for fft, row-major eigenvectors, contiguous max_pool of a
-    channels_last input, ...). A neuron op is the CPU's: while meta_outputs runs one, a meta
-    tensor's hint is "cpu". Fake tensors and other threads' meta calls are untouched."""
+    "cuda" (cuFFT's output strides for fft, row-major eigenvectors, a contiguous reflection or
+    replication pad of a channels_last input, ...). A neuron op is the CPU's: while meta_outputs
+    runs one, a meta tensor's hint is "cpu" (except _DEVICE_RULES). Fake tensors and other
+    threads' meta calls are untouched."""
     import torch._meta_registrations as mr
 
     torch_hint = mr.device_hint
