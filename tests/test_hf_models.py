@@ -63,6 +63,17 @@ def _t5():
         eos_token_id=1))
 
 
+def _bart():
+    # an encoder-decoder with learned positions and a shifted-right decoder input (the labels);
+    # activation/attention dropout inside F.scaled_dot_product_attention off as for GPT-2
+    return transformers.BartForConditionalGeneration(transformers.BartConfig(
+        encoder_layers=2, decoder_layers=2, d_model=64, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=VOCAB,
+        max_position_embeddings=32, dropout=0.1, attention_dropout=0.0, activation_dropout=0.0,
+        pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2,
+        forced_eos_token_id=None))
+
+
 def _vit():
     return transformers.ViTForImageClassification(transformers.ViTConfig(
         num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128,
@@ -100,6 +111,7 @@ MODELS = {
     "bert": (_bert, _bert_inputs),
     "llama": (_llama, _lm_inputs),
     "t5": (_t5, _t5_inputs),
+    "bart": (_bart, _t5_inputs),
     "vit": (_vit, _vit_inputs),
 }
 

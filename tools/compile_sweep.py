@@ -37,7 +37,7 @@ import torch  # noqa: E402
 
 import eager_neuron  # noqa: E402
 
-MODELS = ["mlp", "cnn", "lstm", "gpt2", "bert", "llama", "t5", "vit"]
+MODELS = ["mlp", "cnn", "lstm", "gpt2", "bert", "llama", "t5", "bart", "vit"]
 TARGET = {"mlp": 1.0, "gpt2": 1.0}
 
 
@@ -54,6 +54,10 @@ def _stepper(model, loss, device, compiled):
             # compiled dropout draws its masks in another order than eager (as inductor's
             # does): off, so that compiled and eager steps are comparable
             sub.p = 0.0
+        for attr in ("dropout", "activation_dropout", "attention_dropout"):
+            # functional dropout (BART's layers: F.dropout(x, p=self.dropout, ...)): off too
+            if isinstance(getattr(sub, attr, None), float):
+                setattr(sub, attr, 0.0)
         if getattr(getattr(sub, "config", None), "use_cache", None):
             # training needs no KV cache (a compiled DynamicCache works: it would only add
             # its per-layer tensors to every step of both sides)

@@ -1,6 +1,6 @@
 """Real models on neuron: one table row per (model, mode) — correct? fallbacks? launches? speed?
 
-Models: the tiny Hugging Face models of tests/test_hf_models.py (GPT-2, BERT, Llama, T5, ViT),
+Models: the tiny Hugging Face models of tests/test_hf_models.py (GPT-2, BERT, Llama, T5, BART, ViT),
 the MLP, CNN and LSTM of tests/test_models.py, and the families of tests/test_model_families.py
 (Mamba, Mixtral, CLIP, Whisper, a diffusion UNet), built the same way (same seeds and batches).
 Per model and mode (plain eager, adaptive eager):
@@ -139,7 +139,7 @@ def _check_generate(name, model, batches, ctx):
     """True/False: greedy generate() equals the CPU's; None: not a decoder."""
     import test_model_families as fam
 
-    if name == "gpt2":
+    if name in ("gpt2", "bart"):   # (BART: encoder-decoder, generate from the source ids)
         batch = {"input_ids": batches[0]["input_ids"]}
     elif name in fam.DECODERS:
         batch = batches[0]
@@ -152,7 +152,7 @@ def _check_generate(name, model, batches, ctx):
 
 
 FAMILIES = ("mamba", "mixtral", "clip", "whisper", "unet")
-MODELS = {"gpt2": _hf, "bert": _hf, "llama": _hf, "t5": _hf, "vit": _hf,
+MODELS = {"gpt2": _hf, "bert": _hf, "llama": _hf, "t5": _hf, "bart": _hf, "vit": _hf,
           "mlp": _small, "cnn": _small, "lstm": _small,
           **dict.fromkeys(FAMILIES, _family)}
 
