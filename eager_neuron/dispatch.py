@@ -152,7 +152,12 @@ def dispatch(func, args, kwargs, mode=None, plan=None):
                     # a data-dependent op (_run_dynamic, inlined): its lowering is called from
                     # here, and a lowering written as steps has each launch made here
                     a, index = _dynamic_setup(func, plan, args, kwargs)
-                    prev = _context.swap(OpContext(index or 0, mode))
+                    dctx = OpContext(index or 0, mode)
+                    if mode is None and index is not None and not _STATE.enabled and \
+                            config.fastpath and _capture.dynamic_capturable(plan, a) and \
+                            not _fast.declined(func, args, kwargs):
+                        dctx.capture = []   # x[int index]: sized by shapes, learned as captured
+                    prev = _context.swap(dctx)
                     try:
                         produced = _dynamic_lowering(plan, a)(func, a, index)
                         if type(produced) is _GENERATOR:
@@ -175,6 +180,9 @@ def dispatch(func, args, kwargs, mode=None, plan=None):
                         raise _kernel_error(func, plan, exc, args, kwargs) from exc
                     finally:
                         _context.swap(prev)
+                    if dctx.capture:
+                        _capture.learn_dynamic(func, plan, args, kwargs, index, produced,
+                                               dctx.capture)
                     return _dynamic_results(produced, index)
                 if plan.kind != "kernel":
                     return _dispatch_plan(func, plan, args, kwargs, mode, gated=True)

@@ -193,14 +193,21 @@ def _tensor_part(v) -> tuple:
 
 def _other(a, t, app, values: bool) -> bool:
     if t is list or t is tuple:
-        if a and type(a[0]) is NeuronTensor:   # cat's tensors, a foreach op's lists
+        if a and (type(a[0]) is NeuronTensor or a[0] is None):
+            # cat's tensors, a foreach op's lists, index's Tensor?[] (None where a dim is not
+            # indexed: by position, as a tensor's part is never None)
             app(t)
             app(len(a))
+            tensors = False
             for v in a:
-                if type(v) is not NeuronTensor:
+                if v is None:
+                    app(None)
+                elif type(v) is NeuronTensor:
+                    app(_tensor_part(v))
+                    tensors = True
+                else:
                     return False
-                app(_tensor_part(v))
-            return True
+            return tensors
         kind = type(a[0]) if a else int
         if kind is not int and kind is not bool and kind is not float:
             return False

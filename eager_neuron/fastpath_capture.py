@@ -32,6 +32,7 @@ from .fastpath import (
     _eval,
     _out_part,
     _ref,
+    failed,
     full_np,
     signature,
 )
@@ -160,9 +161,10 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
         if type(v) is NeuronTensor:
             inputs.append((f"args[{i}]", v))
         elif isinstance(v, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in v):
-            if not all(type(x) is NeuronTensor for x in v):
+            if not all(x is None or type(x) is NeuronTensor for x in v):
                 return
-            inputs += [(f"args[{i}][{j}]", x) for j, x in enumerate(v)]
+            # (a None in index's Tensor?[] is where the signature has None: never a tensor)
+            inputs += [(f"args[{i}][{j}]", x) for j, x in enumerate(v) if x is not None]
     for k, v in kwargs.items():
         if type(v) is NeuronTensor:
             inputs.append((f"kwargs[{k!r}]", v))
@@ -278,6 +280,37 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
         ns.update(unflatten=tree_unflatten, SPEC=spec)
         lines.append(f"return unflatten([{', '.join(results)}], SPEC)")
     _add(func, values, sig, _build(plan.name, lines, ns))
+
+
+_INDEX_DTYPES = (torch.int64, torch.int32)
+
+
+def dynamic_capturable(plan, a: dict) -> bool:
+    """May the fast path learn this dynamic op's call? Only `self[indices]` by integer index
+    tensors: its output size is fixed by the operands' shapes (the signature), not their
+    values. A boolean or uint8 mask (nonzero's count: a size read from the data) never is."""
+    if plan.name != "aten::index.Tensor":
+        return False
+    self, indices = a["self"], a["indices"]
+    if self.dtype.is_complex or self.dtype.itemsize < 4 and self.dtype.is_floating_point:
+        return False   # half and complex operands take scratch copies (never learned)
+    return any(t is not None for t in indices) and \
+        all(t is None or t.dtype in _INDEX_DTYPES for t in indices)
+
+
+def learn_dynamic(func, plan, args, kwargs, index: int, produced: list, capture: list) -> None:
+    """After a dynamic op's slow call dynamic_capturable allowed (its launches recorded, its
+    outputs [(data, block), ...] as the lowering sized them): leave a captured runner, as
+    for a kernel op. A signature that fails to learn twice is not tried again."""
+    from torch.utils._pytree import tree_flatten
+
+    outs = [data for data, _block in produced]
+    leaves = [(tuple(d.shape), d.stride(), d.dtype) for d in outs]
+    spec = tree_flatten(outs[0] if len(outs) == 1 else tuple(outs))[1]
+    learned = STATS_FAST["learned"]
+    learn_captured(func, plan, args, kwargs, index, outs, leaves, spec, capture)
+    if STATS_FAST["learned"] == learned:
+        failed(func, args, kwargs)
 
 
 def _scalar_args(func, plan, args, kwargs, outs: list, capture: list):

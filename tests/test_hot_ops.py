@@ -71,3 +71,54 @@ def test_one_tensor_as_every_operand_is_never_confused():
         mm = (md @ md.T).cpu().double()
         ref = m.double() @ m.double().T
         assert (mm - ref).abs().max() <= _ulp_bound(ref)
+
+
+def test_integer_index_replays_with_fresh_index_values_and_equals_cpu():
+    """x[:, idx] (GPT-2's last-token gather) by an integer index: its size is the shapes', so
+    a repeat takes a runner; the runner reads this call's index values (negative ones too)."""
+    x = torch.arange(48).view(2, 3, 8)
+    xd = x.to(DEV)
+    for n, idx in enumerate(([1, 0], [7, -8], [-1, 3], [2, 2])):
+        i = torch.tensor(idx)
+        before = _hits()
+        out = torch.ops.aten.index.Tensor(xd, [None, None, i.to(DEV)])
+        assert torch.equal(out.cpu(), x[:, :, i])
+        if n >= 2:
+            assert _hits() - before == 1
+    # a changed signature (another index length, int32, another indexed dim) learns anew
+    for idx, dims in (([0, 1, 2], 2), ([1, 0], 1), ([0], 0)):
+        i = torch.tensor(idx, dtype=torch.int32)
+        key = [None] * dims + [i]
+        for _ in range(3):
+            got = torch.ops.aten.index.Tensor(xd, [None if k is None else k.to(DEV) for k in key])
+            assert torch.equal(got.cpu(), torch.ops.aten.index.Tensor(x, key))
+
+
+def test_index_out_of_range_on_a_runner_raises_as_the_funnel():
+    x = torch.arange(16.0).view(2, 8).to(DEV)
+    good, bad = torch.tensor([1, 2]).to(DEV), torch.tensor([1, 9]).to(DEV)
+    for _ in range(3):
+        x[:, good]
+    before = _hits()
+    try:
+        x[:, bad]
+    except IndexError as exc:
+        words = str(exc)
+    else:
+        raise AssertionError("no IndexError")
+    assert _hits() == before   # the runner raised: no hit counted
+    assert "index 9 is out of bounds" in words and "aten::index.Tensor" in words
+    assert x[:, good].cpu().tolist() == [[1.0, 2.0], [9.0, 10.0]]
+
+
+def test_bool_mask_index_is_never_replayed_and_follows_the_data():
+    x = torch.arange(12.0).view(3, 4)
+    xd = x.to(DEV)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(6):
+        m = torch.rand(3, 4, generator=g) > 0.5
+        md, rowd = m.to(DEV), m[0].to(DEV)
+        before = _hits()
+        got, got_row = xd[md], xd[:, rowd]
+        assert _hits() == before
+        assert torch.equal(got.cpu(), x[m]) and torch.equal(got_row.cpu(), x[:, m[0]])
