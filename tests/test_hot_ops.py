@@ -122,3 +122,33 @@ def test_bool_mask_index_is_never_replayed_and_follows_the_data():
         got, got_row = xd[md], xd[:, rowd]
         assert _hits() == before
         assert torch.equal(got.cpu(), x[m]) and torch.equal(got_row.cpu(), x[:, m[0]])
+
+
+def test_arange_on_the_device_is_one_host_factory_equal_to_cpu():
+    """torch.arange(..., device="neuron") is one op (was an empty tensor, then arange.out
+    resizing it as an in-place view op: two funnel trips and a regrown block)."""
+    cases = [((8,), {}), ((0, 8), {}), ((0, 1, 0.25), {}), ((2.5, -3, -0.7), {}),
+             ((5,), {"dtype": torch.float16}), ((0, 3), {"dtype": torch.int32}),
+             ((3,), {"dtype": torch.bfloat16, "requires_grad": True}), ((4, 4), {})]
+    for a, k in cases:
+        ops0 = STATS.ops
+        n = torch.arange(*a, device=DEV, **k)
+        assert STATS.ops - ops0 == 1
+        c = torch.arange(*a, **k)
+        assert n.dtype == c.dtype and n.shape == c.shape and n.stride() == c.stride()
+        assert n.requires_grad == c.requires_grad and n.device.type == DEV
+        assert torch.equal(n.detach().cpu(), c.detach())
+    for bad in ((0, 5, 0), (5, 0, 1)):
+        try:
+            torch.arange(*bad)
+        except RuntimeError as exc:
+            cpu_words = str(exc)
+        try:
+            torch.arange(*bad, device=DEV)
+        except RuntimeError as exc:
+            assert cpu_words in str(exc) and "aten::arange" in str(exc)
+        else:
+            raise AssertionError("no error")
+    out = torch.empty(0, dtype=torch.int64, device=DEV)
+    torch.arange(0, 6, out=out)
+    assert out.cpu().tolist() == list(range(6))

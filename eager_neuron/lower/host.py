@@ -356,6 +356,24 @@ for _name in ("empty_quantized", "_empty_affine_quantized",
         pass
 
 
+# -- torch.arange(..., device="neuron"): one host factory ----------------------------------------
+# arange's CompositeExplicitAutograd kernel makes an empty device tensor, then runs arange.out
+# into it: two trips through the funnel, the second resizing the out= tensor as an in-place view
+# op (meta, a regrown block): ~100 us. A PrivateUse1 kernel sends the call to the funnel as
+# itself (one host factory: computed by the CPU, copied to the device, charged as a transfer).
+
+def _factory_impl(op):
+    def impl(*args, **kwargs):
+        return _RUN_KERNEL(op, args, kwargs)
+    return impl
+
+
+_FLIB = torch.library.Library("aten", "IMPL")
+for _ov in ("default", "start", "start_step"):
+    _FLIB.impl(f"arange.{_ov}" if _ov != "default" else "arange",
+               _factory_impl(getattr(aten.arange, _ov)), "PrivateUse1")
+
+
 HOST = {
     "aten::_to_copy": to_copy,
     "aten::copy_": copy_,
