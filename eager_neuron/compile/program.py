@@ -23,7 +23,7 @@ from ..config import config
 from ..kernels import compile as kc
 from ..launch import launch
 from ..tensor import NeuronTensor
-from . import fold, hostscalar
+from . import fold, hostscalar, planned
 from .absorb import absorb_views, materialize
 from .codegen import Group, LoweringError, _stack_line, fill_as_full_like, partition
 from .foreach import expand_foreach
@@ -258,6 +258,7 @@ class Program:
         state = dict(self.__dict__)
         for k in ("gm", "consts", "loaders", "folded"):
             del state[k]
+        state.pop("_rt", None)        # the planned runtime: arenas, kernel objects, a lock
         return state
 
     @classmethod
@@ -296,14 +297,21 @@ class Program:
         # views skip dispatch only when no dispatch mode (a profiler's, a tracer's) must see them
         direct = torch._C._len_torch_dispatch_stack() == 0 and \
             torch._C._get_dispatch_mode(_FAKE) is None
-        if self.n_host:
-            CSTATS.host_scalar_ops += self.n_host
-            with np.errstate(all="ignore"):      # (0-d torch math never warns: inf, nan)
-                return self._run(env, direct)
-        return self._run(env, direct)
+        # a repeat call of the same signature: the planned runtime (compile/planned.py)
+        pl = planned.acquire(self) if direct and (
+            not self.fold_skip or self.folded is not None) else None
+        try:
+            if self.n_host:
+                CSTATS.host_scalar_ops += self.n_host
+                with np.errstate(all="ignore"):      # (0-d torch math never warns: inf, nan)
+                    return self._run(env, direct, pl)
+            return self._run(env, direct, pl)
+        finally:
+            if pl is not None:
+                pl.release()
 
-    def _run(self, env: dict, direct: bool):
-        plan, record = self._plan, None
+    def _run(self, env: dict, direct: bool, pl=None):
+        plan, record, start = self._plan, None, 0
         if self.fold_skip and direct:         # (never keep a value made under a mode)
             if self.folded is None:
                 record = {}
@@ -311,30 +319,50 @@ class Program:
                 env.update(self.folded)
                 plan = self._plan_folded
                 CSTATS.folded_steps += len(self.fold_skip)
-        for kind, x, frees, keep in plan:
+        if pl is not None and pl.ready:
+            start = pl.run(env, self._other)
+            pl = None
+        elif pl is not None:
+            pl.start_learning()
+        if start is not None:
+            self._loop(plan, env, direct, start, record, pl)
+        if record is not None:
+            self.folded = record
+        if pl is not None:
+            pl.learned()
+        out = self.output.args[0]
+        return tuple(_load(a, env) for a in out) if isinstance(out, (list, tuple)) else \
+            _load(out, env)
+
+    def _other(self, kind, x, env: dict, direct: bool = True) -> None:
+        """A host or eager step."""
+        if kind == "host":
+            x.run(env)
+            return
+        loader = self.loaders.get(x)
+        if loader is None:
+            _run_node(x, env)
+        elif not (direct and (form := _FORMS.get(x.target)) is not None and
+                  form(x, env, loader)):
+            _run_node(x, env, loader)
+
+    def _loop(self, plan, env, direct, start, record, pl) -> None:
+        """The interpreter, from step `start`; `pl`: a plan learning from this call."""
+        for i in range(start, len(plan)):
+            kind, x, frees, keep = plan[i]
+            if pl is not None:
+                pl.i = i
             if kind == "fused":
-                _run_fused(x, env)
+                _run_fused(x, env, pl)
             elif kind == "rows":
-                _run_rows(x, env)
-            elif kind == "host":
-                x.run(env)
+                _run_rows(x, env, pl)
             else:
-                loader = self.loaders.get(x)
-                if loader is None:
-                    _run_node(x, env)
-                elif not (direct and (form := _FORMS.get(x.target)) is not None and
-                          form(x, env, loader)):
-                    _run_node(x, env, loader)
+                self._other(kind, x, env, direct)
             if keep and record is not None:
                 for n in keep:
                     record[n] = env[n]
             for n in frees:
                 env.pop(n, None)
-        if record is not None:
-            self.folded = record
-        out = self.output.args[0]
-        return tuple(_load(a, env) for a in out) if isinstance(out, (list, tuple)) else \
-            _load(out, env)
 
 
 def restore_graph(gm: GraphModule, state: dict, kind: str = "graph"):
@@ -378,12 +406,12 @@ def _reads(kind: str, x) -> list:
     return (x.node if kind == "host" else x).all_input_nodes
 
 
-def _run_rows(step, env: dict) -> None:
+def _run_rows(step, env: dict, pl=None) -> None:
     from .rowstep import run
 
     _adaptive.flush("compiled graph")
     try:
-        ok = run(step, env, _run_node, _alloc, _flat)
+        ok = run(step, env, _run_node, _alloc, _flat, pl)
     except Exception as exc:      # nothing was stored into env: the nodes rerun eagerly
         CSTATS.group_fallbacks[f"row kernel failed: {type(exc).__name__}"] += 1
         if "graphs" in config.log:
@@ -605,7 +633,7 @@ def _scalar(v):
     return v
 
 
-def _run_fused(step: FusedStep, env: dict) -> None:
+def _run_fused(step: FusedStep, env: dict, pl=None) -> None:
     _adaptive.flush("compiled graph")
     args = [None] * len(step.bufs)
     outs = {}
@@ -624,7 +652,9 @@ def _run_fused(step: FusedStep, env: dict) -> None:
             else:
                 kind, ref = src
                 shape = (env[ref] if ref in env else outs[ref]).shape
-            t = _alloc(shape, dtype, index)
+            t = None if pl is None else pl.alloc(node, shape, dtype, index)
+            if t is None:
+                t = _alloc(shape, dtype, index)
             outs[node] = t
             args[j] = t._data.numpy().reshape(-1)
         # every flat buffer of a loop must have the loop's size (dynamic shapes: checked here)
@@ -648,9 +678,10 @@ def _run_fused(step: FusedStep, env: dict) -> None:
     render = step.renders.get(parallel)
     if render is None:
         render = step.renders[parallel] = _renderer(step.spec, parallel)
+    params = (*args, *scalars)
     try:
         launch(("fused", step.spec, parallel), render,
-               (*args, *scalars), flops=float(numel * step.n_nodes), bytes_moved=nbytes,
+               params, flops=float(numel * step.n_nodes), bytes_moved=nbytes,
                engine="vector", extra={"group_ops": step.n_nodes, "graph": True,
                                        "graph_ops": step.ops, "source_lines": step.lines})
     except Exception as exc:
@@ -663,8 +694,14 @@ def _run_fused(step: FusedStep, env: dict) -> None:
         for node in step.nodes:
             _run_node(node, env)
         return
+    if pl is not None:
+        pl.launched("fused", step, ("fused", step.spec, parallel), params,
+                    float(numel * step.n_nodes), nbytes)
     CSTATS.fused_kernel_launches += 1
     CSTATS.fused_nodes += step.n_nodes
     env.update(outs)
     for src, dst, cp in step.absorbed:
         env[src] = env[cp] = env[dst]
+
+
+planned.ALLOC[0] = _alloc

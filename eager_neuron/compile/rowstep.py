@@ -304,8 +304,9 @@ def _view3d(arr: np.ndarray, mode: str, F: tuple, R: int):
     return np.lib.stride_tricks.as_strided(arr, v_shape, v_strides)
 
 
-def run(step: RowStep, env: dict, run_node, alloc, flat) -> bool:
-    """Launch the step's kernel; False when it must run its nodes eagerly (then nothing ran)."""
+def run(step: RowStep, env: dict, run_node, alloc, flat, pl=None) -> bool:
+    """Launch the step's kernel; False when it must run its nodes eagerly (then nothing ran).
+    `pl`: a plan learning from this call (compile/planned.py) gives the arena's stores."""
     # (a view the step absorbed, compile/absorb.py, is not in env: its static shape is known)
     vshape = getattr(step, "view_shapes", None) or {}
     in_views = getattr(step, "in_views", None) or {}
@@ -348,7 +349,9 @@ def run(step: RowStep, env: dict, run_node, alloc, flat) -> bool:
         shape = F if (is_mm or mode == "full") else (rowkd if mode == "rowkd" else F[:-1])
         t = outs.get(node)
         if t is None:
-            t = alloc(shape, dtype, index)
+            t = None if pl is None else pl.alloc(node, shape, dtype, index)
+            if t is None:
+                t = alloc(shape, dtype, index)
             if not is_mm or node in step.stored_set:
                 outs[node] = t
         a = t._data.numpy()
@@ -365,6 +368,7 @@ def run(step: RowStep, env: dict, run_node, alloc, flat) -> bool:
         scalars.append(v)
     parallel = R * C >= PARALLEL_MIN and R >= 2 and kc.parallel_allowed()
     flops = float(R * C * step.n_nodes)
+    blas = []
     if step.mm_ops:
         from ..blas import blas_threads
 
@@ -372,10 +376,14 @@ def run(step: RowStep, env: dict, run_node, alloc, flat) -> bool:
             k = shape_of(x)[1]
             flops += 2.0 * R * C * k
             blas_threads(2.0 * R * C * k)
+            blas.append(2.0 * R * C * k)
     params = (R, C) + tuple(args) + tuple(scalars)
+    nbytes = float(sum(a.nbytes for a in args))
     launch(("rows", step.digest[parallel]), step.render[parallel], params,
-           flops=flops, bytes_moved=float(sum(a.nbytes for a in args)),
-           engine="vector", extra=step.extra)
+           flops=flops, bytes_moved=nbytes, engine="vector", extra=step.extra)
+    if pl is not None:
+        pl.launched("rows", step, ("rows", step.digest[parallel]), params, flops, nbytes,
+                    blas, F)
     CSTATS.fused_kernel_launches += 1
     CSTATS.fused_nodes += step.n_nodes
     CSTATS.row_kernel_launches += 1

@@ -26,6 +26,12 @@ class CompileStats:
         self.programs_loaded = 0          # ... and rebuilt from it (no AOTAutograd tracing)
         self.programs_restored = 0        # ... of which stored whole (no partition, no render)
         self.folded_steps = 0             # steps skipped: values no input decides, kept
+        # the planned runtime (compile/planned.py)
+        self.planned_runs = 0             # calls that ran a learned plan
+        self.plans_learned = 0            # plans learned (one per program and signature)
+        self.arena_values = 0             # kernel stores written into an arena, not a tensor
+        self.direct_launches = 0          # kernels called directly (pre-resolved)
+        self.plan_fallbacks: Counter = Counter()   # reason -> calls interpreted instead
 
     def snapshot(self) -> dict:
         return {
@@ -45,6 +51,11 @@ class CompileStats:
             "programs_loaded": self.programs_loaded,
             "programs_restored": self.programs_restored,
             "folded_steps": self.folded_steps,
+            "planned_runs": self.planned_runs,
+            "plans_learned": self.plans_learned,
+            "arena_values": self.arena_values,
+            "direct_launches": self.direct_launches,
+            "plan_fallbacks": dict(self.plan_fallbacks),
         }
 
 

@@ -1,0 +1,473 @@
+"""The planned runtime of a Program: repeat calls launch its kernels directly over an arena.
+
+A Program (compile/program.py) interprets its steps: each kernel step allocates its stored
+values through dispatch's allocator (a block, a host tensor, a NeuronTensor wrapper), takes
+numpy views of every operand, and goes through `launch()` (key building with the arguments'
+types, the memory-cache lookup). On a repeat call with the same input signature all of that
+is the same every time. A *plan* (one per Program, for the signature it last saw) keeps it:
+
+- the **arena**: a value that a kernel step stores and that only later kernel steps of the
+  same program read as a buffer (not a graph output, not read by an eager node, a view, a host
+  step or a kernel's scalar; not a folded constant) lives in memory planned once: slots reused
+  by lifetime (two values share a slot when no step both reads one and the other is live),
+  charged once to the simulated HBM as one block per core, released when the plan dies (with
+  its Program, or when another signature replaces it). A row kernel's scratch matmul product
+  lives there too. Its numpy operands (flat, `(A, B, C)`, `(R, C)` views) are made once.
+- **pre-resolved kernels**: the plan is learned on one interpreted call (the arena's values
+  as NeuronTensors over the arena memory, every launch through `launch()`, which builds or
+  loads the kernel); later calls call each kernel object directly with the argument tuple
+  kept from that call, filling only what changes: operands that come from outside the arena
+  (graph inputs, eager nodes' results) and the values that escape (fresh neuron tensors, as
+  before), and the scalar arguments. Each launch still counts `launches` and a memory hit,
+  charges the simulated core, and counts the compile counters.
+
+Guards, all cheap: every operand from outside the arena must have the dtype, shape and layout
+it had when the plan was learned, every scalar its Python type (Numba's kernel is fixed by
+them). A mismatch (another batch size, a non-contiguous input) drops the plan before that
+step writes anything: the arena values still needed are copied into fresh tensors and the
+interpreter runs the rest of the call; the next call learns a plan for the new signature
+(after `MAX_REPLANS` a program keeps the interpreter). Not planned, the interpreter as before:
+dynamic shapes, a profiler's launch hooks or `EAGER_NEURON_LOG=kernels` (every kernel's event
+and source lines), any dispatch mode, a launcher or fast-path capture on the thread, the cache
+verifier, and a plan in use by another thread or a re-entrant call (each plan has a busy
+lock). A kernel cache cleared (`MEMORY.clear()`) retires every plan's kernels.
+
+Counted in `eager_neuron.compile.stats()`: `planned_runs` (calls that ran a learned plan),
+`plans_learned`, `arena_values` (kernel-stored values written into an arena instead of a new
+tensor), `direct_launches`, `plan_fallbacks` (reason -> count).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import torch
+from torch.fx import Node
+
+from .. import launch as _launch
+from ..blas import blas_threads
+from ..config import config
+from ..context import _TLS
+from ..simulator import SIM
+from ..stats import STATS
+from ..tensor import NeuronTensor
+from .absorb import apply_views
+from .rowstep import _view3d
+from .stats import CSTATS
+
+_ALIGN = 64
+MAX_REPLANS = 4          # plans dropped (signature changes) before a program stops planning
+_GEN = [0]               # bumped when the kernel memory cache is cleared
+ALLOC = [None]           # program._alloc, handed over at its import (it imports this module)
+_launch.MEMORY.on_clear.append(lambda: _GEN.__setitem__(0, _GEN[0] + 1))
+
+
+def _layout(a: np.ndarray) -> str:
+    f = a.flags
+    return "C" if f.c_contiguous else ("F" if f.f_contiguous else "A")
+
+
+class Runtime:
+    """Per Program: whether it can be planned, its arena analysis, its current plan."""
+
+    def __init__(self, program) -> None:
+        self.off = not _static(program)
+        self.plan: Plan | None = None
+        self.replans = 0
+        self.analysis = None        # (plan list, {node: (first step, last step, nbytes, core)})
+
+
+def _static(program) -> bool:
+    for p in program.placeholders:
+        v = p.meta.get("val")
+        if not isinstance(v, torch.Tensor):
+            if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+                return False
+            continue
+        if not all(isinstance(s, int) for s in v.shape):
+            return False
+    return True
+
+
+def acquire(program):
+    """The plan this call may use (learned or to learn), busy-locked; None: interpret."""
+    rt = program.__dict__.get("_rt")
+    if rt is None:
+        rt = program._rt = Runtime(program)
+    if rt.off or _launch.HOOKS or "kernels" in config.log or config.cache_verify:
+        return None
+    ctx = getattr(_TLS, "ctx", None)
+    if ctx is not None and (ctx.launcher is not None or ctx.capture is not None):
+        return None
+    p = rt.plan
+    if p is None or p.dead or p.gen != _GEN[0]:
+        if rt.analysis is None:
+            rt.analysis = _analyse(program)
+        p = rt.plan = Plan(rt)
+    if not p.lock.acquire(False):
+        CSTATS.plan_fallbacks["plan busy (another thread or a re-entrant call)"] += 1
+        return None
+    return p
+
+
+def _analyse(program):
+    """The arena's values: stored by a kernel step, read only as kernel buffers."""
+    plan_list = program._plan_folded if program.fold_skip else program._plan
+    out_users = set(program.output.all_input_nodes)
+    made: dict = {}      # node -> step index (kernel-stored values)
+    bad: set = set(out_users)
+    last: dict = {}
+    for i, (kind, x, _frees, keep) in enumerate(plan_list):
+        bad.update(keep)
+        if kind == "fused":
+            for _j, node, *_ in x.out_meta:
+                made.setdefault(node, i)
+            bufs = {n for k, n in x.bufs if k == "in"}
+            reads = [(n, True) for n in bufs] + [
+                (a, False) for a in x.scalar_args if isinstance(a, Node)]
+        elif kind == "rows":
+            for _j, node, *_ in x.outs:
+                made.setdefault(node, i)
+            reads = [(n, True) for _j, n, _m in x.ins] + [
+                (a, False) for a in x.scalar_args if isinstance(a, Node)]
+        else:
+            node = x.node if kind == "host" else x
+            reads = [(a, False) for a in node.all_input_nodes]
+        for n, as_buf in reads:
+            if not as_buf:
+                bad.add(n)
+            last[n] = i
+    out = {}
+    for n, i in made.items():
+        val = n.meta.get("val")
+        if n in bad or not isinstance(val, torch.Tensor) or not all(
+                isinstance(s, int) for s in val.shape) or val.numel() == 0:
+            continue
+        nbytes = val.numel() * val.dtype.itemsize
+        out[n] = (i, max(i, last.get(n, i)), nbytes, val.device.index or 0)
+    return plan_list, out
+
+
+class Arena:
+    """Slots over one host buffer per core, charged to the simulated HBM as one block each."""
+
+    def __init__(self, values: dict) -> None:
+        # lifetime-based slot reuse: greedy by first step, best fit among free slots
+        slots: list = []        # [size, last step, core]
+        where: dict = {}
+        for n, (first, lst, nbytes, core) in sorted(values.items(), key=lambda kv: kv[1][0]):
+            size = -(-nbytes // _ALIGN) * _ALIGN
+            free = [s for s in range(len(slots)) if slots[s][1] < first and slots[s][2] == core]
+            fit = [s for s in free if slots[s][0] >= size]
+            if fit:
+                s = min(fit, key=lambda s: slots[s][0])
+            elif free:
+                s = max(free, key=lambda s: slots[s][0])
+                slots[s][0] = size
+            else:
+                slots.append([size, lst, core])
+                s = len(slots) - 1
+            slots[s][1] = lst
+            where[n] = s
+        offsets, total = {}, {}
+        for s, (size, _lst, core) in enumerate(slots):
+            offsets[s] = total.get(core, 0)
+            total[core] = offsets[s] + size
+        self.blocks, self.base = {}, {}
+        for core, nbytes in total.items():
+            block = SIM.core(core).alloc(nbytes)
+            if block.storage is not None:
+                mem = torch.empty(0, dtype=torch.uint8).set_(block.storage, 0, (nbytes,), (1,))
+            else:
+                mem = torch.empty(nbytes, dtype=torch.uint8)
+            self.blocks[core], self.base[core] = block, mem
+        self.nbytes = sum(total.values())
+        self.n_slots = len(slots)
+        self.span = {core: (m.data_ptr(), m.data_ptr() + m.numel())
+                     for core, m in self.base.items()}
+        self.where = {n: (values[n][3], offsets[s], -(-values[n][2] // _ALIGN) * _ALIGN)
+                      for n, s in where.items()}
+
+    def tensor(self, node, shape, dtype, index):
+        """The arena's NeuronTensor for `node` (shape as the kernel step asks), or None."""
+        w = self.where.get(node)
+        if w is None or w[0] != index:
+            return None
+        core, off, cap = w
+        numel = 1
+        for s in shape:
+            numel *= int(s)
+        if numel * dtype.itemsize > cap:
+            return None
+        data = self.base[core][off:off + numel * dtype.itemsize].view(dtype).view(tuple(shape))
+        return NeuronTensor(data, self.blocks[core], index), data
+
+    def holds(self, a) -> bool:
+        if type(a) is not np.ndarray:
+            return False
+        p = a.__array_interface__["data"][0]
+        return any(lo <= p < hi for lo, hi in self.span.values())
+
+
+class Plan:
+    """One signature's arena and fast steps; learned by one interpreted call."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.plan_list, self.values = rt.analysis
+        self.lock = threading.Lock()
+        self.gen = _GEN[0]
+        self.dead = False
+        self.ready = False
+        self.arena = None
+        self.fast: list = [None] * len(self.plan_list)
+        self.shapes: dict = {}     # node -> (shape, dtype, index) of every kernel store
+        self.views: dict = {}      # arena node -> its torch view (for a copy out)
+        self.i = 0                 # the step being learned
+        self.failed = None
+
+    def release(self) -> None:
+        self.lock.release()
+
+    # -- learning (an interpreted call) ---------------------------------------------------------
+
+    def start_learning(self) -> None:
+        self.arena = Arena(self.values)
+
+    def alloc(self, node, shape, dtype, index):
+        """A kernel step's store while learning: the arena's tensor, or None (allocate)."""
+        self.shapes[node] = (tuple(int(s) for s in shape), dtype, index)
+        if node in self.values:
+            got = self.arena.tensor(node, shape, dtype, index)
+            if got is None:
+                self.failed = "arena slot does not fit"
+                return None
+            self.views[node] = got[1]
+            return got[0]
+        return None
+
+    def launched(self, kind, step, key, params, flops, nbytes, blas=(), F=None) -> None:
+        """The launch just made through launch(): keep what a repeat call needs."""
+        if self.failed:
+            return
+        kernel = _launch.MEMORY.get(_launch.full_key(key, params))
+        if kernel is None:
+            self.failed = "kernel not in the memory cache"
+            return
+        try:
+            cls = FastFused if kind == "fused" else FastRows
+            self.fast[self.i] = cls(self, step, kernel, params, flops, nbytes, blas, F)
+        except _NotFast as exc:
+            self.failed = str(exc)
+
+    def learned(self) -> None:
+        missing = [i for i, (k, *_) in enumerate(self.plan_list)
+                   if k in ("fused", "rows") and self.fast[i] is None]
+        if self.failed or missing:
+            reason = self.failed or "a kernel step fell back while learning"
+            CSTATS.plan_fallbacks[reason] += 1
+            self.dead = True
+            self.rt.replans += 1
+            if self.rt.replans >= MAX_REPLANS:
+                self.rt.off = True
+            return
+        self.ready = True
+        CSTATS.plans_learned += 1
+
+    # -- a repeat call --------------------------------------------------------------------------
+
+    def run(self, env: dict, other) -> int | None:
+        """Run every step; None when done, else the index the interpreter resumes at (the plan
+        was dropped there: a guard failed; the arena values still needed are in env)."""
+        fast = self.fast
+        ctx = getattr(_TLS, "ctx", None)
+        core = ctx.core if ctx is not None else 0
+        for i, (kind, x, frees, _keep) in enumerate(self.plan_list):
+            if kind == "fused" or kind == "rows":
+                if not fast[i].run(env, core):
+                    self._drop(env, i)
+                    return i
+            else:
+                other(kind, x, env)
+            for n in frees:
+                env.pop(n, None)
+        CSTATS.planned_runs += 1
+        CSTATS.arena_values += len(self.views)
+        return None
+
+    def _drop(self, env: dict, i: int) -> None:
+        CSTATS.plan_fallbacks["operand signature changed"] += 1
+        self.dead = True
+        self.rt.replans += 1
+        if self.rt.replans >= MAX_REPLANS:
+            self.rt.off = True
+        _alloc = ALLOC[0]
+        for n, (first, lst, _nb, _core) in self.values.items():
+            if first < i <= lst and n in self.views:
+                shape, dtype, index = self.shapes[n]
+                t = _alloc(shape, dtype, index)
+                t._data.copy_(self.views[n])
+                env[n] = t
+
+
+class _NotFast(Exception):
+    pass
+
+
+def _scalar(v):
+    if isinstance(v, (torch.Tensor, np.generic)):
+        return v.item()
+    if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return v.node.pytype(v)
+    if isinstance(v, bool) or v is None:
+        return bool(v)
+    return v
+
+
+class _Fast:
+    """The argument tuple of one kernel step, what a call fills in, and its charges."""
+
+    def _common(self, plan, step, kernel, params, flops, nbytes, first_scalar, scalar_args):
+        self.kernel, self.flops, self.nbytes = kernel, flops, nbytes
+        self.n_nodes = step.n_nodes
+        self.scalars = []
+        for k, a in enumerate(scalar_args):
+            if isinstance(a, Node):
+                pos = first_scalar + k
+                self.scalars.append((pos, a, type(params[pos])))
+        self.tmpl = list(params)
+        for pos, _a, _t in self.scalars:
+            self.tmpl[pos] = None
+        self.n_arena = 0
+
+    def _fill_scalars(self, args, env) -> bool:
+        for pos, a, typ in self.scalars:
+            v = _scalar(env[a])
+            if type(v) is not typ:
+                return False
+            args[pos] = v
+        return True
+
+    def _launch(self, args, core) -> None:
+        self.kernel(*args)
+        STATS.launches += 1
+        STATS.memory_hits += 1
+        SIM.cores[core].launch(self.flops, self.nbytes, "vector")
+        CSTATS.fused_kernel_launches += 1
+        CSTATS.fused_nodes += self.n_nodes
+        CSTATS.direct_launches += 1
+
+
+class FastFused(_Fast):
+    def __init__(self, plan, step, kernel, params, flops, nbytes, blas, F) -> None:
+        nb = len(step.bufs)
+        self._common(plan, step, kernel, params, flops, nbytes, nb, step.scalar_args)
+        self.ins, self.outs = [], []
+        for j, (kind, node) in enumerate(step.bufs):
+            a = params[j]
+            if plan.arena.holds(a):
+                continue
+            self.tmpl[j] = None
+            if kind == "in":
+                self.ins.append((j, node, a.shape[0], a.dtype))
+            else:
+                if node not in plan.shapes:
+                    raise _NotFast("a fused store with no recorded shape")
+                self.outs.append((j, node) + plan.shapes[node])
+        self.absorbed = step.absorbed
+
+    def run(self, env: dict, core: int) -> bool:
+        args = self.tmpl.copy()
+        for j, node, n, dt in self.ins:
+            t = env[node]
+            if type(t) is not NeuronTensor:
+                return False
+            a = t._data.numpy()
+            if a.dtype != dt or a.size != n or not a.flags.c_contiguous:
+                return False
+            args[j] = a.reshape(-1)
+        if self.scalars and not self._fill_scalars(args, env):
+            return False
+        _alloc = ALLOC[0]
+        made = []
+        for j, node, shape, dtype, index in self.outs:
+            t = _alloc(shape, dtype, index)
+            made.append((node, t))
+            args[j] = t._data.numpy().reshape(-1)
+        self._launch(args, core)
+        for node, t in made:
+            env[node] = t
+        for src, dst, cp in self.absorbed:
+            env[src] = env[cp] = env[dst]
+        return True
+
+
+class FastRows(_Fast):
+    def __init__(self, plan, step, kernel, params, flops, nbytes, blas, F) -> None:
+        nb = len(step.bufs)
+        self._common(plan, step, kernel, params, flops, nbytes, 2 + nb, step.scalar_args)
+        self.F = F
+        self.blas = tuple(blas)
+        self.R, C = params[0], params[1]
+        in_views = getattr(step, "in_views", None) or {}
+        self.ins, self.outs = [], []
+        for j, node, mode in step.ins:
+            a = params[2 + j]
+            if plan.arena.holds(a):
+                continue
+            self.tmpl[2 + j] = None
+            self.ins.append((2 + j, node, mode, in_views.get(j), a.shape, a.dtype, _layout(a)))
+        for j, node, mode, is_mm, dtype, index in step.outs:
+            a = params[2 + j]
+            if plan.arena.holds(a):
+                continue
+            self.tmpl[2 + j] = None
+            if node not in plan.shapes:
+                raise _NotFast("a row store with no recorded shape")
+            shape = plan.shapes[node][0]
+            flat = (self.R, C) if (is_mm or mode == "full") else (self.R,)
+            put = not is_mm or node in step.stored_set
+            self.outs.append((2 + j, node, shape, dtype, index, flat, put))
+
+    def run(self, env: dict, core: int) -> bool:
+        args = self.tmpl.copy()
+        R, F = self.R, self.F
+        for pos, node, mode, chain, shape, dt, lay in self.ins:
+            t = env[node]
+            if type(t) is not NeuronTensor:
+                return False
+            arr = t._data.numpy()
+            if chain is not None:
+                arr = apply_views(arr, chain)
+            if mode == "mat":
+                if arr.ndim != 2:
+                    return False
+                if not (arr.flags.c_contiguous or arr.flags.f_contiguous):
+                    arr = np.ascontiguousarray(arr)
+            else:
+                arr = _view3d(arr, mode, F, R)
+                if arr is None:
+                    return False
+            if arr.shape != shape or arr.dtype != dt or _layout(arr) != lay:
+                return False
+            args[pos] = arr
+        if self.scalars and not self._fill_scalars(args, env):
+            return False
+        _alloc = ALLOC[0]
+        made = {}
+        for pos, node, shape, dtype, index, flat, put in self.outs:
+            t = made.get(node)
+            if t is None:
+                t = made[node] = _alloc(shape, dtype, index)
+            args[pos] = t._data.numpy().reshape(flat)
+        for fl in self.blas:
+            blas_threads(fl)
+        self._launch(args, core)
+        for pos, node, shape, dtype, index, flat, put in self.outs:
+            if put:
+                env[node] = made[node]
+        return True
+
+
+__all__ = ["acquire", "Plan", "Runtime"]
