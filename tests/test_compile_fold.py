@@ -77,3 +77,32 @@ def test_dynamic_size_is_an_input():
     for n in (5, 7, 5, 9, 7):
         x = torch.ones(n)
         assert torch.equal(f(x.to("neuron")).cpu(), g(x)), n
+
+
+def _mask_from_returned_ids(x):
+    # GPT-2's shape: position ids returned with the result (AOTAutograd saves them for the
+    # embedding's backward) and a mask built from them through new memory (cat, cumsum, index)
+    t = x.shape[-1]
+    ids = torch.arange(t, device=x.device).unsqueeze(0)
+    diff = torch.diff(ids, prepend=ids[:, :1] - 1, dim=-1)
+    seq = (diff != 1).cumsum(-1)
+    q = torch.arange(t, device=x.device)
+    mask = (seq[0][q][:, None] == seq[0][q][None, :]) & (q[:, None] >= q[None, :])
+    return torch.where(mask, x, torch.full_like(x, -1e4)), ids
+
+
+def test_values_built_from_a_returned_constant_are_folded():
+    f = torch.compile(_mask_from_returned_ids, backend="neuron")
+    for i in range(6):
+        x = torch.randn(2, 6, 6, generator=torch.Generator().manual_seed(i))
+        got, ids = f(x.to("neuron"))
+        want, want_ids = _mask_from_returned_ids(x)
+        assert torch.equal(got.cpu(), want), i
+        assert torch.equal(ids.cpu(), want_ids), i
+        ids.add_(100)                 # the caller owns the returned ids: the mask stays right
+    s = eager_neuron.compile.stats()
+    # the cumsum over the returned ids' diff runs until the program keeps it (the first two
+    # launches), not on every launch
+    assert s["graph_launches"] == 6
+    assert s["graph_eager_ops"].get("aten::cumsum", 0) <= 2, s["graph_eager_ops"]
+    assert s["folded_steps"] > 0

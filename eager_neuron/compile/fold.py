@@ -8,7 +8,8 @@ eager nodes and a fused kernel or two per step (~2 ms of a GPT-2 tiny step, `ara
 result) all of whose operands are constants or `get_attr` constants. Constants are left out
 when something may change their memory afterwards (an operand a schema writes to: `copy_`'s
 destination, an in-place op) or hands it to the caller (a graph output, or a view on the way
-to one: the caller owns that memory). A step all of whose nodes are constants is skipped after
+to one: the caller owns that memory); such a value is recomputed every run, and what is built
+from it into new memory is still constant. A step all of whose nodes are constants is skipped after
 the first run; the constants that steps still running read are kept from the first run
 (`Program.folded`). Under dynamic shapes a size is a graph input, so what depends on it is not
 constant and runs every time.
@@ -81,23 +82,31 @@ def _alias_closure(starts) -> set:
 
 
 def constants(graph: torch.fx.Graph, output: Node) -> set:
-    """The graph's constant nodes (see the module docstring)."""
+    """The graph's constant nodes that may be kept from a run (see the module docstring).
+
+    Two questions: is a node's *value* the same on every run (a deterministic op of such
+    values), and may its *memory* be kept (nothing writes to it, the caller does not get it).
+    Memory something may write to has no constant value (what a later reader sees depends on
+    the write). A value the caller gets (GPT-2's position ids, returned for the embedding's
+    backward) is recomputed every run, yet it is still the same value: an op that reads it and
+    makes new memory (the `cat`, `cumsum` and `index` of the causal mask built from the
+    position ids) is constant and kept."""
     nodes = list(graph.nodes)
     written: set = set()
     for node in nodes:
         written |= _written(node)
-    # memory something may write to, and what the caller receives: never kept from a run
-    unsafe = _alias_closure(written) | _alias_closure(output.all_input_nodes)
-    const: set = set()
+    unstable = _alias_closure(written)                 # no constant value
+    handed = _alias_closure(output.all_input_nodes)    # constant value, memory not kept
+    value: set = set()
     for node in nodes:
-        if node in unsafe:
+        if node in unstable:
             continue
         if node.op == "get_attr":
-            const.add(node)
+            value.add(node)
         elif node.op == "call_function" and _deterministic_op(node) and \
-                all(a in const for a in node.all_input_nodes):
-            const.add(node)
-    return {n for n in const if n.op != "get_attr"}
+                all(a in value for a in node.all_input_nodes):
+            value.add(node)
+    return {n for n in value if n.op != "get_attr" and n not in handed}
 
 
 def plan(steps: list, produced, reads, const: set) -> tuple:
