@@ -56,6 +56,14 @@ CAPTURED = frozenset({
     # the cast family (lower/cast.py): elementwise copies; half types go through scratch
     # buffers or reinterpreted views, which are never learned
     "aten::clone", "aten::_to_copy", "aten::copy_", "aten::cat",
+    # scans (lower/reduce.py _scan, _scan_index): one launch on views of the operand and the
+    # outputs; an empty output launches nothing (never learned)
+    "aten::cumsum", "aten::cumprod", "aten::logcumsumexp", "aten::cummax", "aten::cummin",
+    # remaps (lower/shape.py remap_request): one launch on views, its per-dim modes and
+    # parameters small constant arrays fixed by the signature (pad, shifts, dims, diagonal by
+    # value), the fill value a constant; half operands are never captured
+    "aten::constant_pad_nd", "aten::flip", "aten::roll", "aten::repeat", "aten::tril",
+    "aten::triu",
     "aten::_softmax", "aten::_log_softmax", "aten::_softmax_backward_data",
     "aten::_log_softmax_backward_data",
     "aten::native_layer_norm", "aten::native_layer_norm_backward",

@@ -152,3 +152,48 @@ def test_arange_on_the_device_is_one_host_factory_equal_to_cpu():
     out = torch.empty(0, dtype=torch.int64, device=DEV)
     torch.arange(0, 6, out=out)
     assert out.cpu().tolist() == list(range(6))
+
+
+def _replays(fn_of, inputs, check):
+    """fn_of(x) on neuron for each input (the first learns): the rest replay (one hit each)
+    and every result passes check(neuron result, x)."""
+    for n, x in enumerate(inputs):
+        xd = x.to(DEV)
+        before = _hits()
+        out = fn_of(xd)
+        if n:
+            assert _hits() - before == 1, fn_of
+        check(out, x)
+
+
+def test_scans_and_remaps_replay_with_fresh_values_equal_cpu():
+    """cumsum (HF's position ids from a bool mask), constant_pad_nd (the labels' shift), and
+    the other scans and remaps of the same lowerings: captured runners, exact results."""
+    g = torch.Generator().manual_seed(0)
+    bools = [torch.rand(2, 8, generator=g) > 0.4 for _ in range(3)]
+    ints = [torch.randint(-50, 50, (2, 8), generator=g) for _ in range(3)]
+    floats = [torch.randn(3, 5, 4, generator=g) for _ in range(3)]
+
+    def same(f):
+        return lambda out, x: _equal(out, f(x))
+
+    def _equal(out, ref):
+        if isinstance(ref, tuple):
+            assert all(torch.equal(o.cpu(), r) for o, r in zip(out, ref))
+        else:
+            assert out.dtype == ref.dtype and torch.equal(out.cpu(), ref)
+
+    fns = [lambda x: x.cumsum(-1), lambda x: torch.cumprod(x, 0),
+           lambda x: torch.cummax(x, 1), lambda x: torch.cummin(x, -1),
+           lambda x: F.pad(x, (0, 1), value=-100), lambda x: F.pad(x, (2, 1), value=7),
+           lambda x: x.flip(0), lambda x: x.roll(3, 1), lambda x: x.repeat(2, 1, 1),
+           lambda x: x.tril(-1), lambda x: x.triu(1)]
+    for f in fns:
+        _replays(f, ints, same(f))
+    _replays(lambda x: x.cumsum(-1), bools, same(lambda x: x.cumsum(-1)))
+    for f in (lambda x: F.pad(x, (1, 2, 0, 1), value=0.5), lambda x: x.flip(-1, 0),
+              lambda x: x.roll((1, -2), (0, 2)), lambda x: x.tril(), lambda x: x.cummax(2)):
+        _replays(f, floats, same(f))
+    ref = [x.double().cumsum(1) for x in floats]
+    for x, r in zip(floats, ref):
+        assert (x.to(DEV).cumsum(1).cpu().double() - r).abs().max() <= _ulp_bound(r)
