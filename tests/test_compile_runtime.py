@@ -1,0 +1,365 @@
+"""torch.compile(backend="neuron"): the planned runtime (compile/planned.py).
+
+A repeat call of a compiled graph with the same input signature runs a plan: kernels called
+directly (pre-resolved), values no one else reads in an arena planned once. Checked here by
+counters (never times): the plan is used, intermediates are not allocated, results equal neuron
+eager and a float64 CPU reference; a changed signature, a busy plan (another thread), a
+profiler hook and a cleared kernel cache all take the interpreter, with right answers.
+"""
+
+from __future__ import annotations
+
+import gc
+import pickle
+import threading
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import eager_neuron
+from eager_neuron import launch as L
+from eager_neuron.compile import planned
+from eager_neuron.compile import program as P
+from eager_neuron.compile import stats as cstats
+
+torch._dynamo.config.cache_size_limit = 64
+N = "neuron"
+
+
+@pytest.fixture(autouse=True)
+def _reset():
+    torch._dynamo.reset()
+    eager_neuron.compile.reset_stats()
+    yield
+    torch._dynamo.reset()
+
+
+def _close(a, b, dtype, scale):
+    a, b = a.detach().cpu().double(), b.detach().cpu().double()
+    assert a.shape == b.shape
+    tol = 16 * torch.finfo(dtype).eps * scale * (1 + b.abs())
+    bad = ~((a - b).abs() <= tol)
+    assert not bad.any(), f"max error {(a - b).abs().max().item()} (bound {tol.max().item()})"
+
+
+class _Block(torch.nn.Module):
+    """GPT-2 in small: layer norms, causal attention (softmax of a masked product), a GELU MLP,
+    residuals, a cross-entropy head."""
+
+    def __init__(self, C=16, H=2, V=11) -> None:
+        super().__init__()
+        self.H = H
+        self.ln1, self.ln2 = torch.nn.LayerNorm(C), torch.nn.LayerNorm(C)
+        self.qkv, self.proj = torch.nn.Linear(C, 3 * C), torch.nn.Linear(C, C)
+        self.up, self.down = torch.nn.Linear(C, 4 * C), torch.nn.Linear(4 * C, C)
+        self.head = torch.nn.Linear(C, V)
+        g = torch.Generator().manual_seed(3)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+
+    def forward(self, x, y):
+        B, T, C = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(C, dim=-1)
+        q, k, v = (t.view(B, T, self.H, C // self.H).transpose(1, 2) for t in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (C // self.H) ** -0.5
+        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        att = att.masked_fill(~mask, float("-inf")).softmax(-1)
+        h = x + self.proj((att @ v).transpose(1, 2).reshape(B, T, C))
+        h = h + self.down(F.gelu(self.up(self.ln2(h)), approximate="tanh"))
+        return F.cross_entropy(self.head(h).view(B * T, -1), y.view(-1))
+
+
+class _MLP(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(12, 32), torch.nn.Linear(32, 5)
+        g = torch.Generator().manual_seed(4)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+
+    def forward(self, x, y):
+        return F.cross_entropy(self.b(torch.relu(self.a(x))), y)
+
+
+def _data(kind, seed=0, B=3):
+    g = torch.Generator().manual_seed(seed)
+    if kind == "gpt":
+        return torch.randn(B, 6, 16, generator=g), torch.randint(0, 11, (B, 6), generator=g)
+    return torch.randn(B * 2, 12, generator=g), torch.randint(0, 5, (B * 2,), generator=g)
+
+
+def _trainer(kind, device, compiled, dtype=torch.float32):
+    torch.manual_seed(0)
+    m = (_Block() if kind == "gpt" else _MLP()).to(dtype).to(device)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+
+    def step(x, y):
+        loss = m(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.detach()
+
+    return m, (torch.compile(step, backend="neuron") if compiled else step)
+
+
+def _train(kind, device, compiled, steps, dtype=torch.float32):
+    m, step = _trainer(kind, device, compiled, dtype)
+    losses = []
+    for i in range(steps):
+        x, y = _data(kind, i % 2)
+        losses.append(step(x.to(dtype).to(device), y.to(device)))
+    return m, losses
+
+
+@pytest.mark.parametrize("kind", ["mlp", "gpt"])
+def test_repeat_steps_run_planned_and_equal_eager_and_float64(kind):
+    steps = 5
+    mc, lc = _train(kind, N, True, steps)
+    s = cstats()
+    me, le = _train(kind, N, False, steps)
+    m64, l64 = _train(kind, "cpu", False, steps, torch.float64)
+    # forward, backward and AdamW programs: each learned once, then planned on every step
+    assert s["plans_learned"] >= 3, s
+    assert s["planned_runs"] >= 3 * (steps - 2), s
+    assert s["arena_values"] > 0 and s["direct_launches"] > 0, s
+    assert not s["plan_fallbacks"] and not s["group_fallbacks"] and not s["graph_fallbacks"]
+    for a, b, c in zip(lc, le, l64):
+        _close(a, b, torch.float32, 64)
+        _close(a, c, torch.float32, 256)
+    for pc, pe, p64 in zip(mc.parameters(), me.parameters(), m64.parameters()):
+        _close(pc, pe, torch.float32, 256)
+        _close(pc, p64, torch.float32, 1024)
+
+
+def _programs(monkeypatch):
+    """Every Program built from now on, in order."""
+    made = []
+    counted = P.Program._counted      # (built, or restored whole from torch's cache)
+
+    def record(self):
+        counted(self)
+        made.append(self)
+
+    monkeypatch.setattr(P.Program, "_counted", record)
+    return made
+
+
+def _allocs(monkeypatch):
+    """Counts of program._alloc calls (the interpreter's and the plan's fresh tensors)."""
+    n = [0]
+    real = P._alloc
+
+    def counted(*a):
+        n[0] += 1
+        return real(*a)
+
+    monkeypatch.setattr(P, "_alloc", counted)
+    monkeypatch.setattr(planned, "ALLOC", [counted])
+    return n
+
+
+def test_a_planned_call_allocates_only_escaping_values(monkeypatch):
+    """The arena's values are not allocated on a planned call: an interpreted call allocates
+    exactly the plan's fresh tensors plus its arena values (the same graph, the same inputs),
+    and the arena's bytes are charged to the simulated HBM once, released with the Program."""
+    progs = _programs(monkeypatch)
+    n = _allocs(monkeypatch)
+    m, step = _trainer("gpt", N, True)
+    x, y = (t.to(N) for t in _data("gpt"))
+    step(x, y)
+    bw = next(p for p in progs if p.name.startswith("backward"))
+    saved = {}
+    call = P.Program.__call__
+
+    def spy(self, *args):
+        saved.setdefault(self.name, args)
+        return call(self, *args)
+
+    monkeypatch.setattr(P.Program, "__call__", spy)
+    step(x, y)
+    step(x, y)            # learned by now
+    monkeypatch.setattr(P.Program, "__call__", call)
+    args = saved[bw.name]
+    before = cstats()
+    n[0] = 0
+    out_planned = bw(*args)
+    planned_allocs, s = n[0], cstats()
+    assert s["planned_runs"] == before["planned_runs"] + 1
+    arena = s["arena_values"] - before["arena_values"]
+    assert arena > 0
+    plan = bw._rt.plan
+    assert arena == len(plan.views) and plan.arena.nbytes > 0
+    # the same call interpreted (the plan busy): every kernel store is a new tensor
+    plan.lock.acquire()
+    try:
+        n[0] = 0
+        out_interp = bw(*args)
+    finally:
+        plan.lock.release()
+    assert n[0] == planned_allocs + arena, (n[0], planned_allocs, arena)
+    for a, b in zip(out_planned, out_interp):
+        if isinstance(a, torch.Tensor):
+            assert torch.equal(a.cpu(), b.cpu())
+    # the arena is one block per core, charged while its Program lives
+    alive = torch.neuron.memory_allocated()
+    nbytes = plan.arena.nbytes
+    del plan, bw, progs[:], args, saved, out_planned, out_interp, step, m
+    torch._dynamo.reset()
+    gc.collect()
+    assert torch.neuron.memory_allocated() <= alive - nbytes
+
+
+def _inference_program(monkeypatch, fn, *inputs):
+    progs = _programs(monkeypatch)
+    with torch.no_grad():
+        torch.compile(fn, backend="neuron")(*inputs)
+    (prog,) = [p for p in progs if p.name.startswith("inference")]
+    return prog
+
+
+def _f(x, w, b):
+    h = torch.relu(x @ w + b)
+    return F.layer_norm(h * 2 + 1, (h.shape[-1],)).exp() * 3 + 1
+
+
+def _fin(x=None):
+    g = torch.Generator().manual_seed(1)
+    return (torch.randn(8, 16, generator=g) if x is None else x,
+            torch.randn(16, 16, generator=g), torch.randn(16, generator=g))
+
+
+def test_a_changed_signature_never_uses_a_stale_plan(monkeypatch):
+    """A non-contiguous input of the same shape: the plan's guard drops it (the interpreter
+    finishes the call), the next call learns a plan for it; answers always equal eager."""
+    x, w, b = _fin()
+    prog = _inference_program(monkeypatch, _f, x.to(N), w.to(N), b.to(N))
+    xt = _fin(torch.randn(16, 8, generator=torch.Generator().manual_seed(2)).t())[0]
+    assert not xt.is_contiguous()
+    calls = [x, x, x, xt, xt, xt, x, x]
+    for i, xi in enumerate(calls):
+        out = prog(xi.to(N) if xi.is_contiguous() else xi.t().contiguous().to(N).t(),
+                   w.to(N), b.to(N))
+        out = out[0] if isinstance(out, (list, tuple)) else out
+        _close(out, _f(xi.double(), w.double(), b.double()), torch.float32, 64)
+    s = cstats()
+    assert s["plan_fallbacks"].get("operand signature changed", 0) == 2, s["plan_fallbacks"]
+    assert s["plans_learned"] == 3 and s["planned_runs"] >= 3, s
+
+
+def test_another_batch_size_is_right_and_dynamic_shapes_are_not_planned():
+    f = torch.compile(_f, backend="neuron")
+    for B in (8, 8, 8, 5, 5, 5, 3, 3):
+        x, w, b = _fin(torch.randn(B, 16, generator=torch.Generator().manual_seed(B)))
+        with torch.no_grad():
+            out = f(x.to(N), w.to(N), b.to(N))
+        _close(out, _f(x.double(), w.double(), b.double()), torch.float32, 64)
+    s = cstats()
+    assert s["planned_runs"] >= 1 and not s["plan_fallbacks"], s
+
+
+def test_a_busy_plan_sends_another_thread_to_the_interpreter(monkeypatch):
+    x, w, b = _fin()
+    prog = _inference_program(monkeypatch, _f, x.to(N), w.to(N), b.to(N))
+    args = (x.to(N), w.to(N), b.to(N))
+    ref = _f(x.double(), w.double(), b.double())
+    prog(*args)
+    prog(*args)
+    plan = prog._rt.plan
+    assert plan.ready
+    results = []
+    plan.lock.acquire()          # as if another thread were inside the plan
+    try:
+        t = threading.Thread(target=lambda: results.append(prog(*args)))
+        t.start()
+        t.join()
+    finally:
+        plan.lock.release()
+    assert cstats()["plan_fallbacks"].get(
+        "plan busy (another thread or a re-entrant call)", 0) == 1
+    out = results[0][0] if isinstance(results[0], (list, tuple)) else results[0]
+    _close(out, ref, torch.float32, 64)
+
+
+def test_two_threads_running_one_compiled_function_get_right_answers():
+    f = torch.compile(_f, backend="neuron")
+    ins = {i: _fin(torch.randn(8, 16, generator=torch.Generator().manual_seed(10 + i)))
+           for i in range(2)}
+    refs = {i: _f(*(t.double() for t in ins[i])) for i in ins}
+    with torch.no_grad():
+        f(*(t.to(N) for t in ins[0]))
+    errors = []
+    start = threading.Barrier(2)
+
+    def work(i):
+        try:
+            args = tuple(t.to(N) for t in ins[i])
+            start.wait()
+            for _ in range(25):
+                with torch.no_grad():
+                    _close(f(*args), refs[i], torch.float32, 64)
+        except BaseException as exc:     # noqa: BLE001 -- reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert cstats()["planned_runs"] >= 1
+
+
+def test_profiler_hooks_see_every_kernel_with_its_source_lines():
+    m, step = _trainer("mlp", N, True)
+    x, y = (t.to(N) for t in _data("mlp"))
+    for _ in range(3):
+        step(x, y)
+    events = []
+    L.HOOKS.append(events.append)
+    try:
+        before = cstats()
+        step(x, y)
+        after = cstats()
+    finally:
+        L.HOOKS.remove(events.append)
+    graph_events = [e for e in events if e.get("graph")]
+    launched = after["fused_kernel_launches"] - before["fused_kernel_launches"]
+    assert launched > 0 and len(graph_events) == launched
+    assert all(e["source_lines"] and all(isinstance(s, str) for s in e["source_lines"])
+               for e in graph_events)
+    assert after["planned_runs"] == before["planned_runs"]
+    assert after["direct_launches"] == before["direct_launches"]
+    step(x, y)                  # hooks gone: planned again
+    assert cstats()["planned_runs"] > after["planned_runs"]
+
+
+def test_a_cleared_kernel_cache_retires_the_plans(monkeypatch):
+    x, w, b = _fin()
+    prog = _inference_program(monkeypatch, _f, x.to(N), w.to(N), b.to(N))
+    args = (x.to(N), w.to(N), b.to(N))
+    ref = _f(x.double(), w.double(), b.double())
+    for _ in range(3):
+        prog(*args)
+    learned = cstats()["plans_learned"]
+    L.MEMORY.clear()
+    for _ in range(3):
+        out = prog(*args)
+        _close(out[0] if isinstance(out, (list, tuple)) else out, ref, torch.float32, 64)
+    assert cstats()["plans_learned"] == learned + 1
+
+
+def test_stored_program_state_holds_no_runtime(monkeypatch):
+    x, w, b = _fin()
+    prog = _inference_program(monkeypatch, _f, x.to(N), w.to(N), b.to(N))
+    for _ in range(3):
+        prog(x.to(N), w.to(N), b.to(N))
+    assert prog._rt.plan.ready
+    state = prog.__getstate__()
+    assert "_rt" not in state
+    for v in state.values():
+        assert not isinstance(v, (planned.Runtime, planned.Plan, planned.Arena))
+    pickle.dumps([v for k, v in state.items() if k in ("n_kernels", "n_host", "fold_skip")])
