@@ -363,3 +363,27 @@ def test_stored_program_state_holds_no_runtime(monkeypatch):
     for v in state.values():
         assert not isinstance(v, (planned.Runtime, planned.Plan, planned.Arena))
     pickle.dumps([v for k, v in state.items() if k in ("n_kernels", "n_host", "fold_skip")])
+
+
+@pytest.mark.parametrize("strided", [False, True])
+def test_an_input_changed_in_place_is_read_anew(strided):
+    """A plan keeps the operand views of graph inputs that come back (parameters); an input
+    whose values change in place between calls (an optimizer's update) is read anew, and one
+    a kernel can only read through a copy (a strided matrix) is copied anew."""
+    def g(a, w):
+        return torch.softmax(a @ w + 1, -1) * 2
+
+    f = torch.compile(g, backend="neuron")
+    gen = torch.Generator().manual_seed(7)
+    base = torch.randn(6, 10 if strided else 5, generator=gen).to(N)
+    a = base[:, ::2] if strided else base
+    w = torch.randn(5, 4, generator=gen).to(N)
+    assert a.is_contiguous() != strided
+    with torch.no_grad():
+        for i in range(5):
+            out = f(a, w)
+            _close(out, g(a.cpu().double(), w.cpu().double()), torch.float32, 64)
+            base.mul_(-1.5)
+            w.add_(0.25)
+    s = cstats()
+    assert s["planned_runs"] >= 2 and not s["plan_fallbacks"], s
