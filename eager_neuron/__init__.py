@@ -74,4 +74,4 @@ __all__ = [
 from . import compile as _compile  # noqa: E402,F401 -- torch.compile backend "neuron" (docs/COMPILE.md)
 from . import distributed as _distributed  # noqa: E402,F401 -- c10d "neuron" (DISTRIBUTED.md)
 from .custom import kernel  # noqa: E402,F401 -- custom kernels (docs/KERNELS.md)
-from .lower import rnn_seq as _rnn_seq  # noqa: E402,F401 -- nn.LSTM as sequence kernels
+from .lower import rnn_seq as _rnn_seq  # noqa: E402,F401 -- nn.LSTM/GRU as sequence kernels

@@ -192,3 +192,162 @@ def render_lstm_backward(T: str, mkl: bool) -> tuple[str, str]:
                 dbh[q] = dbi[q]
 '''
     return src, name
+
+
+def render_gru_forward(T: str, mkl: bool) -> tuple[str, str]:
+    """k(x, wih0, whh0, bih0, bhh0, wih1, whh1, bih1, bhh1, h0, y, hn, ws, ndir, has_bias): one
+    GRU layer (ATen's cell: r, z sigmoid, n = tanh(i_n + b_in + r * (h_n + b_hn)),
+    h = n + z * (h_prev - n)); ws (D, T, B, 4H) keeps r, z, n and h_n + b_hn of each step."""
+    name = kernel_name("gru_seq_fwd", T, mkl)
+    prelude = gemm_prelude() if mkl else ""
+    i12, i16 = " " * 12, " " * 16
+    gx = _gemm("x[s]", "wihT", "gi", "0.0", i12, mkl)
+    gh0 = _gemm("h0[d]", "whhT", "gh", "0.0", i16, mkl)
+    ghy = _gemm("y[sp, :, d * H:(d + 1) * H]", "whhT", "gh", "0.0", i16, mkl)
+    src = f'''{prelude}{HEADER}def {name}(x, wih0, whh0, bih0, bhh0, wih1, whh1, bih1, bhh1, h0, y,
+        hn, ws, ndir, has_bias):
+    one = {T}(1)
+    S = x.shape[0]
+    B = x.shape[1]
+    H = h0.shape[2]
+    gi = np.empty((B, 3 * H), dtype={T})
+    gh = np.empty((B, 3 * H), dtype={T})
+    for d in range(ndir):
+        if d == 0:
+            wihT = wih0.T
+            whhT = whh0.T
+            bih = bih0
+            bhh = bhh0
+        else:
+            wihT = wih1.T
+            whhT = whh1.T
+            bih = bih1
+            bhh = bhh1
+        for k in range(S):
+            s = k if d == 0 else S - 1 - k
+            sp = s - 1 if d == 0 else s + 1
+{gx}            if k == 0:
+{gh0}            else:
+{ghy}            for b in range(B):
+                for j in range(H):
+                    ir = gi[b, j]
+                    iz = gi[b, H + j]
+                    i_n = gi[b, 2 * H + j]
+                    hr = gh[b, j]
+                    hz = gh[b, H + j]
+                    h_n = gh[b, 2 * H + j]
+                    if has_bias:
+                        ir += bih[j]
+                        iz += bih[H + j]
+                        i_n += bih[2 * H + j]
+                        hr += bhh[j]
+                        hz += bhh[H + j]
+                        h_n += bhh[2 * H + j]
+                    r = one / (one + math.exp(-(hr + ir)))
+                    z = one / (one + math.exp(-(hz + iz)))
+                    n = math.tanh(i_n + h_n * r)
+                    hp = h0[d, b, j] if k == 0 else y[sp, b, d * H + j]
+                    h = (hp - n) * z + n
+                    ws[d, s, b, j] = r
+                    ws[d, s, b, H + j] = z
+                    ws[d, s, b, 2 * H + j] = n
+                    ws[d, s, b, 3 * H + j] = h_n
+                    y[s, b, d * H + j] = h
+                    if k == S - 1:
+                        hn[d, b, j] = h
+'''
+    return src, name
+
+
+def render_gru_backward(T: str, mkl: bool) -> tuple[str, str]:
+    """k(x, wih0, whh0, wih1, whh1, h0, y, ws, dy, dhn, dx, dwih0, dwhh0, dbi0, dbh0, dwih1,
+    dwhh1, dbi1, dbh1, dh0, ndir, has_dy, has_dhn, has_bias): BPTT of one GRU layer; dx
+    (T*B, I) C-contiguous."""
+    name = kernel_name("gru_seq_bwd", T, mkl)
+    prelude = gemm_prelude() if mkl else ""
+    i12, i16 = " " * 12, " " * 16
+    g_dh = _gemm("dHs", "whh", "dhr", "1.0", i12, mkl)
+    g_h0 = _gemm("dHs.T", "h0[d]", "dwhh", "1.0", i16, mkl)
+    g_hy = _gemm("dHs.T", "y[sp, :, d * H:(d + 1) * H]", "dwhh", "1.0", i16, mkl)
+    g_wi = _gemm("dIs.T", "x[s]", "dwih", "1.0", i12, mkl)
+    g_dx0 = _gemm("dI", "wih", "dx", "0.0", i12, mkl)
+    g_dx1 = _gemm("dI", "wih", "dx", "1.0", i12, mkl)
+    src = f'''{prelude}{HEADER}def {name}(x, wih0, whh0, wih1, whh1, h0, y, ws, dy, dhn, dx, dwih0,
+        dwhh0, dbi0, dbh0, dwih1, dwhh1, dbi1, dbh1, dh0, ndir, has_dy, has_dhn, has_bias):
+    one = {T}(1)
+    zero = {T}(0)
+    S = x.shape[0]
+    B = x.shape[1]
+    H = h0.shape[2]
+    G = 3 * H
+    dI = np.empty((S * B, G), dtype={T})
+    dH = np.empty((S * B, G), dtype={T})
+    dhr = np.empty((B, H), dtype={T})
+    for d in range(ndir):
+        if d == 0:
+            wih = wih0
+            whh = whh0
+            dwih = dwih0
+            dwhh = dwhh0
+            dbi = dbi0
+            dbh = dbh0
+        else:
+            wih = wih1
+            whh = whh1
+            dwih = dwih1
+            dwhh = dwhh1
+            dbi = dbi1
+            dbh = dbh1
+        for b in range(B):
+            for j in range(H):
+                dhr[b, j] = dhn[d, b, j] if has_dhn else zero
+        for r_ in range(G):
+            for q in range(dwhh.shape[1]):
+                dwhh[r_, q] = zero
+            for q in range(dwih.shape[1]):
+                dwih[r_, q] = zero
+        for k in range(S):
+            s = S - 1 - k if d == 0 else k
+            sp = s - 1 if d == 0 else s + 1
+            first = k == S - 1
+            for b in range(B):
+                row = s * B + b
+                for j in range(H):
+                    dh = dhr[b, j]
+                    if has_dy:
+                        dh += dy[s, b, d * H + j]
+                    r = ws[d, s, b, j]
+                    z = ws[d, s, b, H + j]
+                    n = ws[d, s, b, 2 * H + j]
+                    h_n = ws[d, s, b, 3 * H + j]
+                    hp = h0[d, b, j] if first else y[sp, b, d * H + j]
+                    dan = dh * (one - z) * (one - n * n)
+                    dar = dan * h_n * ((one - r) * r)
+                    daz = dh * (hp - n) * ((one - z) * z)
+                    dI[row, j] = dar
+                    dI[row, H + j] = daz
+                    dI[row, 2 * H + j] = dan
+                    dH[row, j] = dar
+                    dH[row, H + j] = daz
+                    dH[row, 2 * H + j] = dan * r
+                    dhr[b, j] = dh * z
+            dHs = dH[s * B:(s + 1) * B]
+            dIs = dI[s * B:(s + 1) * B]
+{g_dh}            if first:
+{g_h0}            else:
+{g_hy}{g_wi}
+        for b in range(B):
+            for j in range(H):
+                dh0[d, b, j] = dhr[b, j]
+        if d == 0:
+{g_dx0}        else:
+{g_dx1}        if has_bias:
+            for q in range(G):
+                dbi[q] = zero
+                dbh[q] = zero
+            for row in range(S * B):
+                for q in range(G):
+                    dbi[q] += dI[row, q]
+                    dbh[q] += dH[row, q]
+'''
+    return src, name

@@ -1,4 +1,4 @@
-"""nn.LSTM on neuron as sequence kernels (eager_neuron/lower/rnn_seq.py, kernels/rnn.py).
+"""nn.LSTM and nn.GRU on neuron as sequence kernels (eager_neuron/lower/rnn_seq.py, kernels/rnn.py).
 
 Forward and backward are judged against a float64 CPU copy of the same module, with a bound
 derived from the dtype's eps and the sequence length (the errors of a recurrence grow with the
@@ -9,6 +9,7 @@ stats()["rnn_seq_fallbacks"]) and still equal the CPU.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -25,9 +26,9 @@ def _bound(dtype, T: int) -> float:
     return 200.0 * torch.finfo(dtype).eps * T
 
 
-def _pair(dtype, seed=0, **kw):
+def _pair(dtype, seed=0, kind="LSTM", **kw):
     torch.manual_seed(seed)
-    ref = nn.LSTM(**kw).double()
+    ref = getattr(nn, kind)(**kw).double()
     dev = copy.deepcopy(ref).to(dtype).to("neuron")
     return ref, dev
 
@@ -47,12 +48,18 @@ def _run(m, x, hx, gy, gh, gc):
     """Forward, then backward of a weighted sum of all three outputs; returns values and grads."""
     x = x.detach().requires_grad_()
     hx = None if hx is None else tuple(h.detach().requires_grad_() for h in hx)
-    y, (h, c) = m(x, hx)
-    loss = (y * gy).sum() + (h * gh).sum() + (c * gc).sum()
+    if isinstance(m, nn.GRU):
+        hx = None if hx is None else hx[:1]
+        y, h = m(x, None if hx is None else hx[0])
+        outs = [y, h]
+    else:
+        y, (h, c) = m(x, hx)
+        outs = [y, h, c]
+    loss = sum((o * w).sum() for o, w in zip(outs, (gy, gh, gc)))
     loss.backward()
     grads = [x.grad] + ([] if hx is None else [t.grad for t in hx])
     grads += [p.grad for p in m.parameters()]
-    return [y, h, c] + grads
+    return outs + grads
 
 
 def _check(ref, dev, T, B, dtype, with_hx=True):
@@ -93,27 +100,30 @@ CONFIGS = [
 ]
 
 
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("layers,bidir,bf,bias,with_hx", CONFIGS)
-def test_lstm_matches_float64_cpu(layers, bidir, bf, bias, with_hx, dtype):
-    ref, dev = _pair(dtype, input_size=5, hidden_size=7, num_layers=layers, bidirectional=bidir,
-                     batch_first=bf, bias=bias)
+def test_matches_float64_cpu(layers, bidir, bf, bias, with_hx, dtype, kind):
+    ref, dev = _pair(dtype, kind=kind, input_size=5, hidden_size=7, num_layers=layers,
+                     bidirectional=bidir, batch_first=bf, bias=bias)
     stats = _check(ref, dev, T=9, B=3, dtype=dtype, with_hx=with_hx)
     assert stats["rnn_seq_calls"] == 1 and not stats["rnn_seq_fallbacks"]
     assert not stats["fallbacks"]
 
 
-def test_launches_per_layer():
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_launches_per_layer(kind):
     """One forward launch and one backward launch per layer, whatever the sequence length."""
-    ref, dev = _pair(torch.float32, input_size=6, hidden_size=10, num_layers=2,
+    ref, dev = _pair(torch.float32, kind=kind, input_size=6, hidden_size=10, num_layers=2,
                      batch_first=True)
     x = torch.randn(3, 25, 6, device="neuron")
     h = torch.zeros(2, 3, 10, device="neuron")
-    dev(x, (h, h))   # compiled and cached
-    y, _ = dev(x, (h, h))
+    hx = h if kind == "GRU" else (h, h)
+    dev(x, hx)   # compiled and cached
+    y, _ = dev(x, hx)
     gy = torch.ones_like(y)
     eager_neuron.reset_stats()
-    y, _ = dev(x, (h, h))
+    y, _ = dev(x, hx)
     assert eager_neuron.stats()["launches"] == 2
     eager_neuron.reset_stats()
     y.backward(gy)
@@ -206,10 +216,12 @@ def test_fallbacks_are_counted_and_equal_cpu(case):
         torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-5, atol=1e-6)
 
 
-def test_double_backward_takes_the_decomposition():
-    ref, dev = _pair(torch.float64, input_size=3, hidden_size=4, num_layers=2)
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_double_backward_takes_the_decomposition(kind):
+    ref, dev = _pair(torch.float64, kind=kind, input_size=3, hidden_size=4, num_layers=2)
     x, hx = _inputs(ref, 4, 2, torch.float64, False)
     outs = []
+    eager_neuron.reset_stats()
     for m, dv in ((ref, "cpu"), (dev, "neuron")):
         xi = x.to(dv).requires_grad_()
         y, _ = m(xi)
@@ -259,3 +271,49 @@ def test_adaptive_eager_pending_input_and_grads():
     want = [yr, hr, cr] + [p.grad for p in ref.parameters()]
     for a, b in zip(got, want):
         torch.testing.assert_close(a.double(), b, rtol=0, atol=_bound(torch.float32, 6) * 10)
+
+
+class _GRURegressor(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gru = nn.GRU(input_size=6, hidden_size=10, num_layers=2, batch_first=True)
+        self.head = nn.Linear(10, 1)
+
+    def forward(self, x):
+        out, h = self.gru(x)
+        return self.head(out[:, -1]) + h[-1].sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("mode", ["plain", "adaptive"])
+def test_gru_training_matches_cpu(mode):
+    """3 AdamW steps of a GRU model (as tests/test_models.py trains the LSTM one)."""
+    torch.manual_seed(0)
+    model = _GRURegressor()
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(3, 7, 6, generator=g), torch.randn(3, 1, generator=g))
+               for _ in range(3)]
+
+    def train(m, device):
+        m = m.to(device)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.01)
+        losses = []
+        for x, y in batches:
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(m(x.to(device)), y.to(device))
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses, m
+
+    cpu_losses, cpu_m = train(copy.deepcopy(model), "cpu")
+    eager_neuron.reset_stats()
+    ctx = eager_neuron.adaptive() if mode == "adaptive" else contextlib.nullcontext()
+    with ctx:
+        losses, m = train(model, "neuron")
+    stats = eager_neuron.stats()
+    assert stats["rnn_seq_calls"] == 3 and not stats["rnn_seq_fallbacks"]
+    assert not stats["fallbacks"]
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(cpu_losses), rtol=1e-4,
+                               atol=1e-5)
+    for (name, a), b in zip(m.state_dict().items(), cpu_m.state_dict().values()):
+        torch.testing.assert_close(a.cpu(), b, rtol=1e-4, atol=1e-5, msg=name)
