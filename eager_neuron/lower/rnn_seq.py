@@ -172,6 +172,22 @@ def _new(sp: _Spec, shape: tuple) -> NeuronTensor:
     return wrap(data, block, sp.index)
 
 
+def _carve(sp: _Spec, shapes: list) -> tuple:
+    """One device allocation holding C-contiguous tensors of `shapes`: (block, host views)."""
+    sizes = []
+    for shape in shapes:
+        n = 1
+        for s in shape:
+            n *= s
+        sizes.append(n)
+    data, block = alloc(sp.index, (sum(sizes),), (1,), sp.dtype)
+    out, o = [], 0
+    for shape, n in zip(shapes, sizes):
+        out.append(data[o:o + n].view(shape))
+        o += n
+    return block, out
+
+
 def _np(t: NeuronTensor) -> np.ndarray:
     return full_np(t)   # the host view's numpy array, cached on the tensor
 
@@ -211,34 +227,40 @@ def _forward(sp: _Spec, x, h0, c0, params) -> tuple:
     L, D, H, G = sp.layers, sp.ndir, sp.H, 3 if sp.gru else 4
     inp = _tm(x, sp).numpy()
     S, B = inp.shape[0], inp.shape[1]
-    hn = _new(sp, (L * D, B, H))
-    cn = None if sp.gru else _new(sp, (L * D, B, H))
-    h0a, hna = _np(h0), _np(hn)
-    c0a, cna = (None, None) if sp.gru else (_np(c0), _np(cn))
+    block, hcs = _carve(sp, [(L * D, B, H)] * (1 if sp.gru else 2))
+    hn = wrap(hcs[0], block, sp.index)
+    cn = None if sp.gru else wrap(hcs[1], block, sp.index)
+    h0a, hna = _np(h0), hcs[0].numpy()
+    c0a, cna = (None, None) if sp.gru else (_np(c0), hcs[1].numpy())
     dummy = np.zeros(1, inp.dtype)
     key, render = sp.key("_seq_fwd"), sp.render("_seq_fwd")
     layers = []
     prev = swap(OpContext(sp.index))
     try:
         for layer in range(L):
-            y, g = _new(sp, (S, B, D * H)), _new(sp, (D, S, B, 4 * H))
-            cs = None if sp.gru else _new(sp, (D, S, B, H))
+            # the saved workspace (and a lower layer's output) in one allocation; the top
+            # layer's output is the user's, allocated on its own
+            top = layer == L - 1
+            block, ws = _carve(sp, [(D, S, B, 4 * H)] + ([] if sp.gru else [(D, S, B, H)]) +
+                               ([] if top else [(S, B, D * H)]))
+            y = _new(sp, (S, B, D * H)) if top else ws[-1]
+            g, cs = ws[0], None if sp.gru else ws[1]
             lo, hi = layer * D, (layer + 1) * D
-            ya, ga = _np(y), _np(g)
+            ya, ga = _np(y) if top else y.numpy(), g.numpy()
             if sp.gru:
                 tail = (h0a[lo:hi], ya, hna[lo:hi], ga, D, sp.bias)
             else:
-                tail = (h0a[lo:hi], c0a[lo:hi], ya, hna[lo:hi], cna[lo:hi], ga, _np(cs), D,
-                        sp.bias)
+                tail = (h0a[lo:hi], c0a[lo:hi], ya, hna[lo:hi], cna[lo:hi], ga, cs.numpy(),
+                        D, sp.bias)
             args = (inp,) + _weights(sp, params, layer, dummy) + tail
             flops = 2.0 * D * S * B * G * H * (inp.shape[2] + H) + 30.0 * D * S * B * H
             nbytes = float(sum(a.nbytes for a in args if type(a) is np.ndarray))
             launch(key, render, args, flops=flops, bytes_moved=nbytes, engine="tensor")
-            layers.append((g, cs, y))
+            layers.append((block, g, cs, y))
             inp = ya
     finally:
         swap(prev)
-    return _user(layers[-1][2], sp), hn, cn, layers
+    return _user(layers[-1][3], sp), hn, cn, layers
 
 
 def _backward(sp: _Spec, x, h0, c0, y, params, layers, dy, dhn, dcn) -> tuple:
@@ -254,11 +276,15 @@ def _backward(sp: _Spec, x, h0, c0, y, params, layers, dy, dhn, dcn) -> tuple:
     dcna = _np(dcn) if dcn is not None else dummy3
     h0a = _np(h0)
     c0a = None if sp.gru else _np(c0)
-    dh0 = _new(sp, (L * D, B, H))
-    dc0 = None if sp.gru else _new(sp, (L * D, B, H))
-    dh0a = _np(dh0)
-    dc0a = None if sp.gru else _np(dc0)
-    pgrads = [_new(sp, tuple(p.shape)) for p in params]
+    block, hcs = _carve(sp, [(L * D, B, H)] * (1 if sp.gru else 2))
+    dh0 = wrap(hcs[0], block, sp.index)
+    dc0 = None if sp.gru else wrap(hcs[1], block, sp.index)
+    dh0a = hcs[0].numpy()
+    dc0a = None if sp.gru else hcs[1].numpy()
+    # the parameters' grads: views of one allocation (each its own tensor, as a view is)
+    block, pg = _carve(sp, [tuple(p.shape) for p in params])
+    pgrads = [wrap(t, block, sp.index) for t in pg]
+    pga = [t.numpy() for t in pg]
     per = 4 if sp.bias else 2
     key, render = sp.key("_seq_bwd"), sp.render("_seq_bwd")
     has_dy = dy is not None
@@ -266,30 +292,32 @@ def _backward(sp: _Spec, x, h0, c0, y, params, layers, dy, dhn, dcn) -> tuple:
     prev = swap(OpContext(sp.index))
     try:
         for layer in reversed(range(L)):
-            inp = xh if layer == 0 else _np(layers[layer - 1][2])
-            yl = _tm(y, sp).numpy() if layer == L - 1 else _np(layers[layer][2])
-            g = _np(layers[layer][0])
-            dx = _new(sp, (S, B, inp.shape[2]))
+            inp = xh if layer == 0 else layers[layer - 1][3].numpy()
+            yl = _tm(y, sp).numpy() if layer == L - 1 else layers[layer][3].numpy()
+            g = layers[layer][1].numpy()
+            dx = _new(sp, (S, B, inp.shape[2])) if layer == 0 else \
+                _carve(sp, [(S, B, inp.shape[2])])[1][0]
+            dxa = _np(dx) if layer == 0 else dx.numpy()
             w = _weights(sp, params, layer, dummy1)
             dws = []
             for d in (0, 1 if D == 2 else 0):
-                pg = [_np(t) for t in pgrads[(layer * D + d) * per:(layer * D + d + 1) * per]]
+                pg = pga[(layer * D + d) * per:(layer * D + d + 1) * per]
                 dws += pg if sp.bias else pg + [dummy1, dummy1]
             lo, hi = layer * D, (layer + 1) * D
             dhl = dhna[lo:hi] if dhn is not None else dhna
-            dx2 = _np(dx).reshape(S * B, inp.shape[2])
+            dx2 = dxa.reshape(S * B, inp.shape[2])
             if sp.gru:
                 args = (inp, w[0], w[1], w[4], w[5], h0a[lo:hi], yl, g, above, dhl, dx2,
                         *dws, dh0a[lo:hi], D, has_dy, dhn is not None, sp.bias)
             else:
                 dcl = dcna[lo:hi] if dcn is not None else dcna
                 args = (inp, w[0], w[1], w[4], w[5], h0a[lo:hi], c0a[lo:hi], yl, g,
-                        _np(layers[layer][1]), above, dhl, dcl, dx2, *dws, dh0a[lo:hi],
+                        layers[layer][2].numpy(), above, dhl, dcl, dx2, *dws, dh0a[lo:hi],
                         dc0a[lo:hi], D, has_dy, dhn is not None, dcn is not None, sp.bias)
             flops = 4.0 * D * S * B * G * H * (inp.shape[2] + H) + 40.0 * D * S * B * H
             nbytes = float(sum(a.nbytes for a in args if type(a) is np.ndarray))
             launch(key, render, args, flops=flops, bytes_moved=nbytes, engine="tensor")
-            above, has_dy = _np(dx), True
+            above, has_dy = dxa, True
     finally:
         swap(prev)
     return (_user(dx, sp), dh0, dc0, *pgrads)
@@ -327,7 +355,7 @@ class _RNNSeq(torch.autograd.Function):
     def forward(ctx, sp, x, h0, c0, *params):
         y, hn, cn, layers = _forward(sp, x, h0, c0, params)
         ctx.sp = sp
-        ctx.layers = layers[:-1] + [layers[-1][:2] + (None,)]   # the top y: saved below
+        ctx.layers = layers[:-1] + [layers[-1][:3] + (None,)]   # the top y: saved below
         ctx.save_for_backward(x, h0, c0, y, *params)
         ctx.set_materialize_grads(False)
         return (y, hn) if sp.gru else (y, hn, cn)
