@@ -317,3 +317,21 @@ def test_gru_training_matches_cpu(mode):
                                atol=1e-5)
     for (name, a), b in zip(m.state_dict().items(), cpu_m.state_dict().values()):
         torch.testing.assert_close(a.cpu(), b, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_grads_accumulate_and_zero_in_place():
+    """The parameters' grads of one backward share one allocation: accumulating a second
+    backward into them, zeroing them in place and a third backward keep each grad its own."""
+    torch.manual_seed(0)
+    cpu = nn.LSTM(3, 4, num_layers=2, bidirectional=True)
+    dev = copy.deepcopy(cpu).to("neuron")
+    xs = [torch.randn(5, 2, 3) for _ in range(3)]
+    for m, dv in ((cpu, "cpu"), (dev, "neuron")):
+        for i, x in enumerate(xs):
+            if i == 2:
+                for p in m.parameters():
+                    p.grad.zero_()
+            y, (h, c) = m(x.to(dv))
+            (y.pow(2).sum() + c.sum()).backward()
+    for p, q in zip(dev.parameters(), cpu.parameters()):
+        torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-5, atol=1e-6)
