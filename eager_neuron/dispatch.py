@@ -440,6 +440,14 @@ def _kernel_setup(func, plan, args, kwargs, mode) -> tuple:
                 _context.swap(prev)
             flush(f"non-fusible op {plan.name}")
             ctx.recording = False
+            if not copied and _capture.capturable(plan) and config.fastpath and \
+                    dtypes.isdisjoint(_WIDENED) and not _fast.declined(func, args, kwargs):
+                # not recorded (a sum over some dims, a matmul the group did not take): the
+                # group launched, the lowering launches its own kernels now, and plain eager's
+                # runner is learned from them, for adaptive_fast.run to take after a flush
+                # (was learned only when adaptive eager was off: every backward bias-gradient
+                # sum took the whole slow path, ~230 us a call in a BART step)
+                ctx.capture = []
         elif not fusible and not copied and _capture.capturable(plan) and config.fastpath \
                 and dtypes.isdisjoint(_WIDENED) and not _fast.declined(func, args, kwargs):
             # a non-fusible op (its group launched at the gate): nothing of adaptive eager

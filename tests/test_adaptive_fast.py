@@ -226,3 +226,27 @@ def test_a_batched_foreach_call_whose_elements_read_each_others_outputs():
     got = run(True)
     assert adaptive_fast.COUNTERS["batched"] - batched >= 4
     _bitwise(plain, got)
+
+
+def test_a_sum_over_some_dims_learns_plain_runner_under_adaptive_eager():
+    # a bias gradient: elementwise ops recorded, then sum over the batch dim (not recordable:
+    # the group launches first). The sum's plain runner is learned while adaptive eager is on
+    # (it was learned only with adaptive eager off: every such sum took the slow path)
+    torch.manual_seed(0)
+    a, b = torch.randn(16, 64, dtype=torch.float64), torch.randn(16, 64, dtype=torch.float64)
+    an, bn = a.to("neuron"), b.to("neuron")
+    sig = torch.ops.aten.sum.dim_IntList
+    fastpath.TABLES.pop(sig, None)           # nothing learned before this test
+    with eager_neuron.adaptive():
+        outs = []
+        for i in range(6):
+            y = (an * bn + float(i)).relu()
+            if i == 1:
+                hits = fastpath.STATS_FAST["hits"]
+            outs.append(y.sum(0).cpu())
+        later = fastpath.STATS_FAST["hits"] - hits
+    for i, got in enumerate(outs):
+        want = (a * b + float(i)).relu().sum(0)
+        torch.testing.assert_close(got, want, rtol=0, atol=64 * 2.0 ** -52 * want.abs().max())
+    # calls 2..6 of the sum took the runner learned on call 1 (after each flush)
+    assert sig in fastpath.TABLES and later >= 5, later
