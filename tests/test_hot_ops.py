@@ -197,3 +197,27 @@ def test_scans_and_remaps_replay_with_fresh_values_equal_cpu():
     ref = [x.double().cumsum(1) for x in floats]
     for x, r in zip(floats, ref):
         assert (x.to(DEV).cumsum(1).cpu().double() - r).abs().max() <= _ulp_bound(r)
+
+
+def test_host_to_device_moves_keep_the_cpu_copys_strides_and_values():
+    """A plain move (the step's batch) copies straight into the device buffer: the same
+    values, sizes and strides _to_copy gives on the CPU (odd size-1 strides, transposes,
+    gaps, casts and conj views included)."""
+    base = torch.arange(24, dtype=torch.int64).view(2, 3, 4)
+    odd = torch.empty_strided((2, 1, 4), (4, 99, 1), dtype=torch.float32).copy_(
+        torch.randn(2, 1, 4))
+    z = torch.randn(3, dtype=torch.complex64)
+    cases = [(base, {}), (base.float(), {"dtype": torch.float32}), (odd, {}),
+             (base.transpose(0, 2), {}), (base[:, ::2], {}), (base, {"dtype": torch.float64}),
+             (base[1], {"non_blocking": True}), (torch.tensor(3.5), {}), (z.conj(), {}),
+             (base.permute(2, 0, 1), {"memory_format": torch.contiguous_format})]
+    for t, kw in cases:
+        got = t.to(DEV, **kw)
+        want = torch.ops.aten._to_copy.default(t, **kw)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert got.stride() == want.stride(), (t.stride(), kw)
+        assert torch.equal(got.cpu().resolve_conj(), want.resolve_conj())
+    src = base.clone()
+    moved = src.to(DEV)
+    src.add_(100)   # the device copy is its own memory
+    assert torch.equal(moved.cpu(), base)

@@ -104,11 +104,24 @@ def to_copy(func, args, kwargs, mode):
         kw.pop("device", None)
         kw.pop("non_blocking", None)
         return _RUN_KERNEL(func, (src,), kw, mode, _kernel_plan(func))
+    if target is not None and isinstance(src, torch.Tensor) and src.is_contiguous() and \
+            kw.keys() <= _PLAIN_TO_KW and kw.get("dtype") in (None, src.dtype) and \
+            kw.get("layout") in (None, torch.strided) and not kw.get("pin_memory") and \
+            kw.get("memory_format") in (None, torch.preserve_format) and \
+            not src.is_conj() and not src.is_neg() and src.layout == torch.strided:
+        # a plain move (the batch a training step sends): the device buffer is the copy, as
+        # _to_copy's own would be (same sizes and strides: preserve_format keeps a dense
+        # tensor's); no CPU copy first
+        return to_device(src, target)
     kw["device"] = torch.device("cpu")
     host = aten._to_copy.default(src, **kw)
     if target is None:
         return host
     return to_device(host, target)
+
+
+_PLAIN_TO_KW = frozenset({"dtype", "layout", "device", "pin_memory", "non_blocking",
+                          "memory_format"})
 
 
 _KPLANS: dict = {}
