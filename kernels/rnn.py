@@ -24,10 +24,36 @@ from .matmul import gemm_prelude
 HEADER = '@njit(error_model="numpy", nogil=True)\n'
 
 
+# products up to this many multiply-adds run as plain loops: MKL's call (and its thread-count
+# switch) cost ~1 us each, more than a (3, 16) x (16, 40) product, and a step makes several
+SMALL = 1 << 15
+
+_MM = f"""{HEADER}def _mm(a, b, c, beta):
+    m = a.shape[0]
+    k = a.shape[1]
+    n = b.shape[1]
+    if m * n * k > {SMALL}:
+        return _xgemm(a, b, c, beta)
+    for i in range(m):
+        for j in range(n):
+            s = c[i, j] if beta != 0.0 else c.dtype.type(0)
+            for q in range(k):
+                s += a[i, q] * b[q, j]
+            c[i, j] = s
+    return True
+
+
+"""
+
+
+def _prelude(mkl: bool) -> str:
+    return gemm_prelude() + _MM if mkl else ""
+
+
 def _gemm(a: str, b: str, c: str, beta: str, indent: str, mkl: bool) -> str:
     """Source lines: c = a @ b (beta "0.0") or c += a @ b (beta "1.0"), 2-D float arrays."""
     if mkl:
-        return (f"{indent}if not _xgemm({a}, {b}, {c}, {beta}):\n"
+        return (f"{indent}if not _mm({a}, {b}, {c}, {beta}):\n"
                 f"{indent}    raise ValueError('gemm: an operand BLAS cannot address')\n")
     op = "+=" if beta == "1.0" else "="
     return (f"{indent}_gm = np.dot(np.ascontiguousarray({a}), np.ascontiguousarray({b}))\n"
@@ -40,7 +66,7 @@ def render_lstm_forward(T: str, mkl: bool) -> tuple[str, str]:
     """k(x, wih0, whh0, bih0, bhh0, wih1, whh1, bih1, bhh1, h0, c0, y, hn, cn, gates, cs, ndir,
     has_bias): one layer, `ndir` directions (the second set of weights is direction 1's)."""
     name = kernel_name("lstm_seq_fwd", T, mkl)
-    prelude = gemm_prelude() if mkl else ""
+    prelude = _prelude(mkl)
     i12, i16 = " " * 12, " " * 16
     gx = _gemm("x[s]", "wihT", "g", "0.0", i12, mkl)
     gh0 = _gemm("h0[d]", "whhT", "g", "1.0", i16, mkl)
@@ -106,7 +132,7 @@ def render_lstm_backward(T: str, mkl: bool) -> tuple[str, str]:
     dx (T*B, I) C-contiguous is written (both directions summed); the weight and bias grads of
     each direction, dh0 and dc0 (D, B, H) are written."""
     name = kernel_name("lstm_seq_bwd", T, mkl)
-    prelude = gemm_prelude() if mkl else ""
+    prelude = _prelude(mkl)
     i12, i16 = " " * 12, " " * 16
     g_dh = _gemm("dAs", "whh", "dhr", "0.0", i12, mkl)
     g_h0 = _gemm("dAs.T", "h0[d]", "dwhh", "1.0", i16, mkl)
@@ -199,7 +225,7 @@ def render_gru_forward(T: str, mkl: bool) -> tuple[str, str]:
     GRU layer (ATen's cell: r, z sigmoid, n = tanh(i_n + b_in + r * (h_n + b_hn)),
     h = n + z * (h_prev - n)); ws (D, T, B, 4H) keeps r, z, n and h_n + b_hn of each step."""
     name = kernel_name("gru_seq_fwd", T, mkl)
-    prelude = gemm_prelude() if mkl else ""
+    prelude = _prelude(mkl)
     i12, i16 = " " * 12, " " * 16
     gx = _gemm("x[s]", "wihT", "gi", "0.0", i12, mkl)
     gh0 = _gemm("h0[d]", "whhT", "gh", "0.0", i16, mkl)
@@ -264,7 +290,7 @@ def render_gru_backward(T: str, mkl: bool) -> tuple[str, str]:
     dwhh1, dbi1, dbh1, dh0, ndir, has_dy, has_dhn, has_bias): BPTT of one GRU layer; dx
     (T*B, I) C-contiguous."""
     name = kernel_name("gru_seq_bwd", T, mkl)
-    prelude = gemm_prelude() if mkl else ""
+    prelude = _prelude(mkl)
     i12, i16 = " " * 12, " " * 16
     g_dh = _gemm("dHs", "whh", "dhr", "1.0", i12, mkl)
     g_h0 = _gemm("dHs.T", "h0[d]", "dwhh", "1.0", i16, mkl)

@@ -335,3 +335,17 @@ def test_grads_accumulate_and_zero_in_place():
             (y.pow(2).sum() + c.sum()).backward()
     for p, q in zip(dev.parameters(), cpu.parameters()):
         torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_large_products_take_blas(kind):
+    """Per-step products above kernels/rnn.py SMALL multiply-adds run in MKL (when torch exports
+    it), the small ones as loops: both must match."""
+    from eager_neuron.kernels import rnn as krnn
+
+    B, H, I = 16, 48, 40
+    assert B * 4 * H * I > krnn.SMALL and B * 3 * H * H > krnn.SMALL
+    ref, dev = _pair(torch.float32, kind=kind, input_size=I, hidden_size=H, num_layers=2,
+                     bidirectional=True, batch_first=True)
+    stats = _check(ref, dev, T=5, B=B, dtype=torch.float32)
+    assert stats["rnn_seq_calls"] == 1 and not stats["rnn_seq_fallbacks"]
