@@ -81,24 +81,38 @@ def plan(node: Node):
 class HostScalar:
     """One 0-d CPU node as numpy math; `tensor` when some reader needs a torch tensor."""
 
-    __slots__ = ("node", "fn", "args", "np_type", "dtype", "tensor")
+    __slots__ = ("node", "fn", "args", "np_type", "dtype", "tensor", "operands")
 
     def __init__(self, node: Node, form, tensor: bool) -> None:
         self.node = node
         self.fn, self.args, self.np_type = form
         self.dtype = node.meta["val"].dtype
         self.tensor = tensor
+        # per operand: (node, None) read from env, or (None, the constant as the numpy type)
+        self._operands()
+
+    def _operands(self) -> None:
+        self.operands = tuple((a, None) if isinstance(a, Node) else (None, self.np_type(a))
+                              for a in self.args)
+
+    def __setstate__(self, state) -> None:
+        # (stored with its Program, compile/artifact.py; operands derive from args)
+        _, slots = state if isinstance(state, tuple) else (None, state)
+        for k, v in slots.items():
+            setattr(self, k, v)
+        if "operands" not in slots:
+            self._operands()
 
     def run(self, env: dict) -> None:
         t = self.np_type
         vals = []
-        for a in self.args:
-            if isinstance(a, Node):
-                v = env[a]
-                if not isinstance(v, np.generic):
-                    v = t(v.item())
-            else:
-                v = t(a)
+        for a, c in self.operands:
+            if a is None:
+                vals.append(c)
+                continue
+            v = env[a]
+            if type(v) is not t and not isinstance(v, np.generic):
+                v = t(v.item())
             vals.append(v)
         out = t(self.fn(*vals))
         env[self.node] = torch.tensor(out.item(), dtype=self.dtype) if self.tensor else out

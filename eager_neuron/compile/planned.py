@@ -47,6 +47,7 @@ import torch
 from torch.fx import Node
 
 from .. import launch as _launch
+from ..adaptive import MODULE as _adaptive
 from ..blas import blas_threads
 from ..config import config
 from ..context import _TLS
@@ -61,6 +62,7 @@ _ALIGN = 64
 MAX_REPLANS = 4          # plans dropped (signature changes) before a program stops planning
 _GEN = [0]               # bumped when the kernel memory cache is cleared
 ALLOC = [None]           # program._alloc, handed over at its import (it imports this module)
+VIEWS: dict = {}         # program._VIEW_METHODS (aten view -> Tensor method), handed over too
 _launch.MEMORY.on_clear.append(lambda: _GEN.__setitem__(0, _GEN[0] + 1))
 
 
@@ -226,6 +228,7 @@ class Plan:
         self.shapes: dict = {}     # node -> (shape, dtype, index) of every kernel store
         self.views: dict = {}      # arena node -> its torch view (for a copy out)
         self.i = 0                 # the step being learned
+        self.ops = None            # per step: what a planned call runs (see run)
         self.failed = None
 
     def release(self) -> None:
@@ -281,18 +284,28 @@ class Plan:
     def run(self, env: dict, other) -> int | None:
         """Run every step; None when done, else the index the interpreter resumes at (the plan
         was dropped there: a guard failed; the arena values still needed are in env)."""
-        fast = self.fast
         ctx = getattr(_TLS, "ctx", None)
         core = ctx.core if ctx is not None else 0
-        for i, (kind, x, frees, _keep) in enumerate(self.plan_list):
-            if kind == "fused" or kind == "rows":
-                if not fast[i].run(env, core):
+        seq = self.ops
+        if seq is None:
+            # per step: (fn(env) or None for a kernel, its fast step, the values it frees:
+            # never the arena's, which a planned call does not put in env)
+            seq = self.ops = [
+                (None if k in ("fused", "rows") else _step_fn(k, x, other), self.fast[i], i,
+                 tuple(n for n in frees if n not in self.values))
+                for i, (k, x, frees, _keep) in enumerate(self.plan_list)]
+        flush = _adaptive.flush
+        pop = env.pop
+        for op, fs, i, frees in seq:
+            if op is None:
+                flush("compiled graph")      # (as the interpreter: pending eager groups first)
+                if not fs.run(env, core):
                     self._drop(env, i)
                     return i
             else:
-                other(kind, x, env)
+                op(env)
             for n in frees:
-                env.pop(n, None)
+                pop(n, None)
         CSTATS.planned_runs += 1
         CSTATS.arena_values += len(self.views)
         return None
@@ -314,6 +327,43 @@ class Plan:
 
 class _NotFast(Exception):
     pass
+
+
+def _has_node(a) -> bool:
+    if isinstance(a, Node):
+        return True
+    if isinstance(a, (list, tuple)):
+        return any(_has_node(v) for v in a)
+    return isinstance(a, dict)
+
+
+def _step_fn(kind, x, other):
+    """fn(env) for a host or eager step of a plan. A view of constant arguments on a neuron
+    tensor is program._run_view without its per-call argument loading (the same tensor); any
+    other case, or a view the host tensor refuses, takes the interpreter's step (`other`)."""
+    if kind == "host":
+        return x.run
+    meth = VIEWS.get(x.target) if kind == "node" else None
+    if meth is None or x.kwargs or not x.args or not isinstance(x.args[0], Node) or _has_node(
+            x.args[1:]):
+        return lambda env: other(kind, x, env)
+    src, cargs = x.args[0], tuple(x.args[1:])
+
+    def view(env):
+        base = env[src]
+        if type(base) is NeuronTensor:
+            data = base._data
+            if not (data.is_conj() or data.is_neg()):
+                try:
+                    out = meth(data, *cargs)
+                except Exception:      # (dispatch gives the error its neuron form)
+                    out = None
+                if out is not None:
+                    env[x] = NeuronTensor(out, base._block, base._index)
+                    CSTATS.graph_views += 1
+                    return
+        other(kind, x, env)
+    return view
 
 
 def _scalar(v):

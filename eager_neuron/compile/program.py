@@ -705,3 +705,4 @@ def _run_fused(step: FusedStep, env: dict, pl=None) -> None:
 
 
 planned.ALLOC[0] = _alloc
+planned.VIEWS.update(_VIEW_METHODS)
