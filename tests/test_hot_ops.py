@@ -221,3 +221,35 @@ def test_host_to_device_moves_keep_the_cpu_copys_strides_and_values():
     moved = src.to(DEV)
     src.add_(100)   # the device copy is its own memory
     assert torch.equal(moved.cpu(), base)
+
+
+def test_select_and_slice_backward_and_new_filled_equal_cpu_through_runners():
+    """select_backward (a [CLS] token's gradient), slice_backward (Llama's rotate_half) and
+    new_zeros/new_ones: zeros (new_empty + fill_) and one strided copy, whose inner ops take
+    runners on a repeat (torch's reference went through select_scatter and torch.full)."""
+    A = torch.ops.aten
+    g = torch.Generator().manual_seed(3)
+    for dtype in (torch.float32, torch.int64, torch.bool):
+        gr = (torch.randn(2, 5, generator=g) * 10).to(dtype)
+        grd = gr.to(DEV)
+        for dim, index, sizes in ((1, 0, [2, 3, 5]), (0, -1, [4, 2, 5]), (2, 4, [2, 5, 6])):
+            want = A.select_backward.default(gr, sizes, dim, index)
+            for n in range(3):
+                before = _hits()
+                got = A.select_backward.default(grd, sizes, dim, index)
+                assert got.dtype == want.dtype and got.stride() == want.stride()
+                assert torch.equal(got.cpu(), want)
+                if n:
+                    assert _hits() - before >= 3   # fill_, the select view, copy_
+        x = torch.ones(3, dtype=dtype)
+        for f in (lambda t: t.new_zeros([2, 3]), lambda t: t.new_ones((4,), dtype=torch.bool),
+                  lambda t: t.new_ones([2, 2], dtype=torch.float64)):
+            got, want = f(x.to(DEV)), f(x)
+            assert got.dtype == want.dtype and got.device.type == DEV
+            assert got.stride() == want.stride() and torch.equal(got.cpu(), want)
+    g4 = torch.randn(2, 3, 4, 4, generator=g)
+    for start, end, step in ((4, 2**63 - 1, 1), (0, 8, 2), (1, 7, 3)):
+        gs = g4[..., :len(range(start, min(end, 8), step))].contiguous()
+        want = A.slice_backward.default(gs, [2, 3, 4, 8], 3, start, end, step)
+        got = A.slice_backward.default(gs.to(DEV), [2, 3, 4, 8], 3, start, end, step)
+        assert got.stride() == want.stride() and torch.equal(got.cpu(), want)
