@@ -176,6 +176,7 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
     for k, v in kwargs.items():
         if type(v) is NeuronTensor:
             inputs.append((f"kwargs[{k!r}]", v))
+    refs_of = {}   # source name -> the call's argument it reads
     for j, (ref, v) in enumerate(inputs):
         if v.dtype.is_complex or v._data.is_neg():
             return
@@ -183,6 +184,7 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
             continue   # the written tensor is source O{i} already
         sources.append((f"I{j}", v._data.numpy()))
         lines.append(f"I{j} = FULL({ref})")
+        refs_of[f"I{j}"] = ref
     # two sources sharing memory: the lowering's choice between them cannot be told apart by
     # address alone. Read-only operands that only interleave (attention's q, k, v: views of
     # one projection) are taken when every array a launch gets lies in one source's span and
@@ -196,6 +198,9 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
             if ref != wref:
                 guards.append(f"if {ref}._block is W{i}._block: return MISS")
     lines = wlines + guards + lines
+    # one tensor passed twice (cat((freqs, freqs))): its arrays are taken from either, and
+    # the runner serves only calls passing one tensor there again (`same`: guards added last)
+    same, at = ({} if strict else None), len(wlines) + len(guards)
     # 2. the recorded work, in order
     scratch = []   # spans of the arrays replayed from snapshots (none may be shared)
     for n, entry in enumerate(capture):
@@ -210,7 +215,7 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
             exprs = []
             for m, x in enumerate(cargs):
                 if isinstance(x, np.ndarray):
-                    e = _array_expr(x, sources, ns, f"{n}_{m}", strict)
+                    e = _array_expr(x, sources, ns, f"{n}_{m}", same)
                     if e is None:
                         return
                     exprs.append(e)
@@ -226,7 +231,7 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
         exprs = []
         for m, x in enumerate(kargs):
             if isinstance(x, np.ndarray):
-                e = _array_expr(x, sources, ns, f"{n}_{m}", strict)
+                e = _array_expr(x, sources, ns, f"{n}_{m}", same)
                 if e is None:
                     # not the op's memory: a lowering's own small constant or scratch array
                     # (a stand-in for an absent operand) starts each replay as it started here
@@ -256,6 +261,9 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
                   f"K{n}({', '.join(exprs)})", "S.launches += 1", "S.memory_hits += 1",
                   _charge_lines(ns, index, flops, nbytes, engine, dclass, str(n)),
                   f"if LH: emit(t0, d, *E{n})"]
+    if same:
+        lines[at:at] = [f"if {refs_of[x]} is not {refs_of[y]}: return MISS"
+                        for x, y in sorted(same.items())]
     # 3. results, shaped as the op returns them
     results = []
     from .tensor import DEVICES
@@ -362,16 +370,26 @@ def _inputs_overlap_only(sources: list) -> bool:
     return True
 
 
-def _array_expr(x: np.ndarray, sources: list, ns: dict, tag: str, strict: bool = False):
-    """Source text giving array x from one of the sources' numpy views, or None. `strict`
-    (sources share memory): x must lie in exactly one source's span, and come from that one."""
+def _array_expr(x: np.ndarray, sources: list, ns: dict, tag: str, same: dict | None = None):
+    """Source text giving array x from one of the sources' numpy views, or None. `same` not
+    None (sources share memory): x must lie in exactly one source's span, and come from that
+    one; or in several identical views of operands (one tensor passed twice), then from the
+    first, and `same` records that the runner must see one tensor in those places again."""
     ptr = x.__array_interface__["data"][0]
     lo, hi = _span(x)
-    if strict:
+    if same is not None:
         owners = [(e, b) for e, b in sources if _span(b)[0] <= lo and hi <= _span(b)[1]]
-        if len(owners) != 1:
+        if not owners:
             return None
-        sources = owners
+        if len(owners) > 1:
+            e0, b0 = owners[0]
+            look = (b0.__array_interface__["data"][0], b0.shape, b0.strides, b0.dtype)
+            if any(e[0] != "I" or (b.__array_interface__["data"][0], b.shape, b.strides,
+                                   b.dtype) != look for e, b in owners):
+                return None
+            for e, _b in owners[1:]:
+                same[e] = e0
+        sources = owners[:1]
     for expr, base in sources:
         if base.dtype != x.dtype:
             continue

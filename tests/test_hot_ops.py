@@ -253,3 +253,30 @@ def test_select_and_slice_backward_and_new_filled_equal_cpu_through_runners():
         want = A.slice_backward.default(gs, [2, 3, 4, 8], 3, start, end, step)
         got = A.slice_backward.default(gs.to(DEV), [2, 3, 4, 8], 3, start, end, step)
         assert got.stride() == want.stride() and torch.equal(got.cpu(), want)
+
+
+def test_one_tensor_passed_twice_replays_only_for_one_tensor_again():
+    """cat((freqs, freqs)) (Llama's rotary embedding) and mm(m, m): learned with the guard
+    that one tensor is passed twice again; two distinct tensors of the same layout never take
+    that runner's choice (they are right, on the funnel or a runner of their own)."""
+    g = torch.Generator().manual_seed(5)
+    xs = [torch.randn(1, 8, 8, generator=g) for _ in range(4)]
+    for n, x in enumerate(xs):
+        xd = x.to(DEV)
+        before = _hits()
+        got = torch.cat((xd, xd), -1)
+        if n >= 2:
+            assert _hits() - before == 1
+        assert torch.equal(got.cpu(), torch.cat((x, x), -1))
+        m, md = x[0], xd[0]
+        ref = m.double() @ m.double()
+        assert ((md @ md).cpu().double() - ref).abs().max() <= _ulp_bound(ref)
+    for a, b in zip(xs, xs[1:]):
+        got = torch.cat((a.to(DEV), b.to(DEV)), -1)
+        assert torch.equal(got.cpu(), torch.cat((a, b), -1))
+        ref = a[0].double() @ b[0].double()
+        assert ((a[0].to(DEV) @ b[0].to(DEV)).cpu().double() - ref).abs().max() <= \
+            _ulp_bound(ref)
+    for n, x in enumerate(xs):   # and back: one tensor twice, after distinct ones
+        xd = x.to(DEV)
+        assert torch.equal(torch.cat((xd, xd), -1).cpu(), torch.cat((x, x), -1))
