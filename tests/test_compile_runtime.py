@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 import eager_neuron
 from eager_neuron import launch as L
-from eager_neuron.compile import planned
+from eager_neuron.compile import faststep, planned
 from eager_neuron.compile import program as P
 from eager_neuron.compile import stats as cstats
 
@@ -158,7 +158,7 @@ def _allocs(monkeypatch):
         return real(*a)
 
     monkeypatch.setattr(P, "_alloc", counted)
-    monkeypatch.setattr(planned, "ALLOC", [counted])
+    monkeypatch.setattr(faststep, "ALLOC", [counted])
     return n
 
 
@@ -207,7 +207,9 @@ def test_a_planned_call_allocates_only_escaping_values(monkeypatch):
     # the arena is one block per core, charged while its Program lives
     alive = torch.neuron.memory_allocated()
     nbytes = plan.arena.nbytes
-    del plan, bw, progs[:], args, saved, out_planned, out_interp, step, m
+    saved.clear()
+    progs.clear()
+    del plan, bw, args, out_planned, out_interp, step, m
     torch._dynamo.reset()
     gc.collect()
     assert torch.neuron.memory_allocated() <= alive - nbytes
@@ -240,7 +242,7 @@ def test_a_changed_signature_never_uses_a_stale_plan(monkeypatch):
     xt = _fin(torch.randn(16, 8, generator=torch.Generator().manual_seed(2)).t())[0]
     assert not xt.is_contiguous()
     calls = [x, x, x, xt, xt, xt, x, x]
-    for i, xi in enumerate(calls):
+    for xi in calls:
         out = prog(xi.to(N) if xi.is_contiguous() else xi.t().contiguous().to(N).t(),
                    w.to(N), b.to(N))
         out = out[0] if isinstance(out, (list, tuple)) else out
@@ -380,7 +382,7 @@ def test_an_input_changed_in_place_is_read_anew(strided):
     w = torch.randn(5, 4, generator=gen).to(N)
     assert a.is_contiguous() != strided
     with torch.no_grad():
-        for i in range(5):
+        for _ in range(5):
             out = f(a, w)
             _close(out, g(a.cpu().double(), w.cpu().double()), torch.float32, 64)
             base.mul_(-1.5)

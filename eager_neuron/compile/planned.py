@@ -40,7 +40,6 @@ tensor), `direct_launches`, `plan_fallbacks` (reason -> count).
 from __future__ import annotations
 
 import threading
-import weakref
 
 import numpy as np
 import torch
@@ -48,27 +47,19 @@ from torch.fx import Node
 
 from .. import launch as _launch
 from ..adaptive import MODULE as _adaptive
-from ..blas import blas_threads
 from ..config import config
 from ..context import _TLS
 from ..simulator import SIM
-from ..stats import STATS
 from ..tensor import NeuronTensor
-from .absorb import apply_views
-from .rowstep import _view3d
+from . import faststep
+from .faststep import FastFused, FastRows, _NotFast
+from .forms import _VIEW_METHODS as VIEWS
 from .stats import CSTATS
 
 _ALIGN = 64
 MAX_REPLANS = 4          # plans dropped (signature changes) before a program stops planning
 _GEN = [0]               # bumped when the kernel memory cache is cleared
-ALLOC = [None]           # program._alloc, handed over at its import (it imports this module)
-VIEWS: dict = {}         # program._VIEW_METHODS (aten view -> Tensor method), handed over too
 _launch.MEMORY.on_clear.append(lambda: _GEN.__setitem__(0, _GEN[0] + 1))
-
-
-def _layout(a: np.ndarray) -> str:
-    f = a.flags
-    return "C" if f.c_contiguous else ("F" if f.f_contiguous else "A")
 
 
 class Runtime:
@@ -316,17 +307,13 @@ class Plan:
         self.rt.replans += 1
         if self.rt.replans >= MAX_REPLANS:
             self.rt.off = True
-        _alloc = ALLOC[0]
+        alloc = faststep.ALLOC[0]
         for n, (first, lst, _nb, _core) in self.values.items():
             if first < i <= lst and n in self.views:
                 shape, dtype, index = self.shapes[n]
-                t = _alloc(shape, dtype, index)
+                t = alloc(shape, dtype, index)
                 t._data.copy_(self.views[n])
                 env[n] = t
-
-
-class _NotFast(Exception):
-    pass
 
 
 def _has_node(a) -> bool:
@@ -365,181 +352,6 @@ def _step_fn(kind, x, other):
         other(kind, x, env)
     return view
 
-
-def _scalar(v):
-    if isinstance(v, (torch.Tensor, np.generic)):
-        return v.item()
-    if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        return v.node.pytype(v)
-    if isinstance(v, bool) or v is None:
-        return bool(v)
-    return v
-
-
-class _Fast:
-    """The argument tuple of one kernel step, what a call fills in, and its charges."""
-
-    def _common(self, plan, step, kernel, params, flops, nbytes, first_scalar, scalar_args):
-        self.kernel, self.flops, self.nbytes = kernel, flops, nbytes
-        self.n_nodes = step.n_nodes
-        self.scalars = []
-        for k, a in enumerate(scalar_args):
-            if isinstance(a, Node):
-                pos = first_scalar + k
-                self.scalars.append((pos, a, type(params[pos])))
-        self.tmpl = list(params)
-        for pos, _a, _t in self.scalars:
-            self.tmpl[pos] = None
-        self.n_arena = 0
-
-    def _fill_scalars(self, args, env) -> bool:
-        for pos, a, typ in self.scalars:
-            v = _scalar(env[a])
-            if type(v) is not typ:
-                return False
-            args[pos] = v
-        return True
-
-    def _launch(self, args, core) -> None:
-        self.kernel(*args)
-        STATS.launches += 1
-        STATS.memory_hits += 1
-        SIM.cores[core].launch(self.flops, self.nbytes, "vector")
-        CSTATS.fused_kernel_launches += 1
-        CSTATS.fused_nodes += self.n_nodes
-        CSTATS.direct_launches += 1
-
-
-class FastFused(_Fast):
-    def __init__(self, plan, step, kernel, params, flops, nbytes, blas, F) -> None:
-        nb = len(step.bufs)
-        self._common(plan, step, kernel, params, flops, nbytes, nb, step.scalar_args)
-        self.ins, self.outs = [], []
-        for j, (kind, node) in enumerate(step.bufs):
-            a = params[j]
-            if plan.arena.holds(a):
-                continue
-            self.tmpl[j] = None
-            if kind == "in":
-                self.ins.append((j, node, a.shape[0], a.dtype, node.op == "placeholder"))
-            else:
-                if node not in plan.shapes:
-                    raise _NotFast("a fused store with no recorded shape")
-                self.outs.append((j, node) + plan.shapes[node])
-        self.absorbed = step.absorbed
-        self.cache = [None] * len(self.ins)
-
-    def run(self, env: dict, core: int) -> bool:
-        args = self.tmpl.copy()
-        cache = self.cache
-        for k, (j, node, n, dt, keep) in enumerate(self.ins):
-            t = env[node]
-            c = cache[k]
-            if c is not None and c[0]() is t and t._data is c[1] and c[1].data_ptr() == c[2]:
-                args[j] = c[3]
-                continue
-            if type(t) is not NeuronTensor:
-                return False
-            d = t._data
-            a = d.numpy()
-            if a.dtype != dt or a.size != n or not a.flags.c_contiguous:
-                return False
-            args[j] = a = a.reshape(-1)
-            if keep:
-                cache[k] = (weakref.ref(t), d, d.data_ptr(), a)
-        if self.scalars and not self._fill_scalars(args, env):
-            return False
-        _alloc = ALLOC[0]
-        made = []
-        for j, node, shape, dtype, index in self.outs:
-            t = _alloc(shape, dtype, index)
-            made.append((node, t))
-            args[j] = t._data.numpy().reshape(-1)
-        self._launch(args, core)
-        for node, t in made:
-            env[node] = t
-        for src, dst, cp in self.absorbed:
-            env[src] = env[cp] = env[dst]
-        return True
-
-
-class FastRows(_Fast):
-    def __init__(self, plan, step, kernel, params, flops, nbytes, blas, F) -> None:
-        nb = len(step.bufs)
-        self._common(plan, step, kernel, params, flops, nbytes, 2 + nb, step.scalar_args)
-        self.F = F
-        self.blas = tuple(blas)
-        self.R, C = params[0], params[1]
-        in_views = getattr(step, "in_views", None) or {}
-        self.ins, self.outs = [], []
-        for j, node, mode in step.ins:
-            a = params[2 + j]
-            if plan.arena.holds(a):
-                continue
-            self.tmpl[2 + j] = None
-            self.ins.append((2 + j, node, mode, in_views.get(j), a.shape, a.dtype, _layout(a),
-                             node.op == "placeholder"))
-        for j, node, mode, is_mm, dtype, index in step.outs:
-            a = params[2 + j]
-            if plan.arena.holds(a):
-                continue
-            self.tmpl[2 + j] = None
-            if node not in plan.shapes:
-                raise _NotFast("a row store with no recorded shape")
-            shape = plan.shapes[node][0]
-            flat = (self.R, C) if (is_mm or mode == "full") else (self.R,)
-            put = not is_mm or node in step.stored_set
-            self.outs.append((2 + j, node, shape, dtype, index, flat, put))
-        self.cache = [None] * len(self.ins)
-
-    def run(self, env: dict, core: int) -> bool:
-        args = self.tmpl.copy()
-        R, F = self.R, self.F
-        cache = self.cache
-        for k, (pos, node, mode, chain, shape, dt, lay, keep) in enumerate(self.ins):
-            t = env[node]
-            c = cache[k]
-            if c is not None and c[0]() is t and t._data is c[1] and c[1].data_ptr() == c[2]:
-                args[pos] = c[3]
-                continue
-            if type(t) is not NeuronTensor:
-                return False
-            d = t._data
-            arr = src = d.numpy()
-            if chain is not None:
-                arr = apply_views(arr, chain)
-            if mode == "mat":
-                if arr.ndim != 2:
-                    return False
-                if not (arr.flags.c_contiguous or arr.flags.f_contiguous):
-                    arr = np.ascontiguousarray(arr)
-            else:
-                arr = _view3d(arr, mode, F, R)
-                if arr is None:
-                    return False
-            if arr.shape != shape or arr.dtype != dt or _layout(arr) != lay:
-                return False
-            args[pos] = arr
-            # a graph input's operand view is kept while the same tensor comes back (a
-            # parameter: every step), never a copy (a stale value)
-            if keep and np.may_share_memory(arr, src):
-                cache[k] = (weakref.ref(t), d, d.data_ptr(), arr)
-        if self.scalars and not self._fill_scalars(args, env):
-            return False
-        _alloc = ALLOC[0]
-        made = {}
-        for pos, node, shape, dtype, index, flat, put in self.outs:
-            t = made.get(node)
-            if t is None:
-                t = made[node] = _alloc(shape, dtype, index)
-            args[pos] = t._data.numpy().reshape(flat)
-        for fl in self.blas:
-            blas_threads(fl)
-        self._launch(args, core)
-        for pos, node, shape, dtype, index, flat, put in self.outs:
-            if put:
-                env[node] = made[node]
-        return True
 
 
 __all__ = ["acquire", "Plan", "Runtime"]

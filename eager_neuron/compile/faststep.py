@@ -1,0 +1,230 @@
+"""A plan's kernel steps (compile/planned.py): the argument tuple of one kernel, kept from the
+call that learned the plan, what a repeat call fills in (operands from outside the arena, the
+values that escape, the scalars), its guards, and the charges of a launch made without
+`launch()` (the kernel object is the one launch() resolved).
+
+>>> _layout(np.zeros((2, 3)).T)
+'F'
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+import torch
+from torch.fx import Node
+
+from ..blas import blas_threads
+from ..simulator import SIM
+from ..stats import STATS
+from ..tensor import NeuronTensor
+from .absorb import apply_views
+from .forms import _alloc
+from .rowstep import _view3d
+from .stats import CSTATS
+
+ALLOC = [_alloc]         # how a fresh (escaping) value is allocated (a test counts calls here)
+
+
+def _layout(a: np.ndarray) -> str:
+    f = a.flags
+    return "C" if f.c_contiguous else ("F" if f.f_contiguous else "A")
+
+
+class _NotFast(Exception):
+    pass
+
+
+def _scalar(v):
+    if isinstance(v, (torch.Tensor, np.generic)):
+        return v.item()
+    if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return v.node.pytype(v)
+    if isinstance(v, bool) or v is None:
+        return bool(v)
+    return v
+
+
+class _Fast:
+    """The argument tuple of one kernel step, what a call fills in, and its charges."""
+
+    def _common(self, plan, step, kernel, params, flops, nbytes, first_scalar, scalar_args):
+        self.kernel, self.flops, self.nbytes = kernel, flops, nbytes
+        self.n_nodes = step.n_nodes
+        self.scalars = []
+        for k, a in enumerate(scalar_args):
+            if isinstance(a, Node):
+                pos = first_scalar + k
+                self.scalars.append((pos, a, type(params[pos])))
+        self.tmpl = list(params)
+        for pos, _a, _t in self.scalars:
+            self.tmpl[pos] = None
+        self.n_arena = 0
+
+    def _fill_scalars(self, args, env) -> bool:
+        for pos, a, typ in self.scalars:
+            v = _scalar(env[a])
+            if type(v) is not typ:
+                return False
+            args[pos] = v
+        return True
+
+    def _launch(self, args, core) -> None:
+        self.kernel(*args)
+        STATS.launches += 1
+        STATS.memory_hits += 1
+        SIM.cores[core].launch(self.flops, self.nbytes, "vector")
+        CSTATS.fused_kernel_launches += 1
+        CSTATS.fused_nodes += self.n_nodes
+        CSTATS.direct_launches += 1
+
+
+class FastFused(_Fast):
+    def __init__(self, plan, step, kernel, params, flops, nbytes, blas, F) -> None:
+        nb = len(step.bufs)
+        self._common(plan, step, kernel, params, flops, nbytes, nb, step.scalar_args)
+        self.ins, self.outs = [], []
+        for j, (kind, node) in enumerate(step.bufs):
+            a = params[j]
+            if plan.arena.holds(a):
+                continue
+            self.tmpl[j] = None
+            if kind == "in":
+                self.ins.append((j, node, a.shape[0], a.dtype, node.op == "placeholder"))
+            else:
+                if node not in plan.shapes:
+                    raise _NotFast("a fused store with no recorded shape")
+                self.outs.append((j, node) + plan.shapes[node])
+        self.absorbed = step.absorbed
+        self.cache = [None] * len(self.ins)
+
+    def run(self, env: dict, core: int) -> bool:
+        args = self.tmpl.copy()
+        cache = self.cache
+        for k, (j, node, n, dt, keep) in enumerate(self.ins):
+            t = env[node]
+            c = cache[k]
+            if c is not None and c[0]() is t and t._data is c[1] and c[1].data_ptr() == c[2]:
+                args[j] = c[3]
+                continue
+            if type(t) is not NeuronTensor:
+                return False
+            d = t._data
+            a = d.numpy()
+            if a.dtype != dt or a.size != n or not a.flags.c_contiguous:
+                return False
+            args[j] = a = a.reshape(-1)
+            if keep:
+                cache[k] = (weakref.ref(t), d, d.data_ptr(), a)
+        if self.scalars and not self._fill_scalars(args, env):
+            return False
+        alloc = ALLOC[0]
+        made = []
+        for j, node, shape, dtype, index in self.outs:
+            t = alloc(shape, dtype, index)
+            made.append((node, t))
+            args[j] = t._data.numpy().reshape(-1)
+        self._launch(args, core)
+        for node, t in made:
+            env[node] = t
+        for src, dst, cp in self.absorbed:
+            env[src] = env[cp] = env[dst]
+        return True
+
+
+class FastRows(_Fast):
+    def __init__(self, plan, step, kernel, params, flops, nbytes, blas, F) -> None:
+        nb = len(step.bufs)
+        self._common(plan, step, kernel, params, flops, nbytes, 2 + nb, step.scalar_args)
+        self.F = F
+        self.blas = tuple(blas)
+        self.R, C = params[0], params[1]
+        in_views = getattr(step, "in_views", None) or {}
+        self.ins, self.outs = [], []
+        for j, node, mode in step.ins:
+            a = params[2 + j]
+            if plan.arena.holds(a):
+                continue
+            self.tmpl[2 + j] = None
+            self.ins.append((2 + j, node, mode, in_views.get(j), a.shape, a.dtype, _layout(a),
+                             node.op == "placeholder"))
+        for j, node, mode, is_mm, dtype, index in step.outs:
+            a = params[2 + j]
+            if plan.arena.holds(a):
+                continue
+            self.tmpl[2 + j] = None
+            if node not in plan.shapes:
+                raise _NotFast("a row store with no recorded shape")
+            shape = plan.shapes[node][0]
+            flat = (self.R, C) if (is_mm or mode == "full") else (self.R,)
+            put = not is_mm or node in step.stored_set
+            self.outs.append((2 + j, node, shape, dtype, index, flat, put))
+        self.cache = [None] * len(self.ins)
+        # the common operand: C-contiguous of the frame's own (row) shape, a plain reshape
+        self.quick = []
+        for _pos, _node, mode, _chain, shape, _dt, lay, _keep in self.ins:
+            q = None
+            if mode != "mat" and F is not None and lay == "C":
+                cc = F[-1] if mode == "full" else 1
+                src = tuple(F) if mode == "full" else tuple(F[:-1]) + (
+                    () if mode == "rowflat" else (1,))
+                if shape == (1, self.R, cc):
+                    q = (src, shape)
+            self.quick.append(q)
+
+    def run(self, env: dict, core: int) -> bool:
+        args = self.tmpl.copy()
+        R, F = self.R, self.F
+        cache = self.cache
+        for k, (pos, node, mode, chain, shape, dt, lay, keep) in enumerate(self.ins):
+            t = env[node]
+            c = cache[k]
+            if c is not None and c[0]() is t and t._data is c[1] and c[1].data_ptr() == c[2]:
+                args[pos] = c[3]
+                continue
+            if type(t) is not NeuronTensor:
+                return False
+            d = t._data
+            arr = src = d.numpy()
+            if chain is not None:
+                arr = apply_views(arr, chain)
+            q = self.quick[k]
+            if q is not None and arr.shape == q[0] and arr.dtype == dt and \
+                    arr.flags.c_contiguous:
+                args[pos] = arr = arr.reshape(q[1])
+                if keep and (chain is None or np.may_share_memory(arr, src)):
+                    cache[k] = (weakref.ref(t), d, d.data_ptr(), arr)
+                continue
+            if mode == "mat":
+                if arr.ndim != 2:
+                    return False
+                if not (arr.flags.c_contiguous or arr.flags.f_contiguous):
+                    arr = np.ascontiguousarray(arr)
+            else:
+                arr = _view3d(arr, mode, F, R)
+                if arr is None:
+                    return False
+            if arr.shape != shape or arr.dtype != dt or _layout(arr) != lay:
+                return False
+            args[pos] = arr
+            # a graph input's operand view is kept while the same tensor comes back (a
+            # parameter: every step), never a copy (a stale value)
+            if keep and np.may_share_memory(arr, src):
+                cache[k] = (weakref.ref(t), d, d.data_ptr(), arr)
+        if self.scalars and not self._fill_scalars(args, env):
+            return False
+        alloc = ALLOC[0]
+        made = {}
+        for pos, node, shape, dtype, index, flat, _put in self.outs:
+            t = made.get(node)
+            if t is None:
+                t = made[node] = alloc(shape, dtype, index)
+            args[pos] = t._data.numpy().reshape(flat)
+        for fl in self.blas:
+            blas_threads(fl)
+        self._launch(args, core)
+        for _pos, node, _shape, _dtype, _index, _flat, put in self.outs:
+            if put:
+                env[node] = made[node]
+        return True
