@@ -1,9 +1,10 @@
 """Sequence-level LSTM kernels: one launch runs a whole layer (both directions) over the sequence,
 forward or backward (BPTT), for eager_neuron/lower/rnn_seq.py.
 
-Layouts (all numpy views of device buffers, time-major):
-- x (T, B, I) the layer's input (any strides whose rows BLAS can address), y (T, B, D*H) its
-  output (direction d writes columns d*H:(d+1)*H), h0/c0/hn/cn (D, B, H);
+Layouts (all numpy views of device buffers, time-major unless said otherwise):
+- x (T, B, I) the layer's input, or (B, T, I) when `xbf` (layer 0 of a batch_first call; any
+  strides whose rows BLAS can address), y (T, B, D*H) its output (direction d writes columns
+  d*H:(d+1)*H), dy like x with `dybf`, h0/c0/hn/cn (D, B, H);
 - gates (D, T, B, 4H): the activated gates i, f, g, o of each step (saved for the backward),
   cs (D, T, B, H): the cell state of each step;
 - weights per direction: w_ih (4H, I), w_hh (4H, H), biases (4H,) (C-contiguous).
@@ -27,6 +28,10 @@ HEADER = '@njit(error_model="numpy", nogil=True)\n'
 # products up to this many multiply-adds run as plain loops: MKL's call (and its thread-count
 # switch) cost ~1 us each, more than a (3, 16) x (16, 40) product, and a step makes several
 SMALL = 1 << 15
+# a layer's input (and the output's grad) arrive as the user laid them out: x[:, s] when
+# batch_first (xbf), so every layer's kernel has one signature (a transposed view would be
+# another Numba type, compiled again)
+XS = "            xs = x[:, s] if xbf else x[s]\n"
 
 _MM = f"""{HEADER}def _mm(a, b, c, beta):
     m = a.shape[0]
@@ -64,18 +69,18 @@ def _gemm(a: str, b: str, c: str, beta: str, indent: str, mkl: bool) -> str:
 
 def render_lstm_forward(T: str, mkl: bool) -> tuple[str, str]:
     """k(x, wih0, whh0, bih0, bhh0, wih1, whh1, bih1, bhh1, h0, c0, y, hn, cn, gates, cs, ndir,
-    has_bias): one layer, `ndir` directions (the second set of weights is direction 1's)."""
+    has_bias, xbf): one layer, `ndir` directions (the second set of weights is direction 1's)."""
     name = kernel_name("lstm_seq_fwd", T, mkl)
     prelude = _prelude(mkl)
     i12, i16 = " " * 12, " " * 16
-    gx = _gemm("x[s]", "wihT", "g", "0.0", i12, mkl)
+    gx = XS + _gemm("xs", "wihT", "g", "0.0", i12, mkl)
     gh0 = _gemm("h0[d]", "whhT", "g", "1.0", i16, mkl)
     ghy = _gemm("y[sp, :, d * H:(d + 1) * H]", "whhT", "g", "1.0", i16, mkl)
     src = f'''{prelude}{HEADER}def {name}(x, wih0, whh0, bih0, bhh0, wih1, whh1, bih1, bhh1, h0, c0,
-        y, hn, cn, gates, cs, ndir, has_bias):
+        y, hn, cn, gates, cs, ndir, has_bias, xbf):
     one = {T}(1)
-    S = x.shape[0]
-    B = x.shape[1]
+    S = x.shape[1] if xbf else x.shape[0]
+    B = x.shape[0] if xbf else x.shape[1]
     H = h0.shape[2]
     for d in range(ndir):
         if d == 0:
@@ -127,8 +132,8 @@ def render_lstm_forward(T: str, mkl: bool) -> tuple[str, str]:
 
 def render_lstm_backward(T: str, mkl: bool) -> tuple[str, str]:
     """k(x, wih0, whh0, wih1, whh1, h0, c0, y, gates, cs, dy, dhn, dcn, dx, dwih0, dwhh0, dbi0,
-    dbh0, dwih1, dwhh1, dbi1, dbh1, dh0, dc0, ndir, has_dy, has_dhn, has_dcn, has_bias): BPTT of
-    one layer.
+    dbh0, dwih1, dwhh1, dbi1, dbh1, dh0, dc0, ndir, has_dy, has_dhn, has_dcn, has_bias, xbf, dybf):
+    BPTT of one layer.
     dx (T*B, I) C-contiguous is written (both directions summed); the weight and bias grads of
     each direction, dh0 and dc0 (D, B, H) are written."""
     name = kernel_name("lstm_seq_bwd", T, mkl)
@@ -137,16 +142,16 @@ def render_lstm_backward(T: str, mkl: bool) -> tuple[str, str]:
     g_dh = _gemm("dAs", "whh", "dhr", "0.0", i12, mkl)
     g_h0 = _gemm("dAs.T", "h0[d]", "dwhh", "1.0", i16, mkl)
     g_hy = _gemm("dAs.T", "y[sp, :, d * H:(d + 1) * H]", "dwhh", "1.0", i16, mkl)
-    g_wi = _gemm("dAs.T", "x[s]", "dwih", "1.0", i12, mkl)
+    g_wi = XS + _gemm("dAs.T", "xs", "dwih", "1.0", i12, mkl)
     g_dx0 = _gemm("dA", "wih", "dx", "0.0", i12, mkl)
     g_dx1 = _gemm("dA", "wih", "dx", "1.0", i12, mkl)
     src = f'''{prelude}{HEADER}def {name}(x, wih0, whh0, wih1, whh1, h0, c0, y, gates, cs, dy, dhn,
         dcn, dx, dwih0, dwhh0, dbi0, dbh0, dwih1, dwhh1, dbi1, dbh1, dh0, dc0, ndir, has_dy,
-        has_dhn, has_dcn, has_bias):
+        has_dhn, has_dcn, has_bias, xbf, dybf):
     one = {T}(1)
     zero = {T}(0)
-    S = x.shape[0]
-    B = x.shape[1]
+    S = x.shape[1] if xbf else x.shape[0]
+    B = x.shape[0] if xbf else x.shape[1]
     H = h0.shape[2]
     G = 4 * H
     dA = np.empty((S * B, G), dtype={T})
@@ -185,7 +190,7 @@ def render_lstm_backward(T: str, mkl: bool) -> tuple[str, str]:
                 for j in range(H):
                     dh = dhr[b, j]
                     if has_dy:
-                        dh += dy[s, b, d * H + j]
+                        dh += dy[b, s, d * H + j] if dybf else dy[s, b, d * H + j]
                     gi = gates[d, s, b, j]
                     gf = gates[d, s, b, H + j]
                     gc = gates[d, s, b, 2 * H + j]
@@ -221,20 +226,20 @@ def render_lstm_backward(T: str, mkl: bool) -> tuple[str, str]:
 
 
 def render_gru_forward(T: str, mkl: bool) -> tuple[str, str]:
-    """k(x, wih0, whh0, bih0, bhh0, wih1, whh1, bih1, bhh1, h0, y, hn, ws, ndir, has_bias): one
+    """k(x, wih0, whh0, bih0, bhh0, wih1, whh1, bih1, bhh1, h0, y, hn, ws, ndir, has_bias, xbf): one
     GRU layer (ATen's cell: r, z sigmoid, n = tanh(i_n + b_in + r * (h_n + b_hn)),
     h = n + z * (h_prev - n)); ws (D, T, B, 4H) keeps r, z, n and h_n + b_hn of each step."""
     name = kernel_name("gru_seq_fwd", T, mkl)
     prelude = _prelude(mkl)
     i12, i16 = " " * 12, " " * 16
-    gx = _gemm("x[s]", "wihT", "gi", "0.0", i12, mkl)
+    gx = XS + _gemm("xs", "wihT", "gi", "0.0", i12, mkl)
     gh0 = _gemm("h0[d]", "whhT", "gh", "0.0", i16, mkl)
     ghy = _gemm("y[sp, :, d * H:(d + 1) * H]", "whhT", "gh", "0.0", i16, mkl)
     src = f'''{prelude}{HEADER}def {name}(x, wih0, whh0, bih0, bhh0, wih1, whh1, bih1, bhh1, h0, y,
-        hn, ws, ndir, has_bias):
+        hn, ws, ndir, has_bias, xbf):
     one = {T}(1)
-    S = x.shape[0]
-    B = x.shape[1]
+    S = x.shape[1] if xbf else x.shape[0]
+    B = x.shape[0] if xbf else x.shape[1]
     H = h0.shape[2]
     gi = np.empty((B, 3 * H), dtype={T})
     gh = np.empty((B, 3 * H), dtype={T})
@@ -287,7 +292,7 @@ def render_gru_forward(T: str, mkl: bool) -> tuple[str, str]:
 
 def render_gru_backward(T: str, mkl: bool) -> tuple[str, str]:
     """k(x, wih0, whh0, wih1, whh1, h0, y, ws, dy, dhn, dx, dwih0, dwhh0, dbi0, dbh0, dwih1,
-    dwhh1, dbi1, dbh1, dh0, ndir, has_dy, has_dhn, has_bias): BPTT of one GRU layer; dx
+    dwhh1, dbi1, dbh1, dh0, ndir, has_dy, has_dhn, has_bias, xbf, dybf): BPTT of one GRU layer; dx
     (T*B, I) C-contiguous."""
     name = kernel_name("gru_seq_bwd", T, mkl)
     prelude = _prelude(mkl)
@@ -295,15 +300,16 @@ def render_gru_backward(T: str, mkl: bool) -> tuple[str, str]:
     g_dh = _gemm("dHs", "whh", "dhr", "1.0", i12, mkl)
     g_h0 = _gemm("dHs.T", "h0[d]", "dwhh", "1.0", i16, mkl)
     g_hy = _gemm("dHs.T", "y[sp, :, d * H:(d + 1) * H]", "dwhh", "1.0", i16, mkl)
-    g_wi = _gemm("dIs.T", "x[s]", "dwih", "1.0", i12, mkl)
+    g_wi = XS + _gemm("dIs.T", "xs", "dwih", "1.0", i12, mkl)
     g_dx0 = _gemm("dI", "wih", "dx", "0.0", i12, mkl)
     g_dx1 = _gemm("dI", "wih", "dx", "1.0", i12, mkl)
     src = f'''{prelude}{HEADER}def {name}(x, wih0, whh0, wih1, whh1, h0, y, ws, dy, dhn, dx, dwih0,
-        dwhh0, dbi0, dbh0, dwih1, dwhh1, dbi1, dbh1, dh0, ndir, has_dy, has_dhn, has_bias):
+        dwhh0, dbi0, dbh0, dwih1, dwhh1, dbi1, dbh1, dh0, ndir, has_dy, has_dhn, has_bias, xbf,
+        dybf):
     one = {T}(1)
     zero = {T}(0)
-    S = x.shape[0]
-    B = x.shape[1]
+    S = x.shape[1] if xbf else x.shape[0]
+    B = x.shape[0] if xbf else x.shape[1]
     H = h0.shape[2]
     G = 3 * H
     dI = np.empty((S * B, G), dtype={T})
@@ -341,7 +347,7 @@ def render_gru_backward(T: str, mkl: bool) -> tuple[str, str]:
                 for j in range(H):
                     dh = dhr[b, j]
                     if has_dy:
-                        dh += dy[s, b, d * H + j]
+                        dh += dy[b, s, d * H + j] if dybf else dy[s, b, d * H + j]
                     r = ws[d, s, b, j]
                     z = ws[d, s, b, H + j]
                     n = ws[d, s, b, 2 * H + j]

@@ -349,3 +349,26 @@ def test_large_products_take_blas(kind):
                      bidirectional=True, batch_first=True)
     stats = _check(ref, dev, T=5, B=B, dtype=torch.float32)
     assert stats["rnn_seq_calls"] == 1 and not stats["rnn_seq_fallbacks"]
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_one_kernel_signature_for_every_layer(kind, monkeypatch):
+    """Layer 0 of a batch_first call reads x as laid out, so every layer's launch has the same
+    argument types: one compiled kernel forward and one backward, not one per layout."""
+    from eager_neuron import launch as launch_mod
+    from eager_neuron.lower import rnn_seq
+
+    seen = set()
+    real = rnn_seq.launch
+
+    def spy(key, render, args, **kw):
+        seen.add((key, launch_mod.arg_types(args)))
+        real(key, render, args, **kw)
+
+    monkeypatch.setattr(rnn_seq, "launch", spy)
+    ref, dev = _pair(torch.float32, kind=kind, input_size=5, hidden_size=6, num_layers=3,
+                     batch_first=True)
+    x = torch.randn(2, 4, 5, device="neuron", requires_grad=True)
+    y = dev(x)[0]
+    y[:, -1].sum().backward()
+    assert len(seen) == 2, seen

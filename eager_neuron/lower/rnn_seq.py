@@ -225,8 +225,8 @@ def _forward(sp: _Spec, x, h0, c0, params) -> tuple:
     (gates, cell states or None, y))."""
     _flush("aten::gru" if sp.gru else "aten::lstm")
     L, D, H, G = sp.layers, sp.ndir, sp.H, 3 if sp.gru else 4
-    inp = _tm(x, sp).numpy()
-    S, B = inp.shape[0], inp.shape[1]
+    inp, xbf = _np(x), sp.batch_first   # layer 0 reads x as laid out (kernels/rnn.py XS)
+    S, B = (inp.shape[1], inp.shape[0]) if xbf else (inp.shape[0], inp.shape[1])
     block, hcs = _carve(sp, [(L * D, B, H)] * (1 if sp.gru else 2))
     hn = wrap(hcs[0], block, sp.index)
     cn = None if sp.gru else wrap(hcs[1], block, sp.index)
@@ -248,16 +248,16 @@ def _forward(sp: _Spec, x, h0, c0, params) -> tuple:
             lo, hi = layer * D, (layer + 1) * D
             ya, ga = _np(y) if top else y.numpy(), g.numpy()
             if sp.gru:
-                tail = (h0a[lo:hi], ya, hna[lo:hi], ga, D, sp.bias)
+                tail = (h0a[lo:hi], ya, hna[lo:hi], ga, D, sp.bias, xbf)
             else:
                 tail = (h0a[lo:hi], c0a[lo:hi], ya, hna[lo:hi], cna[lo:hi], ga, cs.numpy(),
-                        D, sp.bias)
+                        D, sp.bias, xbf)
             args = (inp,) + _weights(sp, params, layer, dummy) + tail
             flops = 2.0 * D * S * B * G * H * (inp.shape[2] + H) + 30.0 * D * S * B * H
             nbytes = float(sum(a.nbytes for a in args if type(a) is np.ndarray))
             launch(key, render, args, flops=flops, bytes_moved=nbytes, engine="tensor")
             layers.append((block, g, cs, y))
-            inp = ya
+            inp, xbf = ya, False
     finally:
         swap(prev)
     return _user(layers[-1][3], sp), hn, cn, layers
@@ -268,10 +268,11 @@ def _backward(sp: _Spec, x, h0, c0, y, params, layers, dy, dhn, dcn) -> tuple:
     grads)."""
     _flush("aten::gru backward" if sp.gru else "aten::lstm backward")
     L, D, H, G = sp.layers, sp.ndir, sp.H, 3 if sp.gru else 4
-    xh = _tm(x, sp).numpy()
-    S, B = xh.shape[0], xh.shape[1]
+    xh = _np(x)   # x and dy as laid out (kernels/rnn.py XS)
+    S, B = (xh.shape[1], xh.shape[0]) if sp.batch_first else (xh.shape[0], xh.shape[1])
     dummy1, dummy3 = np.zeros(1, xh.dtype), np.zeros((1, 1, 1), xh.dtype)
-    above = _tm(dy, sp).numpy() if dy is not None else dummy3
+    above = _np(dy) if dy is not None else dummy3
+    dybf = sp.batch_first and dy is not None
     dhna = _np(dhn) if dhn is not None else dummy3
     dcna = _np(dcn) if dcn is not None else dummy3
     h0a = _np(h0)
@@ -308,16 +309,18 @@ def _backward(sp: _Spec, x, h0, c0, y, params, layers, dy, dhn, dcn) -> tuple:
             dx2 = dxa.reshape(S * B, inp.shape[2])
             if sp.gru:
                 args = (inp, w[0], w[1], w[4], w[5], h0a[lo:hi], yl, g, above, dhl, dx2,
-                        *dws, dh0a[lo:hi], D, has_dy, dhn is not None, sp.bias)
+                        *dws, dh0a[lo:hi], D, has_dy, dhn is not None, sp.bias,
+                        sp.batch_first and layer == 0, dybf)
             else:
                 dcl = dcna[lo:hi] if dcn is not None else dcna
                 args = (inp, w[0], w[1], w[4], w[5], h0a[lo:hi], c0a[lo:hi], yl, g,
                         layers[layer][2].numpy(), above, dhl, dcl, dx2, *dws, dh0a[lo:hi],
-                        dc0a[lo:hi], D, has_dy, dhn is not None, dcn is not None, sp.bias)
+                        dc0a[lo:hi], D, has_dy, dhn is not None, dcn is not None, sp.bias,
+                        sp.batch_first and layer == 0, dybf)
             flops = 4.0 * D * S * B * G * H * (inp.shape[2] + H) + 40.0 * D * S * B * H
             nbytes = float(sum(a.nbytes for a in args if type(a) is np.ndarray))
             launch(key, render, args, flops=flops, bytes_moved=nbytes, engine="tensor")
-            above, has_dy = dxa, True
+            above, has_dy, dybf = dxa, True, False
     finally:
         swap(prev)
     return (_user(dx, sp), dh0, dc0, *pgrads)
