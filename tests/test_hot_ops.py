@@ -280,3 +280,27 @@ def test_one_tensor_passed_twice_replays_only_for_one_tensor_again():
     for n, x in enumerate(xs):   # and back: one tensor twice, after distinct ones
         xd = x.to(DEV)
         assert torch.equal(torch.cat((xd, xd), -1).cpu(), torch.cat((x, x), -1))
+
+
+def test_row_strided_matmul_operands_are_read_in_place_and_replay():
+    """A [CLS] token's rows (x[:, 0]: unit-stride rows, leading dimension 512) reach BLAS in
+    place, so the product is learned (its 512-byte contiguous copy was a scratch array no
+    runner could replay: every call took the funnel); strides BLAS cannot address still copy."""
+    g = torch.Generator().manual_seed(7)
+    w, b = torch.randn(64, 64, generator=g), torch.randn(64, generator=g)
+    wd, bd = w.to(DEV), b.to(DEV)
+    for n in range(4):
+        h = torch.randn(2, 8, 64, generator=g)
+        hd = h.to(DEV)
+        cases = [(lambda x, W, B: (B, x[:, 0], W.t()), torch.addmm, True),
+                 (lambda x, W, B: (x[:, 0].t(), x[:, 1]), torch.mm, True),
+                 (lambda x, W, B: (x[:, 0], W[:, ::2]), torch.mm, False)]   # copied
+        for views, op, in_place in cases:
+            operands = views(hd, wd, bd)
+            before = _hits()
+            got = op(*operands)
+            hits = _hits() - before
+            ref = op(*views(h.double(), w.double(), b.double()))
+            assert (got.cpu().double() - ref).abs().max() <= _ulp_bound(ref, k=256)
+            if n >= 2 and in_place:
+                assert hits == 1   # the product replays

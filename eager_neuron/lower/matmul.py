@@ -50,11 +50,34 @@ def _dense(t: torch.Tensor) -> torch.Tensor:
 
 
 def _mat2(t: torch.Tensor):
-    """A 2-D operand BLAS can read as is (C or F), else a contiguous copy."""
+    """A 2-D operand BLAS can read as is (C or F; with MKL also rows or columns unit-stride at
+    a leading dimension covering the other extent: a [CLS] token's rows x[:, 0]), else a
+    contiguous copy."""
     arr = _np(t)
-    if arr.flags.c_contiguous or arr.flags.f_contiguous:
+    if arr.flags.c_contiguous or arr.flags.f_contiguous or (_mkl() and _addressable(arr)):
         return arr
     return _np(_dense(t))
+
+
+def _mkl() -> bool:
+    from ..kernels.matmul import mkl_symbols
+
+    return bool(mkl_symbols())
+
+
+def _addressable(arr) -> bool:
+    """Can kernels/blas.py's xgemm read this 2-D array in place (its _blas_view rule)?"""
+    if arr.ndim != 2 or arr.size == 0:
+        return False
+    (r, c), item = arr.shape, arr.itemsize
+    s0, s1 = arr.strides
+    if s0 % item or s1 % item:
+        return False
+    s0, s1 = s0 // item, s1 // item
+    ld_n = c if r <= 1 else s0
+    ld_t = r if c <= 1 else s1
+    return ((c <= 1 or s1 == 1) and ld_n >= max(c, 1)) or \
+        ((r <= 1 or s0 == 1) and ld_t >= max(r, 1))
 
 
 def _mat3(t: torch.Tensor, allow_shared: bool):
