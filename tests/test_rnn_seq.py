@@ -176,6 +176,22 @@ class _Watch(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def test_autocast_takes_the_decomposition():
+    """Under autocast the decomposition's products are autocast ops: it runs as before."""
+    torch.manual_seed(0)
+    m = nn.LSTM(3, 4).to("neuron")
+    x = torch.randn(5, 2, 3, device="neuron")
+    with torch.autocast("neuron", dtype=torch.bfloat16):
+        eager_neuron.reset_stats()
+        y = m(x)[0]
+        assert eager_neuron.stats()["rnn_seq_fallbacks"] == {"autocast": 1}
+        h0 = torch.zeros(1, 2, 4, device="neuron")
+        ref = torch.ops.aten.lstm.input.decompose(x, [h0, h0], m._flat_weights, True, 1, 0.0,
+                                                  True, False, False)[0]
+    assert y.dtype == ref.dtype
+    torch.testing.assert_close(y.cpu(), ref.cpu(), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("case", ["proj_size", "train_dropout", "dispatch_mode"])
 def test_fallbacks_are_counted_and_equal_cpu(case):
     kw = dict(input_size=4, hidden_size=6, num_layers=2, batch_first=True)

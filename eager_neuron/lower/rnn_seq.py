@@ -12,11 +12,11 @@ it keeps the activated gates, and the LSTM's cell states) and whose backward lau
 kernel once per layer (grads of the input, h0, c0, every weight and bias). Everything else takes
 the decomposition exactly as before, counted in `stats()["rnn_seq_fallbacks"]` by reason:
 proj_size > 0, dropout between layers while training (its RNG order is the decomposition's),
-other dtypes, a dispatch mode / tracer / functorch transform / forward-mode AD, anything not a
-plain neuron tensor (fake tensors), shapes that do not match (the decomposition raises), empty
-sequences. Under torch.inference_mode the autograd key is skipped: the decomposition, as before.
-A backward with create_graph=True recomputes the forward with the decomposition and
-differentiates that (double backward works as before).
+other dtypes, autocast, a dispatch mode / tracer / functorch transform / forward-mode AD,
+anything not a plain neuron tensor (fake tensors), shapes that do not match (the decomposition
+raises), empty sequences. Under torch.inference_mode the autograd key is skipped: the
+decomposition, as before. A backward with create_graph=True recomputes the forward with the
+decomposition and differentiates that (double backward works as before).
 
 >>> import torch, eager_neuron
 >>> m = torch.nn.LSTM(3, 4).to("neuron")
@@ -113,6 +113,8 @@ def _why_not(x, h0, c0, params, has_biases, num_layers, dropout, train, bidirect
     if type(x) is not NeuronTensor or type(h0) is not NeuronTensor or \
             (gates == 4 and type(c0) is not NeuronTensor):
         return "not a neuron tensor"
+    if torch.is_autocast_enabled("neuron"):   # the decomposition's products are autocast ops
+        return "autocast"
     if x.dtype not in _FLOATS or h0.dtype != x.dtype or (c0 is not None and
                                                           c0.dtype != x.dtype):
         return "dtype"
