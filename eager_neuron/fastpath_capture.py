@@ -6,6 +6,11 @@ calls a lowering marks replayable (blas_threads). If every array argument is a v
 the op's own operands or outputs (found by address) or a small constant/scratch array of the
 lowering used by one launch only, the op leaves a runner that allocates the same outputs and
 replays the launches with arrays re-derived from this call's buffers (see docs/PERFORMANCE.md).
+Operands that share memory (attention's q, k, v: interleaved views of one projection) are
+taken when each array lies in one operand's span only; one tensor passed twice (cat((f, f)),
+m @ m) when its runner is guarded to see one tensor there again. A written operand sharing
+memory with another is never learned. `x[int index]` (a dynamic op whose size the shapes fix)
+is learned here too (learn_dynamic); a boolean mask never is.
 
 >>> import torch, eager_neuron
 >>> from eager_neuron import fastpath_capture
