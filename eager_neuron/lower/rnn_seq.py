@@ -50,7 +50,7 @@ _FLOATS = (torch.float32, torch.float64)
 
 
 class RnnSeqStats:
-    """rnn_seq_calls: nn.LSTM calls run as sequence kernels; rnn_seq_fallbacks: reason -> calls
+    """rnn_seq_calls: nn.LSTM/GRU calls run as sequence kernels; rnn_seq_fallbacks: reason -> calls
     that took the per-step decomposition."""
 
     __slots__ = ("calls", "fallbacks")
