@@ -117,9 +117,23 @@ def _train(kind, device, compiled, steps, dtype=torch.float32):
 
 @pytest.mark.parametrize("kind", ["mlp", "gpt"])
 def test_repeat_steps_run_planned_and_equal_eager_and_float64(kind):
+    """Planned steps are bit for bit the interpreter's (the same kernels on the same values),
+    and equal neuron eager and a float64 CPU reference within float32 bounds (AdamW at lr 1e-2
+    amplifies a rounding difference in a parameter's update: the bounds on parameters are
+    wider than on losses)."""
     steps = 5
     mc, lc = _train(kind, N, True, steps)
     s = cstats()
+    torch._dynamo.reset()
+    L.HOOKS.append(_no_hook)              # (a launch hook: every call interpreted)
+    try:
+        mi, li = _train(kind, N, True, steps)
+    finally:
+        L.HOOKS.remove(_no_hook)
+    for a, b in zip(lc, li):
+        assert torch.equal(a.cpu(), b.cpu())
+    for a, b in zip(mc.parameters(), mi.parameters()):
+        assert torch.equal(a.detach().cpu(), b.detach().cpu())
     me, le = _train(kind, N, False, steps)
     m64, l64 = _train(kind, "cpu", False, steps, torch.float64)
     # forward, backward and AdamW programs: each learned once, then planned on every step
@@ -131,8 +145,12 @@ def test_repeat_steps_run_planned_and_equal_eager_and_float64(kind):
         _close(a, b, torch.float32, 64)
         _close(a, c, torch.float32, 256)
     for pc, pe, p64 in zip(mc.parameters(), me.parameters(), m64.parameters()):
-        _close(pc, pe, torch.float32, 256)
-        _close(pc, p64, torch.float32, 1024)
+        _close(pc, pe, torch.float32, 4096)
+        _close(pc, p64, torch.float32, 4096)
+
+
+def _no_hook(event):
+    pass
 
 
 def _programs(monkeypatch):
@@ -162,6 +180,13 @@ def _allocs(monkeypatch):
     return n
 
 
+def _launches():
+    """Kernel launches counted by eager_neuron.stats() and by the simulated core 0."""
+    from eager_neuron.simulator import SIM
+
+    return eager_neuron.stats()["launches"], SIM.cores[0].launches
+
+
 def test_a_planned_call_allocates_only_escaping_values(monkeypatch):
     """The arena's values are not allocated on a planned call: an interpreted call allocates
     exactly the plan's fresh tensors plus its arena values (the same graph, the same inputs),
@@ -184,10 +209,10 @@ def test_a_planned_call_allocates_only_escaping_values(monkeypatch):
     step(x, y)            # learned by now
     monkeypatch.setattr(P.Program, "__call__", call)
     args = saved[bw.name]
-    before = cstats()
+    before, st0 = cstats(), _launches()
     n[0] = 0
     out_planned = bw(*args)
-    planned_allocs, s = n[0], cstats()
+    planned_allocs, s, st1 = n[0], cstats(), _launches()
     assert s["planned_runs"] == before["planned_runs"] + 1
     arena = s["arena_values"] - before["arena_values"]
     assert arena > 0
@@ -200,7 +225,14 @@ def test_a_planned_call_allocates_only_escaping_values(monkeypatch):
         out_interp = bw(*args)
     finally:
         plan.lock.release()
+    st2, s2 = _launches(), cstats()
     assert n[0] == planned_allocs + arena, (n[0], planned_allocs, arena)
+    # the same launches counted and charged either way
+    assert s["direct_launches"] - before["direct_launches"] > 0
+    assert s2["direct_launches"] == s["direct_launches"]
+    assert [b - a for a, b in zip(st0, st1)] == [b - a for a, b in zip(st1, st2)], (st0, st1, st2)
+    for k in ("fused_kernel_launches", "row_kernel_launches", "fused_nodes"):
+        assert s[k] - before[k] == s2[k] - s[k] > 0, k
     for a, b in zip(out_planned, out_interp):
         if isinstance(a, torch.Tensor):
             assert torch.equal(a.cpu(), b.cpu())

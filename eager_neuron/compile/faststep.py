@@ -224,6 +224,7 @@ class FastRows(_Fast):
         for fl in self.blas:
             blas_threads(fl)
         self._launch(args, core)
+        CSTATS.row_kernel_launches += 1
         for _pos, node, _shape, _dtype, _index, _flat, put in self.outs:
             if put:
                 env[node] = made[node]
