@@ -40,6 +40,7 @@ tensor), `direct_launches`, `plan_fallbacks` (reason -> count).
 from __future__ import annotations
 
 import threading
+import weakref
 
 import numpy as np
 import torch
@@ -208,7 +209,7 @@ class Plan:
     """One signature's arena and fast steps; learned by one interpreted call."""
 
     def __init__(self, rt: Runtime) -> None:
-        self.rt = rt
+        self._rt = weakref.ref(rt)   # (no cycle: a dead Program frees its arena at once)
         self.plan_list, self.values = rt.analysis
         self.lock = threading.Lock()
         self.gen = _GEN[0]
@@ -224,6 +225,13 @@ class Plan:
 
     def release(self) -> None:
         self.lock.release()
+
+    def _replanned(self) -> None:
+        rt = self._rt()
+        if rt is not None:
+            rt.replans += 1
+            if rt.replans >= MAX_REPLANS:
+                rt.off = True
 
     # -- learning (an interpreted call) ---------------------------------------------------------
 
@@ -263,9 +271,7 @@ class Plan:
             reason = self.failed or "a kernel step fell back while learning"
             CSTATS.plan_fallbacks[reason] += 1
             self.dead = True
-            self.rt.replans += 1
-            if self.rt.replans >= MAX_REPLANS:
-                self.rt.off = True
+            self._replanned()
             return
         self.ready = True
         CSTATS.plans_learned += 1
@@ -304,9 +310,7 @@ class Plan:
     def _drop(self, env: dict, i: int) -> None:
         CSTATS.plan_fallbacks["operand signature changed"] += 1
         self.dead = True
-        self.rt.replans += 1
-        if self.rt.replans >= MAX_REPLANS:
-            self.rt.off = True
+        self._replanned()
         alloc = faststep.ALLOC[0]
         for n, (first, lst, _nb, _core) in self.values.items():
             if first < i <= lst and n in self.views:
