@@ -82,6 +82,10 @@ def _close(a, b) -> bool:
 
 
 def run(name: str, steps: int, turns: int = 0) -> dict:
+    # each model from a fresh dynamo cache: every model's stepper shares one code object, and
+    # after the MLP dynamo's automatic dynamic shapes made GPT-2's AdamW graph symbolic (not
+    # planned, twice the eager nodes: compiled 20-22 ms against 12 ms with a reset)
+    torch._dynamo.reset()
     model, batches, loss, _, _ = _build(name)
     row = {"model": name}
     # 1. correctness: compiled vs neuron eager, step by step

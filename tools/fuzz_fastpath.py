@@ -731,7 +731,8 @@ def st_embed(run, p, what, dev):
 
 
 def st_rnn(run, p, what, dev):
-    # an LSTM over a batch-first input: strided mm operands and the fused cells, with grads
+    # an LSTM over a batch-first input, with grads: the sequence kernels, and with proj_size
+    # the per-step decomposition
     torch.manual_seed(p["i"])
     lstm = torch.nn.LSTM(4, 3, batch_first=True).double()
     lstm = lstm.to(dev)
@@ -742,7 +743,17 @@ def st_rnn(run, p, what, dev):
         out.sum().backward()
         return out.detach(), x.grad, lstm.weight_hh_l0.grad
 
-    run.record(f"{what}:lstm", fwd)
+    run.record(f"{what}:lstm", fwd)   # (the sequence kernels, lower/rnn_seq.py)
+    # the per-step decomposition (strided mm operands, the fused cells): proj_size keeps it
+    plstm = torch.nn.LSTM(4, 3, batch_first=True, proj_size=2).double().to(dev)
+    x2 = run.data((2, 5, 4), torch.float64, requires_grad=True)
+
+    def fwd_proj():
+        out, _ = plstm(x2)
+        out.sum().backward()
+        return out.detach(), x2.grad, plstm.weight_hh_l0.grad
+
+    run.record(f"{what}:lstm_proj", fwd_proj)
 
 
 STEPS = {"unary": st_unary, "binary": st_binary, "inplace": st_inplace, "out": st_out,
