@@ -366,7 +366,7 @@ def _scalar_args(func, plan, args, kwargs, outs: list, capture: list):
 def _inputs_overlap_only(sources: list) -> bool:
     """Do only operands (I*: read, never written by the op) share memory among the sources?"""
     spans = sorted((*_span(arr), e) for e, arr in sources if arr.size)
-    for j, (lo, hi, e) in enumerate(spans):
+    for j, (_lo, hi, e) in enumerate(spans):
         for lo2, _hi2, e2 in spans[j + 1:]:
             if lo2 >= hi:
                 break

@@ -277,7 +277,7 @@ def test_one_tensor_passed_twice_replays_only_for_one_tensor_again():
         ref = a[0].double() @ b[0].double()
         assert ((a[0].to(DEV) @ b[0].to(DEV)).cpu().double() - ref).abs().max() <= \
             _ulp_bound(ref)
-    for n, x in enumerate(xs):   # and back: one tensor twice, after distinct ones
+    for x in xs:   # and back: one tensor twice, after distinct ones
         xd = x.to(DEV)
         assert torch.equal(torch.cat((xd, xd), -1).cpu(), torch.cat((x, x), -1))
 
