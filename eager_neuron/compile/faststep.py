@@ -37,6 +37,8 @@ class _NotFast(Exception):
 
 
 def _scalar(v):
+    """A kernel scalar argument as Numba takes it (a 0-d tensor or numpy value, a symbolic size,
+    a bool or None)."""
     if isinstance(v, (torch.Tensor, np.generic)):
         return v.item()
     if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):

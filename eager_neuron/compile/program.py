@@ -26,6 +26,7 @@ from ..tensor import NeuronTensor
 from . import fold, hostscalar, planned
 from .absorb import absorb_views, materialize
 from .codegen import Group, LoweringError, _stack_line, fill_as_full_like, partition
+from .faststep import _scalar  # (a kernel scalar argument as Numba takes it)
 from .foreach import expand_foreach
 from .forms import _FAKE, _FORMS, _alloc
 from .hostscalar import tensorize
@@ -537,19 +538,6 @@ def _flat(t) -> np.ndarray | None:
     return arr.reshape(-1)
 
 
-
-
-def _scalar(v):
-    """A kernel scalar argument as Numba takes it."""
-    if isinstance(v, torch.Tensor):   # a CPU scalar tensor operand
-        return v.item()
-    if isinstance(v, np.generic):     # a host scalar step's value (compile/hostscalar.py)
-        return v.item()
-    if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        return v.node.pytype(v)
-    if isinstance(v, bool) or v is None:
-        return bool(v)
-    return v
 
 
 def _run_fused(step: FusedStep, env: dict, pl=None) -> None:
