@@ -184,6 +184,7 @@ def record(op: str, expr: str, kinds: tuple, loads: tuple, scalar_casts: tuple, 
         g.scalar_casts.extend(scalar_casts)
         g.n_nodes += 1
         g.ops.append(op)
+        g.sids.append(static)
         return True
 
 
@@ -232,6 +233,7 @@ def record_flat(op: str, expr: str, kinds: tuple, loads: tuple, scalar_casts: tu
         g.scalar_casts.extend(scalar_casts)
         g.n_nodes += 1
         g.ops.append(op)
+        g.sids.append(static)
 
 
 def record_flat_many(items: list, core: int) -> None:
@@ -282,6 +284,7 @@ def record_flat_many(items: list, core: int) -> None:
             g.scalar_casts.extend(scalar_casts)
             g.n_nodes += 1
             g.ops.append(op)
+            g.sids.append(static)
 
 
 def _record_new(g: _Group, sig: tuple, op, expr, kinds, loads, store, op_idx, out_idx,
@@ -402,6 +405,7 @@ def join_calls(name: str, staged, spans: list, pins, sids: tuple, core: int) -> 
             g.n_call_args += len(st[2])
             g.n_nodes += 1
             g.ops.append(name)
+            g.sids.append(sid)
         _calls.COUNTERS["joined"] += len(staged)
 
 
@@ -607,6 +611,10 @@ def _flush_locked(key, reason: str) -> None:
         return
     flushes = STATS.flushes
     flushes[reason] = flushes.get(reason, 0) + 1   # (a Counter's += costs 3x this)
+    cursor = g.cursor
+    if cursor.verdicts < LIGHT_AFTER:
+        cursor.verdicts += 1
+        _judge(g)
     if "flush" in config.log:
         from .errors import where
 
@@ -621,6 +629,48 @@ def _flush_locked(key, reason: str) -> None:
     finally:
         _context.swap(prev)
 
+
+
+# ---------------------------------------------------------------------------------------------
+# paying for itself: ops whose groups stay light start no group
+# ---------------------------------------------------------------------------------------------
+# Recording an op costs the host more than plain eager's runner spends launching it (a trace
+# step, its buffers' guard, the group's launch: ~5-15 us against ~2 us), and what fusion saves
+# is memory traffic, which grows with the elements a node touches. A group whose elementwise
+# nodes average fewer than LIGHT_NUMEL[0] elements (a call counts as a node of none: fusing
+# it saves a launch, not a pass over memory) is *light*: it costs more than plain eager.
+# Each flushed group is judged (at most LIGHT_AFTER times per trace node: the verdict of a
+# repeated trace is known), and every static_id it recorded is counted light or marked heavy.
+# An op whose ids were all counted light LIGHT_AFTER times and never heavy does not *start* a
+# group: with no group pending on its stream, adaptive_fast.run runs plain eager's runner for
+# it (plain eager exactly: nothing is pending on the stream). Recorded inside a pending group
+# it joins as before, and an id seen in any heavy group is recorded always.
+# tests/test_adaptive_fast.py sets LIGHT_NUMEL[0] = 0 (off) where it tests the recording itself.
+LIGHT_NUMEL = [1 << 14]
+LIGHT_AFTER = 2
+LIGHT: dict = {}          # static_id -> light groups counted (-1: seen in a heavy group)
+
+
+def _judge(g: _Group) -> None:
+    """Count the group's static ids light or heavy (see LIGHT_NUMEL). Called under _lock."""
+    elems = 0
+    for lp in g.loops:
+        elems += lp.numel * len(lp.nodes)
+    light = elems < LIGHT_NUMEL[0] * g.n_nodes
+    for sid in set(g.sids):
+        n = LIGHT.get(sid, 0)
+        if not light:
+            LIGHT[sid] = -1
+        elif n >= 0 and len(LIGHT) < 1_000_000:
+            LIGHT[sid] = n + 1
+
+
+def light(sids) -> bool:
+    """Do ops of these static ids not pay for a group of their own (see LIGHT_NUMEL)?"""
+    for sid in sids:
+        if LIGHT.get(sid, 0) < LIGHT_AFTER:
+            return False
+    return True
 
 
 _TORCH_FLOAT = {torch.float32: "np.float32", torch.float64: "np.float64"}

@@ -47,7 +47,9 @@ from .operands import spans as _op_spans
 from .tensor import NeuronTensor
 
 TABLES: dict = {}       # func -> (values_matter, {signature: runner})
-COUNTERS = {"hits": 0, "call_hits": 0, "learned": 0, "batched": 0}   # batched: foreach elements
+# batched: foreach elements; light: calls run as plain eager instead of starting a light group
+# quiet: host or data-dependent ops run by plain eager's runner while nothing is pending
+COUNTERS = {"hits": 0, "call_hits": 0, "learned": 0, "batched": 0, "light": 0, "quiet": 0}
 _MISS = _fp.MISS
 _PENDING = _ad.PENDING
 _STATE = _ad.STATE
@@ -70,6 +72,11 @@ def run(func, args, kwargs):
                     # as dispatch's gate: another thread's group touching this call's
                     # memory launches first
                     _ad.flush_others(_op_spans(args, kwargs))
+                    if key not in _PENDING and _LIGHT and _light(runner.sids):
+                        return _plain(func, args, kwargs)
+            elif _LIGHT and _light(runner.sids):
+                # it would start a group, and its groups stay light (adaptive.LIGHT_NUMEL)
+                return _plain(func, args, kwargs)
             return runner(args, kwargs)
     kind = _KINDS.get(func)
     if kind is None:
@@ -82,6 +89,20 @@ def run(func, args, kwargs):
             key = _SK()
             if len(_PENDING) > 1 or key not in _PENDING:
                 _ad.flush_others(_op_spans(args, kwargs))
+        return runner(args, kwargs)
+    if kind is _QUIET:
+        # a host or data-dependent op while no group is pending anywhere: adaptive eager has
+        # nothing to add (nothing to launch first, nothing to record), plain eager's runner
+        if _PENDING:
+            return _MISS
+        ptab = _fp.TABLES.get(func)
+        if ptab is None:
+            return _MISS
+        sig = _fp.signature(args, kwargs, ptab[0])
+        runner = ptab[1].get(sig) if sig is not None else None
+        if runner is None:
+            return _MISS
+        COUNTERS["quiet"] += 1
         return runner(args, kwargs)
     if kind is _SLOW:
         ptab = _fp.TABLES.get(func)
@@ -128,15 +149,49 @@ def run(func, args, kwargs):
 
 _SK = _ad.stream_key
 _DECLINED = _ad.DECLINED
+_LIGHT = _ad.LIGHT
+_light = _ad.light
+_SKIP = __import__("threading").local()   # .args: the call run() sent to the slow path unrecorded
+
+
+def _plain(func, args, kwargs):
+    """An op that would start a light group (nothing pending on this stream, other streams'
+    groups touching its memory launched): plain eager's runner for its signature, or the slow
+    path told not to record it (it launches as plain eager does and leaves that runner)."""
+    ptab = _fp.TABLES.get(func)
+    if ptab is not None:
+        sig = _fp.signature(args, kwargs, ptab[0])
+        prun = ptab[1].get(sig) if sig is not None else None
+        if prun is not None:
+            COUNTERS["light"] += 1
+            return prun(args, kwargs)
+    if _KINDS.get(func) is not _FOREACH:   # (a foreach op's elements come back one by one)
+        _SKIP.args = args
+    return _MISS
+
+
+def skipped(args) -> bool:
+    """dispatch's _kernel_setup: did run() send this call to the slow path not to be recorded
+    (see _plain)? Asked once per call, which clears it."""
+    mine = getattr(_SKIP, "args", None)
+    if mine is None:
+        return False
+    _SKIP.args = None
+    if mine is args:
+        COUNTERS["light"] += 1
+        return True
+    return False
 # what run() does with an op that has no recording runner, per overload (see _kind_of)
 _SLOW, _VIEW, _KERNEL, _REDUCE, _FOREACH = "slow", "view", "kernel", "reduce", "foreach"
+_QUIET = "quiet"
 _KINDS: dict = {}
 _NAMES: dict = {}
 _FLOATS = (torch.float32, torch.float64)
 
 
 def _kind_of(func):
-    """_SLOW: the slow path always (it may record the op); _VIEW: a view op; _KERNEL: a
+    """_SLOW: the slow path always (it may record the op); _QUIET: a host or data-dependent
+    op, plain eager's runner while no group is pending anywhere; _VIEW: a view op; _KERNEL: a
     non-fusible kernel op (this thread's group launches, then plain eager's runner);
     _REDUCE: sum/mean, plain eager's runner when _declined says the group cannot take it."""
     plans = _PLAN_MOD[0]
@@ -150,6 +205,8 @@ def _kind_of(func):
     kind = _SLOW
     if plan.kind == "view":
         kind = _VIEW
+    elif plan.kind in ("host", "dynamic"):
+        kind = _QUIET
     elif plan.kind == "foreach":
         from .lower.foreach import _per_tensor_op
 
@@ -213,6 +270,7 @@ def _learn_foreach(func, args, kwargs):
     if lines is None:
         lines = _foreach.runner_lines(func, plan, args, kwargs, spec, pos, kw)
     runner = _fp._build(plan.name, lines, ns)
+    runner.sids = tuple({sid for r in runners for sid in getattr(r, "sids", (None,))})
     with _fp._LOCK:
         ftab = TABLES.get(func)
         if ftab is None:
@@ -409,6 +467,7 @@ def learn(out, spec, kinds: tuple, numel: int, op_name: str, ctx) -> None:
               f"({''.join(s + ', ' for s in svals)}), NUMEL, IDX, SID, TAILS, {fresh})",
               "F['hits'] += 1", ret]
     runner = _fp._build(plan.name, lines, ns)
+    runner.sids = (ns["SID"],)
     if target is not None:
         # what a foreach runner needs to record this element itself (_foreach_lines)
         runner.rec = _Rec(ns["STATIC"][:6] + (numel, ns["SID"], ns["TAILS"]), index, wref,
@@ -555,6 +614,7 @@ def learn_call(name: str, a: dict, outs: list, staged: list, sids: tuple, core: 
     ret = _fp._wrap_lines(ns, lines, core)
     lines += ["F['call_hits'] += 1", ret]
     runner = _fp._build(plan.name, lines, ns)
+    runner.sids = tuple(sids)
     with _fp._LOCK:
         tab = TABLES.get(func)
         if tab is None:

@@ -111,6 +111,7 @@ class _Group:
         self.scalar_casts: list[str] = []
         self.n_nodes = 0
         self.ops: list[str] = []
+        self.sids: list = []          # per recorded node, its static_id (adaptive._judge)
         self.lines: list[str] = []    # the user's line per recorded op (for fault reports)
         # the trace so far: a node of the trace tree (see _TNode); every op moves it one step
         self.cursor = _ROOT[0]   # (read at run time: tests swap the tree)
@@ -236,12 +237,13 @@ class _TNode:
     mean equal placement decisions, so a recognised op skips the analysis and a recognised
     group its spec, key and kernel lookup: tinygrad's TinyJit capture/replay, guarded."""
 
-    __slots__ = ("children", "step", "launches", "replay")
+    __slots__ = ("children", "step", "launches", "replay", "verdicts")
 
     def __init__(self, step=None) -> None:
         self.children: dict = {}
         self.step = step
         self.launches: dict = {}
+        self.verdicts = 0     # flushes here whose weight adaptive._judge counted
         # for a group that ends here (adaptive_launch.launch_group): per buffer, read from
         # memory by the group; the indices of those that are not (for _observable); the
         # largest loop's size; the indices of the calls among the loops

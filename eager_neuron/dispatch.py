@@ -425,13 +425,15 @@ def _kernel_setup(func, plan, args, kwargs, mode) -> tuple:
         _check_decomp_written(func, plan, uargs, ukw, real_too=True)
     # the op's context: its core, its mode, whether adaptive eager may record it
     if _adaptive.STATE.enabled and mode is None and index is not None:
-        fusible = plan.lower in _fusible()
+        # (skipped: adaptive_fast.run found the op's groups light; it runs as plain eager)
+        skip = _adaptive_fast.skipped(args)
+        fusible = plan.lower in _fusible() and not skip
         ctx = OpContext(index, None, fusible, _blocks_of(args, kwargs, outs, blocks))
         copied = _capture_host_operands(a, ctx.blocks)
-        if fusible or plan.name in _adaptive.REDUCTIONS:
+        if (fusible or plan.name in _adaptive.REDUCTIONS) and not skip:
             # what adaptive eager learns from the call rides in ctx (its call, its signature)
             _adaptive_fast.arm(ctx, func, plan, args, kwargs, index, a, outs, leaves)
-        if plan.name in _adaptive.REDUCTIONS and not fusible:
+        if plan.name in _adaptive.REDUCTIONS and not fusible and not skip:
             prev = _context.swap(ctx)
             try:
                 if _adaptive.try_record_reduction(plan.name, a, outs, ctx.blocks):

@@ -13,8 +13,14 @@ from eager_neuron.adaptive import MODULE as _ad
 def _fused_kernels_compile_first():
     # the tests count fused work: groups compile before they run (see test_adaptive.py)
     prev = _ad.set_compile_mode("sync")
+    # and every op records: the ops of light groups stop starting groups after a few steps
+    # (adaptive.LIGHT_NUMEL); the tests of that switch it on themselves
+    light, _ad.LIGHT_NUMEL[0] = _ad.LIGHT_NUMEL[0], 0
+    _ad.LIGHT.clear()
     yield
     _ad.set_compile_mode(prev)
+    _ad.LIGHT_NUMEL[0] = light
+    _ad.LIGHT.clear()
 
 
 def _bitwise(plain, got):
@@ -250,3 +256,100 @@ def test_a_sum_over_some_dims_learns_plain_runner_under_adaptive_eager():
         torch.testing.assert_close(got, want, rtol=0, atol=64 * 2.0 ** -52 * want.abs().max())
     # calls 2..6 of the sum took the runner learned on call 1 (after each flush)
     assert sig in fastpath.TABLES and later >= 5, later
+
+
+def _light_on():
+    _ad.LIGHT_NUMEL[0] = 1 << 14
+    _ad.LIGHT.clear()
+
+
+def test_ops_of_light_groups_run_as_plain_eager_once_learned():
+    # a chain on 64 elements: recording it costs the host more than plain eager's runners
+    # spend launching it (adaptive.LIGHT_NUMEL). Its group is judged light twice, then its
+    # ops start no group: plain eager's runners run them (same values, no fused launch)
+    _light_on()
+    torch.manual_seed(0)
+    x, w = torch.randn(64, dtype=torch.float64), torch.randn(64, dtype=torch.float64)
+    xn, wn = x.to("neuron"), w.to("neuron")
+
+    def f(v):
+        return (torch.relu(xn * v + wn) * wn - 1.0).cpu()
+
+    plain = [f(float(i)) for i in range(6)]          # (leaves plain eager's runners)
+    fused, light = [], []
+    with eager_neuron.adaptive():
+        got = []
+        for i in range(6):
+            eager_neuron.reset_stats()
+            n = adaptive_fast.COUNTERS["light"]
+            got.append(f(float(i)))
+            fused.append(eager_neuron.stats()["fused_launches"])
+            light.append(adaptive_fast.COUNTERS["light"] - n)
+    _bitwise(plain, got)
+    assert fused == [1, 1, 0, 0, 0, 0] and light == [0, 0, 5, 5, 5, 5], (fused, light)
+
+
+def test_light_ops_without_plain_runners_learn_them_on_the_slow_path():
+    # adaptive eager only (no plain runner for this signature yet): a light op is sent down
+    # the slow path unrecorded, launches as plain eager and leaves plain eager's runner
+    _light_on()
+    torch.manual_seed(1)
+    x = torch.randn(37, 3, dtype=torch.float64)
+    xn = x.to("neuron")
+    got, fused = [], []
+    with eager_neuron.adaptive():
+        for i in range(6):
+            eager_neuron.reset_stats()
+            got.append(((xn - float(i)).abs() * 0.5).cpu())
+            fused.append(eager_neuron.stats()["fused_launches"])
+    for i, g in enumerate(got):
+        torch.testing.assert_close(g, (x - float(i)).abs() * 0.5, rtol=0, atol=0)
+    assert fused == [1, 1, 0, 0, 0, 0], fused
+    assert torch.ops.aten.abs.default in fastpath.TABLES
+
+
+def test_ops_of_heavy_groups_keep_recording():
+    # the same chain on 2**15 elements: fusing it saves passes over memory; it stays fused
+    _light_on()
+    torch.manual_seed(2)
+    x, w = torch.randn(1 << 15), torch.randn(1 << 15)
+    xn, wn = x.to("neuron"), w.to("neuron")
+
+    def f(v):
+        return (torch.relu(xn * v + wn) * wn - 1.0).cpu()
+
+    plain = [f(float(i)) for i in range(5)]
+    fused = []
+    with eager_neuron.adaptive():
+        got = []
+        for i in range(5):
+            eager_neuron.reset_stats()
+            got.append(f(float(i)))
+            fused.append(eager_neuron.stats()["fused_launches"])
+    _bitwise(plain, got)
+    assert fused == [1] * 5, fused
+    assert not any(n > 0 for n in _ad.LIGHT.values())
+
+
+def test_host_and_data_dependent_ops_take_plain_runners_while_nothing_is_pending():
+    # x[idx] (a data-dependent op) and .cpu() (a host op): with no group pending anywhere,
+    # plain eager's runners (they took the slow path under adaptive eager); with one pending,
+    # the slow path (the group launches first, its flush counted)
+    torch.manual_seed(3)
+    x = torch.randn(10)
+    xn, idx = x.to("neuron"), torch.tensor([1, 3, 3], device="neuron")
+    for _ in range(2):
+        xn[idx].cpu()                               # plain eager's runners
+    with eager_neuron.adaptive():
+        n = adaptive_fast.COUNTERS["quiet"]
+        a = xn[idx].cpu()
+        quiet = adaptive_fast.COUNTERS["quiet"] - n
+        eager_neuron.reset_stats()
+        n = adaptive_fast.COUNTERS["quiet"]
+        b = (xn * 2.0)[idx].cpu()                   # x * 2 pending: the gather flushes it
+        quiet_pending = adaptive_fast.COUNTERS["quiet"] - n
+        flushes = eager_neuron.stats()["flushes"]
+    torch.testing.assert_close(a, x[[1, 3, 3]], rtol=0, atol=0)
+    torch.testing.assert_close(b, (x * 2.0)[[1, 3, 3]], rtol=0, atol=0)
+    assert quiet >= 1 and quiet_pending == 0, (quiet, quiet_pending)
+    assert flushes == {"non-fusible op aten::index.Tensor": 1}, flushes
