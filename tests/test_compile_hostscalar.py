@@ -124,3 +124,109 @@ def test_other_dtypes_and_alpha_stay_torch_nodes():
     ops = eager_neuron.compile.stats()["graph_eager_ops"]
     assert ops.get("aten::add.Tensor", 0) >= 1, ops     # alpha=3
     assert out.cpu().tolist() == [8.0, 8.0]
+
+
+def _adamw_run(model, steps=4, blocks=True, host_copy=True):
+    """A compiled AdamW training step's losses, parameters and optimizer state (planned from
+    its second call), with host blocks / host copies switched as asked."""
+    from eager_neuron.compile import planned
+
+    old = planned.HOST_BLOCKS[0], hostscalar.HOST_COPY[0]
+    planned.HOST_BLOCKS[0], hostscalar.HOST_COPY[0] = blocks, host_copy
+    try:
+        torch._dynamo.reset()
+        m = copy.deepcopy(model).to("neuron")
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+
+        def step(x, y):
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(m(x), y)
+            loss.backward()
+            opt.step()
+            return loss.detach()
+
+        cstep = torch.compile(step, backend="neuron")
+        g = torch.Generator().manual_seed(5)
+        losses, steps_seen = [], []
+        for _ in range(steps):
+            x, y = torch.randn(4, 6, generator=g), torch.randn(4, 3, generator=g)
+            losses.append(cstep(x.to("neuron"), y.to("neuron")).cpu())
+        states = [opt.state[p]["step"] for p in m.parameters()]
+        return torch.stack(losses), [p.detach().cpu() for p in m.parameters()], states
+    finally:
+        planned.HOST_BLOCKS[0], hostscalar.HOST_COPY[0] = old
+
+
+def test_planned_host_steps_run_as_one_block_with_the_same_values():
+    """A plan runs consecutive host steps as one generated function (hostscalar.block): the
+    optimizer's bias corrections are the values the one-by-one steps compute, bit for bit."""
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    ref = _adamw_run(model, blocks=False)
+    built = hostscalar.BLOCKS[0]
+    eager_neuron.compile.reset_stats()
+    got = _adamw_run(model, blocks=True)
+    s = eager_neuron.compile.stats()
+    assert s["planned_runs"] >= 3 and s["host_scalar_ops"] >= 4 * 9 * 4, s
+    assert hostscalar.BLOCKS[0] > built       # the AdamW plan's host steps: one block
+    assert torch.equal(got[0], ref[0])
+    for a, b in zip(got[1], ref[1]):
+        assert torch.equal(a, b)
+
+
+def test_block_source_is_each_steps_operation():
+    """A block over a chain of every host operation: its values are HostScalar.run's."""
+    g = torch.fx.Graph()
+    s = g.placeholder("s")
+    s.meta["val"] = torch.tensor(2.5)
+    nodes, prev = [], s
+    aten = torch.ops.aten
+    chain = [(aten.add.Tensor, (None, 1)), (aten.pow.Scalar, (0.9, None)),
+             (aten.sub.Tensor, (None, 1)), (aten.neg.default, (None,)),
+             (aten.sqrt.default, (None,)), (aten.rsub.Scalar, (None, 3)),
+             (aten.div.Tensor, (None, 0.01)), (aten.reciprocal.default, (None,)),
+             (aten.mul.Tensor, (None, None))]
+    for target, args in chain:
+        n = g.call_function(target, tuple(prev if a is None else a for a in args))
+        n.meta["val"] = torch.tensor(1.0)
+        nodes.append(n)
+        prev = n
+    hosts = [hostscalar.HostScalar(n, hostscalar.plan(n), n is nodes[0]) for n in nodes]
+    assert all(h.fn is not None for h in hosts) and None not in [hostscalar.plan(n) for n in nodes]
+    for step_val in (torch.tensor(2.0), torch.tensor(7.0), np.float32(3.0)):
+        ref, env = {s: step_val}, {s: step_val}
+        with np.errstate(all="ignore"):
+            for h in hosts:
+                h.run(ref)
+            hostscalar.block(hosts)(env)
+        assert isinstance(env[nodes[0]], torch.Tensor) and env[nodes[0]].item() == \
+            ref[nodes[0]].item()
+        for n in nodes[1:]:
+            assert type(env[n]) is type(ref[n]) is np.float32 and env[n] == ref[n], n
+
+
+def test_step_counter_written_back_from_the_host_value():
+    """`step + 1` written back into the optimizer's 0-d CPU `step` tensors (copy_) takes the
+    host value (fill_): no 0-d tensor is made for it; counted, the same tensors, the same
+    values and version bumps as copy_ through torch."""
+    torch.manual_seed(2)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    eager_neuron.compile.reset_stats()
+    ref = _adamw_run(model, host_copy=False)
+    r = eager_neuron.compile.stats()
+    assert r["host_copies"] == 0
+    eager_neuron.compile.reset_stats()
+    got = _adamw_run(model, host_copy=True)
+    s = eager_neuron.compile.stats()
+    # 4 parameters, 4 steps: each write-back counted as the copy_ it is; the first call runs
+    # under a dispatch mode (the copy goes through torch, its value made a tensor), steps 2-4
+    # took the host value (interpreted, then planned)
+    assert s["graph_eager_ops"]["aten::copy_"] == r["graph_eager_ops"]["aten::copy_"] == 16
+    assert s["host_copies"] == 12, s
+    assert torch.equal(got[0], ref[0])
+    for a, b in zip(got[1], ref[1]):
+        assert torch.equal(a, b)
+    for st in got[2]:
+        assert type(st) is torch.Tensor and st.dtype == torch.float32 and st.dim() == 0
+        assert st.item() == 4.0 and st._version >= 4
+    assert [st.item() for st in ref[2]] == [4.0] * 4

@@ -22,6 +22,8 @@ import numpy as np
 import torch
 from torch.fx import Node
 
+from .stats import CSTATS
+
 aten = torch.ops.aten
 
 _NP = {torch.float32: np.float32, torch.float64: np.float64}
@@ -118,6 +120,97 @@ class HostScalar:
         env[self.node] = torch.tensor(out.item(), dtype=self.dtype) if self.tensor else out
 
 
+# a run of host steps as one generated function (compile/planned.py): the same numpy operations
+# in straight-line code, operands in locals (HostScalar.run's operand loop, conversion checks
+# and env traffic cost ~2-5 us a node in a step; 252 nodes per GPT-2 tiny AdamW step)
+_INLINE = {"add": "{0} + {1}", "sub": "{0} - {1}", "mul": "{0} * {1}", "div": "{0} / {1}",
+           "rsub": "{1} - {0}", "neg": "-{0}", "sqrt": "_sqrt({0})",
+           "reciprocal": "{T}(1) / {0}", "pow": "_pow({0}, {1})"}
+_NAMES = {id(fn): name for name, fn in _OPS.items()}
+BLOCKS = [0]        # blocks built (a test counts them)
+
+
+def block(hosts: list):
+    """fn(env) running `hosts` (HostScalar steps, in order) as one function: the values each
+    computes are HostScalar.run's (the same operations on the same numpy types), stored in env
+    the same way (a 0-d tensor where `tensor`)."""
+    ns = {"_sqrt": np.sqrt, "_pow": np.power, "_gen": np.generic, "_tensor": torch.tensor}
+    lines = ["def _host_block(env):"]
+    local: dict = {}       # node -> local name of its numpy value
+    for k, h in enumerate(hosts):
+        t = f"T{k}"
+        ns[t] = h.np_type
+        vals = []
+        for j, (a, c) in enumerate(h.operands):
+            if a is None:
+                ns[f"C{k}_{j}"] = c
+                vals.append(f"C{k}_{j}")
+                continue
+            name = local.get(a)
+            if name is None:
+                name = local[a] = f"x{len(local)}"
+                ns[f"N_{name}"] = a
+                lines.append(f"    {name} = env[N_{name}]")
+                lines.append(f"    if type({name}) is not {t} and not isinstance({name}, _gen):")
+                lines.append(f"        {name} = {t}({name}.item())")
+            vals.append(name)
+        op = _NAMES.get(id(h.fn))
+        if op is None:
+            ns[f"F{k}"] = h.fn
+            expr = f"F{k}({', '.join(vals)})"
+        else:
+            expr = _INLINE[op].format(*vals, T=t)
+        name = local[h.node] = f"x{len(local)}"
+        ns[f"K{k}"] = h.node
+        lines.append(f"    {name} = {t}({expr})")
+        if h.tensor:
+            ns[f"D{k}"] = h.dtype
+            lines.append(f"    env[K{k}] = _tensor({name}.item(), dtype=D{k})")
+        else:
+            lines.append(f"    env[K{k}] = {name}")
+    exec(compile("\n".join(lines), "<eager_neuron host block>", "exec"), ns)
+    BLOCKS[0] += 1
+    return ns["_host_block"]
+
+
+_COPY = aten.copy_.default
+HOST_COPY = [True]      # False: every copy_ of a host value runs through torch (measurements)
+
+
+def copy_takes_host(node: Node, src: Node) -> bool:
+    """`node` is copy_(dst, src) into a 0-d CPU tensor of src's dtype (an optimizer's `step + 1`
+    written back into its state): it takes src's numpy value (copy_host), no tensor is made."""
+    if node.op != "call_function" or node.target is not _COPY or node.kwargs or \
+            len(node.args) != 2 or node.args[1] is not src or node.args[0] is src:
+        return False
+    d, v = node.args[0], src.meta.get("val")
+    dv = d.meta.get("val") if isinstance(d, Node) else None
+    return _host_scalar_val(dv) and _host_scalar_val(v) and dv.dtype == v.dtype
+
+
+def copy_host(node: Node, env: dict, direct: bool) -> bool:
+    """copy_(dst, src) whose src is a host value (a numpy scalar): written into dst with
+    `fill_` (exact: a float32/float64 value into a tensor of its dtype; the version counter
+    bumps as copy_'s does). False: the node runs through torch, src made a 0-d tensor first
+    (a dispatch mode must see the copy, or dst is not the plain CPU tensor it was traced as)."""
+    src = node.args[1]
+    v = env.get(src) if isinstance(src, Node) else None
+    if not isinstance(v, np.generic):
+        return False
+    dst = env[node.args[0]]
+    direct = direct and HOST_COPY[0]
+    dtype = src.meta["val"].dtype
+    if direct and type(dst) is torch.Tensor and dst.dtype == dtype and dst.dim() == 0 and \
+            dst.device.type == "cpu" and not dst.requires_grad:
+        dst.fill_(v.item())
+        env[node] = dst
+        CSTATS.eager_ops["aten::copy_"] += 1
+        CSTATS.host_copies += 1
+        return True
+    env[src] = torch.tensor(v.item(), dtype=dtype)
+    return False
+
+
 def tensorize(env: dict, nodes) -> None:
     """Before nodes run through torch (an eager rerun of a kernel's nodes): numpy scalars they
     read become the 0-d CPU tensors torch expects."""
@@ -128,4 +221,4 @@ def tensorize(env: dict, nodes) -> None:
                 env[a] = torch.tensor(v.item(), dtype=a.meta["val"].dtype)
 
 
-__all__ = ["plan", "HostScalar", "tensorize"]
+__all__ = ["plan", "HostScalar", "tensorize", "block", "copy_takes_host", "copy_host"]

@@ -52,12 +52,13 @@ from ..config import config
 from ..context import _TLS
 from ..simulator import SIM
 from ..tensor import NeuronTensor
-from . import faststep
+from . import faststep, hostscalar
 from .faststep import FastFused, FastRows, _NotFast
 from .forms import _VIEW_METHODS as VIEWS
 from .stats import CSTATS
 
 _ALIGN = 64
+HOST_BLOCKS = [True]     # consecutive host steps as one generated function (False: one by one)
 MAX_REPLANS = 4          # plans dropped (signature changes) before a program stops planning
 _GEN = [0]               # bumped when the kernel memory cache is cleared
 _launch.MEMORY.on_clear.append(lambda: _GEN.__setitem__(0, _GEN[0] + 1))
@@ -285,12 +286,7 @@ class Plan:
         core = ctx.core if ctx is not None else 0
         seq = self.ops
         if seq is None:
-            # per step: (fn(env) or None for a kernel, its fast step, the values it frees:
-            # never the arena's, which a planned call does not put in env)
-            seq = self.ops = [
-                (None if k in ("fused", "rows") else _step_fn(k, x, other), self.fast[i], i,
-                 tuple(n for n in frees if n not in self.values))
-                for i, (k, x, frees, _keep) in enumerate(self.plan_list)]
+            seq = self.ops = self._sequence(other)
         flush = _adaptive.flush
         pop = env.pop
         for op, fs, i, frees in seq:
@@ -306,6 +302,34 @@ class Plan:
         CSTATS.planned_runs += 1
         CSTATS.arena_values += len(self.views)
         return None
+
+    def _sequence(self, other) -> list:
+        """Per step: (fn(env) or None for a kernel, its fast step, its index, the values it
+        frees: never the arena's, which a planned call does not put in env). Consecutive host
+        steps are one generated function (hostscalar.block), freeing after the last."""
+        seq: list = []
+        run: list = []         # [(HostScalar, index, frees)] not yet emitted
+
+        def close():
+            if len(run) > 1:
+                frees = tuple(n for _h, _i, fr in run for n in fr)
+                seq.append((hostscalar.block([h for h, _i, _fr in run]), None, run[0][1],
+                            frees))
+            elif run:
+                h, i, fr = run[0]
+                seq.append((h.run, None, i, fr))
+            run.clear()
+
+        for i, (k, x, frees, _keep) in enumerate(self.plan_list):
+            fr = tuple(n for n in frees if n not in self.values)
+            if k == "host" and HOST_BLOCKS[0]:
+                run.append((x, i, fr))
+                continue
+            close()
+            seq.append((None if k in ("fused", "rows") else _step_fn(k, x, other),
+                        self.fast[i], i, fr))
+        close()
+        return seq
 
     def _drop(self, env: dict, i: int) -> None:
         CSTATS.plan_fallbacks["operand signature changed"] += 1

@@ -29,7 +29,7 @@ from .codegen import Group, LoweringError, _stack_line, fill_as_full_like, parti
 from .faststep import _scalar  # (a kernel scalar argument as Numba takes it)
 from .foreach import expand_foreach
 from .forms import _FAKE, _FORMS, _alloc
-from .hostscalar import tensorize
+from .hostscalar import _COPY, tensorize
 from .rows import find_regions, split_var_mean
 from .rowstep import RowStep
 from .stats import CSTATS
@@ -341,6 +341,8 @@ class Program:
         if kind == "host":
             x.run(env)
             return
+        if x.target is _COPY and hostscalar.copy_host(x, env, direct):
+            return
         loader = self.loaders.get(x)
         if loader is None:
             _run_node(x, env)
@@ -445,7 +447,9 @@ def _host_scalars(steps: list, out_users) -> int:
             bufs.update(node for k, node, _ in x.bufs if k == "in")
     for i, (_kind, x) in enumerate(steps):
         if x in forms:
-            tensor = x in out_users or x in bufs or any(u in eager for u in x.users)
+            # (a copy_ of the value into a 0-d CPU tensor takes the numpy value: copy_host)
+            tensor = x in out_users or x in bufs or any(
+                u in eager and not hostscalar.copy_takes_host(u, x) for u in x.users)
             steps[i] = ("host", hostscalar.HostScalar(x, forms[x], tensor))
     return len(forms)
 

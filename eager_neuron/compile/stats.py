@@ -22,6 +22,8 @@ class CompileStats:
         self.graph_fallbacks: Counter = Counter()  # reason -> graphs run entirely in eager
         self.group_fallbacks: Counter = Counter()  # reason -> fused groups run op by op
         self.host_scalar_ops = 0          # 0-d CPU nodes run as numpy scalar math
+        self.host_copies = 0              # copy_ of a host value into a 0-d CPU tensor (fill_)
+        self.direct_moves = 0             # host -> device _to_copy nodes without dispatch
         self.programs_saved = 0           # compiled graphs written to torch's AOTAutograd cache
         self.programs_loaded = 0          # ... and rebuilt from it (no AOTAutograd tracing)
         self.programs_restored = 0        # ... of which stored whole (no partition, no render)
@@ -47,6 +49,8 @@ class CompileStats:
             "graph_fallbacks": dict(self.graph_fallbacks),
             "group_fallbacks": dict(self.group_fallbacks),
             "host_scalar_ops": self.host_scalar_ops,
+            "host_copies": self.host_copies,
+            "direct_moves": self.direct_moves,
             "programs_saved": self.programs_saved,
             "programs_loaded": self.programs_loaded,
             "programs_restored": self.programs_restored,
