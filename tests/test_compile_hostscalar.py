@@ -147,7 +147,7 @@ def _adamw_run(model, steps=4, blocks=True, host_copy=True):
 
         cstep = torch.compile(step, backend="neuron")
         g = torch.Generator().manual_seed(5)
-        losses, steps_seen = [], []
+        losses = []
         for _ in range(steps):
             x, y = torch.randn(4, 6, generator=g), torch.randn(4, 3, generator=g)
             losses.append(cstep(x.to("neuron"), y.to("neuron")).cpu())
