@@ -645,8 +645,10 @@ def _flush_locked(key, reason: str) -> None:
 # group: with no group pending on its stream, adaptive_fast.run runs plain eager's runner for
 # it (plain eager exactly: nothing is pending on the stream). Recorded inside a pending group
 # it joins as before, and an id seen in any heavy group is recorded always.
-# tests/test_adaptive_fast.py sets LIGHT_NUMEL[0] = 0 (off) where it tests the recording itself.
-LIGHT_NUMEL = [1 << 14]
+# tests/test_adaptive*.py set LIGHT_NUMEL[0] = 0 (off) where they test the recording itself.
+# NOTE: measured (a chain of 16 float32 elementwise ops, alternated in one process, load ~4):
+# adaptive/plain 1.43x at 1K-16K elements, 0.97x at 64K, far below at 256K: 64K is break-even.
+LIGHT_NUMEL = [1 << 16]
 LIGHT_AFTER = 2
 LIGHT: dict = {}          # static_id -> light groups counted (-1: seen in a heavy group)
 

@@ -73,10 +73,14 @@ def run(func, args, kwargs):
                     # memory launches first
                     _ad.flush_others(_op_spans(args, kwargs))
                     if key not in _PENDING and _LIGHT and _light(runner.sids):
-                        return _plain(func, args, kwargs)
+                        return _plain(func, args, kwargs, runner)
             elif _LIGHT and _light(runner.sids):
                 # it would start a group, and its groups stay light (adaptive.LIGHT_NUMEL)
-                return _plain(func, args, kwargs)
+                prun = runner.plain
+                if prun is not None:
+                    COUNTERS["light"] += 1
+                    return prun(args, kwargs)
+                return _plain(func, args, kwargs, runner)
             return runner(args, kwargs)
     kind = _KINDS.get(func)
     if kind is None:
@@ -154,9 +158,10 @@ _light = _ad.light
 _SKIP = __import__("threading").local()   # .args: the call run() sent to the slow path unrecorded
 
 
-def _plain(func, args, kwargs):
+def _plain(func, args, kwargs, runner):
     """An op that would start a light group (nothing pending on this stream, other streams'
-    groups touching its memory launched): plain eager's runner for its signature, or the slow
+    groups touching its memory launched): plain eager's runner for its signature (kept on the
+    recording `runner`, whose signature fixes it: both tables are reset together), or the slow
     path told not to record it (it launches as plain eager does and leaves that runner)."""
     ptab = _fp.TABLES.get(func)
     if ptab is not None:
@@ -164,6 +169,8 @@ def _plain(func, args, kwargs):
         prun = ptab[1].get(sig) if sig is not None else None
         if prun is not None:
             COUNTERS["light"] += 1
+            if ptab[0] == TABLES[func][0]:   # (the same signature keys both)
+                runner.plain = prun
             return prun(args, kwargs)
     if _KINDS.get(func) is not _FOREACH:   # (a foreach op's elements come back one by one)
         _SKIP.args = args
@@ -271,6 +278,7 @@ def _learn_foreach(func, args, kwargs):
         lines = _foreach.runner_lines(func, plan, args, kwargs, spec, pos, kw)
     runner = _fp._build(plan.name, lines, ns)
     runner.sids = tuple({sid for r in runners for sid in getattr(r, "sids", (None,))})
+    runner.plain = None
     with _fp._LOCK:
         ftab = TABLES.get(func)
         if ftab is None:
@@ -468,6 +476,7 @@ def learn(out, spec, kinds: tuple, numel: int, op_name: str, ctx) -> None:
               "F['hits'] += 1", ret]
     runner = _fp._build(plan.name, lines, ns)
     runner.sids = (ns["SID"],)
+    runner.plain = None   # plain eager's runner of this signature, once _plain found it
     if target is not None:
         # what a foreach runner needs to record this element itself (_foreach_lines)
         runner.rec = _Rec(ns["STATIC"][:6] + (numel, ns["SID"], ns["TAILS"]), index, wref,
@@ -615,6 +624,7 @@ def learn_call(name: str, a: dict, outs: list, staged: list, sids: tuple, core: 
     lines += ["F['call_hits'] += 1", ret]
     runner = _fp._build(plan.name, lines, ns)
     runner.sids = tuple(sids)
+    runner.plain = None
     with _fp._LOCK:
         tab = TABLES.get(func)
         if tab is None:
