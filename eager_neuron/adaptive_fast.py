@@ -49,7 +49,10 @@ from .tensor import NeuronTensor
 TABLES: dict = {}       # func -> (values_matter, {signature: runner})
 # batched: foreach elements; light: calls run as plain eager instead of starting a light group
 # quiet: host or data-dependent ops run by plain eager's runner while nothing is pending
-COUNTERS = {"hits": 0, "call_hits": 0, "learned": 0, "batched": 0, "light": 0, "quiet": 0}
+# plain: plain eager's runners run() took for views and non-fusible ops (while a group is
+# pending somewhere: else dispatch takes them itself, see IDLE_PLAIN)
+COUNTERS = {"hits": 0, "call_hits": 0, "learned": 0, "batched": 0, "light": 0, "quiet": 0,
+            "plain": 0}
 _MISS = _fp.MISS
 _PENDING = _ad.PENDING
 _STATE = _ad.STATE
@@ -133,12 +136,19 @@ def run(func, args, kwargs):
     ptab = _fp.TABLES.get(func)
     if ptab is None:
         return _MISS
-    if kind is _REDUCE and not _declined(args, kwargs):
-        return _MISS   # the slow path may record it (a whole-tensor sum/mean)
     sig = _fp.signature(args, kwargs, ptab[0])
     runner = ptab[1].get(sig) if sig is not None else None
     if runner is None:
         return _MISS
+    if kind is _REDUCE:
+        # (_declined reads only what the signature fixes: dtypes, shapes, strides, dims)
+        declined = _REDUCE_DECLINED.get((func, sig))
+        if declined is None:
+            declined = _declined(args, kwargs)
+            if len(_REDUCE_DECLINED) < 100_000:
+                _REDUCE_DECLINED[(func, sig)] = declined
+        if not declined:
+            return _MISS   # the slow path may record it (a whole-tensor sum/mean)
     if _PENDING and kind is not _VIEW:
         # as dispatch's gate: another thread's group touching this call's memory launches
         # first; this thread's group launches before a non-fusible op (a view op reads and
@@ -148,6 +158,7 @@ def run(func, args, kwargs):
             _ad.flush_others(_op_spans(args, kwargs))
         if key in _PENDING:
             _ad.flush(f"non-fusible op {_NAMES[func]}")
+    COUNTERS["plain"] += 1
     return runner(args, kwargs)
 
 
@@ -193,6 +204,10 @@ _SLOW, _VIEW, _KERNEL, _REDUCE, _FOREACH = "slow", "view", "kernel", "reduce", "
 _QUIET = "quiet"
 _KINDS: dict = {}
 _NAMES: dict = {}
+# the overloads run() sends to plain eager's runner whenever no group is pending anywhere (a
+# view, a host or data-dependent op, a non-fusible kernel op): dispatch takes plain eager's
+# fast path for them itself then (run() would only find the same runner, later)
+IDLE_PLAIN: set = set()
 _FLOATS = (torch.float32, torch.float64)
 
 
@@ -231,9 +246,12 @@ def _kind_of(func):
             kind = _REDUCE
     _NAMES[func] = plan.name
     _KINDS[func] = kind
+    if kind is _VIEW or kind is _QUIET or kind is _KERNEL:
+        IDLE_PLAIN.add(func)
     return kind
 
 
+_REDUCE_DECLINED: dict = {}  # (func, plain signature) -> _declined's answer
 _FOREACH_FAILED: dict = {}   # (func, signature) -> failed attempts to learn a foreach runner
 
 
@@ -640,6 +658,9 @@ _ad.LEARN_CALL[0] = learn_call
 def reset() -> None:
     """Forget every recording runner (with the plain fast path's runners)."""
     TABLES.clear()
+    IDLE_PLAIN.clear()
+    _KINDS.clear()
+    _REDUCE_DECLINED.clear()
     _FOREACH_FAILED.clear()
     _DECLINED.clear()
 

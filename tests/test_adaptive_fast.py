@@ -353,3 +353,33 @@ def test_host_and_data_dependent_ops_take_plain_runners_while_nothing_is_pending
     torch.testing.assert_close(b, (x * 2.0)[[1, 3, 3]], rtol=0, atol=0)
     assert quiet >= 1 and quiet_pending == 0, (quiet, quiet_pending)
     assert flushes == {"non-fusible op aten::index.Tensor": 1}, flushes
+
+
+def test_views_and_non_fusible_ops_take_plain_fast_path_while_nothing_is_pending():
+    # adaptive eager on, no group pending anywhere: a view (t) and a non-fusible op (cumsum)
+    # take plain eager's fast path in dispatch itself (adaptive_fast.IDLE_PLAIN); with a group
+    # pending, a view and a sum over a dim go through adaptive_fast.run, which launches the
+    # group first (the sum's "not recordable" answer kept per signature)
+    torch.manual_seed(4)
+    a = torch.randn(8, 5, dtype=torch.float64)
+    an = a.to("neuron")
+    for _ in range(2):
+        an.t().cumsum(1).cpu()                      # plain eager's runners
+        an.t().sum(1).cpu()
+    with eager_neuron.adaptive():
+        an.t().cumsum(1).cpu()                      # (the kinds of t and cumsum, learned)
+        n, hits = adaptive_fast.COUNTERS["plain"], fastpath.STATS_FAST["hits"]
+        idle = an.t().cumsum(1).cpu()
+        idle_runs = adaptive_fast.COUNTERS["plain"] - n
+        idle_hits = fastpath.STATS_FAST["hits"] - hits
+        n = adaptive_fast.COUNTERS["plain"]
+        eager_neuron.reset_stats()
+        busy = (an * 2.0).t().sum(1).cpu()          # a * 2 pending
+        busy_runs = adaptive_fast.COUNTERS["plain"] - n
+        flushes = eager_neuron.stats()["flushes"]
+    torch.testing.assert_close(idle, a.t().cumsum(1), rtol=0, atol=8 * 2.0 ** -52 * 10)
+    torch.testing.assert_close(busy, (a * 2.0).t().sum(1), rtol=0, atol=8 * 2.0 ** -51 * 10)
+    assert idle_runs == 0 and idle_hits >= 2, (idle_runs, idle_hits)
+    assert busy_runs == 2 and flushes == {"non-fusible op aten::sum.dim_IntList": 1}, \
+        (busy_runs, flushes)
+    assert any(k[0] is torch.ops.aten.sum.dim_IntList for k in adaptive_fast._REDUCE_DECLINED)
