@@ -421,3 +421,42 @@ def test_an_input_changed_in_place_is_read_anew(strided):
             w.add_(0.25)
     s = cstats()
     assert s["planned_runs"] >= 2 and not s["plan_fallbacks"], s
+
+
+def test_host_to_device_move_in_a_graph_skips_dispatch():
+    """`x.to("neuron")` of a contiguous CPU tensor inside a compiled graph (a training step's
+    batch) is lower/host.py's plain move without dispatch (forms._run_to_device): the same
+    values, dtype and strides, the transfer charged as dispatch charges it, the op counted;
+    a cast, a non-contiguous source or a CPU result still go through dispatch."""
+    from eager_neuron.compile import forms
+    from eager_neuron.simulator import SIM
+    from eager_neuron.stats import STATS
+
+    def f(x, y):
+        a = x.to(N)
+        return a * 2, y.to(N, torch.float64), x.t().to(N) + 1
+
+    def run(moves):
+        forms.MOVES[0] = moves
+        try:
+            torch._dynamo.reset()
+            eager_neuron.compile.reset_stats()
+            g = torch.compile(f, backend="neuron")
+            x, y = torch.randn(3, 4), torch.randn(5)
+            g(x, y)                       # (the first call runs under a dispatch mode)
+            b0, o0 = SIM.cores[0].transfer_bytes, STATS.ops
+            outs = g(x, y)
+            return outs, x, y, SIM.cores[0].transfer_bytes - b0, STATS.ops - o0, \
+                eager_neuron.compile.stats()
+        finally:
+            forms.MOVES[0] = True
+
+    (a, b, c), x, y, nbytes, ops, s = run(True)
+    (a0, b0, c0), _, _, nbytes0, ops0, s0 = run(False)
+    assert s["direct_moves"] == 1 and s0["direct_moves"] == 0, (s, s0)
+    # the same transfers charged and ops counted as through dispatch; _to_copy still counted
+    assert nbytes == nbytes0 > 0 and ops == ops0, (nbytes, nbytes0, ops, ops0)
+    assert s["graph_eager_ops"]["aten::_to_copy"] == s0["graph_eager_ops"]["aten::_to_copy"]
+    assert torch.equal(a.cpu(), x * 2) and a.device.type == N and a.stride() == (4, 1)
+    assert b.dtype == torch.float64 and torch.equal(b.cpu(), y.double())
+    assert torch.equal(c.cpu(), x.t() + 1)

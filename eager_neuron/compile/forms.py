@@ -16,6 +16,10 @@ from __future__ import annotations
 import torch
 from torch.fx import Node
 
+from ..adaptive import MODULE as _adaptive
+from ..lower.host import _PLAIN_TO_KW, _target_index
+from ..lower.host import to_device as _to_device
+from ..stats import STATS as _STATS
 from ..tensor import NeuronTensor
 from .stats import CSTATS
 
@@ -99,7 +103,38 @@ def _run_slice_backward(node: Node, env: dict, loader) -> bool:
     return True
 
 
+def _run_to_device(node: Node, env: dict, loader) -> bool:
+    """aten._to_copy of a contiguous CPU tensor to a neuron device with nothing else to change
+    (the batch a training step moves: `x.to("neuron")` inside the graph) is lower/host.py's
+    plain move (`to_device`: a device buffer, one copy, the transfer charged) without the
+    PrivateUse1 door and dispatch (~45 -> ~15 us). False: dispatch decides (anything else)."""
+    if not MOVES[0] or _adaptive.PENDING:
+        return False
+    args, kwargs = loader(env)
+    if len(args) != 1:
+        return False
+    src = args[0]
+    if type(src) is not torch.Tensor or kwargs.keys() - _PLAIN_TO_KW:
+        return False
+    index = _target_index(kwargs.get("device"))
+    if index is None or kwargs.get("dtype") not in (None, src.dtype) or \
+            kwargs.get("layout") not in (None, torch.strided) or kwargs.get("pin_memory") or \
+            kwargs.get("memory_format") not in (None, torch.preserve_format) or \
+            src.device.type != "cpu" or src.layout != torch.strided or src.requires_grad or \
+            not src.is_contiguous() or src.is_conj() or src.is_neg():
+        return False
+    _STATS.ops += 1                          # (dispatch counts each op it runs)
+    env[node] = _to_device(src, index)
+    CSTATS.eager_ops["aten::_to_copy"] += 1
+    CSTATS.direct_moves += 1
+    return True
+
+
+MOVES = [True]     # False: every _to_copy node through dispatch (measurements, tests)
+
+
 # eager nodes with a cheaper form than their dispatch when no dispatch mode must see them;
 # form(node, env, loader) -> False: run the node through dispatch (nothing was written)
 _FORMS = {v: _run_view for v in _VIEWS}
 _FORMS[aten.slice_backward.default] = _run_slice_backward
+_FORMS[aten._to_copy.default] = _run_to_device
