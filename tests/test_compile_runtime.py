@@ -460,3 +460,89 @@ def test_host_to_device_move_in_a_graph_skips_dispatch():
     assert torch.equal(a.cpu(), x * 2) and a.device.type == N and a.stride() == (4, 1)
     assert b.dtype == torch.float64 and torch.equal(b.cpu(), y.double())
     assert torch.equal(c.cpu(), x.t() + 1)
+
+
+def _mlp_steps(direct, funnel=None, steps=3):
+    """A compiled MLP training step (bias gradients: eager sum.dim_IntList nodes) with a plan's
+    direct eager calls on or off; `funnel` wraps neuron dispatch's entry."""
+    from eager_neuron import tensor as T
+
+    old, old_funnel = planned.DIRECT_EAGER[0], T._dispatch
+    planned.DIRECT_EAGER[0] = direct
+    if funnel is not None:
+        T._dispatch = funnel(old_funnel)
+    try:
+        torch._dynamo.reset()
+        eager_neuron.compile.reset_stats()
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.GELU(),
+                                torch.nn.Linear(8, 3)).to(N)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+
+        @torch.compile(backend="neuron")
+        def step(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            return loss.detach()
+
+        g = torch.Generator().manual_seed(1)
+        losses = []
+        for _ in range(steps):
+            x, y = torch.randn(5, 6, generator=g), torch.randint(0, 3, (5,), generator=g)
+            losses.append(step(x.to(N), y.to(N)).cpu())
+        return torch.stack(losses), [p.detach().cpu() for p in m.parameters()], \
+            eager_neuron.compile.stats()
+    finally:
+        planned.DIRECT_EAGER[0], T._dispatch = old, old_funnel
+
+
+def test_plan_eager_nodes_call_neuron_dispatch_directly():
+    """A plan's functional eager nodes (bias-gradient sums, the loss and its backward) call
+    neuron dispatch directly, with plain lists where FX keeps immutable ones (the dispatcher's
+    form, which dispatch's fast path keys on): each node reaches dispatch once, as through the
+    dispatcher, and the step is the same bit for bit."""
+    from torch.fx.immutable_collections import immutable_list
+
+    def spy(seen):
+        def funnel(inner):
+            def f(func, args, kwargs):
+                if func is torch.ops.aten.sum.dim_IntList:
+                    seen.append(tuple(type(a) for a in args))
+                return inner(func, args, kwargs)
+            return f
+        return funnel
+
+    seen_d, seen_o = [], []
+    ld, pd, sd = _mlp_steps(True, spy(seen_d))
+    lo, po, so = _mlp_steps(False, spy(seen_o))
+    assert sd["planned_runs"] >= 2 and sd["direct_eager"] > 0 and so["direct_eager"] == 0
+    assert len(seen_d) == len(seen_o) > 0
+    assert all(immutable_list not in ts and list in ts for ts in seen_d), seen_d
+    assert sd["graph_eager_ops"] == so["graph_eager_ops"]
+    assert torch.equal(ld, lo) and all(torch.equal(a, b) for a, b in zip(pd, po))
+
+
+def test_a_direct_eager_node_failing_in_backward_raises_its_error():
+    """An op failing on the autograd engine's thread (dispatch stashes the error and returns
+    POISON) stops the compiled backward; backward() raises the op's own error, as through the
+    dispatcher."""
+    from eager_neuron import backward as B
+
+    def failing(inner):
+        calls = [0]
+
+        def f(func, args, kwargs):
+            if func is torch.ops.aten.sum.dim_IntList and B.in_backward():
+                calls[0] += 1
+                if calls[0] > 6:        # the fourth step's: its backward runs a plan
+                    return B.failed(ValueError("bias gradient refused"))
+            return inner(func, args, kwargs)
+        return f
+
+    for direct in (True, False):
+        with pytest.raises(ValueError, match="bias gradient refused"):
+            _mlp_steps(direct, failing, steps=4)
+        s = eager_neuron.compile.stats()
+        assert s["planned_runs"] >= 2 and (s["direct_eager"] > 0) == direct, s

@@ -24,6 +24,7 @@ class CompileStats:
         self.host_scalar_ops = 0          # 0-d CPU nodes run as numpy scalar math
         self.host_copies = 0              # copy_ of a host value into a 0-d CPU tensor (fill_)
         self.direct_moves = 0             # host -> device _to_copy nodes without dispatch
+        self.direct_eager = 0             # a plan's eager nodes sent to neuron dispatch directly
         self.programs_saved = 0           # compiled graphs written to torch's AOTAutograd cache
         self.programs_loaded = 0          # ... and rebuilt from it (no AOTAutograd tracing)
         self.programs_restored = 0        # ... of which stored whole (no partition, no render)
@@ -51,6 +52,7 @@ class CompileStats:
             "host_scalar_ops": self.host_scalar_ops,
             "host_copies": self.host_copies,
             "direct_moves": self.direct_moves,
+            "direct_eager": self.direct_eager,
             "programs_saved": self.programs_saved,
             "programs_loaded": self.programs_loaded,
             "programs_restored": self.programs_restored,
