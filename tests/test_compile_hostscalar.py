@@ -228,5 +228,8 @@ def test_step_counter_written_back_from_the_host_value():
         assert torch.equal(a, b)
     for st in got[2]:
         assert type(st) is torch.Tensor and st.dtype == torch.float32 and st.dim() == 0
-        assert st.item() == 4.0 and st._version >= 4
+        assert st.item() == 4.0
+    # one version bump per write-back, as copy_ through torch (planned calls write through
+    # numpy and bump them together: hostscalar.copies)
+    assert [st._version for st in got[2]] == [st._version for st in ref[2]]
     assert [st.item() for st in ref[2]] == [4.0] * 4

@@ -128,6 +128,7 @@ _INLINE = {"add": "{0} + {1}", "sub": "{0} - {1}", "mul": "{0} * {1}", "div": "{
            "reciprocal": "{T}(1) / {0}", "pow": "_pow({0}, {1})"}
 _NAMES = {id(fn): name for name, fn in _OPS.items()}
 BLOCKS = [0]        # blocks built (a test counts them)
+_MEMO = ("pow", "sqrt")
 
 
 def block(hosts: list):
@@ -135,7 +136,7 @@ def block(hosts: list):
     computes are HostScalar.run's (the same operations on the same numpy types), stored in env
     the same way (a 0-d tensor where `tensor`)."""
     ns = {"_sqrt": np.sqrt, "_pow": np.power, "_gen": np.generic, "_tensor": torch.tensor}
-    lines = ["def _host_block(env):"]
+    lines = ["def _host_block(env):", "    memo = {}"]
     local: dict = {}       # node -> local name of its numpy value
     for k, h in enumerate(hosts):
         t = f"T{k}"
@@ -162,7 +163,15 @@ def block(hosts: list):
             expr = _INLINE[op].format(*vals, T=t)
         name = local[h.node] = f"x{len(local)}"
         ns[f"K{k}"] = h.node
-        lines.append(f"    {name} = {t}({expr})")
+        if op in _MEMO:
+            # a ufunc on scalars (~1 us): the same operands give the same value (an optimizer's
+            # per-parameter chains all read one step count), computed once per call
+            key = f"({t}, {op!r}, {', '.join(vals)})"
+            lines.append(f"    {name} = memo.get({key})")
+            lines.append(f"    if {name} is None:")
+            lines.append(f"        {name} = memo[{key}] = {t}({expr})")
+        else:
+            lines.append(f"    {name} = {t}({expr})")
         if h.tensor:
             ns[f"D{k}"] = h.dtype
             lines.append(f"    env[K{k}] = _tensor({name}.item(), dtype=D{k})")
@@ -211,6 +220,36 @@ def copy_host(node: Node, env: dict, direct: bool) -> bool:
     return False
 
 
+def copies(nodes: list, other):
+    """fn(env) for consecutive copy_ nodes that take a host value (copy_takes_host): each value
+    written into its 0-d CPU tensor through numpy (the same store as fill_'s), one version bump
+    for them all (as each copy_ bumps its destination's), counted as copy_host counts; a node
+    whose operands are not so at run time takes `other` (the interpreter's step)."""
+    items = [(n, n.args[0], n.args[1], n.args[1].meta["val"].dtype) for n in nodes]
+
+    def run(env):
+        done = []
+        for node, d, src, dtype in items:
+            v = env.get(src)
+            dst = env[d]
+            if HOST_COPY[0] and isinstance(v, np.generic) and type(dst) is torch.Tensor and \
+                    dst.dtype == dtype and dst.dim() == 0 and dst.device.type == "cpu" and \
+                    not dst.requires_grad and not dst.is_neg():
+                dst.numpy()[()] = v
+                env[node] = dst
+                done.append(dst)
+            else:
+                other("node", node, env)
+        if done:
+            _bump(done)
+            CSTATS.eager_ops["aten::copy_"] += len(done)
+            CSTATS.host_copies += len(done)
+    return run
+
+
+_bump = torch._C._increment_version
+
+
 def tensorize(env: dict, nodes) -> None:
     """Before nodes run through torch (an eager rerun of a kernel's nodes): numpy scalars they
     read become the 0-d CPU tensors torch expects."""
@@ -221,4 +260,4 @@ def tensorize(env: dict, nodes) -> None:
                 env[a] = torch.tensor(v.item(), dtype=a.meta["val"].dtype)
 
 
-__all__ = ["plan", "HostScalar", "tensorize", "block", "copy_takes_host", "copy_host"]
+__all__ = ["plan", "HostScalar", "tensorize", "block", "copy_takes_host", "copy_host", "copies"]

@@ -312,6 +312,14 @@ class Plan:
         steps are one generated function (hostscalar.block), freeing after the last."""
         seq: list = []
         run: list = []         # [(HostScalar, index, frees)] not yet emitted
+        cps: list = []         # [(copy_ node, index, frees)] taking host values, not yet emitted
+
+        def close_copies():
+            if cps:
+                frees = tuple(n for _x, _i, fr in cps for n in fr)
+                seq.append((hostscalar.copies([x for x, _i, _fr in cps], other), None,
+                            cps[0][1], frees))
+                cps.clear()
 
         def close():
             if len(run) > 1:
@@ -326,12 +334,20 @@ class Plan:
         for i, (k, x, frees, _keep) in enumerate(self.plan_list):
             fr = tuple(n for n in frees if n not in self.values)
             if k == "host" and HOST_BLOCKS[0]:
+                close_copies()
                 run.append((x, i, fr))
                 continue
             close()
+            if k == "node" and HOST_BLOCKS[0] and x.target is hostscalar._COPY and \
+                    len(x.args) == 2 and isinstance(x.args[1], Node) and \
+                    hostscalar.copy_takes_host(x, x.args[1]):
+                cps.append((x, i, fr))
+                continue
+            close_copies()
             seq.append((None if k in ("fused", "rows") else _step_fn(k, x, other),
                         self.fast[i], i, fr))
         close()
+        close_copies()
         return seq
 
     def _drop(self, env: dict, i: int) -> None:
