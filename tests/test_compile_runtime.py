@@ -546,3 +546,33 @@ def test_a_direct_eager_node_failing_in_backward_raises_its_error():
             _mlp_steps(direct, failing, steps=4)
         s = eager_neuron.compile.stats()
         assert s["planned_runs"] >= 2 and (s["direct_eager"] > 0) == direct, s
+
+
+def test_plan_takes_tuple_items_by_subscript(monkeypatch):
+    """getitem of a multi-output op's tuple (split) is one subscript step in a plan, not the
+    interpreter's node call: the interpreter runs the node once (learning), the plan never."""
+    made = _programs(monkeypatch)
+
+    def f(x):
+        a, b, c = torch.split(x, 2, dim=-1)
+        return (a * b).relu() + c
+
+    x = torch.randn(3, 6)
+    g = torch.compile(f, backend="neuron")
+    calls = []
+    real = P._run_node
+
+    def spy(node, env, loader=None):
+        calls.append(node.target)
+        return real(node, env, loader)
+
+    monkeypatch.setattr(P, "_run_node", spy)
+    outs = [g(x.to(N)) for _ in range(4)]
+    prog = made[-1]
+    assert prog._rt.plan.ready and eager_neuron.compile.stats()["planned_runs"] >= 2
+    import operator
+
+    # 3 getitems per interpreted call (the first under a dispatch mode, the second learning)
+    assert calls.count(operator.getitem) == 6, calls
+    for o in outs:
+        torch.testing.assert_close(o.cpu(), f(x), rtol=0, atol=0)

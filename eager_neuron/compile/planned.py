@@ -39,6 +39,7 @@ tensor), `direct_launches`, `plan_fallbacks` (reason -> count).
 
 from __future__ import annotations
 
+import operator
 import threading
 import weakref
 
@@ -377,6 +378,15 @@ def _step_fn(kind, x, other):
     other case, or a view the host tensor refuses, takes the interpreter's step (`other`)."""
     if kind == "host":
         return x.run
+    if kind == "node" and x.target is operator.getitem and not x.kwargs and len(x.args) == 2 \
+            and isinstance(x.args[0], Node) and type(x.args[1]) is int:
+        # an element of a multi-output op's tuple (split, SDPA, nll_loss): the interpreter's
+        # step (argument loading, the node's call) cost ~3-10 us for one subscript
+        src, k = x.args
+
+        def item(env):
+            env[x] = env[src][k]
+        return item
     meth = VIEWS.get(x.target) if kind == "node" else None
     if meth is None and kind == "node":
         fn = _direct_fn(x, other)
