@@ -576,3 +576,46 @@ def test_plan_takes_tuple_items_by_subscript(monkeypatch):
     assert calls.count(operator.getitem) == 6, calls
     for o in outs:
         torch.testing.assert_close(o.cpu(), f(x), rtol=0, atol=0)
+
+
+def test_direct_eager_calls_only_where_the_dispatcher_would_add_nothing():
+    """The direct call is planned for functional, non-aliasing ops that reach
+    __torch_dispatch__ whole (not an implicit composite, which the dispatcher decomposes first,
+    nor a mutation or a view), and taken only with grad mode off (the autograd key would
+    record the op) and torch's profiler off; otherwise the interpreter's step runs."""
+    aten = torch.ops.aten
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    nodes = {op: g.call_function(op, args) for op, args in [
+        (aten.sum.dim_IntList, (x, [0])), (aten.linear.default, (x, x)),
+        (aten.add_.Tensor, (x, x)), (aten.view.default, (x, [-1])),
+        (aten.transpose.int, (x, 0, 1))]}
+
+    class Prog:
+        loaders = {n: P._loader(n) for n in nodes.values()}
+
+        def other(self, kind, node, env):
+            env[node] = "interpreted"
+
+    other = Prog().other
+    fn = planned._direct_fn(nodes[aten.sum.dim_IntList], other)
+    assert fn is not None
+    for op in (aten.linear.default, aten.add_.Tensor, aten.view.default, aten.transpose.int):
+        assert planned._direct_fn(nodes[op], other) is None, op
+    t = torch.arange(6.0).reshape(2, 3).to(N)
+    n = nodes[aten.sum.dim_IntList]
+    before = eager_neuron.compile.stats()["direct_eager"]
+    with torch.no_grad():
+        env = {x: t}
+        fn(env)
+    assert env[n].cpu().tolist() == [3.0, 5.0, 7.0]
+    assert eager_neuron.compile.stats()["direct_eager"] == before + 1
+    with torch.enable_grad():
+        env = {x: t}
+        fn(env)
+    assert env[n] == "interpreted"
+    with torch.no_grad(), torch.autograd.profiler.profile():
+        env = {x: t}
+        fn(env)
+    assert env[n] == "interpreted"
+    assert eager_neuron.compile.stats()["direct_eager"] == before + 1

@@ -417,6 +417,7 @@ def _step_fn(kind, x, other):
 
 DIRECT_EAGER = [True]    # False: a plan's eager nodes through torch's dispatcher (measurements)
 _profiling = torch._C._autograd._profiler_enabled
+_grad_enabled = torch._C.is_grad_enabled
 
 
 def _direct_fn(x, other):
@@ -432,7 +433,9 @@ def _direct_fn(x, other):
         return None
     schema = t._schema
     if schema.is_mutable or any(r.alias_info is not None for r in schema.returns) or \
-            torch.Tag.inplace_view in t.tags:
+            torch.Tag.inplace_view in t.tags or torch._C._dispatch_has_kernel_for_dispatch_key(
+                t.name(), "CompositeImplicitAutograd"):
+        # (an implicit composite decomposes in the dispatcher before __torch_dispatch__)
         return None
     name = t.name()
     # FX keeps int[] / Tensor[] arguments as immutable lists; torch's dispatcher hands neuron
@@ -448,7 +451,10 @@ def _direct_fn(x, other):
             kwargs = dict(kwargs)
             for k in klists:
                 kwargs[k] = list(kwargs[k])
-        if args and type(args[0]) is NeuronTensor and DIRECT_EAGER[0] and not _profiling():
+        if args and type(args[0]) is NeuronTensor and DIRECT_EAGER[0] and not _profiling() \
+                and not _grad_enabled():
+            # (grad mode on: the dispatcher's autograd key would record the op; AOT runs its
+            # graphs with it off, a backward with create_graph=True turns it on)
             CSTATS.eager_ops[name] += 1
             CSTATS.direct_eager += 1
             out = _tensor_mod._dispatch(t, tuple(args), kwargs)
