@@ -675,6 +675,10 @@ def light(sids) -> bool:
     return True
 
 
+_launch_mod = sys.modules[launch_group.__module__]
+_launch_mod.LIGHT_OF[0] = lambda g: bool(LIGHT) and light(g.sids)
+
+
 _TORCH_FLOAT = {torch.float32: "np.float32", torch.float64: "np.float64"}
 
 

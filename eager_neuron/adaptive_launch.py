@@ -26,6 +26,12 @@ COMPILE = ["background"]
 # background mode: the flush of a trace that finds its kernel unbuilt for this many times
 # queues the build (1: at once; 2: when the trace repeats)
 COMPILE_AFTER = [2]
+# a group whose ops are all judged light (adaptive.light: from the next step on, none of them
+# starts a group) does not queue its build for LIGHT_DEFER more flushes: the trace is not
+# expected again, and its compile would compete with the steps for the interpreter (a light
+# trace that does recur, started by an op run() cannot send to plain eager, builds then)
+LIGHT_DEFER = 4
+LIGHT_OF: list = [lambda g: False]   # adaptive sets it: are all of g's ops judged light?
 
 
 def set_compile_mode(mode: str) -> str:
@@ -155,7 +161,8 @@ def launch_group(g: _Group, reason: str) -> None:
             # background for next time (a trace seen once is not worth a compile, and the
             # compiler would compete with the first step for the interpreter)
             ent.seen += 1
-            if ent.seen >= COMPILE_AFTER[0] and \
+            if ent.seen >= COMPILE_AFTER[0] and not (
+                    ent.seen < COMPILE_AFTER[0] + LIGHT_DEFER and LIGHT_OF[0](g)) and \
                     not bg.submit(ent.full_key, _renderer(ent.spec, parallel, ent.callees), args):
                 STATS.fusion_fallbacks += 1   # it failed to build: op by op, counted
             COUNTERS["deferred"] += 1

@@ -383,3 +383,58 @@ def test_views_and_non_fusible_ops_take_plain_fast_path_while_nothing_is_pending
     assert busy_runs == 2 and flushes == {"non-fusible op aten::sum.dim_IntList": 1}, \
         (busy_runs, flushes)
     assert any(k[0] is torch.ops.aten.sum.dim_IntList for k in adaptive_fast._REDUCE_DECLINED)
+
+
+class _FusedMiss:
+    """The memory tier as in a new process: fused kernels miss until built here."""
+
+    def __init__(self, real):
+        self.real, self.built = real, set()
+
+    def get(self, key):
+        if len(key) > 1 and key[1] == "fused" and key not in self.built:
+            return None
+        return self.real.get(key)
+
+    def put(self, key, kernel):
+        self.built.add(key)
+        self.real.put(key, kernel)
+
+
+@pytest.mark.parametrize("light_on", [True, False])
+def test_a_light_trace_queues_no_background_build(light_on, monkeypatch):
+    # background compile mode: a trace queues its fused kernel's build when it repeats. A
+    # trace whose ops are all judged light by then starts no group again (its ops run as plain
+    # eager): its build is not queued (adaptive_launch.LIGHT_DEFER). With the switch off it is.
+    # (as in a new process whose caches lack the fused kernel: no trace, no kernel)
+    from eager_neuron import adaptive_compile, launch
+    from eager_neuron import adaptive_group as _grp
+    from eager_neuron import adaptive_launch as _al
+
+    if light_on:
+        _light_on()
+    monkeypatch.setattr(_grp, "_ROOT", [_ad._TNode()])
+    monkeypatch.setattr(launch, "MEMORY", _FusedMiss(launch.MEMORY))
+    monkeypatch.setattr(_al, "_from_disk", lambda *a: None)
+    torch.manual_seed(5)
+    x, w = torch.randn(29, dtype=torch.float64), torch.randn(29, dtype=torch.float64)
+    xn, wn = x.to("neuron"), w.to("neuron")
+
+    def f(v):
+        return (torch.relu(xn * v - wn) * wn + 3.0).cpu()
+
+    plain = [f(float(i)) for i in range(5)]
+    prev = _ad.set_compile_mode("background")
+    try:
+        adaptive_compile.wait(600)
+        queued = adaptive_compile.COUNTERS["queued"]
+        with eager_neuron.adaptive():
+            got = []
+            for i in range(5):
+                got.append(f(float(i)))
+                adaptive_compile.wait(600)   # (a build in flight is not queued again)
+        queued = adaptive_compile.COUNTERS["queued"] - queued
+    finally:
+        _ad.set_compile_mode(prev)
+    _bitwise(plain, got)
+    assert queued == (0 if light_on else 1), queued
