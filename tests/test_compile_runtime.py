@@ -619,3 +619,45 @@ def test_direct_eager_calls_only_where_the_dispatcher_would_add_nothing():
         fn(env)
     assert env[n] == "interpreted"
     assert eager_neuron.compile.stats()["direct_eager"] == before + 1
+
+
+def test_planned_stores_allocate_as_dispatch_allocates():
+    """A planned kernel step's escaping values (faststep._alloc_store): a small one takes the
+    core's alloc_small with its strides and rounded size found once per shape, a large one the
+    caching pool through forms._alloc; the blocks, bytes and counts the simulated core accounts
+    are the ones forms._alloc (dispatch's allocator) gives, and so are the tensors."""
+    from eager_neuron.simulator import SIM
+
+    def f(x, y):
+        return (x * 2).relu(), (y * 3).exp()
+
+    x, y = torch.randn(16, 31).to(N), torch.randn(300, 300).to(N)   # (1984 bytes: rounded)
+
+    def run(store):
+        faststep.ALLOC[0] = store
+        try:
+            torch._dynamo.reset()
+            g = torch.compile(f, backend="neuron")
+            g(x, y)
+            g(x, y)                  # learns the plan
+            core = SIM.cores[0]
+            c0, b0, a0 = core.alloc_count, core.alloc_bytes_total, core._allocated
+            outs = [g(x, y) for _ in range(3)]
+            core._drain()
+            counts = core.alloc_count - c0, core.alloc_bytes_total - b0, core._allocated - a0
+            return outs, counts
+        finally:
+            faststep.ALLOC[0] = faststep._alloc_store
+
+    faststep._SMALL.clear()
+    new, cn = run(faststep._alloc_store)
+    old, co = run(P._alloc)
+    assert eager_neuron.compile.stats()["planned_runs"] >= 3
+    assert cn == co and cn[0] == 6, (cn, co)
+    small = [k for k, v in faststep._SMALL.items() if v is not None]
+    assert ((16, 31), torch.float32, 0) in small
+    assert faststep._SMALL.get(((300, 300), torch.float32, 0), "absent") is None
+    for (a, b), (c, d) in zip(new, old):
+        assert a.stride() == c.stride() and b.stride() == d.stride()
+        assert torch.equal(a.cpu(), c.cpu()) and torch.equal(b.cpu(), d.cpu())
+        assert a._block.storage is None and b._block.storage is not None

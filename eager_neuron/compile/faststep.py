@@ -16,7 +16,9 @@ import torch
 from torch.fx import Node
 
 from ..blas import blas_threads
-from ..simulator import SIM
+from ..buffers import _POOLED_BYTES
+from ..lower.common import DEVICE_DTYPES
+from ..simulator import _POOL_MIN_BYTES, SIM, _round
 from ..stats import STATS
 from ..tensor import NeuronTensor
 from .absorb import apply_views
@@ -24,7 +26,39 @@ from .forms import _alloc
 from .rowstep import _view3d
 from .stats import CSTATS
 
-ALLOC = [_alloc]         # how a fresh (escaping) value is allocated (a test counts calls here)
+_EMPTY_STRIDED = torch._C._VariableFunctions.empty_strided   # (not pinned.py's wrapper)
+_SMALL: dict = {}        # (shape, dtype, index) -> (stride, rounded size) of a small store
+_SMALL_BYTES = min(_POOL_MIN_BYTES, _POOLED_BYTES)
+
+
+def _alloc_store(shape, dtype, index):
+    """A fresh contiguous neuron tensor for a value a planned kernel step stores and that
+    escapes: for a small one, buffers.alloc's small path with its per-call work done once per
+    shape (strides, the rounded size: the block from the core's `alloc_small`, the same
+    accounting as `alloc(want_storage=False)`, its full path on memory pressure); a larger one
+    takes forms._alloc (the core's caching pool)."""
+    key = (shape, dtype, index)
+    got = _SMALL.get(key)
+    if got is None:
+        if dtype not in DEVICE_DTYPES:
+            return _alloc(shape, dtype, index)
+        stride, acc = [], 1
+        for n in reversed(shape):
+            stride.append(acc)
+            acc *= max(int(n), 1)
+        numel = 1
+        for n in shape:
+            numel *= int(n)
+        nbytes = numel * dtype.itemsize
+        got = _SMALL[key] = (tuple(reversed(stride)), _round(nbytes)) \
+            if nbytes < _SMALL_BYTES else None
+    if got is None:
+        return _alloc(shape, dtype, index)
+    return NeuronTensor(_EMPTY_STRIDED(shape, got[0], dtype=dtype),
+                        SIM.cores[index].alloc_small(got[1]), index)
+
+
+ALLOC = [_alloc_store]   # how a fresh (escaping) value is allocated (a test counts calls here)
 
 
 def _layout(a: np.ndarray) -> str:
