@@ -454,7 +454,7 @@ def _direct_fn(x, other):
         if args and type(args[0]) is NeuronTensor and DIRECT_EAGER[0] and not _profiling() \
                 and not _grad_enabled():
             # (grad mode on: the dispatcher's autograd key would record the op; AOT runs its
-            # graphs with it off, a backward with create_graph=True turns it on)
+            # graphs with it off, its backward too, even under create_graph=True)
             CSTATS.eager_ops[name] += 1
             CSTATS.direct_eager += 1
             out = _tensor_mod._dispatch(t, tuple(args), kwargs)
