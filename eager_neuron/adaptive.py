@@ -611,10 +611,11 @@ def _flush_locked(key, reason: str) -> None:
         return
     flushes = STATS.flushes
     flushes[reason] = flushes.get(reason, 0) + 1   # (a Counter's += costs 3x this)
-    cursor = g.cursor
-    if cursor.verdicts < LIGHT_AFTER:
-        cursor.verdicts += 1
-        _judge(g)
+    if LIGHT_NUMEL[0]:
+        cursor = g.cursor
+        if cursor.verdicts < LIGHT_AFTER:
+            cursor.verdicts += 1
+            _judge(g)
     if "flush" in config.log:
         from .errors import where
 
@@ -645,10 +646,13 @@ def _flush_locked(key, reason: str) -> None:
 # group: with no group pending on its stream, adaptive_fast.run runs plain eager's runner for
 # it (plain eager exactly: nothing is pending on the stream). Recorded inside a pending group
 # it joins as before, and an id seen in any heavy group is recorded always.
-# tests/test_adaptive*.py set LIGHT_NUMEL[0] = 0 (off) where they test the recording itself.
 # NOTE: measured (a chain of 16 float32 elementwise ops, alternated in one process, load ~4):
-# adaptive/plain 1.43x at 1K-16K elements, 0.97x at 64K, far below at 256K: 64K is break-even.
-LIGHT_NUMEL = [1 << 16]
+# adaptive/plain 1.43x at 1K-16K elements, 0.97x at 64K, far below at 256K: 64K is break-even
+# for host time. Off by default (EAGER_NEURON_ADAPTIVE_LIGHT=0): judged light, the small ops of
+# the sweep's models and of make bench's AdamW steps all run as plain eager, and adaptive eager
+# no longer cuts launches or simulated device time (MLP AdamW step: 70 launches, as plain, against
+# 8 fused). EAGER_NEURON_ADAPTIVE_LIGHT=65536 (or set_light_numel) puts host time first.
+LIGHT_NUMEL = [config.adaptive_light]
 LIGHT_AFTER = 2
 LIGHT: dict = {}          # static_id -> light groups counted (-1: seen in a heavy group)
 
@@ -665,6 +669,34 @@ def _judge(g: _Group) -> None:
             LIGHT[sid] = -1
         elif n >= 0 and len(LIGHT) < 1_000_000:
             LIGHT[sid] = n + 1
+
+
+def set_light_numel(numel: int) -> int:
+    """Adaptive eager's host-time policy: ops whose groups average fewer than `numel` elements
+    a node run as plain eager once judged light (0: fuse always, the default). Forgets every
+    verdict; returns the previous value.
+
+    >>> from eager_neuron.adaptive import MODULE as ad
+    >>> prev = ad.set_light_numel(1 << 16); ad.set_light_numel(prev)
+    65536
+    """
+    if isinstance(numel, bool) or not isinstance(numel, int) or numel < 0:
+        raise ValueError(f"set_light_numel: expected a whole number >= 0 of elements, not "
+                         f"{numel!r}")
+    with _lock:
+        prev = LIGHT_NUMEL[0]
+        LIGHT_NUMEL[0] = numel
+        LIGHT.clear()
+        _clear_verdicts(_grp._ROOT[0])
+    return prev
+
+
+def _clear_verdicts(node) -> None:
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        n.verdicts = 0
+        stack.extend(n.children.values())
 
 
 def light(sids) -> bool:

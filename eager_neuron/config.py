@@ -35,6 +35,7 @@ SETTINGS = frozenset({
     "EAGER_NEURON_CACHE_SIZE_MB", "EAGER_NEURON_FALLBACK", "EAGER_NEURON_LOG",
     "EAGER_NEURON_DEVICE", "EAGER_NEURON_CORES", "EAGER_NEURON_HBM_BYTES",
     "EAGER_NEURON_LAUNCH_BLOCKING", "EAGER_NEURON_CACHE_VERIFY", "EAGER_NEURON_FASTPATH",
+    "EAGER_NEURON_ADAPTIVE_LIGHT",
 })
 # every variable something in the project reads; an unknown EAGER_NEURON_* name warns
 # (tests/test_config.py fails when a source file reads a name missing here)
@@ -117,6 +118,12 @@ class Config:
         """Read (again) and validate every variable; raises ValueError naming a bad one."""
         env = _Env(os.environ if environ is None else environ)
         self.adaptive = env.flag("EAGER_NEURON_ADAPTIVE", "TORCH_NEURONX_ENABLE_CONCATENATION")
+        # adaptive eager's host-time policy (adaptive.LIGHT_NUMEL): ops whose groups average
+        # fewer elements a node than this run as plain eager once judged; 0 (the default)
+        # fuses always, which launches fewest kernels and charges the least device time
+        self.adaptive_light = env.number(
+            "EAGER_NEURON_ADAPTIVE_LIGHT", 0, "elements a node under which adaptive eager runs "
+            "an op's groups as plain eager; 0 fuses always", whole=True, minimum=0)
         self.cache_dir = env.get("EAGER_NEURON_CACHE_DIR", "TORCH_NEURONX_NEFF_CACHE_DIR",
                                  default=_default_cache_dir())[0]
         self.disk_cache = env.flag("EAGER_NEURON_DISK_CACHE", default=True)

@@ -289,6 +289,39 @@ def test_ops_of_light_groups_run_as_plain_eager_once_learned():
     assert fused == [1, 1, 0, 0, 0, 0] and light == [0, 0, 5, 5, 5, 5], (fused, light)
 
 
+def test_light_groups_still_fuse_by_default(monkeypatch):
+    # the host-time policy is opt-in (EAGER_NEURON_ADAPTIVE_LIGHT): by default adaptive eager
+    # fuses small groups too, which is what cuts launches and simulated device time
+    from eager_neuron.config import Config
+
+    assert Config({}).adaptive_light == 0
+    assert Config({"EAGER_NEURON_ADAPTIVE_LIGHT": "65536"}).adaptive_light == 65536
+    with pytest.raises(ValueError, match="EAGER_NEURON_ADAPTIVE_LIGHT"):
+        Config({"EAGER_NEURON_ADAPTIVE_LIGHT": "-1"})
+    with pytest.raises(ValueError, match="set_light_numel"):
+        _ad.set_light_numel(-5)
+    prev = _ad.set_light_numel(0)
+    torch.manual_seed(0)
+    xn, wn = torch.randn(64).to("neuron"), torch.randn(64).to("neuron")
+    fused = []
+    with eager_neuron.adaptive():
+        for i in range(5):
+            eager_neuron.reset_stats()
+            (torch.relu(xn * float(i) + wn) * wn - 1.0).cpu()
+            fused.append(eager_neuron.stats()["fused_launches"])
+    assert fused == [1] * 5 and not _ad.LIGHT, (fused, _ad.LIGHT)
+    # switched on, the same chain is judged light twice and then runs as plain eager
+    assert _ad.set_light_numel(1 << 14) == 0
+    fused = []
+    with eager_neuron.adaptive():
+        for i in range(5):
+            eager_neuron.reset_stats()
+            (torch.relu(xn * float(i) + wn) * wn - 1.0).cpu()
+            fused.append(eager_neuron.stats()["fused_launches"])
+    _ad.set_light_numel(prev)
+    assert fused == [1, 1, 0, 0, 0], fused
+
+
 def test_light_ops_without_plain_runners_learn_them_on_the_slow_path():
     # adaptive eager only (no plain runner for this signature yet): a light op is sent down
     # the slow path unrecorded, launches as plain eager and leaves plain eager's runner
