@@ -102,11 +102,7 @@ def run(func, args, kwargs):
         # nothing to add (nothing to launch first, nothing to record), plain eager's runner
         if _PENDING:
             return _MISS
-        ptab = _fp.TABLES.get(func)
-        if ptab is None:
-            return _MISS
-        sig = _fp.signature(args, kwargs, ptab[0])
-        runner = ptab[1].get(sig) if sig is not None else None
+        sig, runner = _plain_runner(func, args, kwargs)
         if runner is None:
             return _MISS
         COUNTERS["quiet"] += 1
@@ -133,11 +129,7 @@ def run(func, args, kwargs):
                 _ad.flush_others(_op_spans(args, kwargs))
             _ad.flush(reason)
         return runner(args, kwargs)
-    ptab = _fp.TABLES.get(func)
-    if ptab is None:
-        return _MISS
-    sig = _fp.signature(args, kwargs, ptab[0])
-    runner = ptab[1].get(sig) if sig is not None else None
+    sig, runner = _plain_runner(func, args, kwargs)
     if runner is None:
         return _MISS
     if kind is _REDUCE:
@@ -169,20 +161,26 @@ _light = _ad.light
 _SKIP = __import__("threading").local()   # .args: the call run() sent to the slow path unrecorded
 
 
+def _plain_runner(func, args, kwargs) -> tuple:
+    """(plain eager's signature of this call, its runner), or (None, None) when it has none."""
+    ptab = _fp.TABLES.get(func)
+    if ptab is None:
+        return None, None
+    sig = _fp.signature(args, kwargs, ptab[0])
+    return sig, (ptab[1].get(sig) if sig is not None else None)
+
+
 def _plain(func, args, kwargs, runner):
     """An op that would start a light group (nothing pending on this stream, other streams'
     groups touching its memory launched): plain eager's runner for its signature (kept on the
     recording `runner`, whose signature fixes it: both tables are reset together), or the slow
     path told not to record it (it launches as plain eager does and leaves that runner)."""
-    ptab = _fp.TABLES.get(func)
-    if ptab is not None:
-        sig = _fp.signature(args, kwargs, ptab[0])
-        prun = ptab[1].get(sig) if sig is not None else None
-        if prun is not None:
-            COUNTERS["light"] += 1
-            if ptab[0] == TABLES[func][0]:   # (the same signature keys both)
-                runner.plain = prun
-            return prun(args, kwargs)
+    _sig, prun = _plain_runner(func, args, kwargs)
+    if prun is not None:
+        COUNTERS["light"] += 1
+        if _fp.TABLES[func][0] == TABLES[func][0]:   # (the same signature keys both)
+            runner.plain = prun
+        return prun(args, kwargs)
     if _KINDS.get(func) is not _FOREACH:   # (a foreach op's elements come back one by one)
         _SKIP.args = args
     return _MISS
