@@ -12,8 +12,8 @@ The result of each (op, dtype, phase) is checked against `opinfo_xfail.txt`, str
 triple that passes fails the test, so the list can only shrink.
 
 test_op_adaptive[...] runs the same sweep in adaptive eager (EAGER_NEURON_ADAPTIVE=1 in its
-workers) over 1 in EAGER_NEURON_OPINFO_ADAPTIVE (default 2) of the ops, and requires the same
-verdict as plain eager for every (op, dtype, phase): adaptive eager must not change a result. ADAPTIVE_XFAIL (below) lists adaptive-only gaps, strictly.
+workers) and requires the same verdict as plain eager for every (op, dtype, phase): adaptive
+eager must not change a result. ADAPTIVE_XFAIL (below) lists adaptive-only gaps, strictly.
 
     make test                                   # this file runs with the rest (bounded samples)
     .venv/bin/python tools/op_coverage.py          # the whole sweep, pass rates, failure reasons
@@ -699,12 +699,8 @@ _XFAIL, _CRASH = load_xfail()
 # yet. Strict (adaptive_verdict): an entry that no longer differs fails the test. Empty: every
 # triple gives the same verdict in both modes.
 ADAPTIVE_XFAIL: dict = {}
-# test_op_adaptive (the second sweep) runs 1 in EAGER_NEURON_OPINFO_ADAPTIVE ops of op_db, chosen
-# by a stable hash of the name (default 2: the suite's time budget; 1 runs every op, 0 none)
-ADAPTIVE_EVERY = int(os.environ.get("EAGER_NEURON_OPINFO_ADAPTIVE", "2"))
-ADAPTIVE = ADAPTIVE_EVERY > 0
-_ADAPTIVE_OPS = [op for op in _OPS if ADAPTIVE and
-                 zlib.crc32(("adaptive " + op_id(op)).encode()) % ADAPTIVE_EVERY == 0]
+# EAGER_NEURON_OPINFO_ADAPTIVE=0 skips test_op_adaptive (the second sweep)
+ADAPTIVE = os.environ.get("EAGER_NEURON_OPINFO_ADAPTIVE", "1") != "0"
 # worker processes for the sweep: 0 runs every op inside the pytest process (for pdb)
 JOBS = int(os.environ.get("EAGER_NEURON_OPINFO_JOBS", str(min(os.cpu_count() or 1, 4))))
 TIMEOUT = float(os.environ.get("EAGER_NEURON_OPINFO_TIMEOUT", "300"))
@@ -802,7 +798,7 @@ def test_op(op, opinfo_sweep):
 
 @pytest.mark.opinfo
 @pytest.mark.skipif(not ADAPTIVE, reason="EAGER_NEURON_OPINFO_ADAPTIVE=0")
-@pytest.mark.parametrize("op", _ADAPTIVE_OPS, ids=[op_id(op) for op in _ADAPTIVE_OPS])
+@pytest.mark.parametrize("op", _OPS, ids=[op_id(op) for op in _OPS])
 def test_op_adaptive(op, opinfo_sweep, opinfo_sweep_adaptive):
     """Adaptive eager gives plain eager's verdict on every (dtype, phase) of the op."""
     name = op_id(op)

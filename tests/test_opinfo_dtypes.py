@@ -6,7 +6,7 @@ adds the gradients of bfloat16, and float16 and complex64 in both phases, at PyT
 `test_compare_cpu` tolerances (atol = rtol = 1e-3, raised by the OpInfo's own overrides), the
 same judge as tools/dtype_sweep.py.
 
-The budget is fixed: 1 in EAGER_NEURON_OPINFO_DTYPES_EVERY (default 4) ops of op_db, chosen by
+The budget is fixed: 1 in EAGER_NEURON_OPINFO_DTYPES_EVERY (default 2) ops of op_db, chosen by
 a stable hash of the name, run their first EAGER_NEURON_OPINFO_DTYPES_SAMPLES (default 1)
 samples in SHARE of the three dtypes (EAGER_NEURON_OPINFO_DTYPES_SHARE, default 1: each op in
 one of bfloat16/float16/complex64 by the same hash; SHARE=3 and EVERY=1 run everything). The
@@ -15,7 +15,7 @@ Verdicts are checked against tests/opinfo_dtypes_xfail.txt, strictly: a listed t
 passes fails the test (the list can only shrink); one that fails unlisted fails it too.
 
     .venv/bin/python -m pytest tests/test_opinfo_dtypes.py -k 'acos or addbmm'
-    EAGER_NEURON_OPINFO_DTYPES_EVERY=2 .venv/bin/python tests/test_opinfo_dtypes.py --update-xfail
+    .venv/bin/python tests/test_opinfo_dtypes.py --update-xfail    # regenerate the list
 """
 
 from __future__ import annotations
@@ -38,10 +38,7 @@ NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.complex64: 
 SAMPLES = int(os.environ.get("EAGER_NEURON_OPINFO_DTYPES_SAMPLES", "1"))
 SHARE = int(os.environ.get("EAGER_NEURON_OPINFO_DTYPES_SHARE", "1"))
 # 1 in EVERY ops of op_db (by the same hash): the cold-cache cost is the kernels' compiles
-# (4 since the eleventh session, for the suite's time budget: a subset of 2's ops, whose
-# verdicts tests/opinfo_dtypes_xfail.txt was made for; 2 or 1 for more)
-EVERY = int(os.environ.get("EAGER_NEURON_OPINFO_DTYPES_EVERY", "4"))
-LIST_EVERY = 2   # the selection tests/opinfo_dtypes_xfail.txt was made for (--update-xfail)
+EVERY = int(os.environ.get("EAGER_NEURON_OPINFO_DTYPES_EVERY", "2"))
 MAX_NUMEL = 2 ** 14   # small samples: the point is each op's dtype handling, not its sizes
 for _d, _n in NAMES.items():   # run_op names results by dtype
     T.DTYPE_NAMES.setdefault(_d, _n)
@@ -56,11 +53,11 @@ def compare_cpu_tol(op, dtype) -> tuple:
     return atol, rtol
 
 
-def selected_dtypes(op, every: int = EVERY) -> tuple:
+def selected_dtypes(op) -> tuple:
     """The dtypes this op runs in: SHARE of the three, chosen by a stable hash of its name,
     among those the op supports on the CPU."""
     h = zlib.crc32(T.op_id(op).encode())
-    if (h // len(DTYPES)) % every:
+    if (h // len(DTYPES)) % EVERY:
         return ()
     supported = op.supported_dtypes("cpu")
     return tuple(d for i, d in enumerate(DTYPES)
@@ -107,11 +104,7 @@ def test_xfail_list_names_real_ops_and_has_reasons():
     unknown = sorted({k[0] for k in _XFAIL} - names)
     assert not unknown, f"tests/opinfo_dtypes_xfail.txt names ops not in op_db: {unknown}"
     assert all(r.strip() for r in _XFAIL.values()), "every xfail line needs a reason"
-    # (the list is made for 1 in LIST_EVERY ops; a coarser EVERY runs a subset of them)
-    every = min(EVERY, LIST_EVERY) if LIST_EVERY % EVERY == 0 or EVERY % LIST_EVERY == 0 \
-        else EVERY
-    selected = {(T.op_id(op), NAMES[d]) for op in T.all_ops() if T.comparable(op)
-                for d in selected_dtypes(op, every)}
+    selected = {(T.op_id(op), NAMES[d]) for op in _OPS for d in selected_dtypes(op)}
     dead = sorted(k for k in _XFAIL if k[:2] not in selected)
     assert not dead, f"listed but never run (not in the bounded selection): {dead}"
 
