@@ -90,16 +90,28 @@ def _wrong_grad(grad):
     return torch.empty(0, dtype=dtype)
 
 
+def _not_returned(hook, res, want: str):
+    """The TypeError torch's C++ raises (with a pending Python error: the abort) when a hook
+    returns neither None nor `want`, in the CPU's words."""
+    name = getattr(hook, "__name__", type(hook).__name__)
+    return TypeError(f"expected {want}, but hook returned '{type(res).__name__}' "
+                     f"(hook {name!r})")
+
+
 def _guard_tensor_hook(hook):
     @functools.wraps(hook)
     def guarded(grad):
         if not in_backward():
             return hook(grad)
         try:
-            return hook(grad)
-        except Exception as exc:
+            res = hook(grad)
+        except BaseException as exc:   # noqa: BLE001 -- raised by backward()
             stash(exc)
             return _wrong_grad(grad)
+        if res is not None and not isinstance(res, torch.Tensor):
+            stash(_not_returned(hook, res, "Variable"))
+            return _wrong_grad(grad)
+        return res
 
     return guarded
 
@@ -110,12 +122,16 @@ def _guard_post_acc_hook(hook):
         if not in_backward():
             return hook(tensor)
         try:
-            return hook(tensor)
-        except Exception as exc:
+            res = hook(tensor)
+        except BaseException as exc:   # noqa: BLE001 -- raised by backward()
             stash(exc)
             # not POISON: a non-tensor result is a TypeError raised with a pending Python error
             # (the abort again); a tensor of another dtype/size fails a C++ check cleanly
             return _wrong_grad(tensor)
+        if res is not None and not isinstance(res, torch.Tensor):
+            stash(_not_returned(hook, res, "Variable"))
+            return _wrong_grad(tensor)
+        return res
 
     return guarded
 
@@ -153,7 +169,7 @@ def _any_neuron(x) -> bool:
 
 
 def _guard_node_hook(hook):
-    """A hook on a custom Function's node (module full backward hooks are such): called with
+    """A hook on a node (a C++ node, a custom Function's; module full backward hooks): called with
     (grad_inputs, grad_outputs) or (grad_outputs,); a tuple of the wrong length fails the
     engine's check with a C++ std::runtime_error."""
     @functools.wraps(hook)
@@ -161,21 +177,38 @@ def _guard_node_hook(hook):
         if not in_backward() or not _any_neuron(args):
             return hook(*args)
         try:
-            return hook(*args)
-        except Exception as exc:
+            res = hook(*args)
+        except BaseException as exc:   # noqa: BLE001 -- raised by backward()
             stash(exc)
             return tuple(args[0]) + (None,)
+        if res is not None:
+            if not isinstance(res, tuple):
+                stash(_not_returned(hook, res, "tuple"))
+                return tuple(args[0]) + (None,)
+            if len(res) != len(args[0]):
+                return res   # the engine's own clean "incorrect number of values" error
+            bad = next((v for v in res if v is not None and not isinstance(v, torch.Tensor)),
+                       None)
+            if bad is not None:
+                stash(_not_returned(hook, bad, "Variable"))
+                return tuple(args[0]) + (None,)
+        return res
 
     return guarded
 
 
-def _guarded_node_register(orig):
-    def register(self, hook):
-        return orig(self, _guard_node_hook(hook))
+def _guarded_function_register(orig):
+    """`torch.autograd.Function._register_hook`, guarded. Every node's `register_hook` and
+    `register_prehook` (C++ nodes such as MulBackward0 and custom Functions' nodes alike) go
+    through it: torch's C++ looks the name up on `torch.autograd.Function` at each call
+    (callRegisterFn in torch/csrc/autograd/python_cpp_function.cpp), while the node types
+    themselves are immutable."""
+    def _register_hook(backward_hooks, hook):
+        return orig(backward_hooks, _guard_node_hook(hook))
 
-    register.__doc__ = orig.__doc__
-    register.__wrapped__ = orig
-    return register
+    _register_hook.__doc__ = orig.__doc__
+    _register_hook.__wrapped__ = orig
+    return _register_hook
 
 
 def _guarded_backward_apply(orig):
@@ -184,7 +217,7 @@ def _guarded_backward_apply(orig):
             return orig(self, *args)
         try:
             return orig(self, *args)
-        except Exception as exc:
+        except BaseException as exc:   # noqa: BLE001 -- raised by backward()
             stash(exc)
             # PyNode::apply rejects a result with more non-None entries than forward inputs
             # ("returned an incorrect number of gradients": a C++ std::runtime_error)
@@ -236,7 +269,7 @@ def install() -> None:
         T.register_post_accumulate_grad_hook)
     bcf = torch.autograd.function.BackwardCFunction
     bcf.apply = _guarded_backward_apply(bcf.apply)
-    # NOTE: C++ nodes' (MulBackward0 ...) register_hook cannot be patched (immutable types): a
-    # hook raising on one of those during a neuron backward still aborts (torch 2.13)
-    bcf.register_hook = _guarded_node_register(torch._C._FunctionBase.register_hook)
-    bcf.register_prehook = _guarded_node_register(torch._C._FunctionBase.register_prehook)
+    # hooks on nodes (`y.grad_fn.register_hook(f)`, `register_prehook`, module full backward
+    # hooks): the node types cannot be patched, but they all register through this
+    fn = torch.autograd.Function
+    fn._register_hook = staticmethod(_guarded_function_register(fn._register_hook))
