@@ -1,24 +1,26 @@
-"""The sort family's Numba helper library (source text, prepended to each kernel): the CPU's own
-algorithms over a key array `k` and an index array `ix` moved together, compared through `_lt`
-with a runtime comparator code (see kernels/sort.py for the codes):
+"""The sort family's Numba helper library (compiled once per process: kernels/shared.py): the
+CPU's own algorithms over a key array `k` and an index array `ix` moved together, compared
+through `_lt` with a runtime comparator code (see kernels/sort.py for the codes):
 
 - `_introsort` / `_insertion` / `_partition_pivot`: libstdc++'s `std::sort` (introsort),
 - `_heap_select` / `_sort_heap` / `_nth_element`: `std::partial_sort` and `std::nth_element`,
 - `_msort`: the bottom-up merge sort of (key, index) pairs used for stable sorts,
 - `_quickselect`: ATen's Sedgewick quickselect (kthvalue).
 
->>> "def _introsort(" in PRELUDE and "def _quickselect(" in PRELUDE
+>>> "def _introsort(" in SOURCE and "_introsort" in PRELUDE and "_quickselect" in PRELUDE
 True
 """
 
 from __future__ import annotations
+
+from .shared import register
 
 RUN = 16   # insertion-sorted run length before merging (stable sort)
 
 # NOTE: plain @njit helpers, not inline="always": Numba-level inlining of _lt/_swap into every
 # call site doubled compile time (48 s -> 25 s for a top-k kernel) and ran 20% slower; LLVM
 # still inlines them where it pays.
-PRELUDE = '''
+SOURCE = '''
 @njit
 def _lt(ka, ia, kb, ib, cmp):
     if cmp == 0:
@@ -40,7 +42,7 @@ def _swap(k, ix, a, b):
     ix[a] = ix[b]
     ix[b] = u
 
-@njit(inline="always")
+@njit(error_model="numpy", forceinline=True)   # as it was inlined into the kernels
 def _lg(n):
     r = 0
     while n > 1:
@@ -305,3 +307,7 @@ def _quickselect(k, ix, kk):
             R = j - 1
 
 '''.replace("RUN", str(RUN))
+
+# what a kernel's source starts with: the import of this process's compiled helpers, shared by
+# every sort kernel of the process (kernels/shared.py); its digest of SOURCE is in the source
+PRELUDE = register("sort", SOURCE)

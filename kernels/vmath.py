@@ -29,14 +29,15 @@ Wiring (lower/elementwise.py): for a float32 compute type, `expr = vectorize_mat
 `needs_vmath(expr)`, prepend VMATH_PRELUDE to the kernel source and put VMATH_ID (changes with
 the prelude) in the kernel key.
 
-The kernel namespace must hold `np` and `njit` (kernels/compile.py provides both) and the kernel
-must be compiled with error_model="numpy" (a float division must not raise). The prelude imports
+VMATH_PRELUDE is one line importing the helpers of SOURCE, compiled once per process with
+error_model="numpy" and no fastmath, the flags of every kernel that calls them (kernels/shared.py;
+they were inline="always" text per kernel, where the caller's flags applied). LLVM inlines them
+into the kernel's loop, which vectorizes as before. The library imports
 `_vfma` (kernels/intrinsics.py: a * b + c rounded once, vectorized to vfmadd); the older helpers
 do not use it (their ulp bounds were checked exhaustively as written).
 
 >>> import numpy as np
->>> from numba import njit
->>> ns = {"np": np, "njit": njit}
+>>> ns = {}
 >>> exec(VMATH_PRELUDE, ns)
 >>> float(ns["_vexp"](np.float32(1.0)))
 2.7182817459106445
@@ -49,30 +50,32 @@ from __future__ import annotations
 import hashlib
 import re
 
+from .shared import register
+
 # NOTE: every constant is np.float32(..): a bare Python float would promote the whole expression
 # to float64. Conditional expressions become selects (LLVM if-converts them); the integer parts
 # stay in i32 lanes (1.5*2^23 magic-number tricks instead of float<->int conversions).
-VMATH_PRELUDE = '''
+SOURCE = '''
 from eager_neuron.kernels.intrinsics import fma as _vfma
 
 
-@njit(inline="always", error_model="numpy")
+@njit(error_model="numpy", forceinline=True)
 def _v_bits(x):
     return np.float32(x).view(np.int32)
 
 
-@njit(inline="always", error_model="numpy")
+@njit(error_model="numpy", forceinline=True)
 def _v_float(i):
     return np.int32(i).view(np.float32)
 
 
-@njit(inline="always", error_model="numpy")
+@njit(error_model="numpy", forceinline=True)
 def _v_i2f(i):
     # float32(i) for |i| < 2^22 without a conversion instruction
     return _v_float(i + np.int32(0x4B400000)) - np.float32(12582912.0)
 
 
-@njit(inline="always", error_model="numpy")
+@njit(error_model="numpy", forceinline=True)
 def _v_exp_finish(r, k):
     # exp(r) 2^k for |r| <= ln2/2: 1 + r + r^2 P(r) (Cephes expf), then the scale in two exact
     # halves, so a denormal result rounds once and k = 128 overflows to inf
@@ -87,7 +90,7 @@ def _v_exp_finish(r, k):
     return (y * s1) * s2
 
 
-@njit(inline="always", error_model="numpy")
+@njit(error_model="numpy", forceinline=True)
 def _v_exp_core(x):
     # exp(x), no nan fix-up. Clamp to [-104, 89]; k = rint(x/ln2) by adding 1.5*2^23 (the low
     # mantissa bits of t are k); r = x - k ln2 with ln2 = C1 + C2, C1 of 12 bits so k*C1 is exact
@@ -103,13 +106,13 @@ def _v_exp_core(x):
     return _v_exp_finish(r, k)
 
 
-@njit(inline="always", error_model="numpy")
+@njit(error_model="numpy", forceinline=True)
 def _vexp(x):
     y = _v_exp_core(x)
     return y if x == x else x
 
 
-@njit(inline="always", error_model="numpy")
+@njit(error_model="numpy", forceinline=True)
 def _v_exp_neg(x):
     # _vexp for x <= 0 or NaN (softmax's exp(x - max)), bit for bit: no upper clamp, and the
     # scale as 2^(k + 64) (k >= -150: normal, exact) then 2^-64, so a denormal result still
@@ -129,7 +132,7 @@ def _v_exp_neg(x):
     return y if x == x else x
 
 
-@njit(inline="always", error_model="numpy")
+@njit(error_model="numpy", forceinline=True)
 def _v_expm1_core(x):
     # expm1(x), no nan/zero fix-up: 2 (s expm1(r) + (s - 1/2)) with s = 2^(k-1) is exact but
     # for one add, and k = 0 gives expm1(r) = expm1(x) itself, so small x keep their relative
@@ -150,14 +153,14 @@ def _v_expm1_core(x):
     return (s * em + (s - np.float32(0.5))) * np.float32(2.0)
 
 
-@njit(inline="always", error_model="numpy")
+@njit(error_model="numpy", forceinline=True)
 def _vexpm1(x):
     y = _v_expm1_core(x)
     y = x if x == np.float32(0.0) else y
     return y if x == x else x
 
 
-@njit(inline="always", error_model="numpy")
+@njit(error_model="numpy", forceinline=True)
 def _v_log_core(f, fe):
     # log(1 + f) + fe ln2 for f in [sqrt(1/2) - 1, sqrt(2) - 1]: Cephes logf, ln2 = C1 + C2
     z = f * f
@@ -173,7 +176,7 @@ def _v_log_core(f, fe):
     return (f + y) + fe * np.float32(0.693359375)
 
 
-@njit(inline="always", error_model="numpy")
+@njit(error_model="numpy", forceinline=True)
 def _vlog(x):
     # x = 2^e m, m in [sqrt(1/2), sqrt(2)): adding 1 - 0x3F3504F3 to the bits makes the exponent
     # field round at sqrt(2); log(x) = log1p(m - 1) + e ln2. Denormals are scaled by 2^23 first.
@@ -188,7 +191,7 @@ def _vlog(x):
         np.float32(-np.inf) if x == np.float32(0.0) else np.float32(np.nan))
 
 
-@njit(inline="always", error_model="numpy")
+@njit(error_model="numpy", forceinline=True)
 def _vlog1p(x):
     # u = 1 + x rounded; log1p(x) = log(u) + (1 + x - u)/u (musl's correction term). Where u's
     # exponent is 0 the reduction is skipped and x itself is the argument (exact, no correction).
@@ -209,7 +212,7 @@ def _vlog1p(x):
     return y if x == x else x
 
 
-@njit(inline="always", error_model="numpy")
+@njit(error_model="numpy", forceinline=True)
 def _vtanh(x):
     # |x| < 0.625: x + x^3 P(x^2) (Cephes tanhf); else 1 - 2/(exp(2|x|) + 1) with |x| clamped
     # at 9.1 (tanh rounds to 1 beyond 9.011) and the sign put back by a select
@@ -228,7 +231,7 @@ def _vtanh(x):
     return y if x == x else x
 
 
-@njit(inline="always", error_model="numpy")
+@njit(error_model="numpy", forceinline=True)
 def _v_erf_q(z):
     # erf(x) = x + x Q(x^2) for |x| <= 1, z = x^2 (relative error 1.2e-9)
     z2 = z * z
@@ -238,7 +241,7 @@ def _v_erf_q(z):
     return (qa + z2 * qb) + z2 * z2 * (qc + z2 * np.float32(7.853860734030604e-05))
 
 
-@njit(inline="always", error_model="numpy")
+@njit(error_model="numpy", forceinline=True)
 def _verf(x):
     # |x| < 1: x + x Q(x^2); else 1 - exp(-x^2) g(|x|), g(a) = erfcx(a) fitted on [1, 4] in
     # a - 2.5 to an absolute erfc error < 0.01 * 2^-24 (erf rounds to 1 beyond 3.92: |x| <= 4)
@@ -261,14 +264,14 @@ def _verf(x):
     return y if x == x else x
 
 
-@njit(inline="always", error_model="numpy")
+@njit(error_model="numpy", forceinline=True)
 def _vsigmoid(x):
     # torch's formula, 1 / (1 + exp(-x)): x < -88.7 gives 0 as torch does, not a denormal
     y = np.float32(1.0) / (np.float32(1.0) + _v_exp_core(-x))
     return y if x == x else x
 
 
-@njit(inline="always", error_model="numpy")
+@njit(error_model="numpy", forceinline=True)
 def _vgelu(x):
     # 0.5 x phi2, phi2 = 1 + erf(v), v = x/sqrt2, without cancellation:
     #   |v| < 1:  (1 + v) + v Q(v^2)
@@ -302,7 +305,7 @@ def _vgelu(x):
     return (np.float32(0.5) * x) * phi2
 
 
-@njit(inline="always", error_model="numpy")
+@njit(error_model="numpy", forceinline=True)
 def _verf_as(x):
     # torch's own vectorized erf (ATen vec256 Vectorized<float>::erf: Abramowitz-Stegun 7.1.26,
     # absolute error < 1.5e-7, < 6e-7 after float32 rounding near 0, as torch's), which torch's
@@ -318,7 +321,7 @@ def _verf_as(x):
     return y if x == x else x
 
 
-@njit(inline="always", error_model="numpy")
+@njit(error_model="numpy", forceinline=True)
 def _vgelu_as(x):
     # float32 gelu = 0.5 x phi2, phi2 = 1 + erf(v), v = x/sqrt2, fused and spelled with fma.
     # |v| < 1: phi2 = (1 + v) + v Q(v^2) (_v_erf_q's polynomial, 1-2 ulp). Else torch's erf
@@ -364,13 +367,16 @@ def _vgelu_as(x):
     return (np.float32(0.5) * x) * phi2
 
 
-@njit(inline="always", error_model="numpy")
+@njit(error_model="numpy", forceinline=True)
 def _vgelu_tanh(x):
     # 0.5 x (1 + tanh(u)) = x / (1 + exp(-2u)), u = sqrt(2/pi) (x + 0.044715 x^3)
     u2 = (x + np.float32(0.044715) * (x * x * x)) * np.float32(1.5957691216057308)
     y = x / (np.float32(1.0) + _v_exp_core(-u2))
     return y if x == x else x'''
 
+# what a kernel's source starts with: the import of this process's compiled helpers (its digest
+# of SOURCE changes VMATH_ID)
+VMATH_PRELUDE = register("vmath", SOURCE)
 VMATH_ID = hashlib.sha1(VMATH_PRELUDE.encode()).hexdigest()[:10]
 
 # math.* calls with a vectorizable float32 replacement (same argument, same special values)
