@@ -211,21 +211,89 @@ def _guarded_function_register(orig):
     return _register_hook
 
 
+def _poisoned(node, exc: BaseException):
+    stash(exc)
+    # PyNode::apply rejects a result with more non-None entries than forward inputs
+    # ("returned an incorrect number of gradients": a C++ std::runtime_error)
+    n = len(getattr(node, "needs_input_grad", ()) or ()) + 1
+    return (POISON,) * max(n, 2)
+
+
+def _device_checked(node, res):
+    """A custom Function's gradients on the devices of its inputs, as the engine checks them
+    for plain tensors (validate_outputs: it skips tensor subclasses, so a CPU gradient for a
+    neuron input would land in `.grad` as a CPU tensor): a 0-d gradient is moved, another one
+    is refused in the engine's words. Gradient i is checked against edge i while every forward
+    input up to i is a tensor (needs_input_grad cannot tell a non-tensor input from a tensor
+    that needs no gradient, and edges exist only for tensors)."""
+    single = not isinstance(res, tuple)
+    grads = (res,) if single else res
+    nexts = node.next_functions
+    needs = node.needs_input_grad or ()
+    sure = len(grads) if len(grads) == len(nexts) else \
+        next((i for i, need in enumerate(needs) if not need), len(nexts))
+    fixed = None
+    for i in range(min(sure, len(grads), len(nexts))):
+        g = grads[i]
+        fn = nexts[i][0]
+        if not isinstance(g, torch.Tensor) or fn is None:
+            continue
+        want, have = fn._input_metadata[nexts[i][1]].device, g.device
+        if have == want or (have.type != "neuron" and want.type != "neuron"):
+            continue
+        if g.dim() != 0:
+            raise RuntimeError(f"Function {type(node).__name__} returned an invalid gradient at "
+                               f"index {i} - expected device {want} but got {have}")
+        fixed = fixed or list(grads)
+        fixed[i] = g.to(want)
+    if fixed is None:
+        return res
+    return fixed[0] if single else tuple(fixed)
+
+
 def _guarded_backward_apply(orig):
     def apply(self, *args):
-        if not in_backward() or not any(_is_neuron(a) for a in args):
+        if not in_backward():
             return orig(self, *args)
+        neuron = any(_is_neuron(a) for a in args)
         try:
-            return orig(self, *args)
+            res = orig(self, *args)
         except BaseException as exc:   # noqa: BLE001 -- raised by backward()
-            stash(exc)
-            # PyNode::apply rejects a result with more non-None entries than forward inputs
-            # ("returned an incorrect number of gradients": a C++ std::runtime_error)
-            n = len(getattr(self, "needs_input_grad", ()) or ()) + 1
-            return (POISON,) * max(n, 2)
+            if not neuron:
+                raise   # no neuron node's guard around it: raised as torch raises it
+            return _poisoned(self, exc)
+        try:
+            return _device_checked(self, res)
+        except RuntimeError as exc:
+            return _poisoned(self, exc)
 
     apply.__wrapped__ = orig
     return apply
+
+
+def _guard_unpack_hook(unpack):
+    """A saved-tensor unpack hook (`saved_tensors_hooks`, non-reentrant checkpointing's
+    recomputation) run during a neuron backward: an exception is stashed and the hook returns
+    a non-tensor, which the engine refuses with a C++ TypeError (no pending Python error)."""
+    @functools.wraps(unpack)
+    def guarded(packed):
+        if not in_backward():
+            return unpack(packed)
+        try:
+            return unpack(packed)
+        except BaseException as exc:   # noqa: BLE001 -- raised by backward()
+            stash(exc)
+            return POISON
+
+    return guarded
+
+
+def _guarded_push_hooks(orig):
+    def _push_saved_tensors_default_hooks(pack_hook, unpack_hook):
+        return orig(pack_hook, _guard_unpack_hook(unpack_hook))
+
+    _push_saved_tensors_default_hooks.__wrapped__ = orig
+    return _push_saved_tensors_default_hooks
 
 
 # ---------------------------------------------------------------------------------------------
@@ -273,3 +341,7 @@ def install() -> None:
     # hooks): the node types cannot be patched, but they all register through this
     fn = torch.autograd.Function
     fn._register_hook = staticmethod(_guarded_function_register(fn._register_hook))
+    # NOTE: torch.autograd.graph.saved_tensors_hooks looks the name up at each __enter__
+    ag = torch._C._autograd
+    ag._push_saved_tensors_default_hooks = _guarded_push_hooks(
+        ag._push_saved_tensors_default_hooks)

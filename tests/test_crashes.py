@@ -157,6 +157,29 @@ attempt("tensor_hook_not_tensor", lambda x, y: y.register_hook(lambda g: 5))
 attempt("post_acc_not_tensor", lambda x, y: x.register_post_accumulate_grad_hook(lambda t: 5))
 attempt("interrupt", lambda x, y: y.grad_fn.register_hook(
     lambda gi, go: (_ for _ in ()).throw(KeyboardInterrupt())))
+
+def unpack_raises(x, y):
+    def unpack(t):
+        raise ValueError("unpack")
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, unpack):
+        return (x * x).sum()
+
+def recompute_raises(x, y):
+    calls = []
+    def f(a):
+        calls.append(1)
+        if len(calls) > 1:
+            raise ValueError("recompute")
+        return a.sin()
+    return torch.utils.checkpoint.checkpoint(f, x, use_reentrant=False).sum()
+
+for name, make in (("unpack_raises", unpack_raises), ("recompute_raises", recompute_raises)):
+    x = torch.ones(3, device=dev, requires_grad=True)
+    try:
+        make(x, None).backward()
+        out[name] = "no error"
+    except ValueError as e:
+        out[name] = [str(e), x.grad]
 m = torch.nn.Linear(3, 3).to(dev)
 m.register_full_backward_pre_hook(lambda mod, go: (5,))
 try:
@@ -173,9 +196,10 @@ print(json.dumps(out))
 
 
 def test_node_hooks_failing_during_backward_raise_as_on_the_cpu():
-    """A hook on an autograd node (`y.grad_fn.register_hook`) that raises, or returns what the
-    engine rejects, used to end the process during a neuron backward (torch 2.13's device
-    guard calls Python with the error pending): it raises what the CPU raises."""
+    """A hook on an autograd node (`y.grad_fn.register_hook`) or a saved-tensor unpack hook
+    (checkpointing's recomputation) that raises, or returns what the engine rejects, used to
+    end the process during a neuron backward (torch 2.13's device guard calls Python with the
+    error pending): it raises what the CPU raises."""
     got = {}
     for dev in ("cpu", "neuron"):
         p = subprocess.run([sys.executable, "-c", NODE_HOOK_CASES, dev], cwd=ROOT,
@@ -187,6 +211,7 @@ def test_node_hooks_failing_during_backward_raise_as_on_the_cpu():
     assert got["neuron"]["post_not_tuple"][:2] == ["TypeError",
                                                    "expected tuple, but hook returned 'int'"]
     assert got["neuron"]["interrupt"][0] == "KeyboardInterrupt"
+    assert got["neuron"]["recompute_raises"] == ["recompute", None]   # checkpoint's recompute
     assert got["neuron"]["after"] == [0.0, 2.0, 4.0]
 
 def test_crash_hunt_finds_a_signal_and_names_its_call():
@@ -208,3 +233,42 @@ def test_crash_hunt_bounded():
           f" signals {s['signals']}, hangs {s['hangs']}, wrote {s['wrote']}")
     assert s["ops"] >= 25 and s["calls"] >= 50
     assert s["signals"] == [] and s["hangs"] == [] and s["wrote"] == []
+
+
+
+def test_custom_function_gradient_on_the_wrong_device_is_refused():
+    """The engine skips its device check for tensor subclasses: a custom Function returning a
+    CPU gradient for a neuron input put a CPU tensor in `.grad`. Refused as CUDA refuses it;
+    a 0-d gradient is moved; mixed CPU/neuron inputs with right gradients pass."""
+    import torch
+
+    class Cpu(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a, k, b):
+            return a * k
+
+        @staticmethod
+        def backward(ctx, g):
+            return torch.ones(4), None, None
+
+    class Scalar(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a, b):
+            return a * b.sum().item()
+
+        @staticmethod
+        def backward(ctx, g):
+            return g, torch.tensor(2.0, device="neuron")   # 0-d, for the CPU input b
+
+    x = torch.ones(4, device="neuron", requires_grad=True)
+    w = torch.tensor(1.0, requires_grad=True)
+    try:
+        Cpu.apply(x, 2, w).sum().backward()
+    except RuntimeError as e:
+        assert "invalid gradient at index 0 - expected device neuron:0 but got cpu" in str(e)
+    else:
+        raise AssertionError("no error")
+    assert x.grad is None
+    Scalar.apply(x, w).sum().backward()
+    assert x.grad.device.type == "neuron" and w.grad.device.type == "cpu"
+    assert x.grad.cpu().tolist() == [1.0] * 4 and w.grad.item() == 2.0
