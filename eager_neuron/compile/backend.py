@@ -123,13 +123,21 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     def inference(g, inputs):
         return compile_graph(g, inputs, "inference")
 
-    if "graphs" in config.log:
+    if any(isinstance(x, (list, tuple, dict)) for x in example_inputs):
+        # compiled autograd's backward graph takes its tensors boxed in one list (freed as the
+        # graph runs): flattened as torch's own AOT backends do, then compiled as any graph
+        from torch._dynamo.utils import flatten_graph_inputs
+
+        return flatten_graph_inputs(gm, example_inputs, neuron_backend)
+    # (flatten_graph_inputs hands a GmWrapper: an nn.Module around the graph, no `.graph`)
+    fx_graph = isinstance(gm, torch.fx.GraphModule)
+    if "graphs" in config.log and fx_graph:
         print(f"[eager_neuron] dynamo graph with {len(gm.graph.nodes)} nodes", file=sys.stderr)
     kw = dict(partition_fn=default_partition, decompositions=_decompositions(),
               keep_inference_input_mutations=True)
     from . import artifact
 
-    if artifact.enabled():
+    if artifact.enabled() and fx_graph:
         # the whole AOTAutograd result cached across processes (compile/artifact.py)
         fw_c, bw_c, inf_c = artifact.compilers(compile_graph)
         with artifact.caching(gm):

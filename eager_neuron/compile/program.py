@@ -23,7 +23,7 @@ from ..config import config
 from ..kernels import compile as kc
 from ..launch import launch
 from ..tensor import NeuronTensor
-from . import fold, hostscalar, planned
+from . import elide, fold, hostscalar, planned
 from .absorb import absorb_views, materialize
 from .codegen import Group, LoweringError, _stack_line, fill_as_full_like, partition
 from .faststep import _scalar  # (a kernel scalar argument as Numba takes it)
@@ -185,6 +185,8 @@ class Program:
         expand_foreach(gm)
         split_var_mean(gm)
         fill_as_full_like(gm)
+        if elide.ENABLED:
+            CSTATS.copies_elided += elide.fresh_copies(gm)
         graph = gm.graph
         self.placeholders = [n for n in graph.nodes if n.op == "placeholder"]
         # get_attr nodes: constants and subgraphs (a HOP's score_mod), fetched once

@@ -29,6 +29,7 @@ class CompileStats:
         self.programs_loaded = 0          # ... and rebuilt from it (no AOTAutograd tracing)
         self.programs_restored = 0        # ... of which stored whole (no partition, no render)
         self.folded_steps = 0             # steps skipped: values no input decides, kept
+        self.copies_elided = 0            # copies of a fresh value into its own layout (elide.py)
         # the planned runtime (compile/planned.py)
         self.planned_runs = 0             # calls that ran a learned plan
         self.plans_learned = 0            # plans learned (one per program and signature)
@@ -57,6 +58,7 @@ class CompileStats:
             "programs_loaded": self.programs_loaded,
             "programs_restored": self.programs_restored,
             "folded_steps": self.folded_steps,
+            "copies_elided": self.copies_elided,
             "planned_runs": self.planned_runs,
             "plans_learned": self.plans_learned,
             "arena_values": self.arena_values,
