@@ -25,6 +25,7 @@ torch's, unchanged.
 from __future__ import annotations
 
 import copyreg
+import threading
 
 import torch
 
@@ -72,5 +73,51 @@ def _exchange(t1, t2) -> None:
     torch._C._swap_tensor_impl(t1, t2)
 
 
+# -- Module._apply: tied parameters stay tied when a module leaves neuron ---------------------
+# To neuron, _apply swaps each parameter in place (a traceable wrapper subclass). From neuron
+# to the CPU it cannot (no shallow-copy-compatible type, no swap for a plain result), so it
+# makes a new Parameter per slot: a weight two modules share (GPT-2's wte and lm_head) became
+# two, and training on the CPU afterwards updated them apart. CUDA keeps them one (`.data =`).
+# The outermost _apply notes which slots shared a neuron tensor and points them at one result.
+_TORCH_APPLY = torch.nn.Module._apply
+_depth = threading.local()
+
+
+def _shared_neuron_slots(module) -> list:
+    """[(the shared tensor, [(slot dict, key), ...])] for neuron tensors held by >= 2 slots."""
+    from .tensor import NeuronTensor
+
+    seen: dict = {}
+    for m in module.modules():
+        for d in (m._parameters, m._buffers):
+            for key, t in d.items():
+                if isinstance(t, NeuronTensor):
+                    seen.setdefault(id(t), (t, []))[1].append((d, key))
+    return [group for group in seen.values() if len(group[1]) > 1]
+
+
+def _apply(self, fn, recurse=True):
+    if getattr(_depth, "n", 0) or not recurse:
+        return _TORCH_APPLY(self, fn, recurse)
+    shared = _shared_neuron_slots(self)
+    _depth.n = 1
+    try:
+        out = _TORCH_APPLY(self, fn, recurse)
+    finally:
+        _depth.n = 0
+    for _, slots in shared:
+        d0, k0 = slots[0]
+        first = d0.get(k0)
+        for d, key in slots[1:]:
+            if d.get(key) is not first:
+                d[key] = first
+    return out
+
+
+_apply.__wrapped__ = _TORCH_APPLY
+_apply.__doc__ = _TORCH_APPLY.__doc__
+
+
 def install() -> None:
     torch.utils.swap_tensors = swap_tensors
+    torch.nn.Module._apply = _apply

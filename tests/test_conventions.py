@@ -552,6 +552,35 @@ def test_module_moves_while_a_cpu_graph_is_alive():
     assert out.dtype == torch.float32
 
 
+
+def test_tied_weights_stay_tied_when_the_module_leaves_neuron():
+    # from neuron to the CPU, Module._apply made one new Parameter per slot: a weight two
+    # modules shared became two, and CPU training afterwards updated them apart (CUDA keeps
+    # them one). Both directions, with gradients, and a CPU step afterwards equal to one taken
+    # by a model that never left the CPU.
+    torch.manual_seed(0)
+
+    def tied():
+        emb = torch.nn.Embedding(5, 4)
+        head = torch.nn.Linear(4, 5, bias=False)
+        head.weight = emb.weight
+        return torch.nn.ModuleList([emb, head])
+
+    ids = torch.tensor([1, 2, 4])
+    ref, m = tied(), tied()
+    m.load_state_dict(ref.state_dict())
+    m.to("neuron")
+    for model, x in ((ref, ids), (m, ids.to("neuron"))):
+        model[1](model[0](x)).square().sum().backward()
+    m.to("cpu")
+    assert m[0].weight is m[1].weight and m[0].weight.device.type == "cpu"
+    torch.testing.assert_close(m[0].weight.grad, ref[0].weight.grad, rtol=1e-5, atol=1e-6)
+    for model in (ref, m):
+        torch.optim.SGD(model.parameters(), lr=0.1).step()
+    torch.testing.assert_close(m[1].weight, ref[1].weight, rtol=1e-5, atol=1e-6)
+    m.to("neuron")
+    assert m[0].weight is m[1].weight and m[1].weight.device.type == "neuron"
+
 def test_swap_keeps_torch_refusals():
     # what torch's swap refuses for other reasons (a weak reference) is still refused
     import weakref
