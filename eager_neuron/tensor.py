@@ -16,6 +16,8 @@ from multiprocessing.reduction import ForkingPickler
 import torch
 
 DEVICES = [torch.device("neuron", i) for i in range(64)]
+_MAKE = torch.Tensor._make_wrapper_subclass
+_STRIDED = torch.strided
 
 
 class NeuronTensor(torch.Tensor):
@@ -30,10 +32,10 @@ class NeuronTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, data: torch.Tensor, block, index: int = 0, requires_grad: bool = False):
-        r = torch.Tensor._make_wrapper_subclass(
-            cls, data.shape, strides=data.stride(), storage_offset=data.storage_offset(),
-            dtype=data.dtype, device=DEVICES[index], requires_grad=requires_grad,
-        )
+        # NOTE: positional (size, strides, storage_offset, memory_format, dtype, layout, device,
+        # pin_memory, requires_grad): the keyword form costs ~0.4 us more in the argument parser
+        r = _MAKE(cls, data.shape, data.stride(), data.storage_offset(), None, data.dtype,
+                  _STRIDED, DEVICES[index], False, requires_grad)
         r._data = data
         r._block = block
         r._index = index
