@@ -13,6 +13,7 @@ beside it (its two threads collapse under load); the cold compile time (first co
     .venv/bin/python tools/compile_sweep.py                      # every model
     .venv/bin/python tools/compile_sweep.py --models mlp,gpt2 --steps 5
     .venv/bin/python tools/compile_sweep.py --models llama --turns 40   # steadier medians
+    .venv/bin/python tools/compile_sweep.py --compiled-autograd   # the backward as one graph
 """
 
 from __future__ import annotations
@@ -150,11 +151,16 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=3)
     # timed turns per side (the first one dropped): at load 6 medians of 7 moved by +-15%
     p.add_argument("--turns", type=int, default=15)
+    # torch's compiled autograd: the compiled step's backward is one dynamo graph on the
+    # calling thread (docs/COMPILE.md, Session 12); neuron and torch eager are unaffected
+    p.add_argument("--compiled-autograd", action="store_true")
     args = p.parse_args(argv)
     warnings.simplefilter("ignore")
     torch._dynamo.config.cache_size_limit = 64
+    torch._dynamo.config.compiled_autograd = args.compiled_autograd
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, "
-          f"{os.cpu_count()} cores, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}")
+          f"{os.cpu_count()} cores, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}, "
+          f"compiled autograd {'on' if args.compiled_autograd else 'off'}")
     print(f"{'model':7} {'ok':3} {'fallbk':6} {'gfb':3} {'kfb':3} {'eager':5} {'kern':4} "
           f"{'cold s':>7} {'cpu ms':>8} {'eager ms':>8} {'comp ms':>8} {'comp/cpu':>8} target")
     for name in args.models.split(","):
