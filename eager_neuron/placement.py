@@ -19,6 +19,14 @@ _PLACEMENT_EXEMPT = frozenset((
 ))
 
 
+# Ops whose named arguments CUDA reads on the host whichever device they are on (CTC's lengths
+# tensors: `.to(kCPU)` in its Tensor overloads), so a CPU tensor there is no mix of devices.
+_CPU_ARGS = {
+    "aten::_ctc_loss": frozenset(("input_lengths", "target_lengths")),
+    "aten::_ctc_loss_backward": frozenset(("input_lengths", "target_lengths")),
+}
+
+
 def check_placement(func, args, kwargs, index) -> None:
     """Refuse an op mixing neuron:`index` tensors with a CPU tensor that is not 0-d, as CUDA does.
 
@@ -40,6 +48,11 @@ def check_placement(func, args, kwargs, index) -> None:
     found = _cpu_operand(args, kwargs, func)
     if found is None or func._schema.name in _PLACEMENT_EXEMPT:
         return
+    allowed = _CPU_ARGS.get(func._schema.name)
+    if allowed is not None:
+        found = _cpu_operand(args, kwargs, func, allowed)
+        if found is None:
+            return
     from . import errors
 
     name = func._schema.name
@@ -52,20 +65,19 @@ def check_placement(func, args, kwargs, index) -> None:
         "(scalars) may be mixed with neuron tensors")
 
 
-def _cpu_operand(args, kwargs, func):
-    """The schema name of the first non-0-d CPU tensor argument (lists included), or None."""
-    hit = None
+def _cpu_operand(args, kwargs, func, allowed=frozenset()):
+    """The schema name of the first non-0-d CPU tensor argument (lists included) whose name is
+    not in `allowed`, or None."""
+    schema_args = func._schema.arguments
     for i, a in enumerate(args):
         if _is_cpu_nonscalar(a):
-            hit = i
-            break
-    if hit is None:
-        for k, v in kwargs.items():
-            if _is_cpu_nonscalar(v):
-                return k
-        return None
-    schema_args = func._schema.arguments
-    return schema_args[hit].name if hit < len(schema_args) else f"#{hit}"
+            name = schema_args[i].name if i < len(schema_args) else f"#{i}"
+            if name not in allowed:
+                return name
+    for k, v in kwargs.items():
+        if _is_cpu_nonscalar(v) and k not in allowed:
+            return k
+    return None
 
 
 def _is_cpu_nonscalar(a) -> bool:

@@ -273,6 +273,16 @@ def test_ctc_loss_forward_backward(targets_2d):
     _no_fallback(before)
     torch.testing.assert_close(got.cpu(), want, atol=1e-12, rtol=1e-12)
     torch.testing.assert_close(gg.cpu(), gw, atol=1e-12, rtol=1e-12)
+    # lengths (and targets) left on the CPU, as speech code passes them on CUDA: CUDA reads
+    # the lengths on the host and moves the targets itself
+    xc = lp.to(DEV).requires_grad_()
+    got = F.ctc_loss(xc, tg, il, tl, reduction="sum")
+    (gc,) = torch.autograd.grad(got, xc)
+    torch.testing.assert_close(got.cpu(), want, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(gc.cpu(), gw, atol=1e-12, rtol=1e-12)
+    # ... but 'mean' divides by the target lengths on the device: refused there, as on CUDA
+    with pytest.raises(RuntimeError, match="same device.*aten::div"):
+        F.ctc_loss(xc, tg, il, tl, reduction="mean")
 
 
 def test_ctc_loss_impossible_alignment():
