@@ -17,6 +17,7 @@ from torch.fx import Node
 
 from ..blas import blas_threads
 from ..buffers import _POOLED_BYTES
+from ..fastpath import _NP_DTYPES
 from ..lower.common import DEVICE_DTYPES
 from ..simulator import _POOL_MIN_BYTES, SIM, _round
 from ..stats import STATS
@@ -27,7 +28,15 @@ from .rowstep import _view3d
 from .stats import CSTATS
 
 _EMPTY_STRIDED = torch._C._VariableFunctions.empty_strided   # (not pinned.py's wrapper)
-_SMALL: dict = {}        # (shape, dtype, index) -> (stride, rounded size) of a small store
+_SMALL: dict = {}        # (shape, dtype, index) -> (stride, rounded size, numpy dtype) of a
+#                          small store
+_FROM_NUMPY = torch.from_numpy
+_NP_EMPTY = np.empty
+# True: a small store's host memory from numpy's allocator, its numpy views kept on the tensor
+# (NeuronTensor._npc, as the eager fast path's outputs): the step's own output views and any
+# later step's operand views of it skip Tensor.numpy(); False: torch.empty_strided and .numpy()
+# per use (in-process A/B; docs/COMPILE.md, Session 12)
+NPC = [True]
 _SMALL_BYTES = min(_POOL_MIN_BYTES, _POOLED_BYTES)
 
 
@@ -50,12 +59,35 @@ def _alloc_store(shape, dtype, index):
         for n in shape:
             numel *= int(n)
         nbytes = numel * dtype.itemsize
-        got = _SMALL[key] = (tuple(reversed(stride)), _round(nbytes)) \
-            if nbytes < _SMALL_BYTES else None
+        got = _SMALL[key] = (tuple(reversed(stride)), _round(nbytes),
+                             _NP_DTYPES.get(dtype)) if nbytes < _SMALL_BYTES else None
     if got is None:
         return _alloc(shape, dtype, index)
-    return NeuronTensor(_EMPTY_STRIDED(shape, got[0], dtype=dtype),
-                        SIM.cores[index].alloc_small(got[1]), index)
+    if got[2] is None or not NPC[0]:
+        return NeuronTensor(_EMPTY_STRIDED(shape, got[0], dtype=dtype),
+                            SIM.cores[index].alloc_small(got[1]), index)
+    # (numpy's allocator and one from_numpy: cheaper than torch.empty_strided and .numpy())
+    full = _NP_EMPTY(shape, got[2])
+    data = _FROM_NUMPY(full)
+    t = NeuronTensor(data, SIM.cores[index].alloc_small(got[1]), index)
+    t._npc = (data, full, full.reshape(-1))
+    return t
+
+
+def _np(t) -> np.ndarray:
+    """t's host view as numpy (fastpath.full_np without storing: a step's operand)."""
+    c = t._npc
+    if c is not None and c[0] is t._data:
+        return c[1]
+    return t._data.numpy()
+
+
+def _flat_out(t) -> np.ndarray:
+    """A fresh store's flat numpy view (kept on it by _alloc_store, else made)."""
+    c = t._npc
+    if c is not None and c[0] is t._data and c[2] is not None:
+        return c[2]
+    return t._data.numpy().reshape(-1)
 
 
 ALLOC = [_alloc_store]   # how a fresh (escaping) value is allocated (a test counts calls here)
@@ -147,7 +179,7 @@ class FastFused(_Fast):
             if type(t) is not NeuronTensor:
                 return False
             d = t._data
-            a = d.numpy()
+            a = _np(t)
             if a.dtype != dt or a.size != n or not a.flags.c_contiguous:
                 return False
             args[j] = a = a.reshape(-1)
@@ -160,7 +192,7 @@ class FastFused(_Fast):
         for j, node, shape, dtype, index in self.outs:
             t = alloc(shape, dtype, index)
             made.append((node, t))
-            args[j] = t._data.numpy().reshape(-1)
+            args[j] = _flat_out(t)
         self._launch(args, core)
         for node, t in made:
             env[node] = t
@@ -222,7 +254,7 @@ class FastRows(_Fast):
             if type(t) is not NeuronTensor:
                 return False
             d = t._data
-            arr = src = d.numpy()
+            arr = src = _np(t)
             if chain is not None:
                 arr = apply_views(arr, chain)
             q = self.quick[k]
@@ -256,7 +288,7 @@ class FastRows(_Fast):
             t = made.get(node)
             if t is None:
                 t = made[node] = alloc(shape, dtype, index)
-            args[pos] = t._data.numpy().reshape(flat)
+            args[pos] = _flat_out(t).reshape(flat)
         for fl in self.blas:
             blas_threads(fl)
         self._launch(args, core)
