@@ -388,3 +388,28 @@ def test_one_kernel_signature_for_every_layer(kind, monkeypatch):
     y = dev(x)[0]
     y[:, -1].sum().backward()
     assert len(seen) == 2, seen
+
+
+def test_packed_sequences_as_on_cuda():
+    """pack_padded_sequence of a neuron batch: `batch_sizes` stays on the CPU (PackedSequence
+    refuses any other device; the CPU fallback used to move it); a GRU over the packed batch,
+    unpacked and backpropagated, equals float64 on the CPU, with no fallback."""
+    ref, dev = _pair(torch.float32, kind="GRU", input_size=4, hidden_size=5, batch_first=True)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 6, 4, generator=g, dtype=torch.float64)
+    lens = torch.tensor([4, 6, 2])   # unsorted: pack sorts, index_select on the device
+    eager_neuron.reset_stats()
+    outs = []
+    for m, xin in ((ref, x), (dev, x.float().to("neuron"))):
+        xin = xin.detach().requires_grad_()
+        p = nn.utils.rnn.pack_padded_sequence(xin, lens, batch_first=True, enforce_sorted=False)
+        assert p.batch_sizes.device.type == "cpu" and p.data.device == xin.device
+        y, h = m(p)
+        yp, ylens = nn.utils.rnn.pad_packed_sequence(y, batch_first=True)
+        assert ylens.device.type == "cpu"
+        (yp.square().sum() + h.sum()).backward()
+        outs.append([yp, h, xin.grad, m.weight_hh_l0.grad])
+    assert not eager_neuron.stats()["fallbacks"]
+    for want, got in zip(*outs):
+        torch.testing.assert_close(got.cpu().double(), want, rtol=0,
+                                   atol=_bound(torch.float32, 6) * (1 + want.abs().max().item()))

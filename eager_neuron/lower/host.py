@@ -387,7 +387,20 @@ for _ov in ("default", "start", "start_step"):
                _factory_impl(getattr(aten.arange, _ov)), "PrivateUse1")
 
 
+_COMPOSITE = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd)
+
+
+def composite(func, args, kwargs, mode):
+    """Ops whose CompositeExplicitAutograd kernel CUDA runs too, and whose results are not all
+    device tensors: `_pack_padded_sequence` builds `batch_sizes` on its lengths' device (the
+    CPU; PackedSequence refuses any other). The kernel runs on the neuron tensors themselves,
+    its slices and cat dispatched here op by op (the CPU fallback moved every result to the
+    device)."""
+    return func.redispatch(_COMPOSITE, *args, **kwargs)
+
+
 HOST = {
+    "aten::_pack_padded_sequence": composite,
     "aten::_to_copy": to_copy,
     "aten::copy_": copy_,
     "aten::_local_scalar_dense": local_scalar_dense,
