@@ -31,6 +31,9 @@ def decomposition(func):
         table[torch.ops.aten.select_backward.default] = _select_backward
         table[torch.ops.aten.new_zeros.default] = _new_filled(0)
         table[torch.ops.aten.new_ones.default] = _new_filled(1)
+        table[torch.ops.aten._is_all_true.default] = _bool_reduction("all")
+        table[torch.ops.aten._is_any_true.default] = _bool_reduction("any")
+        table[torch.ops.aten._weight_norm_interface_backward.default] = _weight_norm_backward
         _DECOMP = table
     return _DECOMP.get(func)
 
@@ -73,3 +76,28 @@ def _keeps_memory_format(decomp):
         return out if fmt == torch.contiguous_format else out.contiguous(memory_format=fmt)
 
     return run
+
+
+def _bool_reduction(name: str):
+    """_is_all_true / _is_any_true (torch.distributions' argument checks call them on every
+    construction): all() / any() of a bool tensor, as a 0-d bool tensor."""
+    def run(self):
+        if self.dtype != torch.bool:
+            raise RuntimeError(f"_is_{name}_true: expected a bool tensor, got {self.dtype} "
+                               "(the CPU fails the same internal assert: "
+                               "self.scalar_type() == at::kBool)")
+        return getattr(torch.ops.aten, name).default(self)
+
+    return run
+
+
+def _weight_norm_backward(grad_w, saved_v, saved_g, saved_norms, dim):
+    """The fused weight_norm's backward (w = v * g / ||v||, the norm over every dim but `dim`,
+    which is the first or the last; `saved_norms` and `saved_g` keep that dim, size 1
+    elsewhere), as the CPU kernel computes it: grad_g = sum(grad_w * v) / norm and
+    grad_v = (g / norm) * (grad_w - v * grad_g / norm)."""
+    dim = dim % saved_v.dim()
+    rest = [d for d in range(saved_v.dim()) if d != dim]
+    grad_g = (grad_w * saved_v).sum(rest, keepdim=True) / saved_norms
+    grad_v = (saved_g / saved_norms) * (grad_w - saved_v * (grad_g / saved_norms))
+    return grad_v, grad_g.view(saved_g.shape)

@@ -313,3 +313,47 @@ def test_complex_variance_and_truthiness():
     w = torch.tensor([[0j, 1j], [0j, 0j]]).to(DEV)
     assert w.any(1).cpu().tolist() == [True, False] and w.all(0).cpu().tolist() == [False, False]
     _no_fallback(before)
+
+
+@pytest.mark.parametrize("dim", [0, -1], ids=["first", "last"])
+def test_weight_norm_backward_without_fallback(dim):
+    # the fused weight_norm's backward (wav2vec2's positional conv, HiFi-GAN) used to run on
+    # the CPU: now torch.nn.utils.parametrizations.weight_norm trains on the device; float64
+    # on both sides, so the two agree to rounding
+    g = torch.Generator().manual_seed(5)
+    conv = torch.nn.Conv1d(3, 4, 3).double()
+    x = torch.randn(2, 3, 7, generator=g, dtype=torch.float64)
+    grads = []
+    for dev in ("cpu", DEV):
+        m = torch.nn.utils.parametrizations.weight_norm(
+            torch.nn.Conv1d(3, 4, 3).double(), dim=dim % 3)
+        m.load_state_dict(torch.nn.utils.parametrizations.weight_norm(conv, dim=dim % 3)
+                          .state_dict())
+        m.to(dev)
+        before = dict(STATS.fallbacks)
+        m(x.to(dev)).square().sum().backward()
+        if dev == DEV:
+            _no_fallback(before)
+        p = m.parametrizations.weight
+        grads.append([p.original0.grad.cpu(), p.original1.grad.cpu()])
+    for want, got in zip(*grads):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_distribution_argument_checks_without_fallback():
+    # torch.distributions validates its arguments with _is_all_true on every construction
+    before = dict(STATS.fallbacks)
+    loc = torch.zeros(3, device=DEV)
+    d = torch.distributions.Normal(loc, torch.ones(3, device=DEV))
+    with pytest.raises(ValueError, match="scale"):
+        torch.distributions.Normal(loc, -torch.ones(3, device=DEV))
+    torch.distributions.Categorical(logits=torch.zeros(2, 4, device=DEV)).sample()
+    _no_fallback(before)
+    assert d.log_prob(loc).device.type == DEV
+    b = torch.tensor([True, False], device=DEV)
+    e = torch.zeros(0, dtype=torch.bool, device=DEV)
+    got = [bool(torch._is_all_true(t)) for t in (b, b[:1], e)] + \
+        [bool(torch._is_any_true(t)) for t in (b, b[1:], e)]
+    assert got == [False, True, True, True, False, False]
+    with pytest.raises(RuntimeError, match="bool"):
+        torch._is_all_true(torch.ones(2, device=DEV))
