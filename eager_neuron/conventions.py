@@ -2,7 +2,8 @@
 
 Each piece lives in its own module (storage.py: storages and checkpoints; amp.py: autocast and
 GradScaler; pinned.py: pinned host memory; swap.py: Module.to("neuron") while an old graph
-lives; devapi.py: the rest of torch.neuron's API); this
+lives; nested.py: TransformerEncoder's nested-tensor path; devapi.py: the rest of torch.neuron's
+API); this
 module only wires them in once, after device.register() made torch.neuron.
 """
 
@@ -20,7 +21,7 @@ def install() -> None:
     if _installed:
         return
     _installed = True
-    from . import amp, devapi, hf, optim, pinned, storage, swap
+    from . import amp, devapi, hf, nested, optim, pinned, storage, swap
 
     storage.install()
     hf.install()
@@ -29,6 +30,7 @@ def install() -> None:
     devapi.install()
     amp.install()
     swap.install()
+    nested.install()
     mod = torch.neuron
     for name in amp.MODULE_FUNCTIONS:
         setattr(mod, name, getattr(amp, name))

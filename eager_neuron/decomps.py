@@ -34,6 +34,7 @@ def decomposition(func):
         table[torch.ops.aten._is_all_true.default] = _bool_reduction("all")
         table[torch.ops.aten._is_any_true.default] = _bool_reduction("any")
         table[torch.ops.aten._weight_norm_interface_backward.default] = _weight_norm_backward
+        table[torch.ops.aten._nested_tensor_from_mask_left_aligned.default] = _left_aligned
         _DECOMP = table
     return _DECOMP.get(func)
 
@@ -101,3 +102,17 @@ def _weight_norm_backward(grad_w, saved_v, saved_g, saved_norms, dim):
     grad_g = (grad_w * saved_v).sum(rest, keepdim=True) / saved_norms
     grad_v = (saved_g / saved_norms) * (grad_w - saved_v * (grad_g / saved_norms))
     return grad_v, grad_g.view(saved_g.shape)
+
+
+def _left_aligned(t, mask):
+    """TransformerEncoder's mask check: every row of the (batch, seq) bool mask is a run of
+    True then a run of False (no True after a False)."""
+    if mask.dtype != torch.bool:
+        raise RuntimeError("Expected mask to be of type bool")
+    if mask.dim() != 2 or t.dim() < 2 or tuple(mask.shape) != tuple(t.shape[:2]):
+        raise RuntimeError(f"_nested_tensor_from_mask_left_aligned: a (batch, seq) mask "
+                           f"matching the input, got {tuple(mask.shape)} for "
+                           f"{tuple(t.shape)}")
+    if mask.shape[1] < 2:
+        return True
+    return not bool((mask[:, 1:] & ~mask[:, :-1]).any().item())

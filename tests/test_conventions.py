@@ -672,3 +672,26 @@ def test_wrapped_factories_pickle_by_their_torch_name():
         assert pickle.loads(pickle.dumps(fn)) is fn
     part = pickle.loads(pickle.dumps(functools.partial(torch.zeros, 2, pin_memory=True)))
     assert part().is_pinned() and part().shape == (2,)
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_transformer_encoder_padding_mask_in_eval(batch_first):
+    # eval + no_grad + a padding mask: the stock encoder (enable_nested_tensor=True) takes its
+    # nested-tensor path for PrivateUse1 as for CUDA; neuron holds no nested tensors, so it
+    # failed. Now: the CPU's numbers (zeros at padded positions, the final norm after them)
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=batch_first)
+    enc = torch.nn.TransformerEncoder(layer, 2, norm=torch.nn.LayerNorm(8)).eval()
+    dev = copy.deepcopy(enc).to("neuron")
+    x = torch.randn(3, 5, 8) if batch_first else torch.randn(5, 3, 8)
+    masks = {"bool": torch.tensor([[False] * 5, [False] * 3 + [True] * 2, [False] + [True] * 4]),
+             "not left-aligned": torch.tensor([[False, True, False, False, False]] * 3)}
+    masks["float"] = torch.zeros(3, 5).masked_fill(masks["bool"], float("-inf"))
+    for name, m in masks.items():
+        with torch.no_grad():
+            want = enc(x, src_key_padding_mask=m)
+            got = dev(x.to("neuron"), src_key_padding_mask=m.to("neuron"))
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-5, msg=name)
+    with pytest.raises(eager_neuron.errors.UnsupportedTensorError):
+        torch._nested_tensor_from_mask(torch.zeros(3, 5, 8, device="neuron"),
+                                       masks["bool"].logical_not().to("neuron"))
