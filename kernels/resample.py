@@ -24,7 +24,7 @@ TAPS = {"nearest": 1, "nearest_exact": 1, "linear": 2, "cubic": 4, "aa_linear": 
 # area_pixel_compute_scale: align_corners maps corner to corner; otherwise 1 / scale_factor
 # when one was given (inv > 0), else in / out
 _SCALE = """\
-@njit(inline="always")
+@njit(error_model="numpy", forceinline=True)
 def _scale(isize, osize, inv, align):
     if align:
         return {T}(isize - 1) / {T}(osize - 1) if osize > 1 else {T}(0)
@@ -32,6 +32,8 @@ def _scale(isize, osize, inv, align):
 
 
 """
+
+_FORCEINLINE = '@njit(error_model="numpy", forceinline=True)\n'   # see _TABLE
 
 _TAPS = {
     # nearest_idx: identity and x2 special cases, else floorf(o * scale) in float32
@@ -115,7 +117,7 @@ _TAPS = {
 
 # table width: the fixed tap count, or for antialiasing 2 * ceil(support) + 1
 _WIDTH = """\
-@njit(inline="always")
+@njit(error_model="numpy", forceinline=True)
 def _width(isize, osize, inv, align):
     if {taps} > 0:
         return {taps}
@@ -223,12 +225,15 @@ def {name}(out, x, inv_z, inv_h, inv_w, align):
                     out[n, c, oz, oi, oj] = acc
 """
 
-# inline: a separately compiled helper's symbol (`_table` plus Numba's per-process counter)
-# can coincide with another cached kernel's in the same process when both come from the disk
-# cache, and the loader then links the first one's body (seen: nearest float64's table read
-# by bicubic float32)
+# NOTE: the helpers are compiled functions that LLVM always inlines (forceinline), with the
+# kernel's flags (error_model="numpy"), not Numba-inlined (inline="always"): Numba's IR inlining
+# deep-copied and re-typed _table, _taps, _width and _scale at every call site, 30-60% of a
+# resampling kernel's compile (docs/KERNELS.md). A helper's symbol carries Numba's per-process
+# counter, which starts at a random 40-bit offset in each process (kernels/compile.py
+# _unique_function_ids): two cached kernels' `_table`s from different processes no longer meet
+# (they once did: nearest float64's table read by bicubic float32)
 _TABLE = """\
-@njit(inline="always")
+@njit(error_model="numpy", forceinline=True)
 def _table(isize, osize, inv, align):
     width = _width(isize, osize, inv, align)
     idx = np.zeros((osize, width), np.int64)
@@ -256,7 +261,7 @@ def render_upsample_backward(mode: str, T: str, parallel: bool,
     name = kernel_name("upsample_bw", mode, T, parallel, forward) + (f"_{rnd}" if rnd else "")
     taps = TAPS[mode]
     head = HEADER.format(extra=", parallel=True" if parallel else "")
-    helpers = _ROUND[rnd] + "\n\n" + _SCALE.format(T=T) + '@njit(inline="always")\n' + \
+    helpers = _ROUND[rnd] + "\n\n" + _SCALE.format(T=T) + _FORCEINLINE + \
         "def _taps(o, isize, osize, inv, align, idx, wt):\n" + \
         _TAPS[mode].format(T=T) + "\n\n" + _WIDTH.format(taps=taps, T=T) + \
         _TABLE.format(T=T)

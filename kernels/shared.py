@@ -1,7 +1,7 @@
 """Helper libraries shared by rendered kernels: compiled once per process, linked into each kernel.
 
-A library is the source of plain `@njit` helpers (the elementwise division/rounding helpers,
-kernels/vmath.py's float32 math, kernels/sort_prelude.py's sorts). `register(lib, source)` returns
+A library is the source of `@njit` helpers (kernels/vmath.py's float32 math,
+kernels/sort_prelude.py's sorts). `register(lib, source)` returns
 the one line a kernel's source starts with instead of the helpers' text:
 
     from eager_neuron.kernels.shared import (_vexp, _vtanh, ...)  # vmath library 1a2b3c4d5e6f
@@ -19,6 +19,13 @@ kernel, and the sort helpers compiled from scratch per kernel (tools/bench_coldc
 numbers in docs/KERNELS.md). Results are unchanged: the helpers carry the flags of every kernel
 that calls them (error_model="numpy", no fastmath; a Numba-inlined helper took its caller's
 flags), and LLVM inlining keeps each instruction's semantics.
+
+Not shared: the elementwise division/rounding helpers (kernels/elementwise_prelude.py) stay
+Numba-inlined text. Shared, an integer ZeroDivisionError raised by a called helper inside a prange
+loop came back wrapped ("returned a result with an exception set"), and in a fused float64 chain
+one NaN's sign bit changed (floor_divide(-nan, nan): LLVM picked the other NaN operand);
+tools/bench_coldcompile.py --diff found both. The vmath and sort helpers raise nothing and gave
+the same bits on every case of that check.
 
 The digest in the line changes with the library's source, so an edited helper is a new kernel
 source, hence a new disk key and PRELUDE_ID (old entries: clean misses). A kernel loaded from the
@@ -46,8 +53,7 @@ _lock = threading.Lock()
 STATS = {"libraries_built": 0}
 
 # the modules that register libraries (imported when a kernel names a helper not yet registered)
-_LIBRARY_MODULES = ("eager_neuron.kernels.elementwise_prelude", "eager_neuron.kernels.vmath",
-                    "eager_neuron.kernels.sort_prelude")
+_LIBRARY_MODULES = ("eager_neuron.kernels.vmath", "eager_neuron.kernels.sort_prelude")
 _DEF_RE = re.compile(r"^def (\w+)\(", re.M)
 
 
