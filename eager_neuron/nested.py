@@ -45,7 +45,9 @@ def _from_mask(t, mask, mask_check=True):
 
 
 def forward(self, src, mask=None, src_key_padding_mask=None, is_causal=None):
-    if src.device.type != "neuron" or src_key_padding_mask is None:
+    if src.device.type != "neuron" or src_key_padding_mask is None or \
+            self.layers[0].training or torch.compiler.is_compiling():
+        # (the nested path is never taken in training mode nor while compiling)
         return _TORCH_FORWARD(self, src, mask, src_key_padding_mask, is_causal)
     _inside.encoder = True
     try:

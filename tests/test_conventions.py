@@ -695,3 +695,15 @@ def test_transformer_encoder_padding_mask_in_eval(batch_first):
     with pytest.raises(eager_neuron.errors.UnsupportedTensorError):
         torch._nested_tensor_from_mask(torch.zeros(3, 5, 8, device="neuron"),
                                        masks["bool"].logical_not().to("neuron"))
+
+
+def test_transformer_encoder_compiles_fullgraph_on_neuron():
+    # nested.py's forward wraps torch's: dynamo traces it (it defers to torch's own while
+    # compiling), so a fullgraph compile of an encoder with a padding mask still works
+    layer = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+    enc = torch.nn.TransformerEncoder(layer, 1).to("neuron")
+    x = torch.randn(2, 3, 8, device="neuron")
+    pad = torch.tensor([[False, False, True]] * 2, device="neuron")
+    got = torch.compile(enc, backend="neuron", fullgraph=True)(x, src_key_padding_mask=pad)
+    torch.testing.assert_close(got.detach().cpu(), enc(x, src_key_padding_mask=pad).detach().cpu(),
+                               rtol=1e-4, atol=1e-5)

@@ -95,8 +95,9 @@ def _allow_flex_attention() -> None:
 
 
 # user-level wrappers made of torch ops and registered custom kernels: dynamo traces them
-# (their kernels become custom-op nodes of the graph, run as their kernel by the program)
-_TRACED = ("kernel_lib",)
+# (their kernels become custom-op nodes of the graph, run as their kernel by the program);
+# nested.py's TransformerEncoder.forward defers to torch's own while compiling
+_TRACED = ("kernel_lib", "nested.py")
 
 
 def _skip_dirs(tr) -> None:
@@ -152,7 +153,7 @@ def skip_runtime() -> int:
     for name, mod in list(sys.modules.items()):
         if mod is None or not (name == "eager_neuron" or name.startswith("eager_neuron.")):
             continue
-        if any(name.startswith(f"eager_neuron.{t}") for t in _TRACED):
+        if any(name.startswith(f"eager_neuron.{t.removesuffix('.py')}") for t in _TRACED):
             continue
         for v in list(vars(mod).values()):
             if getattr(v, "__module__", name) == name or isinstance(v, type):
