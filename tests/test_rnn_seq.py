@@ -217,14 +217,7 @@ def test_fallbacks_are_counted_and_equal_cpu(case):
             "dispatch_mode": "dispatch mode or tracer"}[case]
     assert reasons == {want: 1}
     torch.manual_seed(5)
-    if case == "train_dropout":
-        # NOTE: the CPU's own lstm draws its dropout masks in another order than the
-        # decomposition (a CPU-only path); the neuron fallback is the decomposition, as before
-        h0 = torch.zeros(2, 2, 6)
-        yc, hc, cc = torch.ops.aten.lstm.input.decompose(x, [h0, h0], cpu._flat_weights, True,
-                                                         2, 0.4, True, False, True)
-    else:
-        yc, (hc, cc) = cpu(x)
+    yc, (hc, cc) = cpu(x)   # dropout: the same masks (the fallback is ATen's C++ composite)
     yc.sum().backward()
     for a, b in ((y, yc), (h, hc), (c, cc)):
         torch.testing.assert_close(a.cpu(), b, rtol=1e-5, atol=1e-6)
@@ -413,3 +406,22 @@ def test_packed_sequences_as_on_cuda():
     for want, got in zip(*outs):
         torch.testing.assert_close(got.cpu().double(), want, rtol=0,
                                    atol=_bound(torch.float32, 6) * (1 + want.abs().max().item()))
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_dropout_between_layers_draws_the_cpus_masks(kind):
+    """Same seed, same masks: a multi-layer LSTM/GRU with dropout, training, equals the CPU's
+    (the fallback used torch's Python decomposition, which draws its masks in another order:
+    outputs differed by ~0.1); gradients too."""
+    ref, dev = _pair(torch.float32, kind=kind, input_size=4, hidden_size=6, num_layers=3,
+                     dropout=0.4, bidirectional=True)
+    ref = ref.float()
+    x = torch.randn(5, 2, 4)
+    outs = []
+    for m, xin in ((ref, x), (dev, x.to("neuron"))):
+        torch.manual_seed(11)
+        y = m(xin)[0]
+        y.square().sum().backward()
+        outs.append([y, m.weight_ih_l1.grad])
+    for want, got in zip(*outs):
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-6)

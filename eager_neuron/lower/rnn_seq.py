@@ -11,7 +11,7 @@ forward launches kernels/rnn.py's forward kernel once per layer (both directions
 it keeps the activated gates, and the LSTM's cell states) and whose backward launches the BPTT
 kernel once per layer (grads of the input, h0, c0, every weight and bias). Everything else takes
 the decomposition exactly as before, counted in `stats()["rnn_seq_fallbacks"]` by reason:
-proj_size > 0, dropout between layers while training (its RNG order is the decomposition's),
+proj_size > 0, dropout between layers while training (ATen's C++ composite: the CPU's masks),
 other dtypes, autocast, a dispatch mode / tracer / functorch transform / forward-mode AD,
 anything not a plain neuron tensor (fake tensors), shapes that do not match (the decomposition
 raises), empty sequences. Under torch.inference_mode the autograd key is skipped: the
@@ -29,6 +29,7 @@ decomposition and differentiates that (double backward works as before).
 from __future__ import annotations
 
 import collections
+import functools
 
 import numpy as np
 import torch
@@ -410,8 +411,9 @@ def lstm_input(input, hx, params, has_biases, num_layers, dropout, train, bidire
     else:
         RSTATS.fallbacks["hidden states"] += 1
     if out is None:
-        return aten.lstm.input.decompose(input, hx, params, has_biases, num_layers, dropout,
-                                         train, bidirectional, batch_first)
+        return _fallback(aten.lstm.input, dropout, train, num_layers)(
+            input, hx, params, has_biases, num_layers, dropout, train, bidirectional,
+            batch_first)
     return out
 
 
@@ -421,9 +423,20 @@ def gru_input(input, hx, params, has_biases, num_layers, dropout, train, bidirec
     out = _run(True, input, hx, None, params, has_biases, num_layers, dropout, train,
                bidirectional, batch_first)
     if out is None:
-        return aten.gru.input.decompose(input, hx, params, has_biases, num_layers, dropout,
-                                        train, bidirectional, batch_first)
+        return _fallback(aten.gru.input, dropout, train, num_layers)(
+            input, hx, params, has_biases, num_layers, dropout, train, bidirectional,
+            batch_first)
     return out
+
+
+def _fallback(op, dropout, train, num_layers):
+    """The op's composite: with dropout between layers while training, ATen's C++ one (the code
+    the CPU's nn.LSTM/GRU runs: its masks are drawn layer by layer with at::dropout, which on
+    neuron draws as the CPU does, so a seed gives the CPU's masks); otherwise torch's Python
+    decomposition, as before (torch/_decomp's, which draws its masks in another order)."""
+    if dropout > 0.0 and train and num_layers > 1:
+        return functools.partial(op._op_dk, torch._C.DispatchKey.CompositeImplicitAutograd)
+    return op.decompose
 
 
 _LIB = torch.library.Library("aten", "IMPL")
