@@ -1,4 +1,4 @@
-"""torch.compile(backend="neuron") with compiled autograd (`torch._dynamo.config.compiled_autograd`).
+"""torch.compile(backend="neuron") with compiled autograd (torch._dynamo.config.compiled_autograd).
 
 The backward becomes one dynamo graph (boxed inputs: `neuron_backend` flattens them) run on the
 caller's thread; each AccumulateGrad is dynamo's polyfill, a copy of the gradient into
@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_compile_runtime import _MLP, _Block, _close, _data
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import eager_neuron
 from eager_neuron.compile import elide
 from eager_neuron.compile import stats as cstats
-from test_compile_runtime import _MLP, _Block, _close, _data
 
 aten = torch.ops.aten
 N = "neuron"
