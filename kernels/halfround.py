@@ -25,6 +25,8 @@ NaN becomes the quiet NaN 0x7FC0, as c10::round_to_nearest_even does.
 
 from __future__ import annotations
 
+from .shared import register
+
 # bfloat16 = the upper half of a float32: add half an ulp of the kept part (less one, plus the
 # kept part's lowest bit: ties to even) and drop the low 16 bits
 BF16_BITS = ("0x7FC0 if (x0 & 0x7FFFFFFF) > 0x7F800000 else "
@@ -32,8 +34,10 @@ BF16_BITS = ("0x7FC0 if (x0 & 0x7FFFFFFF) > 0x7F800000 else "
 
 # NOTE: the scalar bit views allocate nothing (a one-element buffer per call would). The helpers
 # are called, not inlined by Numba (LLVM inlines them where it pays; Numba's inlining at ~30
-# sites of the grid sampler tripled its compile time)
-ROUND_BF16 = f'''
+# sites of the grid sampler tripled its compile time). They are compiled once per process and
+# linked into each kernel (kernels/shared.py): ROUND_BF16 / ROUND_F16 are the lines importing
+# them, whose digests of the sources below are part of every kernel source that pastes them.
+ROUND_BF16_SOURCE = f'''
 @njit(error_model="numpy", nogil=True)
 def _round_bf16(x):
     x0 = np.int64(np.float32(x).view(np.uint32))
@@ -42,7 +46,7 @@ def _round_bf16(x):
 '''
 
 # float16: 11 significant bits; below 2**-14 the subnormal grid of 2**-24; from 65520 on, inf
-ROUND_F16 = '''
+ROUND_F16_SOURCE = '''
 @njit(error_model="numpy", nogil=True)
 def _round_f16(x):
     x = np.float32(x)
@@ -56,6 +60,9 @@ def _round_f16(x):
     return np.float32(math.ldexp(np.rint(m * 2048.0), e - 11))
 
 '''
+
+ROUND_BF16 = register("round_bf16", ROUND_BF16_SOURCE) + "\n"
+ROUND_F16 = register("round_f16", ROUND_F16_SOURCE) + "\n"
 
 # one kernel source for both half types: kind 1 rounds to bfloat16, kind 2 to float16, any other
 # kind leaves x as it is (float32 arithmetic); paste after ROUND_BF16 and ROUND_F16

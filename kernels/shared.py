@@ -1,8 +1,9 @@
 """Helper libraries shared by rendered kernels: compiled once per process, linked into each kernel.
 
 A library is the source of `@njit` helpers (kernels/vmath.py's float32 math,
-kernels/sort_prelude.py's sorts). `register(lib, source)` returns
-the one line a kernel's source starts with instead of the helpers' text:
+kernels/sort_prelude.py's sorts, kernels/halfround.py's rounding to the half types).
+`register(lib, source)` returns the one line a kernel's source starts with instead of the
+helpers' text:
 
     from eager_neuron.kernels.shared import (_vexp, _vtanh, ...)  # vmath library 1a2b3c4d5e6f
 
@@ -53,7 +54,8 @@ _lock = threading.Lock()
 STATS = {"libraries_built": 0}
 
 # the modules that register libraries (imported when a kernel names a helper not yet registered)
-_LIBRARY_MODULES = ("eager_neuron.kernels.vmath", "eager_neuron.kernels.sort_prelude")
+_LIBRARY_MODULES = ("eager_neuron.kernels.vmath", "eager_neuron.kernels.sort_prelude",
+                    "eager_neuron.kernels.halfround")
 _DEF_RE = re.compile(r"^def (\w+)\(", re.M)
 
 

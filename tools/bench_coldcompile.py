@@ -221,6 +221,36 @@ for dt in FL:
                                                          scale_factor=0.6, mode="linear"))
     rec(f"resample.{dt}.trilinear", lambda: F.interpolate(img.view(1, 2, 2, 9, 11).to(dev),
                                                           size=(3, 4, 5), mode="trilinear"))
+# the half types' rounding helpers (kernels/halfround.py) inside pool, grid_sample, index,
+# reduce, sort and conv kernels
+for dt in (torch.float16, torch.bfloat16, torch.float32):
+    img = torch.cat([special(dt), (torch.randn(2 * 2 * 9 * 11 - len(special(dt)),
+                     generator=g) * 3).to(dt)]).view(2, 2, 9, 11)
+    grid = (torch.rand(2, 5, 6, 2, generator=g) * 2.4 - 1.2).to(dt)
+    rec(f"half.{dt}.avgpool", lambda: F.avg_pool2d(img.to(dev), 2))
+    rec(f"half.{dt}.adaptive_avg", lambda: F.adaptive_avg_pool2d(img.to(dev), (3, 4)))
+    rec(f"half.{dt}.maxpool", lambda: F.max_pool2d(img.to(dev), 3, 2))
+    for mode in ("bilinear", "nearest", "bicubic"):
+        rec(f"half.{dt}.grid_{mode}", lambda: F.grid_sample(img.to(dev), grid.to(dev),
+                                                             mode=mode, align_corners=False))
+    flat = img.reshape(-1)
+    idx = torch.tensor([0, 3, 3, 7, 1, 7, 7])
+    src_ = flat[:7].clone()
+    rec(f"half.{dt}.index_add", lambda: flat[:10].to(dev).index_add(0, idx.to(dev),
+                                                                    src_.to(dev)))
+    rec(f"half.{dt}.index_put_acc", lambda: flat[:10].to(dev).index_put(
+        (idx.to(dev),), src_.to(dev), accumulate=True))
+    rec(f"half.{dt}.scatter_add", lambda: flat[:10].to(dev).scatter_add(0, idx.to(dev),
+                                                                       src_.to(dev)))
+    rec(f"half.{dt}.cumsum", lambda: torch.cumsum(img.to(dev), -1))
+    rec(f"half.{dt}.sum1", lambda: img.to(dev).sum(1))
+    rec(f"half.{dt}.mean", lambda: img.to(dev).mean((2, 3)))
+    rec(f"half.{dt}.histc", lambda: torch.histc(img.to(dev).float().nan_to_num(0, 9, -9).to(dt),
+                                                bins=7, min=-3, max=3))
+    w = (torch.randn(3, 2, 3, 3, generator=g) * 0.5).to(dt)
+    rec(f"half.{dt}.conv", lambda: F.conv2d(img.to(dev).nan_to_num(0, 9, -9), w.to(dev)))
+    rec(f"half.{dt}.conv_t", lambda: F.conv_transpose2d(img.to(dev).nan_to_num(0, 9, -9),
+                                                        w.transpose(0, 1).to(dev)))
 # casts between all dtypes
 for src in FL + IN + [torch.bool]:
     v = special(src) if src != torch.bool else torch.tensor([True, False, True])
