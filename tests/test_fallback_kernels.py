@@ -344,10 +344,12 @@ def test_distribution_argument_checks_without_fallback():
     # torch.distributions validates its arguments with _is_all_true on every construction
     before = dict(STATS.fallbacks)
     loc = torch.zeros(3, device=DEV)
-    d = torch.distributions.Normal(loc, torch.ones(3, device=DEV))
+    # (validate_args explicit: the first torch.compile in a process turns the default off)
+    d = torch.distributions.Normal(loc, torch.ones(3, device=DEV), validate_args=True)
     with pytest.raises(ValueError, match="scale"):
-        torch.distributions.Normal(loc, -torch.ones(3, device=DEV))
-    torch.distributions.Categorical(logits=torch.zeros(2, 4, device=DEV)).sample()
+        torch.distributions.Normal(loc, -torch.ones(3, device=DEV), validate_args=True)
+    torch.distributions.Categorical(logits=torch.zeros(2, 4, device=DEV),
+                                    validate_args=True).sample()
     _no_fallback(before)
     assert d.log_prob(loc).device.type == DEV
     b = torch.tensor([True, False], device=DEV)
