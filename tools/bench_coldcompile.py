@@ -2,7 +2,8 @@
 
 Each run is a fresh process with a fresh EAGER_NEURON_CACHE_DIR: the corpus (elementwise unary
 and binary ops incl. the division/rounding/pow/shift helpers and vmath, casts incl. float16 and
-bfloat16, reductions, an adaptive fused group, sorts, a resample, index ops) compiles every
+bfloat16, reductions, an adaptive fused group, sorts, a resample, index ops, half-type pools
+and grid sampling) compiles every
 kernel once, and the compile seconds per family are read back from the cache's index
 (`cache.db`, column `tag`: family, op, name, compile_s). Prints the median over `--runs` of the
 per-family sums and kernel counts.
@@ -84,7 +85,13 @@ out += [F.interpolate(img, scale_factor=2, mode="bilinear"),
 idx = d(torch.tensor([3, 1, 0, 7]))
 out += [m[idx], m.index_select(1, idx), torch.gather(m, 1, idx.expand(33, 4)),
         m.clone().index_put_((idx,), torch.zeros(65, device=dev), accumulate=True)]
-# 8. adaptive fused groups (compiled before they run)
+# 8. half types: the rounding helpers in pool, grid-sample and index kernels
+hi = d(torch.randn(1, 2, 8, 8, generator=g).bfloat16())
+out += [F.avg_pool2d(hi, 2), F.avg_pool2d(hi.half(), 2),
+        F.grid_sample(hi.half(), d(torch.rand(1, 3, 4, 2, generator=g).half() * 2 - 1),
+                      align_corners=False),
+        hi.view(-1)[:10].index_add(0, idx, hi.view(-1)[:4]), torch.cumsum(hi, -1)]
+# 9. adaptive fused groups (compiled before they run)
 ad.set_compile_mode("sync")
 with eager_neuron.adaptive():
     for _ in range(3):
