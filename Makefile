@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 TSTAMP  := $(VENV)/.installed-test
 LSTAMP  := $(VENV)/.installed-lint
 
-.PHONY: demo test check bench coverage sweep clean
+.PHONY: demo test check bench coverage sweep clean coldcompile
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -45,6 +45,10 @@ coverage: $(TSTAMP)
 
 sweep: $(TSTAMP)
 	$(VPY) tools/model_sweep.py
+
+# cold Numba compile seconds per kernel family on a fixed corpus (fresh cache per run)
+coldcompile: $(STAMP)
+	$(VPY) tools/bench_coldcompile.py --runs 3
 
 clean:
 	rm -rf $(VENV) build *.egg-info
