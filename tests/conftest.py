@@ -44,6 +44,18 @@ def stats_delta():
 
 
 @pytest.fixture
+def dynamo_reset():
+    """torch._dynamo.reset() around the test and the compile counters zeroed before it (the
+    compiled-mode test files use it for every test: `pytestmark = usefixtures(...)`)."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    eager_neuron.compile.reset_stats()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
 def strict_fallback():
     """EAGER_NEURON_FALLBACK=error for the duration of the test."""
     prev = neuron_config.fallback

@@ -30,11 +30,7 @@ def _close(a, b, dtype=torch.float32, scale=1.0):
     assert not bad.any(), f"max error {(a - b).abs().max().item()}"
 
 
-@pytest.fixture(autouse=True)
-def _reset():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("dynamo_reset")   # (tests/conftest.py)
 
 
 # -- 1. tracing ------------------------------------------------------------------------------

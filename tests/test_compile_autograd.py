@@ -22,12 +22,7 @@ aten = torch.ops.aten
 N = "neuron"
 
 
-@pytest.fixture(autouse=True)
-def _reset():
-    torch._dynamo.reset()
-    eager_neuron.compile.reset_stats()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("dynamo_reset")   # (tests/conftest.py)
 
 
 def _train(kind, device, compiled, steps, dtype=torch.float32):

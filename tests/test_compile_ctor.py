@@ -11,12 +11,7 @@ import torch
 import eager_neuron  # noqa: F401 - the neuron device and backend
 from eager_neuron.compile import stats as cstats
 
-
-@pytest.fixture(autouse=True)
-def _reset():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("dynamo_reset")   # (tests/conftest.py)
 
 
 def _ctor_fn(x, scale):

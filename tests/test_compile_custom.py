@@ -14,12 +14,7 @@ from eager_neuron.kernel_lib import rms_norm
 N = "neuron"
 
 
-@pytest.fixture(autouse=True)
-def _reset():
-    torch._dynamo.reset()
-    eager_neuron.compile.reset_stats()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("dynamo_reset")   # (tests/conftest.py)
 
 
 @eager_neuron.kernel("test_compile_custom::scaled_square", outputs=lambda x, s: x)

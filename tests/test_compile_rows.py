@@ -20,12 +20,7 @@ torch._dynamo.config.cache_size_limit = 64
 N = "neuron"
 
 
-@pytest.fixture(autouse=True)
-def _reset():
-    torch._dynamo.reset()
-    eager_neuron.compile.reset_stats()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("dynamo_reset")   # (tests/conftest.py)
 
 
 def _close(a, b, dtype, scale):
