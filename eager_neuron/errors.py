@@ -5,6 +5,8 @@ from __future__ import annotations
 import linecache
 import os
 import sys
+import threading
+import warnings
 
 import torch
 
@@ -22,11 +24,35 @@ def user_frame():
     f = sys._getframe(1)
     while f is not None:
         fn = f.f_code.co_filename
-        if not fn.startswith(_SKIP) and not fn.startswith("<eager_neuron"):
+        if _is_user(fn):
             line = linecache.getline(fn, f.f_lineno).strip()
             return fn, f.f_lineno, f.f_code.co_name, line
         f = f.f_back
     return None
+
+
+def _is_user(fn: str) -> bool:
+    return not fn.startswith(_SKIP) and not fn.startswith("<eager_neuron")
+
+
+_ONCE: set = set()
+_ONCE_LOCK = threading.Lock()
+
+
+def warn(message: str, category=UserWarning, once: bool = False) -> None:
+    """warnings.warn at the user's line (the first frame outside torch/eager_neuron), as ATen's
+    C++ warnings name the Python line that called the op; where no such frame exists (autograd's
+    device thread), at our caller's. `once`: ATen's TORCH_WARN_ONCE, once per process and
+    message whatever the warning filters say."""
+    if once:
+        with _ONCE_LOCK:
+            if message in _ONCE:
+                return
+            _ONCE.add(message)
+    f, level = sys._getframe(1), 2
+    while f is not None and not _is_user(f.f_code.co_filename):
+        f, level = f.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level if f is not None else 2)
 
 
 def where() -> str:

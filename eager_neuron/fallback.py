@@ -4,7 +4,6 @@ and warned once per op), or raises under EAGER_NEURON_FALLBACK=error."""
 from __future__ import annotations
 
 import sys
-import warnings
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
@@ -33,10 +32,10 @@ def run_fallback(func, plan, args, kwargs, mode, why: str = ""):
     flush("cpu fallback")
     if name not in _WARNED:
         _WARNED.add(name)
-        warnings.warn(
+        errors.warn(
             f"{name} has no neuron kernel; running it on the CPU (counted in "
             f"eager_neuron.stats()['fallbacks']; EAGER_NEURON_FALLBACK=error makes this raise)"
-            + (f" [{why}]" if why else ""), stacklevel=3)
+            + (f" [{why}]" if why else ""))
     uargs, ukw, index = unwrap_args(args, kwargs)
     if "device" in ukw and ukw["device"] is not None and torch.device(ukw["device"]).type == \
             "neuron":

@@ -5,7 +5,6 @@ host view, and its block grows when resize_ needs more bytes."""
 from __future__ import annotations
 
 import sys
-import warnings
 
 import torch
 
@@ -110,10 +109,10 @@ def resize_out(t, shape) -> torch.Tensor:
     """ATen's resize_output for an out= tensor of another shape: warn if it held elements,
     resize it (an in-place view op on the wrapper); returns its new host view."""
     if t.numel() != 0:
-        warnings.warn(
+        errors.warn(
             f"An output with one or more elements was resized since it had shape {list(t.shape)}"
             f", which does not match the required output shape {list(shape)}. This behavior is "
-            "deprecated; resize outputs explicitly with t.resize_(0) first.", stacklevel=4)
+            "deprecated; resize outputs explicitly with t.resize_(0) first.")
     func = aten.resize_.default
     plan = _PLANS.get(func) or _PLANS.setdefault(func, _plan(func))
     run_inplace_view(func, plan, (t, list(shape)), {}, None)

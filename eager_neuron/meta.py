@@ -12,6 +12,7 @@ call it directly (this module imports nothing of ours).
 from __future__ import annotations
 
 import threading
+import warnings
 
 import torch
 from torch.utils._pytree import tree_flatten
@@ -133,6 +134,9 @@ def _to_meta(x):
     return x
 
 
+_RESIZED = "An output with one or more elements was resized"
+
+
 def meta_outputs(func, args, kwargs):
     """(leaf specs, treespec) of func's outputs: each leaf (shape, stride, dtype) or a value."""
     try:
@@ -152,7 +156,14 @@ def meta_outputs(func, args, kwargs):
         _install_cpu_hint()
     outer, _HINT.cpu = _HINT.cpu, func not in _DEVICE_RULES
     try:
-        out = _META_VIA_OUT.get(func, func)(*margs, **mkw)
+        if func._schema.is_mutable:
+            # an out= tensor of another shape: torch's Python reference warns that it resizes
+            # it, and so does the neuron op itself (inplace.resize_out), at the user's line
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=_RESIZED)
+                out = _META_VIA_OUT.get(func, func)(*margs, **mkw)
+        else:
+            out = _META_VIA_OUT.get(func, func)(*margs, **mkw)
     finally:
         _HINT.cpu = outer
     leaves, spec = tree_flatten(out)

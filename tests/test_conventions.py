@@ -707,3 +707,35 @@ def test_transformer_encoder_compiles_fullgraph_on_neuron():
     got = torch.compile(enc, backend="neuron", fullgraph=True)(x, src_key_padding_mask=pad)
     torch.testing.assert_close(got.detach().cpu(), enc(x, src_key_padding_mask=pad).detach().cpu(),
                                rtol=1e-4, atol=1e-5)
+
+
+def _caught(fn):
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        fn()
+    return got
+
+
+def test_out_resize_warns_once_at_the_callers_line():
+    # ATen warns once per call (TORCH_WARN) at the Python line that called the op; the meta run
+    # through torch's reference used to add a second warning, both at our/torch's files
+    out = torch.empty(2, device="neuron")
+    line = sys._getframe().f_lineno + 1
+    got = _caught(lambda: torch.add(torch.arange(4.0, device="neuron"), 1, out=out))
+    resized = [w for w in got if "was resized" in str(w.message)]
+    assert [(w.filename, w.lineno) for w in resized] == [(__file__, line)]
+    assert out.cpu().tolist() == [1.0, 2.0, 3.0, 4.0]
+
+
+def test_complex_to_real_cast_warns_once_per_process_at_the_callers_line():
+    # TORCH_WARN_ONCE on the CPU: one warning per process whatever the filters say
+    from eager_neuron import errors
+
+    msg = "Casting complex values to real discards the imaginary part"
+    errors._ONCE.discard(msg)
+    z = torch.tensor([1 + 2j, 3 - 1j], device="neuron")
+    line = sys._getframe().f_lineno + 1
+    got = _caught(lambda: (z.float(), z.real.float(), z.float(), z.to(torch.float8_e4m3fn)))
+    cast = [w for w in got if msg in str(w.message)]
+    assert [(w.filename, w.lineno) for w in cast] == [(__file__, line)]
+    assert z.float().cpu().tolist() == [1.0, 3.0]

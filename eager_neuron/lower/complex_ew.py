@@ -18,10 +18,10 @@ The other complex modules (complex_parts, complex_reduce, complex_matmul) build 
 from __future__ import annotations
 
 import re
-import warnings
 
 import torch
 
+from .. import errors
 from ..kernels import compile as kc
 from ..kernels import complex as kcx
 from ..launch import launch
@@ -183,8 +183,7 @@ def elementwise_steps(base: str, a: dict, out: torch.Tensor):
     store = store_type(out)
     if value_complex and out.dtype not in COMPLEX:
         if base in COPIES:
-            warnings.warn("Casting complex values to real discards the imaginary part",
-                          UserWarning, stacklevel=2)
+            errors.warn("Casting complex values to real discards the imaginary part", once=True)
         # torch's complex -> real cast keeps the real part; -> bool tests for nonzero
         expr = f"({expr}) != 0" if out.dtype == torch.bool else f"({expr}).real"
     if out.numel() == 0:

@@ -175,7 +175,6 @@ def dynamic_scaled_mm(func, a, index):
 def _cast_complex(src: torch.Tensor, dst: torch.Tensor):
     """fp8 <-> complex through float32, as the CPU's c10 conversions (complex -> fp8 keeps the
     real part, with PyTorch's warning). Steps."""
-    import warnings
 
     from .complex_ew import elementwise_steps
 
@@ -183,8 +182,7 @@ def _cast_complex(src: torch.Tensor, dst: torch.Tensor):
         dec = yield from _decode_steps(src)
         yield from elementwise_steps("aten::_to_copy", {"self": torch.from_numpy(dec)}, dst)
         return
-    warnings.warn("Casting complex values to real discards the imaginary part", UserWarning,
-                  stacklevel=2)
+    errors.warn("Casting complex values to real discards the imaginary part", once=True)
     real = torch.empty(dst.shape, dtype=torch.float32)
     yield from elementwise_steps("aten::_to_copy", {"self": src.expand(dst.shape)}, real)
     yield from cast_fp8_steps(real, dst)
