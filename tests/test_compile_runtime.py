@@ -656,3 +656,50 @@ def test_planned_stores_allocate_as_dispatch_allocates():
         assert a.stride() == c.stride() and b.stride() == d.stride()
         assert torch.equal(a.cpu(), c.cpu()) and torch.equal(b.cpu(), d.cpu())
         assert a._block.storage is None and b._block.storage is not None
+
+
+@pytest.mark.parametrize("kind", ["mlp", "gpt"])
+def test_a_generated_plan_is_the_interpreted_plan(kind, monkeypatch):
+    """A learned plan runs as one generated function (compile/planrun.py): the same losses and
+    parameters bit for bit as the plan's interpreted step list, the same counters (compile and
+    eager stats), the same launches and simulated time charged, and a non-contiguous input
+    then drops the generated plan at its guard as the interpreted one drops it."""
+    from eager_neuron.compile import planrun
+    from eager_neuron.simulator import SIM
+
+    def run(generated):
+        old = planrun.GENERATED[0]
+        planrun.GENERATED[0] = generated
+        try:
+            torch._dynamo.reset()
+            eager_neuron.compile.reset_stats()
+            eager_neuron.reset_stats()
+            core = SIM.cores[0]
+            l0 = core.launches
+            built = planrun.BUILT[0]
+            m, losses = _train(kind, N, True, 5)
+            x, w, b = _fin()
+            prog = _inference_program(monkeypatch, _f, x.to(N), w.to(N), b.to(N))
+            xt = _fin(torch.randn(16, 8, generator=torch.Generator().manual_seed(2)).t())[0]
+            outs = []
+            for xi in (x, x, x, xt, x):
+                xi = xi.to(N) if xi.is_contiguous() else xi.t().contiguous().to(N).t()
+                out = prog(xi, w.to(N), b.to(N))
+                outs.append(out[0] if isinstance(out, (list, tuple)) else out)
+            s, e = cstats(), eager_neuron.stats()
+            return (m, losses, outs, s, {k: e[k] for k in ("launches", "memory_hits", "ops")},
+                    core.launches - l0, planrun.BUILT[0] - built)
+        finally:
+            planrun.GENERATED[0] = old
+
+    run(False)     # (every kernel built or loaded: both runs below find them in memory)
+    mg, lg, og, sg, eg, ng, bg = run(True)
+    mi, li, oi, si, ei, ni, bi = run(False)
+    assert bg >= 4 and bi == 0, (bg, bi)          # forward, backward, AdamW, inference
+    assert sg["planned_runs"] >= 3 * 3 + 2 and sg == si, (sg, si)
+    assert sg["plan_fallbacks"] == {"operand signature changed": 1}, sg["plan_fallbacks"]
+    assert eg == ei and ng == ni, (eg, ei, ng, ni)
+    for a, b in zip(lg + og, li + oi):
+        assert torch.equal(a.cpu(), b.cpu())
+    for a, b in zip(mg.parameters(), mi.parameters()):
+        assert torch.equal(a.detach().cpu(), b.detach().cpu())

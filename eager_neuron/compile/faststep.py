@@ -17,7 +17,7 @@ from torch.fx import Node
 
 from ..blas import blas_threads
 from ..buffers import _POOLED_BYTES
-from ..fastpath import _NP_DTYPES
+from ..fastpath import _NP_DTYPES, _entry_point
 from ..lower.common import DEVICE_DTYPES
 from ..simulator import _POOL_MIN_BYTES, SIM, _round
 from ..stats import STATS
@@ -51,16 +51,7 @@ def _alloc_store(shape, dtype, index):
     if got is None:
         if dtype not in DEVICE_DTYPES:
             return _alloc(shape, dtype, index)
-        stride, acc = [], 1
-        for n in reversed(shape):
-            stride.append(acc)
-            acc *= max(int(n), 1)
-        numel = 1
-        for n in shape:
-            numel *= int(n)
-        nbytes = numel * dtype.itemsize
-        got = _SMALL[key] = (tuple(reversed(stride)), _round(nbytes),
-                             _NP_DTYPES.get(dtype)) if nbytes < _SMALL_BYTES else None
+        got = small_form(shape, dtype, index)
     if got is None:
         return _alloc(shape, dtype, index)
     if got[2] is None or not NPC[0]:
@@ -72,6 +63,27 @@ def _alloc_store(shape, dtype, index):
     t = NeuronTensor(data, SIM.cores[index].alloc_small(got[1]), index)
     t._npc = (data, full, full.reshape(-1))
     return t
+
+
+def small_form(shape, dtype, index):
+    """(strides, rounded size, numpy dtype) of a small store of this shape (kept in _SMALL),
+    or None: a large one (or a dtype the device does not hold) takes forms._alloc."""
+    key = (shape, dtype, index)
+    if key in _SMALL:
+        return _SMALL[key]
+    if dtype not in DEVICE_DTYPES:
+        return None
+    stride, acc = [], 1
+    for n in reversed(shape):
+        stride.append(acc)
+        acc *= max(int(n), 1)
+    numel = 1
+    for n in shape:
+        numel *= int(n)
+    nbytes = numel * dtype.itemsize
+    got = _SMALL[key] = (tuple(reversed(stride)), _round(nbytes),
+                         _NP_DTYPES.get(dtype)) if nbytes < _SMALL_BYTES else None
+    return got
 
 
 def _np(t) -> np.ndarray:
@@ -129,6 +141,11 @@ class _Fast:
         for pos, _a, _t in self.scalars:
             self.tmpl[pos] = None
         self.n_arena = 0
+        # the kernel's compiled entry point for the learned argument types (a generated plan,
+        # compile/planrun.py, calls it: every call passes those types, its guards see to it);
+        # not with an int scalar from the environment (a huge one would be another Numba type)
+        self.entry = None if any(t is int for _p, _a, t in self.scalars) else \
+            _entry_point(kernel, tuple(params))
 
     def _fill_scalars(self, args, env) -> bool:
         for pos, a, typ in self.scalars:
@@ -166,6 +183,24 @@ class FastFused(_Fast):
                 self.outs.append((j, node) + plan.shapes[node])
         self.absorbed = step.absorbed
         self.cache = [None] * len(self.ins)
+
+    def operand(self, k: int, t):
+        """Input k's flat numpy operand from its tensor `t` (as run takes it), or None: the
+        plan's guard failed."""
+        j, node, n, dt, keep = self.ins[k]
+        c = self.cache[k]
+        if c is not None and c[0]() is t and t._data is c[1] and c[1].data_ptr() == c[2]:
+            return c[3]
+        if type(t) is not NeuronTensor:
+            return None
+        d = t._data
+        a = _np(t)
+        if a.dtype != dt or a.size != n or not a.flags.c_contiguous:
+            return None
+        a = a.reshape(-1)
+        if keep:
+            self.cache[k] = (weakref.ref(t), d, d.data_ptr(), a)
+        return a
 
     def run(self, env: dict, core: int) -> bool:
         args = self.tmpl.copy()
@@ -240,6 +275,45 @@ class FastRows(_Fast):
                 if shape == (1, self.R, cc):
                     q = (src, shape)
             self.quick.append(q)
+
+    def operand(self, k: int, t):
+        """Input k's numpy operand from its tensor `t` (as run takes it), or None: the plan's
+        guard failed."""
+        c = self.cache[k]
+        if c is not None and c[0]() is t and t._data is c[1] and c[1].data_ptr() == c[2]:
+            return c[3]
+        if type(t) is not NeuronTensor:
+            return None
+        d = t._data
+        src = _np(t)
+        arr = self.shaped(k, src)
+        # a graph input's operand view is kept while the same tensor comes back (a parameter:
+        # every step), never a copy (a stale value)
+        if arr is not None and self.ins[k][7] and np.may_share_memory(arr, src):
+            self.cache[k] = (weakref.ref(t), d, d.data_ptr(), arr)
+        return arr
+
+    def shaped(self, k: int, arr):
+        """Input k's kernel operand made of its tensor's numpy view `arr` (run's views, checks
+        and guards), or None."""
+        _pos, _node, mode, chain, shape, dt, lay, _keep = self.ins[k]
+        if chain is not None:
+            arr = apply_views(arr, chain)
+        q = self.quick[k]
+        if q is not None and arr.shape == q[0] and arr.dtype == dt and arr.flags.c_contiguous:
+            return arr.reshape(q[1])
+        if mode == "mat":
+            if arr.ndim != 2:
+                return None
+            if not (arr.flags.c_contiguous or arr.flags.f_contiguous):
+                arr = np.ascontiguousarray(arr)
+        else:
+            arr = _view3d(arr, mode, self.F, self.R)
+            if arr is None:
+                return None
+        if arr.shape != shape or arr.dtype != dt or _layout(arr) != lay:
+            return None
+        return arr
 
     def run(self, env: dict, core: int) -> bool:
         args = self.tmpl.copy()

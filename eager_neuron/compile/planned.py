@@ -55,7 +55,7 @@ from ..config import config
 from ..context import _TLS
 from ..simulator import SIM
 from ..tensor import NeuronTensor
-from . import faststep, hostscalar
+from . import faststep, hostscalar, planrun
 from .faststep import FastFused, FastRows, _NotFast
 from .forms import _FORMS
 from .forms import _VIEW_METHODS as VIEWS
@@ -226,6 +226,7 @@ class Plan:
         self.views: dict = {}      # arena node -> its torch view (for a copy out)
         self.i = 0                 # the step being learned
         self.ops = None            # per step: what a planned call runs (see run)
+        self.generated = None      # its generated function (compile/planrun.py)
         self.failed = None
 
     def release(self) -> None:
@@ -291,6 +292,13 @@ class Plan:
         seq = self.ops
         if seq is None:
             seq = self.ops = self._sequence(other)
+        if planrun.GENERATED[0]:
+            # the plan as one generated function (compile/planrun.py), rebuilt when what it
+            # binds changed (the step list, the core, the chip, the store allocator)
+            g = self.generated
+            if g is None or g.key != planrun.key(seq, core):
+                g = self.generated = planrun.build(self, seq, core)
+            return g.fn(env)
         flush = _adaptive.flush
         pop = env.pop
         for op, fs, i, frees in seq:
@@ -386,6 +394,7 @@ def _step_fn(kind, x, other):
 
         def item(env):
             env[x] = env[src][k]
+        item.inline = ("getitem", x, src, k)     # (compile/planrun.py: one subscript)
         return item
     meth = VIEWS.get(x.target) if kind == "node" else None
     if meth is None and kind == "node":
@@ -411,6 +420,7 @@ def _step_fn(kind, x, other):
                     CSTATS.graph_views += 1
                     return
         other(kind, x, env)
+    view.inline = ("view", x, src, meth, cargs, lambda env: other(kind, x, env))
     return view
 
 
@@ -465,6 +475,7 @@ def _direct_fn(x, other):
             env[x] = out
             return
         other("node", x, env)
+    eager.inline = ("eager", x, t, name)      # (compile/planrun.py writes it out)
     return eager
 
 
