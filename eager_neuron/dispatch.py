@@ -46,7 +46,9 @@ from .lower.cast import RUN as _RUN
 from .lower.common import COMPLEX, FP8, HALF, bind
 from .operands import _check_tensor, _original, _unwrap, unwrap_args  # noqa: F401 -- API
 from .operands import spans as _op_spans
+from .placement import DEVICE_AT as _DEVICE_AT
 from .placement import check_placement
+from .placement import elsewhere as _elsewhere
 from .plan import _PLANS, Plan, _plan, _to_meta, meta_outputs  # noqa: F401 -- API
 from .plan import fusible_lowerings as _fusible
 from .refusals import REFUSE as _REFUSE
@@ -138,6 +140,12 @@ def dispatch(func, args, kwargs, mode=None, plan=None):
         plan = _PLANS.get(func)
         if plan is None:
             plan = _PLANS[func] = _plan(func)
+        at = _DEVICE_AT.get(func)
+        if at is not None and mode is None:
+            # zeros_like(x, device="cpu"), x.new_ones(2, device="neuron:1"): made where asked
+            out = _elsewhere(func, at, args, kwargs)
+            if out is not NotImplemented:
+                return out
         if "ops" in config.log:
             log_op(plan, args, kwargs)
         refuse = _REFUSE.get(func)   # what the CPU refuses before any kernel (refusals.py)

@@ -87,3 +87,73 @@ def _is_cpu_nonscalar(a) -> bool:
         return any(isinstance(v, torch.Tensor) and v.dim() != 0 and v.device.type == "cpu"
                    for v in a)
     return False
+
+
+# -- where a result lives: ops with a tensor operand and a `device=` argument ----------------
+# ATen makes their result on the device the argument names (zeros_like(x, device="cpu"),
+# x.new_ones(2, device="neuron:1")), not on the operand's. These read only the operand's
+# metadata (shape, strides, dtype):
+_LIKE = frozenset((
+    "aten::empty_like", "aten::zeros_like", "aten::ones_like", "aten::full_like",
+    "aten::rand_like", "aten::randn_like", "aten::randint_like", "aten::new_empty",
+    "aten::new_empty_strided", "aten::new_zeros", "aten::new_ones", "aten::new_full",
+))
+# these read their 0-d operands' values (start, end)
+_READS = frozenset(("aten::linspace", "aten::logspace"))
+
+
+def _device_ops() -> dict:
+    """{overload: position of its `device` argument} for the ops above."""
+    found = {}
+    for name in _LIKE | _READS:
+        packet = getattr(torch.ops.aten, name.split("::")[1])
+        for overload in packet.overloads():
+            func = getattr(packet, overload)
+            for i, arg in enumerate(func._schema.arguments):
+                if arg.name == "device":
+                    found[func] = i
+    return found
+
+
+DEVICE_AT = _device_ops()
+
+
+def elsewhere(func, at: int, args, kwargs):
+    """The result of `func` where its `device=` argument (position `at`) puts it, when that is
+    not the core of its neuron operands; NotImplemented when it is, or when it has none (the
+    op runs as usual).
+
+    A CPU or meta result is made by the op itself on CPU stand-ins of the operands (empty
+    tensors of the same metadata, or host copies where values are read); another core's result
+    is made on the operands' core and moved there (the op reads no operand values there)."""
+    dev = kwargs["device"] if "device" in kwargs else args[at] if at < len(args) else None
+    if dev is None:
+        return NotImplemented
+    from .buffers import device_index, to_host
+    from .tensor import NeuronTensor
+
+    index = next((v._index for v in (*args, *kwargs.values()) if type(v) is NeuronTensor),
+                 None)
+    if index is None:
+        return NotImplemented
+    dev = torch.device(dev)
+    want = device_index(dev)
+    if want == index:
+        return NotImplemented
+    if want is not None:   # another core: made here, moved there
+        here = torch.device("neuron", index)
+        if "device" in kwargs:
+            out = func(*args, **{**kwargs, "device": here})
+        else:
+            out = func(*args[:at], here, *args[at + 1:], **kwargs)
+        return out.to(dev)
+    reads = func._schema.name in _READS
+
+    def host(v):
+        if type(v) is not NeuronTensor:
+            return v
+        if reads:
+            return to_host(v, reason=f"{func._schema.name} on {dev}")
+        return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype)
+
+    return func(*[host(a) for a in args], **{k: host(v) for k, v in kwargs.items()})

@@ -739,3 +739,50 @@ def test_complex_to_real_cast_warns_once_per_process_at_the_callers_line():
     cast = [w for w in got if msg in str(w.message)]
     assert [(w.filename, w.lineno) for w in cast] == [(__file__, line)]
     assert z.float().cpu().tolist() == [1.0, 3.0]
+
+
+_MAKERS = {
+    "empty_like": lambda x, **kw: torch.empty_like(x, **kw),
+    "zeros_like": lambda x, **kw: torch.zeros_like(x, **kw),
+    "ones_like": lambda x, **kw: torch.ones_like(x, **kw),
+    "full_like": lambda x, **kw: torch.full_like(x, 2.5, **kw),
+    "rand_like": lambda x, **kw: torch.rand_like(x, **kw),
+    "randn_like": lambda x, **kw: torch.randn_like(x, **kw),
+    "randint_like": lambda x, **kw: torch.randint_like(x, 7, **kw),
+    "new_empty": lambda x, **kw: x.new_empty((2, 3), **kw),
+    "new_empty_strided": lambda x, **kw: x.new_empty_strided((2, 3), (1, 2), **kw),
+    "new_zeros": lambda x, **kw: x.new_zeros((2, 3), **kw),
+    "new_ones": lambda x, **kw: x.new_ones((2, 3), **kw),
+    "new_full": lambda x, **kw: x.new_full((2, 3), -1.0, **kw),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_MAKERS))
+@pytest.mark.parametrize("where", ["cpu", "meta", "neuron:1"])
+def test_device_argument_decides_where_a_like_result_lives(name, where):
+    """zeros_like(x, device="cpu"), x.new_ones(2, device="neuron:1"): ATen makes the result on
+    the device the argument names, whatever the operand's; these ops landed on the operand's
+    core. The same call on a CPU operand is the reference (values, RNG stream included)."""
+    make = _MAKERS[name]
+    x = torch.randn(3, 2).t()   # strided: *_like keeps its strides (preserve_format)
+    torch.manual_seed(3)
+    want = make(x, device=where)
+    torch.manual_seed(3)
+    got = make(x.to("neuron"), device=where)
+    assert got.device == torch.device(where)
+    assert (got.shape, got.stride(), got.dtype) == (want.shape, want.stride(), want.dtype)
+    if where != "meta" and "empty" not in name:
+        assert torch.equal(got.cpu(), want.cpu())
+    # and a dtype or no device argument keeps the operand's core
+    assert make(x.to("neuron:1"), dtype=torch.float64).device == torch.device("neuron:1")
+
+
+@pytest.mark.parametrize("dtype", [None, torch.float64])
+def test_core_to_core_copy_keeps_a_dense_tensors_strides(dtype):
+    # _to_copy's preserve_format, as CPU -> neuron and CUDA's device -> device copies do
+    x = torch.randn(3, 2).t()
+    got = x.to("neuron").to("neuron:1", dtype=dtype)
+    assert got.stride() == x.to(dtype=dtype).stride() == (1, 2)
+    assert torch.equal(got.cpu(), x.to(dtype=dtype))
+    cl = torch.randn(1, 3, 2, 2).contiguous(memory_format=torch.channels_last)
+    assert cl.to("neuron").to("neuron:1").stride() == cl.stride()

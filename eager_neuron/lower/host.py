@@ -90,9 +90,8 @@ def to_copy(func, args, kwargs, mode):
         # core -> core: a device copy through HBM
         flush("cross-core copy")
         kw["device"] = torch.device("cpu")
+        # (its strides are _to_copy's: preserve_format keeps a dense tensor's, as on CUDA)
         moved = aten._to_copy.default(src._data, **kw)
-        if not moved.is_contiguous():
-            moved = moved.contiguous()
         data, block = alloc(target, moved.shape, moved.stride(), moved.dtype)
         data.copy_(moved)
         SIM.copy_between(src.device.index, target, moved.numel() * moved.element_size())
