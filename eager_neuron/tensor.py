@@ -69,6 +69,13 @@ class NeuronTensor(torch.Tensor):
             text += f", grad_fn=<{type(self.grad_fn).__name__}>"
         return text + ")"
 
+    def __format__(self, format_spec: str) -> str:
+        # torch's Tensor.__format__ formats a 0-d tensor's item() only for exact Tensors (a
+        # subclass got object.__format__: f"{loss:.4f}" raised); a CUDA tensor formats its item
+        if self.dim() == 0 and not self.is_meta:
+            return self.item().__format__(format_spec)
+        return object.__format__(self, format_spec)
+
     # NOTE: these read memory directly in C++ and a wrapper has no storage: go through the host.
     def tolist(self):
         from .buffers import to_host

@@ -786,3 +786,22 @@ def test_core_to_core_copy_keeps_a_dense_tensors_strides(dtype):
     assert torch.equal(got.cpu(), x.to(dtype=dtype))
     cl = torch.randn(1, 3, 2, 2).contiguous(memory_format=torch.channels_last)
     assert cl.to("neuron").to("neuron:1").stride() == cl.stride()
+
+
+def test_format_spec_on_a_0d_tensor_formats_its_value():
+    # f"{loss:.4f}" in every training loop's log line; CPU and CUDA format the item
+    for v in (torch.tensor(1.23456), torch.tensor(7), torch.tensor(True)):
+        n = v.to("neuron")
+        for spec in ("", ".2f", ">8", "e") if v.dtype.is_floating_point else ("", ">4"):
+            assert f"{n:{spec}}" == f"{v:{spec}}"
+    m = torch.ones(2, device="neuron")
+    assert f"{m}" == str(m)
+    with pytest.raises(TypeError):
+        f"{m:.2f}"
+
+
+def test_linspace_on_neuron_ends_made_on_the_cpu_when_asked():
+    s, e = torch.tensor(0.0, device="neuron"), torch.tensor(1.0, device="neuron")
+    got = torch.linspace(s, e, 5, device="cpu")
+    assert got.device == torch.device("cpu")
+    assert torch.equal(got, torch.linspace(0.0, 1.0, 5))
