@@ -32,6 +32,9 @@ and source lines), any dispatch mode, a launcher or fast-path capture on the thr
 verifier, and a plan in use by another thread or a re-entrant call (each plan has a busy
 lock). A kernel cache cleared (`MEMORY.clear()`) retires every plan's kernels.
 
+A ready plan's call runs as one generated function (compile/planrun.py: its steps written out
+as straight-line Python; `planrun.GENERATED[0] = False` loops over the step list instead).
+
 Counted in `eager_neuron.compile.stats()`: `planned_runs` (calls that ran a learned plan),
 `plans_learned`, `arena_values` (kernel-stored values written into an arena instead of a new
 tensor), `direct_launches`, `plan_fallbacks` (reason -> count).

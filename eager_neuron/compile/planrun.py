@@ -366,8 +366,10 @@ def _rows(fs, i, out, ns, nm, const, local, fail, inline_alloc) -> None:
         else:
             out.append(f"BT({fl!r})")
     _launch(fs, i, args, out, ns)
+    done = set()
     for _pos, node, _shape, _dtype, _index, _flat, put in fs.outs:
-        if put:
+        if put and node not in done:
+            done.add(node)
             out.append(f"env[{nm(node)}] = {made[node][0]}")
 
 
