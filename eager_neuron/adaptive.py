@@ -46,7 +46,7 @@ from .adaptive_group import (  # noqa: F401 -- re-exported: tests and tools read
 )
 from .adaptive_launch import COMPILE, COMPILE_AFTER, launch_group, set_compile_mode  # noqa: F401
 from .config import config
-from .stats import STATS
+from .stats import STATS, add_counters
 
 OFF, IDLE, RECORDING = "off", "idle", "recording"
 MAX_NODES = 256       # compile time grows with the kernel: bound the group
@@ -611,11 +611,16 @@ def _flush_locked(key, reason: str) -> None:
         return
     flushes = STATS.flushes
     flushes[reason] = flushes.get(reason, 0) + 1   # (a Counter's += costs 3x this)
-    if LIGHT_NUMEL[0]:
+    if g.n_nodes == 1:
+        ALONE_COUNTS["adaptive_singletons"] += 1
+    if LIGHT_NUMEL[0] or ALONE_ON[0]:
         cursor = g.cursor
         if cursor.verdicts < LIGHT_AFTER:
             cursor.verdicts += 1
-            _judge(g)
+            if LIGHT_NUMEL[0]:
+                _judge(g)
+            if ALONE_ON[0]:
+                _judge_alone(g)
     if "flush" in config.log:
         from .errors import where
 
@@ -687,6 +692,7 @@ def set_light_numel(numel: int) -> int:
         prev = LIGHT_NUMEL[0]
         LIGHT_NUMEL[0] = numel
         LIGHT.clear()
+        ALONE.clear()
         _clear_verdicts(_grp._ROOT[0])
     return prev
 
@@ -707,15 +713,70 @@ def light(sids) -> bool:
     return True
 
 
+# A group of one op is pure overhead: it launches plain eager's kernel for that op (a trace
+# node's kernel, _launch_single) after paying for recording it and for a flush, and fuses
+# nothing (tools/ab_adaptive.py: ~30 us per group on top of plain eager's op; a Llama step
+# flushes 27 of its 57 groups with one op, most before a broadcast operand the group declines).
+# Each flushed group is judged (at most LIGHT_AFTER times per trace node, as above): the
+# static id of the op that started it is counted *alone* when the group held that op only, and
+# marked -1 when it started a larger group (that op then always records). An op whose id was
+# counted alone LIGHT_AFTER times and never started a larger group does not start a group:
+# with no group pending on its stream, adaptive_fast.run runs plain eager's runner for it
+# (plain eager exactly, as for a light op). Only fusion is at stake, never a value.
+# ALONE_ON[0] False: no verdicts taken or used (the earlier behaviour; tools/ab_adaptive.py
+# --ab switches it per turn).
+ALONE_ON = [True]
+ALONE: dict = {}          # static_id -> groups of one it started (-1: it started a larger one)
+# stats(): flushed groups of one op, and ops run as plain eager instead of starting one
+ALONE_COUNTS = {"adaptive_singletons": 0, "adaptive_alone": 0}
+
+
+def _judge_alone(g: _Group) -> None:
+    """Count the static id of the op that started g alone or mark it -1 (see ALONE). Called
+    under _lock."""
+    sid = g.sids[0]
+    n = ALONE.get(sid, 0)
+    if g.n_nodes > 1:
+        if n != -1:
+            ALONE[sid] = -1
+    elif n >= 0 and len(ALONE) < 1_000_000:
+        ALONE[sid] = n + 1
+
+
+def alone(sids) -> bool:
+    """Did ops of these static ids only ever start groups of one (see ALONE)?"""
+    for sid in sids:
+        if ALONE.get(sid, 0) < LIGHT_AFTER:
+            return False
+    return True
+
+
+class _AloneCounters:
+    def snapshot(self) -> dict:
+        return dict(ALONE_COUNTS)
+
+    def reset(self) -> None:
+        for k in ALONE_COUNTS:
+            ALONE_COUNTS[k] = 0
+
+
+add_counters(_AloneCounters())
+
+
 _launch_mod = sys.modules[launch_group.__module__]
 _launch_mod.LIGHT_OF[0] = lambda g: bool(LIGHT) and light(g.sids)
 
 
-_TORCH_FLOAT = {torch.float32: "np.float32", torch.float64: "np.float64"}
+# NOTE: float32 only. Plain eager sums floats into a float64 accumulator compiled with
+# fastmath reassoc (lower/reduce.py); the group's epilogue adds in program order. For float32
+# operands both round the float64 sum to float32 (equal in every case measured); a float64
+# sum's last bits depend on the order (7 elements and up, random data): not plain eager's bits,
+# so a float64 sum/mean launches the group and runs as plain eager
+_TORCH_FLOAT = {torch.float32: "np.float32"}
 
 
 def try_record_reduction(name: str, a: dict, outs: list, blocks: dict) -> bool:
-    """sum/mean over every element of a contiguous float tensor: a group epilogue."""
+    """sum/mean over every element of a contiguous float32 tensor: a group epilogue."""
     kind = REDUCTIONS.get(name)
     if kind == "call":
         return record_call(name, a, outs, blocks)

@@ -75,10 +75,16 @@ def run(func, args, kwargs):
                     # as dispatch's gate: another thread's group touching this call's
                     # memory launches first
                     _ad.flush_others(_op_spans(args, kwargs))
-                    if key not in _PENDING and _LIGHT and _light(runner.sids):
+                    if key not in _PENDING and (_ALONE_ON[0] and _alone(runner.sids) or
+                                                _LIGHT and _light(runner.sids)):
+                        if _ALONE_ON[0] and _alone(runner.sids):
+                            _ALONE_COUNTS["adaptive_alone"] += 1
                         return _plain(func, args, kwargs, runner)
-            elif _LIGHT and _light(runner.sids):
-                # it would start a group, and its groups stay light (adaptive.LIGHT_NUMEL)
+            elif (_ALONE_ON[0] and _alone(runner.sids)) or (_LIGHT and _light(runner.sids)):
+                # it would start a group, and that group would hold it alone (adaptive.ALONE)
+                # or stay light (adaptive.LIGHT_NUMEL)
+                if _ALONE_ON[0] and _alone(runner.sids):
+                    _ALONE_COUNTS["adaptive_alone"] += 1
                 prun = runner.plain
                 if prun is not None:
                     COUNTERS["light"] += 1
@@ -158,6 +164,9 @@ _SK = _ad.stream_key
 _DECLINED = _ad.DECLINED
 _LIGHT = _ad.LIGHT
 _light = _ad.light
+_ALONE_ON = _ad.ALONE_ON
+_alone = _ad.alone
+_ALONE_COUNTS = _ad.ALONE_COUNTS
 _SKIP = __import__("threading").local()   # .args: the call run() sent to the slow path unrecorded
 
 
@@ -206,7 +215,6 @@ _NAMES: dict = {}
 # view, a host or data-dependent op, a non-fusible kernel op): dispatch takes plain eager's
 # fast path for them itself then (run() would only find the same runner, later)
 IDLE_PLAIN: set = set()
-_FLOATS = (torch.float32, torch.float64)
 
 
 def _kind_of(func):
@@ -355,12 +363,12 @@ _REDUCTION_ARGS = {torch.ops.aten.sum.default: (None, 1), torch.ops.aten.mean.de
 
 def _declined(args, kwargs) -> bool:
     """Surely not recorded by adaptive.try_record_reduction (which takes only a whole-tensor
-    float sum/mean of a contiguous tensor of more than one element, no dtype argument): its
+    float32 sum/mean of a contiguous tensor of more than one element, no dtype argument): its
     output has more than one element, or the operand does not qualify. False: maybe."""
     if not args or type(args[0]) is not NeuronTensor or len(args) > 4:
         return False
     x = args[0]
-    if x.dtype not in _FLOATS or x.numel() <= 1 or not x.is_contiguous():
+    if x.dtype is not torch.float32 or x.numel() <= 1 or not x.is_contiguous():
         return True
     if kwargs.get("dtype") is not None or (len(args) > 3 and args[3] is not None):
         return True

@@ -32,6 +32,26 @@ def _run(fn):
     return out, eager_neuron.stats()
 
 
+def test_float64_whole_tensor_sums_give_plain_eager_bits():
+    # plain eager sums into a float64 accumulator compiled with fastmath reassoc; a group's
+    # epilogue adds in program order, which changes a float64 sum's last bits: float64 sums
+    # and means run as plain eager (the group launches first); float32 ones stay epilogues
+    torch.manual_seed(7)
+    for n in (7, 64, 1000, 4097):
+        x = torch.randn(n, dtype=torch.float64).to("neuron")
+
+        def progs(x=x):
+            return [(x * 1.5).sum().item(), x.sum().item(), (x + 0.25).mean().item()]
+
+        plain = progs()
+        with eager_neuron.adaptive():
+            got = progs()
+        assert got == plain, (n, got, plain)
+    x = torch.randn(1000, device="neuron")
+    _got, s = _run(lambda: ((x + 1) * 2).sum().item())
+    assert s["launches"] == 1 and s["fused_ops"] == 3, s
+
+
 def test_chain_with_sum_is_one_launch():
     x = torch.randn(1000, device="neuron")
     expect = ((x.cpu() + 1) * 2).relu().sum().item()
