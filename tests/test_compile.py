@@ -244,6 +244,19 @@ def test_graph_breaks_hand_over_to_eager(capsys):
     assert "mid torch.Size([6])" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("fn", [
+    lambda x: x[x > 0].sum() + 1,                     # boolean mask: a dynamic-shape break
+    lambda x: torch.masked_select(x, x < 0).sum() * 2,
+    lambda x: torch.nonzero(x > 0).float().sum() - x.sum(),
+], ids=["mask", "masked_select", "nonzero"])
+def test_dynamic_shape_breaks_inside_torch_ops_hand_over_to_eager(fn):
+    # a neuron tensor traced as a torch-function subclass inlined Tensor.__torch_function__;
+    # a break inside it left code that raised NameError ('__subclass_Tensor_..._c1')
+    x = torch.tensor([0.5, -1.0, 2.0, -0.25, 0.0, 3.0], device="neuron")
+    _close(torch.compile(fn, backend="neuron")(x), fn(x))
+    _close(torch.compile(fn, backend="neuron")(x), fn(x.cpu()))
+
+
 def test_fullgraph_reports_the_break():
     def f(x):
         if x.sum().item() > 0:     # data-dependent control flow cannot be one graph

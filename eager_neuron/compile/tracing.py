@@ -29,9 +29,14 @@ _NN_DIR = os.path.dirname(torch.nn.__file__) + os.sep
 _DISPATCH_FILE = os.path.join(os.path.dirname(torch.__file__), "utils", "_python_dispatch.py")
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 # dynamo's VariableBuilder._wrap admits a tensor subclass with its own __torch_dispatch__ only
-# when it is traceable; it then fakeifies through MetaConverter, which must see a plain tensor
-_BUILDER = (os.path.join(os.path.dirname(torch.__file__), "_dynamo", "variables", "builder.py"),
-            "_wrap")
+# when it is traceable; it then fakeifies through MetaConverter, which must see a plain tensor.
+# builder.infer_subclass_type answers None for a traceable subclass: the variable is then a plain
+# TensorVariable, as a CUDA tensor's (otherwise a TensorWithTFOverrideVariable whose every op
+# inlines Tensor.__torch_function__, and a graph break inside it, x[x > 0], failed at run time
+# with a NameError on dynamo's `__subclass_Tensor_...` global)
+_BUILDER_FILE = os.path.join(os.path.dirname(torch.__file__), "_dynamo", "variables",
+                             "builder.py")
+_BUILDER = frozenset(((_BUILDER_FILE, "_wrap"), (_BUILDER_FILE, "infer_subclass_type")))
 
 
 def _visible() -> bool:
@@ -43,7 +48,7 @@ def _visible() -> bool:
         name = f.f_code.co_filename
         if name != _DISPATCH_FILE:
             return (name.startswith(_NN_DIR) or name.startswith(_PKG_DIR)
-                    or (name, f.f_code.co_name) == _BUILDER)
+                    or (name, f.f_code.co_name) in _BUILDER)
         f = f.f_back
     return False
 
