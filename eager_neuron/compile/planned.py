@@ -229,7 +229,7 @@ class Plan:
         self.views: dict = {}      # arena node -> its torch view (for a copy out)
         self.i = 0                 # the step being learned
         self.ops = None            # per step: what a planned call runs (see run)
-        self.generated = None      # its generated function (compile/planrun.py)
+        self.generated: dict = {}  # core -> its generated function (compile/planrun.py)
         self.failed = None
 
     def release(self) -> None:
@@ -298,9 +298,10 @@ class Plan:
         if planrun.GENERATED[0]:
             # the plan as one generated function (compile/planrun.py), rebuilt when what it
             # binds changed (the step list, the core, the chip, the store allocator)
-            g = self.generated
+            # (one per core: threads on other cores taking turns do not rebuild it)
+            g = self.generated.get(core)
             if g is None or g.key != planrun.key(seq, core):
-                g = self.generated = planrun.build(self, seq, core)
+                g = self.generated[core] = planrun.build(self, seq, core)
             return g.fn(env)
         flush = _adaptive.flush
         pop = env.pop

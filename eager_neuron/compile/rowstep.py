@@ -301,7 +301,18 @@ def _view3d(arr: np.ndarray, mode: str, F: tuple, R: int):
         v_shape, v_strides = (1, runs[0][0], C), (0, runs[0][1], cs)
     else:
         v_shape, v_strides = (runs[1][0], runs[0][0], C), (runs[1][1], runs[0][1], cs)
+    if STRIDED_NDARRAY[0] and arr.flags.c_contiguous:
+        # the same view as as_strided's (data pointer, shape, strides, flags: a C-contiguous
+        # operand exports its memory as a buffer from its first element), ~0.3 against ~5 us;
+        # numpy checks the view stays inside that memory (else as_strided, unchecked)
+        try:
+            return np.ndarray(v_shape, arr.dtype, arr, 0, v_strides)
+        except (TypeError, ValueError, BufferError):
+            pass
     return np.lib.stride_tricks.as_strided(arr, v_shape, v_strides)
+
+
+STRIDED_NDARRAY = [True]   # False: every strided operand view through as_strided (A/B)
 
 
 def run(step: RowStep, env: dict, run_node, alloc, flat, pl=None) -> bool:
