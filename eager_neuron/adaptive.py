@@ -767,16 +767,19 @@ _launch_mod = sys.modules[launch_group.__module__]
 _launch_mod.LIGHT_OF[0] = lambda g: bool(LIGHT) and light(g.sids)
 
 
-# NOTE: float32 only. Plain eager sums floats into a float64 accumulator compiled with
-# fastmath reassoc (lower/reduce.py); the group's epilogue adds in program order. For float32
-# operands both round the float64 sum to float32 (equal in every case measured); a float64
-# sum's last bits depend on the order (7 elements and up, random data): not plain eager's bits,
-# so a float64 sum/mean launches the group and runs as plain eager
-_TORCH_FLOAT = {torch.float32: "np.float32"}
+# NOTE: no float dtype. Plain eager sums floats into a float64 accumulator compiled with
+# fastmath reassoc (lower/reduce.py); the group's epilogue adds in program order. The two agree
+# only while the float64 sum is exact: a float64 sum's last bits depend on the order (7 elements
+# and up, random data), and so does a float32 sum of values far apart in magnitude ([1e30, 1.0,
+# -1e30, 1.0, 3.0, -2.0, 1e-3, 5.0, 7.0]: 12.0 plain, 14.001 fused). Not plain eager's bits, so
+# a float sum/mean launches the group and runs as plain eager (an integer sum would be exact in
+# any order, but none is recorded here: `dtype=` and int -> int64 promotion change its output)
+_TORCH_FLOAT: dict = {}
 
 
 def try_record_reduction(name: str, a: dict, outs: list, blocks: dict) -> bool:
-    """sum/mean over every element of a contiguous float32 tensor: a group epilogue."""
+    """sum/mean over every element of a contiguous tensor of a dtype in _TORCH_FLOAT (none
+    today: see there) as a group epilogue; other reductions joined as calls."""
     kind = REDUCTIONS.get(name)
     if kind == "call":
         return record_call(name, a, outs, blocks)
