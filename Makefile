@@ -24,7 +24,7 @@ demo: $(STAMP)
 	$(VPY) tools/demo.py
 
 test: $(TSTAMP)
-	$(VPY) -m pytest -n 2 --dist loadfile tests
+	$(VPY) -m pytest -n 2 --dist loadfile --durations=25 tests
 
 $(LSTAMP): pyproject.toml $(TSTAMP)
 	$(VPY) -m pip install -q -e '.[test,lint]'
