@@ -185,12 +185,9 @@ class FastFused(_Fast):
         self.cache = [None] * len(self.ins)
 
     def operand(self, k: int, t):
-        """Input k's flat numpy operand from its tensor `t` (as run takes it), or None: the
-        plan's guard failed."""
+        """Input k's flat numpy operand from its tensor `t` (as run takes it) when its kept
+        view did not match (the generated plan checked it), or None: the guard failed."""
         j, node, n, dt, keep = self.ins[k]
-        c = self.cache[k]
-        if c is not None and c[0]() is t and t._data is c[1] and c[1].data_ptr() == c[2]:
-            return c[3]
         if type(t) is not NeuronTensor:
             return None
         d = t._data
@@ -277,11 +274,8 @@ class FastRows(_Fast):
             self.quick.append(q)
 
     def operand(self, k: int, t):
-        """Input k's numpy operand from its tensor `t` (as run takes it), or None: the plan's
-        guard failed."""
-        c = self.cache[k]
-        if c is not None and c[0]() is t and t._data is c[1] and c[1].data_ptr() == c[2]:
-            return c[3]
+        """Input k's numpy operand from its tensor `t` (as run takes it) when its kept view did
+        not match (the generated plan checked it), or None: the plan's guard failed."""
         if type(t) is not NeuronTensor:
             return None
         d = t._data
