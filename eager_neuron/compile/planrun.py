@@ -36,7 +36,7 @@ from ..stats import STATS
 from ..tensor import NeuronTensor
 from . import faststep
 from . import planned as _planned
-from .faststep import FastFused, _flat_out, _np, _scalar
+from .faststep import FastFused, _flat_out, _scalar
 from .stats import CSTATS
 
 GENERATED = [True]     # False: Plan.run interprets its step list (measurements)
@@ -58,14 +58,10 @@ def key(seq, core: int) -> tuple:
     return (seq, core, SIM.cores, faststep.ALLOC[0], faststep.NPC[0])
 
 
-def _np_dtype(dtype):
-    return torch.empty(0, dtype=dtype).numpy().dtype
-
-
 def build(plan, seq: list, core: int) -> Generated:
     """The generated function of `plan` over its step list `seq` (Plan._sequence) on `core`:
     fn(env) -> None when done, else the step index the interpreter resumes at."""
-    ns: dict = {"NT": NeuronTensor, "FLUSH": _adaptive.flush, "SC": _scalar, "NP": _np,
+    ns: dict = {"NT": NeuronTensor, "FLUSH": _adaptive.flush, "SC": _scalar,
                 "FLO": _flat_out, "NPE": np.empty, "FNP": torch.from_numpy, "BT": blas_threads}
     alloc = faststep.ALLOC[0]
     inline_alloc = alloc is faststep._alloc_store and faststep.NPC[0]
