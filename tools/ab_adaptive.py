@@ -88,6 +88,19 @@ def _model(name: str):
     return m, torch.optim.AdamW(m.parameters(), lr=1e-2, eps=1e-4), batches, loss
 
 
+def _stepper(m, opt, loss):
+    """One training step on a batch, ending in the loss's item (a sync)."""
+
+    def step(batch):
+        opt.zero_grad()
+        y = loss(m, batch, "neuron")
+        y.backward()
+        opt.step()
+        y.detach().item()
+
+    return step
+
+
 def _warm(step, batches) -> None:
     for i in range(3):
         step(batches[i % len(batches)])
@@ -178,14 +191,7 @@ def reach(name: str, steps: int = 4) -> str:
     adaptive_fast.reset()   # (its runners hold record_flat and the rest: learned anew)
     try:
         m, opt, batches, loss = _model(name)
-
-        def step(batch):
-            opt.zero_grad()
-            y = loss(m, batch, "neuron")
-            y.backward()
-            opt.step()
-            y.detach().item()
-
+        step = _stepper(m, opt, loss)
         _warm(step, batches)
         per_step = []
         with eager_neuron.adaptive():
@@ -216,14 +222,7 @@ def bound(name: str, steps: int) -> str:
     from eager_neuron import launch
 
     m, opt, batches, loss = _model(name)
-
-    def step(batch):
-        opt.zero_grad()
-        y = loss(m, batch, "neuron")
-        y.backward()
-        opt.step()
-        y.detach().item()
-
+    step = _stepper(m, opt, loss)
     for i in range(3):
         step(batches[i % len(batches)])
     spent = [0.0, 0]

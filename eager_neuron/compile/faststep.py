@@ -202,21 +202,16 @@ class FastFused(_Fast):
     def run(self, env: dict, core: int) -> bool:
         args = self.tmpl.copy()
         cache = self.cache
-        for k, (j, node, n, dt, keep) in enumerate(self.ins):
+        for k, (j, node, _n, _dt, _keep) in enumerate(self.ins):
             t = env[node]
             c = cache[k]
             if c is not None and c[0]() is t and t._data is c[1] and c[1].data_ptr() == c[2]:
                 args[j] = c[3]
                 continue
-            if type(t) is not NeuronTensor:
+            a = self.operand(k, t)
+            if a is None:
                 return False
-            d = t._data
-            a = _np(t)
-            if a.dtype != dt or a.size != n or not a.flags.c_contiguous:
-                return False
-            args[j] = a = a.reshape(-1)
-            if keep:
-                cache[k] = (weakref.ref(t), d, d.data_ptr(), a)
+            args[j] = a
         if self.scalars and not self._fill_scalars(args, env):
             return False
         alloc = ALLOC[0]

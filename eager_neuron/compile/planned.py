@@ -429,7 +429,9 @@ def _step_fn(kind, x, other):
 
 
 
-DIRECT_EAGER = [True]    # False: a plan's eager nodes through torch's dispatcher (measurements)
+# False: a plan's eager nodes through torch's dispatcher (measurements); planrun's list (the
+# generated plans read it too; planrun imports nothing of this module)
+DIRECT_EAGER = planrun.DIRECT_EAGER
 _profiling = torch._C._autograd._profiler_enabled
 _grad_enabled = torch._C.is_grad_enabled
 

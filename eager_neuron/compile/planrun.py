@@ -35,11 +35,11 @@ from ..simulator import SIM
 from ..stats import STATS
 from ..tensor import NeuronTensor
 from . import faststep
-from . import planned as _planned
 from .faststep import FastFused, _flat_out, _scalar
 from .stats import CSTATS
 
 GENERATED = [True]     # False: Plan.run interprets its step list (measurements)
+DIRECT_EAGER = [True]  # False: a plan's eager nodes through torch's dispatcher (planned.py)
 BUILT = [0]            # generated plan functions built (a test counts them)
 
 
@@ -208,7 +208,7 @@ def _eager(inline, fn, out, ns, nm, const) -> bool:
         else:
             args.append(const(a, "E"))
     ns.update(TM=_tensor_mod, PROFILING=torch._C._autograd._profiler_enabled,
-              GRAD=torch._C.is_grad_enabled, DE=_planned.DIRECT_EAGER, POISON=_POISON)
+              GRAD=torch._C.is_grad_enabled, DE=DIRECT_EAGER, POISON=_POISON)
     first = "a0"
     rest = ", ".join([first] + args[1:])
     out += [f"{first} = {args[0]}",
