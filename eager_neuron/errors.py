@@ -43,8 +43,8 @@ def warn(message: str, category=UserWarning, once: bool = False) -> None:
     """warnings.warn at the user's line (the first frame outside torch/eager_neuron), as ATen's
     C++ warnings name the Python line that called the op; where no such frame exists (autograd's
     device thread), at our caller's. `once`: ATen's TORCH_WARN_ONCE, once per process and
-    message whatever the warning filters say."""
-    if once:
+    message whatever the warning filters say, unless torch.set_warn_always(True)."""
+    if once and not torch.is_warn_always_enabled():
         with _ONCE_LOCK:
             if message in _ONCE:
                 return

@@ -739,6 +739,14 @@ def test_complex_to_real_cast_warns_once_per_process_at_the_callers_line():
     cast = [w for w in got if msg in str(w.message)]
     assert [(w.filename, w.lineno) for w in cast] == [(__file__, line)]
     assert z.float().cpu().tolist() == [1.0, 3.0]
+    # torch.set_warn_always(True) makes TORCH_WARN_ONCE warn every time (PyTorch's own tests)
+    prev = torch.is_warn_always_enabled()
+    torch.set_warn_always(True)
+    try:
+        got = _caught(lambda: (z.float(), z.float()))
+        assert len([w for w in got if msg in str(w.message)]) == 2
+    finally:
+        torch.set_warn_always(prev)
 
 
 _MAKERS = {
