@@ -137,6 +137,8 @@ def elsewhere(func, at: int, args, kwargs):
     if index is None:
         return NotImplemented
     dev = torch.device(dev)
+    if dev.type == "neuron" and dev.index is None:
+        return NotImplemented   # "neuron": the operand's core (its device guard is current)
     want = device_index(dev)
     if want == index:
         return NotImplemented
