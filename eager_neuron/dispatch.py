@@ -39,7 +39,7 @@ from .config import config
 from .context import OpContext
 from .cpu_check import cpu_raises, shares_written
 from .fallback import log_op, run_fallback
-from .inplace import resize_out, resize_outs, run_inplace_view
+from .inplace import resize_out, resize_outs, run_inplace_view, warn_resized
 from .launch import launch
 from .lower import host as _host
 from .lower.cast import RUN as _RUN
@@ -413,6 +413,7 @@ def _kernel_setup(func, plan, args, kwargs, mode) -> tuple:
                 _refuse_via_cpu(func, plan, args, kwargs)   # some out= must match exactly
             if isinstance(leaf, tuple) and a[target].shape != leaf[0]:
                 if index is None:   # NeuronMode: a CPU out= tensor resizes itself
+                    warn_resized(a[target], leaf[0])
                     a[target].resize_(leaf[0])
                 else:
                     a[target] = resize_out(_original(func, args, kwargs, target), leaf[0])

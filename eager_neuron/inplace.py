@@ -105,14 +105,19 @@ def _regrow(old, need, index):
     return data, new_block
 
 
-def resize_out(t, shape) -> torch.Tensor:
-    """ATen's resize_output for an out= tensor of another shape: warn if it held elements,
-    resize it (an in-place view op on the wrapper); returns its new host view."""
+def warn_resized(t, shape) -> None:
+    """ATen's resize_output warning for an out= tensor of another shape that held elements."""
     if t.numel() != 0:
         errors.warn(
             f"An output with one or more elements was resized since it had shape {list(t.shape)}"
             f", which does not match the required output shape {list(shape)}. This behavior is "
             "deprecated; resize outputs explicitly with t.resize_(0) first.")
+
+
+def resize_out(t, shape) -> torch.Tensor:
+    """ATen's resize_output for an out= tensor of another shape: warn if it held elements,
+    resize it (an in-place view op on the wrapper); returns its new host view."""
+    warn_resized(t, shape)
     func = aten.resize_.default
     plan = _PLANS.get(func) or _PLANS.setdefault(func, _plan(func))
     run_inplace_view(func, plan, (t, list(shape)), {}, None)

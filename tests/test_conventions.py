@@ -725,6 +725,13 @@ def test_out_resize_warns_once_at_the_callers_line():
     resized = [w for w in got if "was resized" in str(w.message)]
     assert [(w.filename, w.lineno) for w in resized] == [(__file__, line)]
     assert out.cpu().tolist() == [1.0, 2.0, 3.0, 4.0]
+    cpu_out = torch.empty(2)   # NeuronMode: CPU tensors in and out, the same one warning
+    with eager_neuron.NeuronMode():
+        line = sys._getframe().f_lineno + 1
+        got = _caught(lambda: torch.add(torch.arange(4.0), 1, out=cpu_out))
+    resized = [w for w in got if "was resized" in str(w.message)]
+    assert [(w.filename, w.lineno) for w in resized] == [(__file__, line)]
+    assert cpu_out.tolist() == [1.0, 2.0, 3.0, 4.0]
 
 
 def test_complex_to_real_cast_warns_once_per_process_at_the_callers_line():
