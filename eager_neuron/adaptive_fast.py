@@ -363,12 +363,13 @@ _REDUCTION_ARGS = {torch.ops.aten.sum.default: (None, 1), torch.ops.aten.mean.de
 
 def _declined(args, kwargs) -> bool:
     """Surely not recorded by adaptive.try_record_reduction (which takes only a whole-tensor
-    float32 sum/mean of a contiguous tensor of more than one element, no dtype argument): its
-    output has more than one element, or the operand does not qualify. False: maybe."""
+    sum/mean of a dtype in adaptive._TORCH_FLOAT (none today) of a contiguous tensor of more
+    than one element, no dtype argument): its output has more than one element, or the operand
+    does not qualify. False: maybe."""
     if not args or type(args[0]) is not NeuronTensor or len(args) > 4:
         return False
     x = args[0]
-    if x.dtype is not torch.float32 or x.numel() <= 1 or not x.is_contiguous():
+    if x.dtype not in _ad._TORCH_FLOAT or x.numel() <= 1 or not x.is_contiguous():
         return True
     if kwargs.get("dtype") is not None or (len(args) > 3 and args[3] is not None):
         return True
