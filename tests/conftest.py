@@ -8,13 +8,21 @@
 from __future__ import annotations
 
 import collections
+import os
 import sys
 
-import pytest
-import torch
+# `python -m pytest` from the checkout puts its top directory on sys.path, where kernels/ (our
+# eager_neuron.kernels, installed under that name) shadows PyPI's `kernels` package, which
+# transformers >= 5.25 imports (ImportError: cannot import name 'CUDAProperties' from 'kernels').
+# eager_neuron itself is found through its installed finder, not through this path entry.
+_TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _TOP]
 
-import eager_neuron
-from eager_neuron.config import config as neuron_config
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import eager_neuron  # noqa: E402
+from eager_neuron.config import config as neuron_config  # noqa: E402
 
 
 def pytest_configure(config):
