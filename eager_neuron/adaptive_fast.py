@@ -75,16 +75,9 @@ def run(func, args, kwargs):
                     # as dispatch's gate: another thread's group touching this call's
                     # memory launches first
                     _ad.flush_others(_op_spans(args, kwargs))
-                    if key not in _PENDING and (_ALONE_ON[0] and _alone(runner.sids) or
-                                                _LIGHT and _light(runner.sids)):
-                        if _ALONE_ON[0] and _alone(runner.sids):
-                            _ALONE_COUNTS["adaptive_alone"] += 1
+                    if key not in _PENDING and _runs_plain(runner.sids):
                         return _plain(func, args, kwargs, runner)
-            elif (_ALONE_ON[0] and _alone(runner.sids)) or (_LIGHT and _light(runner.sids)):
-                # it would start a group, and that group would hold it alone (adaptive.ALONE)
-                # or stay light (adaptive.LIGHT_NUMEL)
-                if _ALONE_ON[0] and _alone(runner.sids):
-                    _ALONE_COUNTS["adaptive_alone"] += 1
+            elif _runs_plain(runner.sids):
                 prun = runner.plain
                 if prun is not None:
                     COUNTERS["light"] += 1
@@ -167,6 +160,15 @@ _light = _ad.light
 _ALONE_ON = _ad.ALONE_ON
 _alone = _ad.alone
 _ALONE_COUNTS = _ad.ALONE_COUNTS
+
+
+def _runs_plain(sids) -> bool:
+    """Would the op start a group that holds it alone (adaptive.ALONE: counted) or that stays
+    light (adaptive.LIGHT_NUMEL)? Then plain eager's runner runs it."""
+    if _ALONE_ON[0] and _alone(sids):
+        _ALONE_COUNTS["adaptive_alone"] += 1
+        return True
+    return bool(_LIGHT) and _light(sids)
 _SKIP = __import__("threading").local()   # .args: the call run() sent to the slow path unrecorded
 
 
