@@ -9,6 +9,8 @@
   weakly ordered: another thread reading the output must see them).
 - `nt_head(dst)`: elements of the 1-d array `dst` before its first 64-byte aligned element, or
   -1 when no element is aligned (an address that is not a multiple of the item size).
+- `nt_overlap(a, b)`: whether the 1-d arrays a and b can share a byte (their spans meet): an
+  output that is also an operand (an in-place op) is in cache already and is not streamed.
 - `prefetch(a, i)`: hint that `a[i]`'s cache line is read soon (never faults, any index).
 - `maxnum_nn(a, b)`: max of two floats of one type as `llvm.maxnum` with no-NaN/no-signed-zero
   flags, which LLVM vectorizes as a max reduction (`vmaxps`; the compare-and-select spelling
@@ -40,8 +42,9 @@ from __future__ import annotations
 
 import platform
 
+import numpy as np
 from llvmlite import ir
-from numba import types
+from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -107,6 +110,19 @@ def nt_head(typingctx, dst):
         return builder.select(ok, builder.udiv(gap, _I64(size)), _I64(-1))
 
     return types.int64(dst), codegen
+
+
+@njit(inline="always")
+def nt_overlap(a, b):
+    la, lb = np.int64(a.ctypes.data), np.int64(b.ctypes.data)   # (uintp + intp: float64)
+    sa, sb = a.strides[0], b.strides[0]
+    na, nb = a.shape[0], b.shape[0]
+    if na == 0 or nb == 0:
+        return False
+    # each span [lo, hi): the first and last element's addresses, whichever way the stride runs
+    a0, a1 = (la, la + (na - 1) * sa) if sa >= 0 else (la + (na - 1) * sa, la)
+    b0, b1 = (lb, lb + (nb - 1) * sb) if sb >= 0 else (lb + (nb - 1) * sb, lb)
+    return a0 < b1 + b.itemsize and b0 < a1 + a.itemsize
 
 
 @intrinsic

@@ -147,7 +147,8 @@ def test_streamed_elementwise_equals_plain_loop(monkeypatch, expr, kinds, loads,
     """The streaming-store path of a parallel flat kernel (kernels/elementwise.py `_streamed`,
     forced on for any size here) writes exactly what the plain serial loop writes: every output
     offset against the 64-byte boundary (its serial head), sizes below, at and past a block with
-    a tail, an output aliasing its first input (in-place op); nothing outside the output."""
+    a tail, an output aliasing its first input (in-place op); nothing outside the output. An
+    output sharing memory with an operand takes plain stores (the kernel returns 0, else 1)."""
     from eager_neuron.elementwise_base import PRELUDE
     from eager_neuron.kernels import elementwise as kew
 
@@ -168,13 +169,20 @@ def test_streamed_elementwise_equals_plain_loop(monkeypatch, expr, kinds, loads,
             plain(want, *xs, 0.75)
             buf = np.zeros(n + 32, dtype)
             got = buf[off:off + n]
-            streamed(got, *xs, 0.75)
+            assert streamed(got, *xs, 0.75) == 1, (n, off)   # it streamed
             assert np.array_equal(got, want), (n, off)
             assert not buf[:off].any() and not buf[off + n:].any(), (n, off)
-            if dtype is np.float32:   # in place: out is its first input
+            if dtype is np.float32:
+                # in place (out is its first input) and out= overlapping an operand: plain
+                # stores (the lines are in cache already: streaming would only evict them)
                 x0 = xs[0].copy()
-                streamed(x0, x0, *xs[1:], 0.75)
+                assert streamed(x0, x0, *xs[1:], 0.75) == 0, (n, off)
                 assert np.array_equal(x0, want), (n, off)
+                if n > 1 and kinds[-1] == "flat":
+                    big = np.concatenate([xs[0], xs[-1]])
+                    x1 = big[n - 1:2 * n - 1]   # shares one element with the output
+                    o = big[:n]
+                    assert streamed(o, *xs[:-1], x1, 0.75) == 0, (n, off)
     assert not kew.streams("_vgelu_as(x0)", ("flat",), 1)   # compute-bound: plain stores
 
 
