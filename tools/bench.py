@@ -417,8 +417,15 @@ def chain_bench() -> None:
     def fused():
         with eager_neuron.adaptive():
             y = chain(x_dev)
-            eager_neuron.adaptive_flush = None
         return y
+    # the first call queues the fused kernel's compile in the background (docs/ADAPTIVE.md);
+    # until it lands the group runs op by op: the steady state is timed after it (the first
+    # step's cost is adaptive_bench's "first step" row)
+    from eager_neuron import adaptive_compile
+
+    for _ in range(2):   # (a trace is queued when it repeats)
+        fused()
+        adaptive_compile.wait(600)
     t_ad = median_time(fused)
     print(f"  torch CPU eager {t_cpu * 1e3:.2f} ms; neuron adaptive {t_ad * 1e3:.2f} ms "
           f"-> {t_cpu / t_ad:.2f}x (target >= 2.5x)")
