@@ -356,8 +356,24 @@ def _run_view(func, args, kwargs, mode):
                 base = a[0]
                 break
     block = base._block if base is not None else None
+    if _INFERENCE_MODE():
+        if base is not None and not base.is_inference():
+            # a view of a normal tensor made under torch.inference_mode() is a normal tensor
+            # (ATen's views take their base's dispatch keys); a wrapper made here would be an
+            # inference tensor, and autograd's view bookkeeping refused it: "Cannot set
+            # version_counter for inference tensor" on x.detach(), x[0], x.split(...)
+            with torch.inference_mode(False):
+                return _view_wraps(out, block, index)
+        return _view_wraps(out, block, index)
     if base is args[0]:   # (adaptive eager's fast path serves view runners too)
         _fast.learn_view(func, args, kwargs, out)
+    return _view_wraps(out, block, index)
+
+
+_INFERENCE_MODE = torch.is_inference_mode_enabled
+
+
+def _view_wraps(out, block, index):
     if isinstance(out, torch.Tensor):
         return _view_wrap(out, block, index)
     return type(out)(_view_wrap(o, block, index) if isinstance(o, torch.Tensor) else o

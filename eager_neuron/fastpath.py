@@ -716,19 +716,20 @@ def learn_view(func, args, kwargs, out) -> None:
     meth = _view_method(func, x, args, kwargs, out)
     ns = {"OP": meth or func._op, "S": STATS, "F": STATS_FAST, "NT": NeuronTensor, "MISS": MISS,
           "make": torch.Tensor._make_wrapper_subclass, "STRIDED": torch.strided,
-          "DEV": DEVICES[index], "IDX": index}
+          "DEV": DEVICES[index], "IDX": index, "INF": torch.is_inference_mode_enabled}
     call = "OP(x._data" + "".join(f", args[{i}]" for i in range(1, len(args)))
     call += ", **kwargs)" if kwargs else ")"
-    lines = ["x = args[0]", f"out = {call}"]
+    # under torch.inference_mode() the funnel decides whether the view is an inference tensor
+    lines = ["if INF(): return MISS", "x = args[0]", f"out = {call}"]
     if getattr(meth, "slice_as_strided", False):
         ns["DELTA"] = meth.delta
-        lines[1:] = ["d = x._data",
+        lines[2:] = ["d = x._data",
                      "out = d.as_strided(SHAPE, STRIDE, d.storage_offset() + DELTA)"]
     same = func in _SAME_VIEW and len(args) == 1 and not kwargs
     if same:
         # detach/alias: the host view itself (host views are never changed in place: an
         # in-place view op gives its wrapper a fresh one), with its cached numpy view
-        lines[1] = "out = x._data"
+        lines[2] = "out = x._data"
     if single:
         # sizes, strides and dtype are the signature's: only the offset is read back
         ns.update(SHAPE=tuple(out.shape), STRIDE=out.stride(), DT=out.dtype,
