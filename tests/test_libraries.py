@@ -108,3 +108,98 @@ def test_module_forward_under_inference_mode_then_training(mode):
     torch.testing.assert_close(got[0].cpu().double(), want[0], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(got[1].cpu().double(), want[1], rtol=1e-5, atol=1e-6)
     assert got[2:] == want[2:]
+
+
+# ---------------------------------------------------------------------------------------------
+# random ops that ran as CPU fallbacks (torch.distributions' Binomial and Dirichlet, F.rrelu_
+# in training, functional random): they draw from the CPU generator on the host, as poisson and
+# _standard_gamma already did: the CPU's numbers for the same seed, no fallback
+
+
+def _draws(dev):
+    out = {}
+    torch.manual_seed(0)
+    count = torch.tensor([3.0, 10.0, 0.0, 5.0]).to(dev)
+    prob = torch.tensor([0.2, 0.5, 0.7, 1.0]).to(dev)
+    out["binomial"] = torch.binomial(count, prob)
+    conc = torch.tensor([[0.5, 1.0, 2.0], [3.0, 1.0, 0.1]]).to(dev)
+    out["dirichlet"] = torch._sample_dirichlet(conc)
+    x = torch.randn(3, 4).to(dev)
+    out["rrelu_"] = torch.nn.functional.rrelu_(x.clone(), training=True)
+    out["random"] = torch.ops.aten.random(torch.empty(5).to(dev), 0, 10)
+    out["random_to"] = torch.ops.aten.random.to(torch.empty(5).to(dev), 7)
+    d = torch.distributions
+    out["Binomial"] = d.Binomial(torch.tensor([4.0, 9.0]).to(dev),
+                                 probs=torch.tensor([0.3, 0.6]).to(dev)).sample((3,))
+    out["Dirichlet"] = d.Dirichlet(torch.tensor([0.5, 2.0, 4.0]).to(dev)).sample((2,))
+    out["after"] = torch.rand(3).to(dev)   # the generator advanced as on the CPU
+    return out
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_random_ops_draw_on_the_host_not_a_fallback(mode, stats_delta):
+    want = _draws("cpu")
+    with _mode(mode):
+        got = _draws("neuron")
+        torch.neuron.synchronize()
+    for k in want:
+        assert got[k].device.type == "neuron", k
+        assert got[k].dtype == want[k].dtype, k
+        assert torch.equal(got[k].cpu(), want[k]), k   # the CPU's own draws, moved
+    assert stats_delta()["fallbacks"] == {}
+
+
+# ---------------------------------------------------------------------------------------------
+# forward-mode AD (torch.func.jvp / jacfwd / hessian, torch.autograd.forward_ad): two metadata
+# ops autograd asks when a tangent is set ran as CPU fallbacks
+
+
+@pytest.mark.parametrize("nb", [0, 1, 2])
+def test_new_zeros_with_same_feature_meta(nb, stats_delta):
+    for base in (torch.arange(10.0), torch.arange(12.0).view(3, 4)):
+        other = base.flatten()[2:5] if base.dim() == 1 else base.t()
+        self_ = torch.ones(2, 3, *other.shape)
+        want = torch.ops.aten._new_zeros_with_same_feature_meta(self_, other,
+                                                                 self_num_batch_dims=nb)
+        dev_base = base.to("neuron")
+        dev_other = dev_base.flatten()[2:5] if base.dim() == 1 else dev_base.t()
+        got = torch.ops.aten._new_zeros_with_same_feature_meta(self_.to("neuron"), dev_other,
+                                                                self_num_batch_dims=nb)
+        assert got.device.type == "neuron"
+        assert (got.shape, got.stride(), got.storage_offset(), got.dtype) == (
+            want.shape, want.stride(), want.storage_offset(), want.dtype)
+        assert got.untyped_storage().nbytes() == want.untyped_storage().nbytes()
+        assert torch.equal(got.cpu(), want)
+    assert torch.ops.aten._has_same_storage_numel(dev_base[1:], dev_base)
+    assert not torch.ops.aten._has_same_storage_numel(dev_base[1:], dev_base[1:].clone())
+    assert stats_delta()["fallbacks"] == {}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_forward_mode_ad_on_views(mode, stats_delta):
+    import torch.autograd.forward_ad as fwAD
+    from torch.func import hessian, jacfwd, jvp
+
+    def run(dev):
+        out = {}
+        base = torch.arange(10.0, dtype=torch.float64, device=dev)
+        with fwAD.dual_level():
+            x = base.clone().view(2, 5)
+            d = fwAD.make_dual(x.t(), torch.ones(5, 2, dtype=torch.float64, device=dev))
+            y = (d * d).sum(0)
+            out["tangent"] = fwAD.unpack_dual(y).tangent
+            out["stride"] = torch.tensor(fwAD.unpack_dual(d).tangent.stride())
+            v = fwAD.make_dual(base[2:5], torch.arange(3.0, dtype=torch.float64, device=dev))
+            out["view_tangent"] = fwAD.unpack_dual(v.exp()).tangent
+        v = torch.linspace(-1, 1, 4, dtype=torch.float64, device=dev)
+        out["jvp"] = jvp(lambda t: t.sin() * t, (v,), (torch.ones_like(v),))[1]
+        out["jacfwd"] = jacfwd(lambda t: t.sin() * t)(v)
+        out["hessian"] = hessian(lambda t: (t.sin() * t).sum())(v)
+        return out
+
+    want = run("cpu")
+    with _mode(mode):
+        got = run("neuron")
+    for k in want:   # float64 on both: the same formulas, at float64's rounding
+        torch.testing.assert_close(got[k].cpu(), want[k], rtol=1e-12, atol=1e-12)
+    assert stats_delta()["fallbacks"] == {}

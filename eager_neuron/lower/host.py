@@ -293,6 +293,39 @@ def tensor_info(func, args, kwargs, mode):
     return func(*args, **kwargs)
 
 
+def same_storage_numel(func, args, kwargs, mode):
+    """aten::_has_same_storage_numel (forward-mode AD asks it when a tangent is set on a view,
+    torch.func.jvp/jacfwd/hessian): whether the two storages hold as many elements, as ATen
+    computes it (storage bytes over element size); no data touched."""
+    from .common import bind
+
+    a = bind(func, args, kwargs)
+    x, y = a["self"], a["other"]
+    return (x.untyped_storage().nbytes() // x.element_size() ==
+            y.untyped_storage().nbytes() // y.element_size())
+
+
+def new_zeros_same_feature_meta(func, args, kwargs, mode):
+    """aten::_new_zeros_with_same_feature_meta (forward-mode AD: a tangent whose layout differs
+    from its primal's is copied into zeros laid out as the primal, over the primal's whole
+    storage): zeros on `other`'s device, its sizes and strides at its storage offset, with
+    `self`'s leading batch dimensions laid out outermost (one storage-sized slice each).
+    ATen's kernel reads the wrapper's C++ storage, which is not the device buffer's size."""
+    from .common import bind
+
+    a = bind(func, args, kwargs)
+    x, other, nb = a["self"], a["other"], a["self_num_batch_dims"]
+    numel = other.untyped_storage().nbytes() // other.element_size()
+    sizes = list(x.shape[:nb]) + list(other.shape)
+    strides = [0] * nb + list(other.stride())
+    total = numel
+    for i in range(nb - 1, -1, -1):
+        strides[i] = total
+        total *= x.shape[i]
+    flat = torch.zeros(total, dtype=other.dtype, device=other.device)
+    return flat.as_strided(sizes, strides, other.storage_offset())
+
+
 def noop_self(func, args, kwargs, mode):
     return args[0] if args else None
 
@@ -312,6 +345,10 @@ HOST_COMPUTE = [
     "aten::randint_like", "aten::rand_like", "aten::randn_like", "aten::normal_functional",
     "aten::tensor", "aten::full", "aten::zeros", "aten::ones",
     "aten::rrelu_with_noise",   # draws into `noise` (a device buffer) and returns the output
+    # the CPU's generator too (torch.distributions' Binomial and Dirichlet, F.rrelu_ in
+    # training, functional random): these ran as CPU fallbacks, warned and counted
+    "aten::binomial", "aten::_sample_dirichlet", "aten::random", "aten::rrelu_with_noise_",
+    "aten::rrelu_with_noise_functional",
 ]
 
 # -- sparse and quantized tensors: refused with the fix, before any half-built device tensor ------
@@ -407,6 +444,8 @@ HOST = {
     "aten::equal": equal,
     "aten::allclose": allclose,
     "aten::is_pinned": tensor_info,
+    "aten::_has_same_storage_numel": same_storage_numel,
+    "aten::_new_zeros_with_same_feature_meta": new_zeros_same_feature_meta,
     "aten::record_stream": record_stream,
     "aten::_efficientzerotensor": efficient_zeros,
     **{name: rng_inplace for name in RNG_INPLACE},
