@@ -203,3 +203,68 @@ def test_forward_mode_ad_on_views(mode, stats_delta):
     for k in want:   # float64 on both: the same formulas, at float64's rounding
         torch.testing.assert_close(got[k].cpu(), want[k], rtol=1e-12, atol=1e-12)
     assert stats_delta()["fallbacks"] == {}
+
+
+# ---------------------------------------------------------------------------------------------
+# Lightning (not a test dependency: skipped without it). Trainer(accelerator="neuron") was
+# refused ("invalid accelerator name"), and a hand-written accelerator trained on the CPU:
+# Lightning gives an accelerator it does not list a CPU single-device strategy
+
+
+def _lit_run(accelerator, precision="32-true", dtype=torch.float64):
+    L = pytest.importorskip("lightning")
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class Lit(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = torch.nn.Linear(8, 4, dtype=dtype)
+            self.seen = set()
+
+        def training_step(self, batch, idx):
+            x, y = batch
+            out = self.net(x)
+            self.seen.add((x.device.type, out.dtype))
+            return torch.nn.functional.cross_entropy(out, y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(24, 8, generator=g, dtype=dtype),
+                         torch.randint(0, 4, (24,), generator=g))
+    lit = Lit()
+    trainer = L.Trainer(accelerator=accelerator, devices=1, max_epochs=2, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, precision=precision)
+    trainer.fit(lit, DataLoader(data, batch_size=8))
+    return lit, trainer
+
+
+def test_lightning_trainer_accelerator_neuron():
+    want, _ = _lit_run("cpu")
+    got, trainer = _lit_run("neuron")
+    assert trainer.strategy.root_device == torch.device("neuron", 0)
+    assert got.seen == {("neuron", torch.float64)}
+    # float64 on both: the same SGD steps at float64's rounding
+    torch.testing.assert_close(got.net.weight.cpu(), want.net.weight, rtol=1e-12, atol=1e-12)
+
+
+def test_lightning_bf16_mixed_autocasts_on_neuron():
+    got, trainer = _lit_run("neuron", "bf16-mixed", torch.float32)
+    assert type(trainer.precision_plugin).__name__ == "MixedPrecision"
+    assert got.seen == {("neuron", torch.bfloat16)}   # Lightning's "cuda" autocast: float32
+
+
+def test_lightning_fabric_and_devices():
+    L = pytest.importorskip("lightning")
+    fabric = L.Fabric(accelerator="neuron", devices=1)
+    assert fabric.device == torch.device("neuron", 0)
+    model, opt = fabric.setup(torch.nn.Linear(3, 2), torch.optim.SGD([torch.nn.Parameter(
+        torch.zeros(1))], lr=0.1))
+    assert next(model.parameters()).device.type == "neuron"
+    trainer = L.Trainer(accelerator="neuron", devices=[1], logger=False)
+    assert trainer.strategy.root_device == torch.device("neuron", 1)
+    with pytest.raises(ValueError, match="neuron cores"):
+        L.Trainer(accelerator="neuron", devices=torch.neuron.device_count() + 1)
