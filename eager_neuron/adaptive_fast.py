@@ -540,7 +540,7 @@ class _Rec:
 
 # the joinable ops whose lowering the plain fast path may replay from captured launches
 # (fastpath_capture.CAPTURED: reviewed to act on the device only through launch())
-_CALLS = {f for n, f in _calls.JOINABLE.items() if n in _capture.CAPTURED}
+_CALLS = {f for n, f in _calls.JOINABLE.items() if n.split(".")[0] in _capture.CAPTURED}
 
 
 def learn_call(name: str, a: dict, outs: list, staged: list, sids: tuple, core: int,
@@ -559,16 +559,17 @@ def learn_call(name: str, a: dict, outs: list, staged: list, sids: tuple, core: 
         return
     # the call armed in run() is this one: every neuron operand's host view is one of `a`'s
     datas = {id(v) for v in a.values() if isinstance(v, torch.Tensor)}
+    # (a list of numbers, a sum's dims, is fixed by the signature, which keys their values)
     inputs = []
     for i, v in enumerate(args):
         if type(v) is NeuronTensor:
             inputs.append((f"args[{i}]", v))
-        elif isinstance(v, (list, tuple, torch.Tensor)):
+        elif isinstance(v, torch.Tensor) or _holds_tensors(v):
             return
     for k, v in kwargs.items():
         if type(v) is NeuronTensor:
             inputs.append((f"kwargs[{k!r}]", v))
-        elif isinstance(v, (list, tuple, torch.Tensor)):
+        elif isinstance(v, torch.Tensor) or _holds_tensors(v):
             return
     if not inputs or any(id(v._data) not in datas or v._index != core for _r, v in inputs):
         return
@@ -662,6 +663,11 @@ def learn_call(name: str, a: dict, outs: list, staged: list, sids: tuple, core: 
 
 
 _ad.LEARN_CALL[0] = learn_call
+
+
+def _holds_tensors(v) -> bool:
+    return isinstance(v, (list, tuple)) and not all(
+        type(e) is int or type(e) is bool or type(e) is float for e in v)
 
 
 def reset() -> None:

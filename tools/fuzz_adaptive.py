@@ -146,7 +146,8 @@ def generate(seed: int, n_ops: int | None = None) -> list:
         kind = rng.choice(["binary", "binary", "unary", "inplace", "inplace", "inplace", "out",
                            "host_copy", "to_device", "cpu_scalar", "cpu_scalar_change",
                            "read", "sum", "drop", "mix", "int_div", "int_inplace_float",
-                           "expand_write", "clone", "mm", "mm", "scatter", "contiguous"])
+                           "expand_write", "clone", "mm", "mm", "scatter", "contiguous",
+                           "sum_dim", "sum_dim"])
         a = pick()
         if a is None:
             continue
@@ -221,6 +222,15 @@ def generate(seed: int, n_ops: int | None = None) -> list:
             steps.append(("read", a))
         elif kind == "sum":
             steps.append(("sum", a))
+        elif kind == "sum_dim" and env[a][1].dim() >= 1:
+            # a sum/mean over dims (adaptive eager joins float ones as calls of plain eager's
+            # reduction kernel), then an epilogue recorded after the call
+            nd = env[a][1].dim()
+            dims = sorted(rng.sample(range(nd), rng.randint(1, nd)))
+            if rng.random() < 0.3:
+                dims = [d - nd for d in dims]    # negative dims
+            op = rng.choice(["sum", "mean"]) if dt[ab].is_floating_point else "sum"
+            steps.append(("sum_dim", a, op, dims, rng.random() < 0.5))
         elif kind == "drop":
             if a not in BASES:
                 steps.append(("drop", a))
@@ -380,6 +390,13 @@ def execute(steps: list, dev: str) -> list:
                 obs.append(("v", cpu(env[step[1]])))
             elif kind == "sum":
                 obs.append(("s", env[step[1]].double().sum().item()))
+            elif kind == "sum_dim":
+                _, a, op, dims, keep = step
+                x = env[a]
+                y = getattr(torch, op)(x, dims, keepdim=keep) * 2.0 - 0.5
+                # the CPU sums in another order: its bound (|x| summed, the reduced length)
+                bound = cpu(x).abs().double().sum(dims, keepdim=keep)
+                obs.append(("r", cpu(y), bound, x.numel() // max(1, bound.numel())))
             elif kind == "drop":
                 env.pop(step[1], None)
             elif kind == "int_div":
@@ -437,7 +454,27 @@ def _same(a, b, tol: float = 0.0, sum_tol: float = 1e-9) -> str | None:
     sums within `sum_tol` relative (0: bitwise)."""
     if len(a) != len(b):
         return f"{len(a)} observations vs {len(b)}"
-    for i, ((ka, va), (kb, vb)) in enumerate(zip(a, b)):
+    for i, (oa, ob) in enumerate(zip(a, b)):
+        (ka, va), (kb, vb) = oa[:2], ob[:2]
+        if ka == "r" and kb == "r":
+            # a reduction over dims: bitwise when sum_tol is 0 (adaptive vs plain), else
+            # within the bound of two summation orders of n values (then * 2 - 0.5)
+            if va.dtype != vb.dtype or va.shape != vb.shape:
+                return f"observation {i}: {va.dtype}{list(va.shape)} vs {vb.dtype}{list(vb.shape)}"
+            if sum_tol == 0.0 and not tol:
+                if torch.equal(va.nan_to_num(), vb.nan_to_num()) and \
+                        torch.equal(va.isnan(), vb.isnan()):
+                    continue
+                return (f"observation {i}: reduction differs: {va.reshape(-1)[:6].tolist()} "
+                        f"vs {vb.reshape(-1)[:6].tolist()}")
+            eps = torch.finfo(va.dtype).eps if va.is_floating_point() else 0.0
+            bound, n = oa[2], oa[3]
+            lim = 2 * (n + 1) * eps * (2 * bound + va.double().abs() + 1) + max(tol, 0.0)
+            err = (va.double() - vb.double()).abs()
+            if not bool(((err <= lim) | (va.isnan() & vb.isnan())).all()):
+                return (f"observation {i}: reduction {va.reshape(-1)[:6].tolist()} vs "
+                        f"{vb.reshape(-1)[:6].tolist()}")
+            continue
         if ka != kb:
             return f"observation {i}: {ka} {va if ka == 'e' else ''} vs {kb} " \
                    f"{vb if kb == 'e' else ''}"
