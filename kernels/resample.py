@@ -19,7 +19,7 @@ from .grid_sample import _ROUND
 
 HEADER = '@njit(error_model="numpy", nogil=True{extra})\n'
 
-TAPS = {"nearest": 1, "nearest_exact": 1, "linear": 2, "cubic": 4, "aa_linear": 0}
+TAPS = {"nearest": 1, "nearest_exact": 1, "linear": 2, "cubic": 4, "aa_linear": 0, "aa_cubic": 0}
 
 # area_pixel_compute_scale: align_corners maps corner to corner; otherwise 1 / scale_factor
 # when one was given (inv > 0), else in / out
@@ -113,6 +113,34 @@ _TAPS = {
     for j in range(size, idx.shape[0]):
         idx[j] = lo
 """,
+    # antialiased cubic: as aa_linear with Keys' cubic filter (a = -0.5) of half-width 2,
+    # stretched by the scale when downsampling
+    "aa_cubic": """\
+    s = _scale(isize, osize, inv, align)
+    support = {T}(2) * s if s >= 1 else {T}(2)
+    center = {T}(np.float64(s) * (o + 0.5))
+    invscale = {T}(1.0 / np.float64(s)) if s >= 1 else {T}(1)
+    lo = max(int(np.float64(center - support) + 0.5), 0)
+    size = min(int(np.float64(center + support) + 0.5), isize) - lo
+    total = {T}(0)
+    a = {T}(-0.5)
+    for j in range(size):
+        v = abs({T}(np.float64({T}(j + lo) - center) + 0.5) * np.float64(invscale))
+        if v < 1:
+            w = ((a + {T}(2)) * v - (a + {T}(3))) * v * v + {T}(1)
+        elif v < 2:
+            w = ((a * v - {T}(5) * a) * v + {T}(8) * a) * v - {T}(4) * a
+        else:
+            w = {T}(0)
+        idx[j] = lo + j
+        wt[j] = w
+        total += w
+    if total != 0:
+        for j in range(size):
+            wt[j] /= total
+    for j in range(size, idx.shape[0]):
+        idx[j] = lo
+""",
 }
 
 # table width: the fixed tap count, or for antialiasing 2 * ceil(support) + 1
@@ -123,6 +151,15 @@ def _width(isize, osize, inv, align):
         return {taps}
     s = _scale(isize, osize, inv, align)
     return int(math.ceil(s if s >= 1 else {T}(1))) * 2 + 1
+
+
+"""
+# aa_cubic: the filter's half-width is 2 input pixels (times the scale when downsampling)
+_WIDTH_AA_CUBIC = """\
+@njit(error_model="numpy", forceinline=True)
+def _width(isize, osize, inv, align):
+    s = _scale(isize, osize, inv, align)
+    return int(math.ceil({T}(2) * s if s >= 1 else {T}(2))) * 2 + 1
 
 
 """
@@ -263,7 +300,8 @@ def render_upsample_backward(mode: str, T: str, parallel: bool,
     head = HEADER.format(extra=", parallel=True" if parallel else "")
     helpers = _ROUND[rnd] + "\n\n" + _SCALE.format(T=T) + _FORCEINLINE + \
         "def _taps(o, isize, osize, inv, align, idx, wt):\n" + \
-        _TAPS[mode].format(T=T) + "\n\n" + _WIDTH.format(taps=taps, T=T) + \
+        _TAPS[mode].format(T=T) + "\n\n" + \
+        (_WIDTH_AA_CUBIC if mode == "aa_cubic" else _WIDTH).format(taps=taps, T=T) + \
         _TABLE.format(T=T)
     if forward == "gather":
         body = _GATHER_FORWARD.format(name=name, T=T, rng="prange" if parallel else "range")

@@ -268,3 +268,30 @@ def test_lightning_fabric_and_devices():
     assert trainer.strategy.root_device == torch.device("neuron", 1)
     with pytest.raises(ValueError, match="neuron cores"):
         L.Trainer(accelerator="neuron", devices=torch.neuron.device_count() + 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# F.interpolate(mode="bicubic", antialias=True) (image resizing, torchvision-style Resize on
+# tensors) and its backward ran as CPU fallbacks; antialiased bilinear already had kernels
+
+_AA_CASES = [((5, 7), {}), ((16, 16), {}), ((3, 20), {}), (None, {"scale_factor": 0.37}),
+             (None, {"scale_factor": 2.5}), ((4, 4), {"align_corners": True})]
+
+
+@pytest.mark.parametrize("size,kw", _AA_CASES)
+def test_bicubic_antialias_forward_backward(size, kw, stats_delta):
+    F = torch.nn.functional
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 11, 13, dtype=torch.float64, generator=g, requires_grad=True)
+    ref = F.interpolate(x, size=size, mode="bicubic", antialias=True, **kw)
+    grad_out = torch.randn(ref.shape, dtype=torch.float64, generator=g)
+    ref.backward(grad_out)
+    for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 2e-5)):
+        xd = x.detach().to("neuron", dtype).requires_grad_()
+        out = F.interpolate(xd, size=size, mode="bicubic", antialias=True, **kw)
+        out.backward(grad_out.to("neuron", dtype))
+        assert out.dtype == dtype and out.shape == ref.shape
+        # the float64 CPU result is the reference for both (float32: its rounding bound)
+        torch.testing.assert_close(out.cpu().double(), ref.detach(), rtol=tol, atol=tol)
+        torch.testing.assert_close(xd.grad.cpu().double(), x.grad, rtol=tol, atol=tol)
+    assert stats_delta()["fallbacks"] == {}

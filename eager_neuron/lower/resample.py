@@ -89,8 +89,9 @@ def _upsample_backward(mode: str, rank: int):
     return lower
 
 
-def lower_upsample_aa(func, a, outs):
-    """_upsample_bilinear2d_aa forward: the antialiased tables gathered (no decomposition)."""
+def lower_upsample_aa(func, a, outs, mode="aa_linear"):
+    """_upsample_bilinear2d_aa / _upsample_bicubic2d_aa forward: the antialiased tables
+    gathered (no decomposition)."""
     x, out = a["self"], outs[0]
     if x.dtype not in _FLOAT:
         raise NotImplementedError(f"antialiased upsample on {x.dtype}")
@@ -100,8 +101,9 @@ def lower_upsample_aa(func, a, outs):
                    (a["scales_h"], a["scales_w"])]
     T = NP_TYPE[x.dtype]
     parallel = out.numel() >= PARALLEL_MIN and kc.parallel_allowed()
-    launch(("resample", "upsample_aa", VERSION, UP_VERSION, T, parallel),
-           lambda: kresample.render_upsample_backward("aa_linear", T, parallel, forward=True),
+    key = ("resample", "upsample_aa", VERSION, UP_VERSION, T, parallel) + (
+        (mode,) if mode != "aa_linear" else ())
+    launch(key, lambda: kresample.render_upsample_backward(mode, T, parallel, forward=True),
            (_np(_as5(out, 2)), _np(_as5(x, 2))) + tuple(inv) + (bool(a["align_corners"]),),
            flops=4.0 * (out.numel() + x.numel()), engine="vector",
            bytes_moved=_numel(x, out) * x.element_size())
@@ -300,4 +302,8 @@ LOWERINGS.update({
     "aten::upsample_bicubic2d_backward": _upsample_backward("cubic", 2),
     "aten::_upsample_bilinear2d_aa": lower_upsample_aa,
     "aten::_upsample_bilinear2d_aa_backward": _upsample_backward("aa_linear", 2),
+    # antialiased bicubic (F.interpolate(mode="bicubic", antialias=True)): ran on the CPU
+    "aten::_upsample_bicubic2d_aa": lambda func, a, outs: lower_upsample_aa(func, a, outs,
+                                                                            "aa_cubic"),
+    "aten::_upsample_bicubic2d_aa_backward": _upsample_backward("aa_cubic", 2),
 })
