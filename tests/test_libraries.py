@@ -6,6 +6,7 @@ a failure tools/probe_libraries.py found, run in plain and adaptive eager agains
 from __future__ import annotations
 
 import contextlib
+import math
 
 import pytest
 import torch
@@ -295,3 +296,46 @@ def test_bicubic_antialias_forward_backward(size, kw, stats_delta):
         torch.testing.assert_close(out.cpu().double(), ref.detach(), rtol=tol, atol=tol)
         torch.testing.assert_close(xd.grad.cpu().double(), x.grad, rtol=tol, atol=tol)
     assert stats_delta()["fallbacks"] == {}
+
+
+# ---------------------------------------------------------------------------------------------
+# F.scaled_dot_product_attention with a boolean mask on the math path (dropout in training:
+# BERT/sentence-transformers fine-tuning with attention dropout; float64; 3-d inputs): the mask
+# was added to the scores as 0/1 instead of masking (a silent wrong answer, 2.5 off in float64)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype,shape,p", [
+    (torch.float64, (2, 2, 5, 4), 0.0), (torch.float64, (2, 2, 5, 4), 0.3),
+    (torch.float32, (2, 2, 5, 4), 0.3), (torch.float32, (2, 5, 4), 0.0),
+    (torch.float64, (2, 5, 4), 0.3)])
+def test_sdpa_boolean_mask_on_the_math_path(mode, dtype, shape, p):
+    F = torch.nn.functional
+
+    def run(dev):
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(*shape, dtype=dtype, generator=g).to(dev).requires_grad_()
+                   for _ in range(3))
+        keep = (torch.rand(5, 5, generator=g) > 0.3).to(dev)
+        keep[:, 0] = True   # no fully masked row
+        torch.manual_seed(3)   # the dropout mask: the CPU's generator on both devices
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=p)
+        out.backward(torch.ones_like(out))
+        return out, q.grad, k.grad, v.grad
+
+    want = run("cpu")
+    with _mode(mode):
+        got = run("neuron")
+    tol = 1e-12 if dtype == torch.float64 else 2e-6
+    for w, gt in zip(want, got):
+        torch.testing.assert_close(gt.cpu(), w, rtol=tol, atol=tol)
+    if p == 0.0:
+        # masked keys take no part: the same as dropping them from k and v (an exact check
+        # independent of the CPU's kernel)
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(*shape, dtype=dtype, generator=g).double() for _ in range(3))
+        keep = torch.rand(5, 5, generator=g) > 0.3
+        keep[:, 0] = True
+        scores = (q @ k.transpose(-1, -2)) / math.sqrt(shape[-1])
+        ref = scores.masked_fill(~keep, -math.inf).softmax(-1) @ v
+        torch.testing.assert_close(got[0].cpu().double(), ref, rtol=tol * 10, atol=tol * 10)

@@ -72,6 +72,12 @@ def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scal
          enable_gqa=False):
     """AutogradPrivateUse1 kernel of aten::scaled_dot_product_attention."""
     if not _fusable(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa):
+        if attn_mask is not None and attn_mask.dtype == torch.bool:
+            # the math op adds its mask: ATen's sdpa turns a boolean one into 0 / -inf first
+            # (convert_boolean_attn_mask); passed as is, True added 1.0 to every kept score and
+            # nothing was masked (dropout in training, float64, 3-d inputs: silently wrong)
+            attn_mask = torch.where(attn_mask, 0.0, torch.scalar_tensor(
+                -math.inf, dtype=query.dtype, device=attn_mask.device))
         return aten._scaled_dot_product_attention_math(
             query, key, value, attn_mask, dropout_p, is_causal, None, scale=scale,
             enable_gqa=enable_gqa)[0]
