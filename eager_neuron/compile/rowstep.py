@@ -97,6 +97,10 @@ class RowStep:
                 j = idx[("mm", m.node, "full")]
                 x, w, bias, beta, alpha = m.mm
                 e = f"b{j}[r, c]"
+                if m in stored and cur_pass[0] > m.avail:
+                    # a stored product's memory is its store's (one tensor per node): the
+                    # pass that stored it left the full value there, bias and alpha applied
+                    return e
                 if alpha != 1:
                     e = f"{_npt(m.node)}({alpha!r}) * {e}"
                 if m.operands:
@@ -120,7 +124,9 @@ class RowStep:
         # rows: stage s computes row values with avail s; pass s loops over c
         body: list = []
         emitted_row: set = set()
+        cur_pass = [0]
         for s in stages:
+            cur_pass[0] = s
             for m in members:
                 if m.cls != "row" or m.avail != s or m.idx in emitted_row:
                     continue

@@ -1,0 +1,79 @@
+"""torch.compile(backend="neuron") against CPU eager, neuron eager and a float64 CPU reference
+(tools/fuzz_compile.py): the programs the fuzzer found disagreeing, kept as regressions, and a
+bounded fuzz run. `python tools/fuzz_compile.py --programs 500` runs more."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
+
+import fuzz_compile  # noqa: E402
+from fuzz_compile import Program  # noqa: E402
+
+torch._dynamo.config.cache_size_limit = 64
+pytestmark = pytest.mark.usefixtures("dynamo_reset")   # (tests/conftest.py)
+
+N = int(os.environ.get("EAGER_NEURON_COMPILE_FUZZ_PROGRAMS", "48"))
+FIRST = 7000
+
+
+def _plain(name, dtype, dims, layout="c"):
+    return {"name": name, "kind": "plain", "dtype": dtype, "dims": dims, "layout": layout}
+
+
+# programs the fuzzer found disagreeing (minimized), each with what it caught
+REGRESSIONS: dict[str, tuple[Program, str]] = {
+    # a row kernel's matmul product stored (a result, or saved for the backward) shared its
+    # memory with the stored value: a later pass re-read the product slot after the first pass
+    # had written bias + product there, and added the bias again (nn.Linear -> LayerNorm in
+    # training: wrong loss from the first step)
+    "linear_bias_stored_then_second_pass": (Program(
+        9001, [_plain("a", torch.float32, ("R", "C")), _plain("b", torch.float32, ("K", "C")),
+               _plain("c", torch.float32, ("K",))],
+        ["t0 = torch.nn.functional.linear(a, b, c)",
+         "t1 = t0.mean(-1, keepdim=True)",
+         "t2 = ((t0 - t1) * (t0 - t1)).mean(-1, keepdim=True)"],
+        ["t2", "t0"], False, None), "addmm stored, re-read in a second pass"),
+    "linear_layer_norm_training": (Program(
+        9002, [_plain("a", torch.float32, ("R", "C")), _plain("b", torch.float32, ("K", "C")),
+               _plain("c", torch.float32, ("K",))],
+        ["t0 = torch.nn.functional.layer_norm(torch.nn.functional.linear(a, b, c), (b.shape[0],))"],
+        ["t0"], True, None), "addmm saved for layer norm's backward"),
+    "addmm_alpha_stored": (Program(
+        9003, [_plain("a", torch.float64, ("R", "C")), _plain("b", torch.float64, ("C", "K")),
+               _plain("c", torch.float64, ("K",))],
+        ["t0 = torch.addmm(c, a, b, alpha=0.5)",
+         "t1 = torch.softmax(t0, -1)"],
+        ["t1", "t0"], False, False), "alpha applied twice in softmax's later passes"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REGRESSIONS))
+def test_found_program_agrees(name):
+    p, what = REGRESSIONS[name]
+    msg = fuzz_compile.check(p, verbose=True)
+    assert msg is None, f"{what}\n{msg}\n{p.describe()}"
+
+
+def test_bounded_fuzz_run():
+    """N random programs (seeds FIRST..), each called with fresh inputs, new sizes, dtypes and
+    strides, agree every way (a disagreement that torch's own CPU aot_eager shares is torch's
+    and skipped, as the fuzzer's driver does)."""
+    t0 = time.time()
+    bad = []
+    for seed in range(FIRST, FIRST + N):
+        p = fuzz_compile.generate(seed)
+        msg = fuzz_compile.check(p, quick=True)
+        if msg and "compiled" in msg and fuzz_compile.check(p, dev="cpu", backend="aot_eager",
+                                                            quick=True):
+            continue
+        if msg and seed not in fuzz_compile.KNOWN:
+            bad.append(f"{msg}\n{p.describe()}")
+    assert not bad, f"{len(bad)} of {N} programs disagree:\n" + "\n".join(bad[:3])
+    assert time.time() - t0 < 300
