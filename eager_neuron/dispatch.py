@@ -357,7 +357,7 @@ def _run_view(func, args, kwargs, mode):
                 break
     block = base._block if base is not None else None
     if _INFERENCE_MODE():
-        if base is not None and not base.is_inference():
+        if base is not None and not base.is_inference() and func is not _VIEW_DTYPE:
             # a view of a normal tensor made under torch.inference_mode() is a normal tensor
             # (ATen's views take their base's dispatch keys); a wrapper made here would be an
             # inference tensor, and autograd's view bookkeeping refused it: "Cannot set
@@ -371,6 +371,8 @@ def _run_view(func, args, kwargs, mode):
 
 
 _INFERENCE_MODE = torch.is_inference_mode_enabled
+# x.view(dtype) is no autograd view: under inference mode ATen returns an inference tensor
+_VIEW_DTYPE = torch.ops.aten.view.dtype
 
 
 def _view_wraps(out, block, index):

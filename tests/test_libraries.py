@@ -69,6 +69,9 @@ def test_views_of_normal_tensors_under_inference_mode(mode):
                 assert not v.is_inference()
     assert dev._version == ref._version
     assert torch.equal(dev.cpu(), ref)
+    # x.view(dtype) is no autograd view: an inference tensor, as ATen makes it
+    with torch.inference_mode():
+        assert dev.view(torch.int32).is_inference() == ref.view(torch.int32).is_inference()
 
 
 @pytest.mark.parametrize("mode", MODES)
