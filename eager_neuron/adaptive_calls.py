@@ -49,9 +49,12 @@ JOINABLE = {
     # float sums and means over dims (lower/reduce.py: one launch on views of the operand and
     # the output, nothing read on the host): plain eager's own reduction kernel, so its float64
     # accumulation order and its bits, where an epilogue in the group's loops would add in
-    # another order (adaptive._TORCH_FLOAT); a bias gradient's sum(0) no longer ends the group
+    # another order (adaptive._TORCH_FLOAT); a bias gradient's sum(0) or a loss's mean() no
+    # longer ends the group
     "aten::sum.dim_IntList": torch.ops.aten.sum.dim_IntList,
     "aten::mean.dim": torch.ops.aten.mean.dim,
+    "aten::sum": torch.ops.aten.sum.default,       # over every element (a loss)
+    "aten::mean": torch.ops.aten.mean.default,
 }
 _MATMUL = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"})
 _FLOATS = frozenset({torch.float32, torch.float64})

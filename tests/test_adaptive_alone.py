@@ -97,7 +97,8 @@ def test_an_op_that_also_starts_a_larger_group_keeps_recording():
 
 
 def test_repeated_training_steps_run_alone_ops_as_plain_eager_with_plain_bits():
-    # an RMS norm with a weight (broadcast operands end groups) before a linear layer, AdamW
+    # an RMS norm with a weight (broadcast operands end groups) and a max-abs scale (amax, not
+    # fusible: the abs before it is a group of one) before a linear layer, AdamW
     def steps(adaptive, n=5):
         torch.manual_seed(3)
         w = torch.nn.Parameter(torch.ones(16, dtype=torch.float64, device="neuron"))
@@ -109,6 +110,7 @@ def test_repeated_training_steps_run_alone_ops_as_plain_eager_with_plain_bits():
             for _ in range(n):
                 eager_neuron.reset_stats()
                 h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+                h = h / h.abs().amax(-1, keepdim=True)
                 loss = lin(h).pow(2).mean()
                 opt.zero_grad()
                 loss.backward()
