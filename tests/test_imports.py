@@ -158,3 +158,32 @@ def test_allowed_edges_still_exist():
 def test_the_checker_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_top_level_kernels_name_is_not_taken_from_the_checkout(tmp_path):
+    """Python run from the checkout's top directory has it on sys.path, where kernels/ (our
+    eager_neuron.kernels) imported as a top-level `kernels` shadowed PyPI's `kernels` package,
+    which transformers >= 5.25 imports. Imported under that name it now hands the name to the
+    package on the rest of sys.path, or is absent; eager_neuron.kernels is unaffected."""
+    import subprocess
+    import sys
+
+    def run(code, **env):
+        return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                              text=True, env=dict(os.environ, **env))
+
+    r = run("import kernels")
+    assert r.returncode != 0 and "ModuleNotFoundError: No module named 'kernels'" in r.stderr, \
+        r.stderr[-500:]
+    pkg = tmp_path / "kernels"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("WHO = 'the installed kernels'\n")
+    (pkg / "sub.py").write_text("X = 7\n")
+    r = run("import kernels, kernels.sub, torch, eager_neuron\n"
+            "from eager_neuron.kernels import elementwise\n"
+            "print(kernels.WHO, kernels.sub.X, elementwise.__name__,\n"
+            "      (torch.ones(2, device='neuron') + 1).sum().item())",
+            PYTHONPATH=str(tmp_path))
+    assert r.returncode == 0, r.stderr[-800:]
+    assert r.stdout.split() == ["the", "installed", "kernels", "7",
+                                "eager_neuron.kernels.elementwise", "4.0"], r.stdout
