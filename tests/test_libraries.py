@@ -342,3 +342,41 @@ def test_sdpa_boolean_mask_on_the_math_path(mode, dtype, shape, p):
         scores = (q @ k.transpose(-1, -2)) / math.sqrt(shape[-1])
         ref = scores.masked_fill(~keep, -math.inf).softmax(-1) @ v
         torch.testing.assert_close(got[0].cpu().double(), ref, rtol=tol * 10, atol=tol * 10)
+
+
+# ---------------------------------------------------------------------------------------------
+# ATen's warnings at every call: var/std with degrees of freedom <= 0 (a batch of one in a
+# normalization or a metric) warned at most on the first call on neuron (the fast path replays
+# the kernel), and not at all from some call shapes
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_variance_dof_warning_every_call_at_the_users_line(mode):
+    import warnings
+
+    def calls(dev):
+        x = torch.arange(3.0, device=dev).view(1, 3)
+        return [lambda: x.std(dim=0), lambda: torch.ones(1, device=dev).var(),
+                lambda: x.var(dim=0, correction=2), lambda: torch.var_mean(x, 0),
+                lambda: torch.std_mean(x, 1, correction=3), lambda: x.std(dim=1),
+                lambda: torch.ones(0, 3, device=dev).var(0),
+                lambda: torch.ones(2, dtype=torch.cfloat, device=dev).var(correction=2)]
+
+    def run(dev):
+        seen = []
+        for f in calls(dev):
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                for _ in range(3):   # repeats take the fast path
+                    f()
+                if dev != "cpu":
+                    torch.neuron.synchronize()
+            seen.append([(str(m.message).split(" (Triggered")[0], m.filename) for m in w])
+        return seen
+
+    want = run("cpu")
+    with _mode(mode):
+        got = run("neuron")
+    # (ATen's complex variance warns once per part: real and imaginary)
+    assert [len(w) for w in want] == [3, 3, 3, 3, 3, 0, 3, 6]
+    assert got == want   # the same messages, three times each, at this file's lines

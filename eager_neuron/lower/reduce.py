@@ -17,8 +17,9 @@ import math
 
 import torch
 
-from .. import cost
+from .. import cost, errors
 from ..cache.families import REDUCE
+from ..context import _TLS as _ctx_tls
 from ..kernels import compile as kc
 from ..kernels import reduce as kr
 from ..launch import launch
@@ -208,6 +209,16 @@ def _logical(op: str):
     return lower
 
 
+def warn_dof(name: str) -> None:
+    """ATen's TORCH_WARN for var/std with degrees of freedom <= 0, at every call: the op gets
+    no fast-path runner for this signature (its replay would skip the warning)."""
+    ctx = getattr(_ctx_tls, "ctx", None)
+    if ctx is not None:
+        ctx.capture = None
+    errors.warn(f"{name}(): degrees of freedom is <= 0. Correction should be strictly less "
+                "than the reduction factor (input numel divided by output numel).")
+
+
 def _variance(op: str, with_mean: bool):
     """var/std (.correction, .dim) and var_mean/std_mean: two passes in float64."""
     def lower(func, a, outs):
@@ -222,6 +233,8 @@ def _variance(op: str, with_mean: bool):
             corr = 1 if a["correction"] is None else a["correction"]
         else:
             corr = 1 if a.get("unbiased", True) else 0
+        if n - corr <= 0:   # (a complex variance warns for each part, as ATen's does)
+            warn_dof(f"{op}{'_mean' if with_mean else ''}")
         targets = list(outs) if with_mean else [outs[0], torch.empty(outs[0].shape,
                                                                       dtype=outs[0].dtype)]
         req = reduce(op, x, targets, red, a.get("keepdim", False), load_t=F64, acc_t=F64,
