@@ -380,3 +380,35 @@ def test_variance_dof_warning_every_call_at_the_users_line(mode):
     # (ATen's complex variance warns once per part: real and imaginary)
     assert [len(w) for w in want] == [3, 3, 3, 3, 3, 0, 3, 6]
     assert got == want   # the same messages, three times each, at this file's lines
+
+
+_CHOLESKY_SCRIPT = """
+import sys, warnings
+import torch, eager_neuron
+warnings.simplefilter("always")
+dev = sys.argv[1]
+with warnings.catch_warnings(record=True) as w:
+    for _ in range(3):
+        torch.cholesky(torch.eye(2, device=dev) * 2)
+        torch.cholesky(torch.eye(2, device=dev), upper=True)
+for m in w:
+    print(repr((str(m.message).split(" (Triggered internally")[0], m.filename, m.lineno)))
+"""
+
+
+def test_cholesky_deprecation_warns_once_at_the_users_line(tmp_path):
+    """ATen's torch.cholesky warns once per process (TORCH_WARN_ONCE) from its CPU kernel;
+    neuron's kernel gave no warning."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "chol.py"
+    script.write_text(_CHOLESKY_SCRIPT)
+    seen = {}
+    for dev in ("cpu", "neuron"):
+        proc = subprocess.run([sys.executable, str(script), dev], capture_output=True,
+                              text=True, timeout=300, check=False, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        seen[dev] = proc.stdout.splitlines()
+    assert len(seen["cpu"]) == 1 and "torch.linalg.cholesky" in seen["cpu"][0]
+    assert seen["neuron"] == seen["cpu"]   # same text, file and line

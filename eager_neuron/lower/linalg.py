@@ -327,7 +327,17 @@ def lower_cholesky_ex(func, a, outs):
         check_info(inf, "linalg.cholesky_ex", A.dim() == 2)
 
 
+_CHOLESKY_DEPRECATED = (
+    "torch.cholesky is deprecated in favor of torch.linalg.cholesky and will be removed in a "
+    "future PyTorch release.\nL = torch.cholesky(A)\nshould be replaced with\n"
+    "L = torch.linalg.cholesky(A)\nand\nU = torch.cholesky(A, upper=True)\nshould be "
+    "replaced with\nU = torch.linalg.cholesky(A).mH\nThis transform will produce equivalent "
+    "results for all valid (symmetric positive definite) inputs.")
+
+
 def lower_cholesky(func, a, outs):
+    # ATen's kernel warns once per process (TORCH_WARN_ONCE) at the user's line
+    errors.warn(_CHOLESKY_DEPRECATED, once=True)
     A = a["self"]
     inf = yield from _cholesky(A, outs[0], None, bool(a["upper"]))
     check_info(inf, "cholesky", A.dim() == 2)
