@@ -382,33 +382,45 @@ def test_variance_dof_warning_every_call_at_the_users_line(mode):
     assert got == want   # the same messages, three times each, at this file's lines
 
 
-_CHOLESKY_SCRIPT = """
+_ONCE_SCRIPT = """
 import sys, warnings
 import torch, eager_neuron
 warnings.simplefilter("always")
 dev = sys.argv[1]
+A = torch.eye(3, device=dev) * 2 + 0.1
+calls = [
+    lambda: torch.cholesky(A),
+    lambda: torch.cholesky(A, upper=True),
+    lambda: torch.triangular_solve(torch.ones(3, 2, device=dev), A),
+    lambda: torch.bucketize(A.t(), torch.tensor([0.5, 1.5], device=dev)),
+    lambda: torch.searchsorted(torch.tensor([0.5, 1.5], device=dev), A.t()),
+    lambda: torch.searchsorted(torch.tensor([[0.5, 1.5]] * 3, device=dev).t().contiguous().t(),
+                               A),
+    lambda: A.clone().index_reduce_(0, torch.tensor([0, 0], device=dev), A[:2], "prod"),
+]
 with warnings.catch_warnings(record=True) as w:
     for _ in range(3):
-        torch.cholesky(torch.eye(2, device=dev) * 2)
-        torch.cholesky(torch.eye(2, device=dev), upper=True)
+        for f in calls:
+            f()
 for m in w:
     print(repr((str(m.message).split(" (Triggered internally")[0], m.filename, m.lineno)))
 """
 
 
-def test_cholesky_deprecation_warns_once_at_the_users_line(tmp_path):
-    """ATen's torch.cholesky warns once per process (TORCH_WARN_ONCE) from its CPU kernel;
-    neuron's kernel gave no warning."""
+def test_once_per_process_warnings_of_aten_kernels(tmp_path):
+    """ATen kernels neuron replaces warn once per process (TORCH_WARN_ONCE): torch.cholesky's
+    and torch.triangular_solve's deprecations, searchsorted/bucketize's non-contiguous
+    operands, index_reduce's beta notice. Neuron's kernels gave none of them."""
     import subprocess
     import sys
 
-    script = tmp_path / "chol.py"
-    script.write_text(_CHOLESKY_SCRIPT)
+    script = tmp_path / "once.py"
+    script.write_text(_ONCE_SCRIPT)
     seen = {}
     for dev in ("cpu", "neuron"):
         proc = subprocess.run([sys.executable, str(script), dev], capture_output=True,
                               text=True, timeout=300, check=False, cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr[-2000:]
         seen[dev] = proc.stdout.splitlines()
-    assert len(seen["cpu"]) == 1 and "torch.linalg.cholesky" in seen["cpu"][0]
-    assert seen["neuron"] == seen["cpu"]   # same text, file and line
+    assert len(seen["cpu"]) == 5, seen["cpu"]   # once each (input value and boundary apart)
+    assert seen["neuron"] == seen["cpu"]   # same texts, file and lines

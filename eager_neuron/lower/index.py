@@ -23,6 +23,7 @@ import math
 import numpy as np
 import torch
 
+from .. import errors
 from ..kernels import index as kix
 from ..launch import checked, launch
 from .cast import cast_steps, launches
@@ -412,6 +413,7 @@ def lower_scatter_reduce(func, a, outs):
 def lower_index_reduce(func, a, outs):
     """index_reduce along dim is a scatter_reduce whose index is `index` broadcast (stride 0)
     over the source's other dims."""
+    errors.warn("index_reduce() is in beta and the API may change at any time.", once=True)
     self, source = _at_least_1d(a["self"], a["source"])
     dim = _dim(a, self)
     index = _flat_index(a["index"], "aten::index_reduce")

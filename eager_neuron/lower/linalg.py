@@ -274,6 +274,12 @@ def lower_solve_triangular(func, a, outs):
 
 
 def lower_triangular_solve(func, a, outs):
+    errors.warn(
+        "torch.triangular_solve is deprecated in favor of torch.linalg.solve_triangularand will "
+        "be removed in a future PyTorch release.\ntorch.linalg.solve_triangular has its "
+        "arguments reversed and does not return a copy of one of the inputs.\nX = "
+        "torch.triangular_solve(B, A).solution\nshould be replaced with\nX = "
+        "torch.linalg.solve_triangular(A, B).", once=True)   # ATen's TORCH_WARN_ONCE
     b, A = a["self"], a["A"]
     solution, clone = outs
     if clone.numel():

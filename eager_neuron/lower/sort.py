@@ -182,14 +182,26 @@ def search(out: torch.Tensor, x, bd: torch.Tensor, sorter, right: bool) -> tuple
             float(nbytes(x, out) + nbytes(bd)))
 
 
+def _warn_non_contiguous(values, boundaries, sorter) -> None:
+    """ATen's searchsorted/bucketize warn once per process for each non-contiguous operand."""
+    for t, what in ((values, "input value"), (boundaries, "boundary"), (sorter, "sorter")):
+        if isinstance(t, torch.Tensor) and not t.is_contiguous():
+            errors.warn(f"torch.searchsorted(): {what} tensor is non-contiguous, this will lower "
+                        "the performance due to extra data copy when converting non-contiguous "
+                        f"tensor to contiguous, please use contiguous {what} tensor if "
+                        "possible. This message will only appear once per program.", once=True)
+
+
 def lower_searchsorted(func, a, outs):
     right = bool(a["right"]) or a.get("side") == "right"
+    _warn_non_contiguous(a["self"], a["sorted_sequence"], a.get("sorter"))
     req = search(outs[0], a["self"], a["sorted_sequence"], a.get("sorter"), right)
     if req is not None:
         launch(*req)
 
 
 def lower_bucketize(func, a, outs):
+    _warn_non_contiguous(a["self"], a["boundaries"], None)
     req = search(outs[0], a["self"], a["boundaries"], None, bool(a["right"]))
     if req is not None:
         launch(*req)
