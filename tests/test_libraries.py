@@ -397,6 +397,10 @@ calls = [
     lambda: torch.searchsorted(torch.tensor([[0.5, 1.5]] * 3, device=dev).t().contiguous().t(),
                                A),
     lambda: A.clone().index_reduce_(0, torch.tensor([0, 0], device=dev), A[:2], "prod"),
+    lambda: A.clone().scatter_(0, torch.zeros(1, 3, dtype=torch.long, device=dev), A[:1],
+                               reduce="add"),
+    lambda: A.clone().scatter_(0, torch.zeros(1, 3, dtype=torch.long, device=dev), 2.0,
+                               reduce="multiply"),
 ]
 with warnings.catch_warnings(record=True) as w:
     for _ in range(3):
@@ -410,7 +414,8 @@ for m in w:
 def test_once_per_process_warnings_of_aten_kernels(tmp_path):
     """ATen kernels neuron replaces warn once per process (TORCH_WARN_ONCE): torch.cholesky's
     and torch.triangular_solve's deprecations, searchsorted/bucketize's non-contiguous
-    operands, index_reduce's beta notice. Neuron's kernels gave none of them."""
+    operands, index_reduce's beta notice, scatter's reduce= with a Tensor src. Neuron's
+    kernels gave none of them."""
     import subprocess
     import sys
 
@@ -422,5 +427,5 @@ def test_once_per_process_warnings_of_aten_kernels(tmp_path):
                               text=True, timeout=300, check=False, cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr[-2000:]
         seen[dev] = proc.stdout.splitlines()
-    assert len(seen["cpu"]) == 5, seen["cpu"]   # once each (input value and boundary apart)
+    assert len(seen["cpu"]) == 6, seen["cpu"]   # once each (input value and boundary apart)
     assert seen["neuron"] == seen["cpu"]   # same texts, file and lines

@@ -393,6 +393,10 @@ def _scatter(op: str, a, outs, reduce=None, include_self=True) -> tuple | None:
 
 def lower_scatter(func, a, outs):
     reduce = a.get("reduce")
+    if reduce is not None and isinstance(a.get("src"), torch.Tensor):   # ATen's warning
+        errors.warn("The reduce argument of torch.scatter with Tensor src is deprecated and "
+                    "will be removed in a future PyTorch release. Use torch.scatter_reduce "
+                    "instead for more reduction options.", once=True)
     req = _scatter(func._schema.name, a, outs, None if reduce is None else _LEGACY[reduce])
     if req is not None:
         launch(*req)
