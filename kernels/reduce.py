@@ -418,10 +418,11 @@ def render_nll_backward(acc_t: str, store: str) -> tuple[str, str]:
 
 
 def render_pointwise(expr: str, rank: int, n_in: int, acc_t: str, store: str,
-                     check: str = "") -> tuple[str, str]:
+                     check: str | tuple = "") -> tuple[str, str]:
     """`k(out, err, a0.., reduce, div)`: v = expr(x0..) per element of rank-`rank` views;
     out[idx] = v, or with `reduce` out[0..] = sum(v) / div (out is then a one-element view of
-    the same rank, so both are one kernel). A failed `check` sets err[1] and stops."""
+    the same rank, so both are one kernel). A failed `check` sets err[1] and stops; a tuple of
+    checks is tried in order at each element, err[0] = the index of the one that failed."""
     name = kernel_name("pointwise", expr, rank, n_in, acc_t, store, check)
     A = acc_t
     params = ["out", "err"] + [f"a{i}" for i in range(n_in)] + ["reduce", "div"]
@@ -433,7 +434,11 @@ def render_pointwise(expr: str, rank: int, n_in: int, acc_t: str, store: str,
     idx = ", ".join(f"i{d}" for d in range(rank))
     pad = "    " * depth
     lines += [pad + f"x{i} = {A}(a{i}[{idx}])" for i in range(n_in)]
-    if check:
+    if isinstance(check, tuple):
+        for j, c in enumerate(check):
+            lines += [pad + f"if not ({c}):", pad + f"    err[0] = {j}", pad + "    err[1] = 1",
+                      pad + "    return"]
+    elif check:
         lines += [pad + f"if not ({check}):", pad + "    err[1] = 1", pad + "    return"]
     lines += [pad + f"v = {_subst(expr, A, '', '')}", pad + "if reduce:", pad + "    acc += v",
               pad + "else:", pad + f"    out[{idx}] = {store}(v)"]

@@ -429,3 +429,32 @@ def test_once_per_process_warnings_of_aten_kernels(tmp_path):
         seen[dev] = proc.stdout.splitlines()
     assert len(seen["cpu"]) == 6, seen["cpu"]   # once each (input value and boundary apart)
     assert seen["neuron"] == seen["cpu"]   # same texts, file and lines
+
+
+# ---------------------------------------------------------------------------------------------
+# binary_cross_entropy with a target outside [0, 1] (soft labels gone wrong, label smoothing
+# bugs): the CPU raises, neuron returned a number (a silent wrong answer)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_bce_target_out_of_range_raises(mode):
+    F = torch.nn.functional
+    p = torch.full((2, 3), 0.25)
+    cases = [(p, torch.full((2, 3), 1.5), "target"), (p, torch.full((2, 3), -0.1), "target"),
+             (p, torch.full((2, 3), float("nan")), "target"), (p * 5, torch.full((2, 3), 2.0),
+                                                                 "input")]
+    with _mode(mode):
+        for x, t, what in cases:
+            for _ in range(3):   # repeats replay the fast path's runner and its check
+                with pytest.raises(RuntimeError, match=f"all elements of {what} should be "
+                                                       "between 0 and 1") as cpu:
+                    F.binary_cross_entropy(x, t)
+                with pytest.raises(RuntimeError) as dev:
+                    F.binary_cross_entropy(x.to("neuron"), t.to("neuron"))
+                    torch.neuron.synchronize()
+                assert str(cpu.value) in str(dev.value)
+        # in range: the value, float64 reference
+        t = torch.tensor([[0.0, 0.3, 1.0], [1.0, 0.5, 0.0]])
+        got = F.binary_cross_entropy(p.to("neuron"), t.to("neuron"))
+        want = F.binary_cross_entropy(p.double(), t.double())
+        torch.testing.assert_close(got.cpu().double(), want, rtol=1e-6, atol=1e-7)

@@ -129,6 +129,9 @@ _BCE = ("-x2 * (x1 * max(" + _LOG.format(v="x0") + ", A(-100)) + (A(1) - x1) * m
         + _LOG.format(v="(A(1) - x0)") + ", A(-100)))")
 _BCE_BW = "x3 * x2 * (x0 - x1) / max((A(1) - x0) * x0, A(1e-12))"
 _IN_01 = "x0 >= 0 and x0 <= 1"
+# binary_cross_entropy: ATen checks each element's input, then its target ("all elements of
+# target should be between 0 and 1"); a NaN fails
+_BCE_01 = (_IN_01, "x1 >= 0 and x1 <= 1")
 
 
 def _pointwise(name: str, expr: str, operands: list, out: torch.Tensor, reduction: int,
@@ -193,13 +196,21 @@ def lower_mse_backward(func, a, outs):
         checked(_check_01, step[1])
 
 
+def _check_bce(err: np.ndarray) -> None:
+    """The kernel flagged the first element whose input (err[0] 0) or target (1) is outside
+    [0, 1] or NaN."""
+    if err[1]:
+        what = "target" if err[0] == 1 else "input"
+        raise RuntimeError(f"all elements of {what} should be between 0 and 1")
+
+
 def lower_bce(func, a, outs):
     x = a["self"]
     step = _pointwise("bce", _BCE, [x, a["target"], _weights(a, x)], outs[0], a["reduction"],
-                      False, _IN_01)
+                      False, _BCE_01)
     if step is not None:
         launch(*step[0])
-        checked(_check_01, step[1])
+        checked(_check_bce, step[1])
 
 
 def lower_bce_backward(func, a, outs):
