@@ -51,6 +51,14 @@ REGRESSIONS: dict[str, tuple[Program, str]] = {
         ["t0 = torch.addmm(c, a, b, alpha=0.5)",
          "t1 = torch.softmax(t0, -1)"],
         ["t1", "t0"], False, False), "alpha applied twice in softmax's later passes"),
+    # a Python float that changes between calls, baked into the aten graph by AOTAutograd
+    # (torch.where's scalar branch): torch's AOTAutograd cache (guarded on SymInts only) served
+    # the graph traced for an earlier value: results used the old value, silently
+    "python_float_changes_between_calls": (Program(
+        9004, [_plain("a", torch.float32, ("R", "C")),
+               {"name": "s", "kind": "py", "value": 0.5}],
+        ["t0 = torch.where(a > s, a, s)", "t1 = a.clamp(min=-s, max=s)"],
+        ["t0", "t1"], False, None), "a changed Python float reused a cached graph's value"),
 }
 
 

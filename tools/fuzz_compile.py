@@ -224,7 +224,12 @@ def _sample_inputs(inputs, sizes, seed, dtype_map=None, layout_map=None):
     for i in inputs:
         k = i["kind"]
         if k == "py":
-            out[i["name"]] = i["value"]
+            # a Python scalar of the same type, new on each call but the first ones (dynamo
+            # specializes it, then passes it as a tensor once it changed)
+            pool = [0.75, 2.5, -1.5, 3.0, 0.5, 1.25] if isinstance(i["value"], float) else \
+                [2, 3, -1, 4, 1]
+            pick = int(torch.randint(0, len(pool), (1,), generator=g))
+            out[i["name"]] = i["value"] if seed % 1000 == 0 else pool[pick]
             continue
         if k == "same":
             out[i["name"]] = out[i["of"]]

@@ -109,6 +109,23 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, kind: str = "graph")
         return make_boxed_func(gm.forward if hasattr(gm, "forward") else gm)
 
 
+def _cache_safe(gm: torch.fx.GraphModule) -> bool:
+    """Whether torch's AOTAutograd cache may serve this dynamo graph. Its entries are guarded
+    on SymInt inputs only: a Python float that dynamo passes as a tensor (its value not
+    specialized) can be specialized while AOTAutograd traces (`torch.where(x > s, x, s)` bakes
+    `s` into the aten graph, guarded by `s == value`). A cache hit skips that trace: the guard
+    is never installed, or an entry traced for another value is served; either way a later
+    call with another `s` silently reused the old value. Such graphs compile uncached."""
+    for n in gm.graph.nodes:
+        if n.op != "placeholder":
+            continue
+        if getattr(n.meta.get("grapharg"), "pass_arg_as_tensor", False):
+            return False
+        if isinstance(n.meta.get("example_value"), (torch.SymFloat, torch.SymBool)):
+            return False
+    return True
+
+
 def neuron_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     """torch.compile(model, backend="neuron"): AOTAutograd with fused-kernel compilers."""
     from torch._functorch.aot_autograd import aot_module_simplified
@@ -137,7 +154,7 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
               keep_inference_input_mutations=True)
     from . import artifact
 
-    if artifact.enabled() and fx_graph:
+    if artifact.enabled() and fx_graph and _cache_safe(gm):
         # the whole AOTAutograd result cached across processes (compile/artifact.py)
         fw_c, bw_c, inf_c = artifact.compilers(compile_graph)
         with artifact.caching(gm):
