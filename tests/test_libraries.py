@@ -458,3 +458,27 @@ def test_bce_target_out_of_range_raises(mode):
         got = F.binary_cross_entropy(p.to("neuron"), t.to("neuron"))
         want = F.binary_cross_entropy(p.double(), t.double())
         torch.testing.assert_close(got.cpu().double(), want, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_searchsorted_sorter_out_of_range_raises(mode):
+    """torch.searchsorted(..., sorter=) with an index outside the sequence: the CPU raises
+    before searching; neuron searched with it (reading outside the sequence). Repeats of one
+    signature replay the fast path's runner, which must check its own sorter."""
+    seq = torch.tensor([[3.0, 1.0, 2.0]])
+    v = torch.tensor([[1.5, 2.5]])
+    with _mode(mode):
+        for s in ([[1, 2, 0]], [[1, 2, 0]], [[1, 2, 0]], [[1, 5, 0]], [[-1, 2, 0]],
+                  [[1, 2, 0]]):
+            sorter = torch.tensor(s)
+            try:
+                want = torch.searchsorted(seq, v, sorter=sorter)
+            except RuntimeError as e:
+                with pytest.raises(RuntimeError, match="sorter index out of range"):
+                    torch.searchsorted(seq.to("neuron"), v.to("neuron"),
+                                       sorter=sorter.to("neuron"))
+                    torch.neuron.synchronize()
+                assert "sorter index out of range" in str(e)
+                continue
+            got = torch.searchsorted(seq.to("neuron"), v.to("neuron"), sorter=sorter.to("neuron"))
+            assert torch.equal(got.cpu(), want)

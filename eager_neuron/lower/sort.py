@@ -20,7 +20,7 @@ import torch
 
 from .. import errors
 from ..kernels import sort as kso
-from ..launch import launch
+from ..launch import checked, launch
 from .cast import cast_steps, launches
 from .common import COMPLEX, HALF
 from .shape import axis_views, nbytes
@@ -192,9 +192,19 @@ def _warn_non_contiguous(values, boundaries, sorter) -> None:
                         "possible. This message will only appear once per program.", once=True)
 
 
+def _check_sorter(sorter: np.ndarray, n: int) -> None:
+    """ATen's searchsorted checks the sorter's range before searching."""
+    if sorter.size and (sorter.min() < 0 or sorter.max() >= n):
+        raise RuntimeError("torch.searchsorted(): sorter index out of range")
+
+
 def lower_searchsorted(func, a, outs):
     right = bool(a["right"]) or a.get("side") == "right"
     _warn_non_contiguous(a["self"], a["sorted_sequence"], a.get("sorter"))
+    sorter = a.get("sorter")
+    if sorter is not None:
+        # on the host before the search (a replay of the fast path checks its own sorter)
+        checked(_check_sorter, sorter.numpy(), int(sorter.shape[-1]) if sorter.dim() else 1)
     req = search(outs[0], a["self"], a["sorted_sequence"], a.get("sorter"), right)
     if req is not None:
         launch(*req)
