@@ -75,11 +75,30 @@ def _convolution_backward(grad_output, input, weight, bias_sizes, stride, paddin
     return _in_format(gi, fmt), _in_format(gw, fmt), gb
 
 
+def _long_target(op):
+    """nll_loss's meta (torch's decomposition, through gather) refuses a uint8 target, which
+    the CPU's 1-d kernels take (F.nll_loss with byte labels): the shapes do not depend on the
+    target's dtype, so the meta runs on an int64 one (the lowering checks the dtype as the
+    CPU does)."""
+    def meta(*args, **kwargs):
+        args = tuple(a.long() if isinstance(a, torch.Tensor) and a.dtype == torch.uint8 else a
+                     for a in args)
+        if isinstance(kwargs.get("target"), torch.Tensor):
+            kwargs["target"] = kwargs["target"].long()
+        return op(*args, **kwargs)
+    return meta
+
+
 # in-place ops whose torch meta function wrongly refuses operands the CPU accepts, and ops whose
 # meta output layout is not the CPU's
 _META_VIA_OUT = {torch.ops.aten.nan_to_num_.default: _nan_to_num_inplace,
                  torch.ops.aten.convolution.default: _convolution,
-                 torch.ops.aten.convolution_backward.default: _convolution_backward}
+                 torch.ops.aten.convolution_backward.default: _convolution_backward,
+                 **{op: _long_target(op) for op in (
+                     torch.ops.aten.nll_loss_forward.default,
+                     torch.ops.aten.nll_loss2d_forward.default,
+                     torch.ops.aten.nll_loss_backward.default,
+                     torch.ops.aten.nll_loss2d_backward.default)}}
 
 
 class _Hint(threading.local):

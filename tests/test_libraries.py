@@ -482,3 +482,46 @@ def test_searchsorted_sorter_out_of_range_raises(mode):
                 continue
             got = torch.searchsorted(seq.to("neuron"), v.to("neuron"), sorter=sorter.to("neuron"))
             assert torch.equal(got.cpu(), want)
+
+
+# ---------------------------------------------------------------------------------------------
+# nll_loss / cross_entropy target dtypes: an int32 target was accepted on neuron (the CPU
+# refuses it: labels built with .int() silently trained), a uint8 target (the CPU takes it for
+# 1-d nll_loss) was refused with an unrelated gather() error from the meta function
+
+_NLL_DTYPES = [torch.int32, torch.uint8, torch.int16, torch.int8, torch.int64]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", _NLL_DTYPES)
+def test_nll_loss_target_dtypes_as_the_cpu(mode, dtype):
+    A = torch.ops.aten
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 5, generator=g, dtype=torch.float64).log_softmax(1)
+    x2 = torch.randn(2, 5, 3, 3, generator=g, dtype=torch.float64).log_softmax(1)
+    t = torch.tensor([0, 2, 1, 3]).to(dtype)
+    t2 = torch.randint(0, 5, (2, 3, 3), generator=g).to(dtype)
+
+    def calls(d):
+        X, X2, T, T2 = x.to(d), x2.to(d), t.to(d), t2.to(d)
+        one = torch.tensor(1.0, dtype=torch.float64).to(d)
+        return [lambda: A.nll_loss_forward(X, T, None, 1, -100),
+                lambda: A.nll_loss2d_forward(X2, T2, None, 1, -100),
+                lambda: A.nll_loss_backward(one, X, T, None, 1, -100, one * 4),
+                lambda: A.nll_loss2d_backward(one, X2, T2, None, 1, -100, one * 18),
+                lambda: torch.nn.functional.cross_entropy(X.exp(), T)]
+
+    with _mode(mode):
+        for fc, fn in zip(calls("cpu"), calls("neuron")):
+            try:
+                want = fc()
+            except RuntimeError as e:
+                with pytest.raises(RuntimeError) as got:
+                    fn()
+                assert str(got.value).splitlines()[0] == str(e).splitlines()[0]
+                continue
+            got = fn()
+            wants = want if isinstance(want, tuple) else (want,)
+            gots = got if isinstance(got, tuple) else (got,)
+            for w, gt in zip(wants, gots):   # float64 on both
+                torch.testing.assert_close(gt.cpu(), w, rtol=1e-12, atol=1e-12)

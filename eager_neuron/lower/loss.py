@@ -80,9 +80,32 @@ def _nll_views(x: torch.Tensor, t: torch.Tensor, per_elem: list) -> tuple:
     return _nsc(x, 2), _nsc(t, 1), [_nsc(p, 1) for p in per_elem]
 
 
+_TYPE_NAME = {torch.uint8: "Byte", torch.int8: "Char", torch.int16: "Short",
+              torch.int32: "Int", torch.int64: "Long", torch.bool: "Bool"}
+
+
+def _check_target_dtype(func, t: torch.Tensor) -> None:
+    """The CPU kernels' target dtype checks: int64 everywhere; uint8 too for 1-d nll_loss
+    (forward and backward), which the 2-d forms refuse; other dtypes refused with each
+    kernel's own words."""
+    if t.dtype == torch.int64:
+        return
+    name = func._schema.name
+    two_d, backward = "2d" in name, "backward" in name
+    got = _TYPE_NAME.get(t.dtype, str(t.dtype).replace("torch.", ""))
+    if t.dtype == torch.uint8:
+        if two_d:
+            raise RuntimeError("expected scalar type Long but found Byte")
+        return
+    if backward and not two_d:
+        raise RuntimeError(f"expected scalar type Long but found {got}")
+    raise RuntimeError(f"expected target dtype to be Long or Byte, but got {got}")
+
+
 def lower_nll_forward(func, a, outs):
     x, t, reduction = a["self"], a["target"], a["reduction"]
     out, tw = outs
+    _check_target_dtype(func, t)
     _float(x)
     if reduction not in _REDUCTIONS or (x.dim() > 1 and x.shape[1] == 0):
         raise NotImplementedError("nll_loss with this reduction or no classes")
@@ -104,6 +127,7 @@ def lower_nll_forward(func, a, outs):
 def lower_nll_backward(func, a, outs):
     g, x, t, reduction = a["grad_output"], a["self"], a["target"], a["reduction"]
     gi = outs[0]
+    _check_target_dtype(func, t)
     _float(x)
     if reduction not in _REDUCTIONS or gi.numel() == 0:
         raise NotImplementedError("nll_loss backward with this reduction or no elements")
