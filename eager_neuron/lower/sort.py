@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from .. import errors
+from ..context import _TLS as _ctx_tls
 from ..kernels import sort as kso
 from ..launch import checked, launch
 from .cast import cast_steps, launches
@@ -128,8 +129,13 @@ def _median_all(ignore_nan: bool):
         _check_dtype("median", self)
         _refuse_bool("median_cpu", self)
         if self.numel() == 0:
-            raise IndexError("median() operation does not have an identity for empty input "
-                             "tensor")
+            # ATen: NaN converted to the dtype (-2**63 for int64, 0 for int16), no error. Written
+            # on the host, so no fast-path runner (a replay would not write it)
+            ctx = getattr(_ctx_tls, "ctx", None)
+            if ctx is not None:
+                ctx.capture = None
+            outs[0].copy_(torch.tensor(float("nan")).to(outs[0].dtype))
+            return
         flat = self.reshape(-1) if self.is_contiguous() else self.flatten()
         idx = torch.empty((1,), dtype=torch.int64)
         req = rows("median", flat, outs[0].view(1), idx, 0, int(ignore_nan))
