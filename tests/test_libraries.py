@@ -543,3 +543,27 @@ def test_median_of_empty_tensor_is_nan(mode):
                     w, g = want.item(), got.cpu().item()
                     assert (math.isnan(w) and math.isnan(g)) if dtype.is_floating_point \
                         else w == g
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32,
+                                   torch.int64, torch.bool])
+def test_index_add_integer_alpha_converts_as_aten(mode, dtype):
+    """index_add_(..., alpha=-1) on uint8 wraps on the CPU (alpha becomes 255); neuron crashed
+    with numpy's OverflowError. An alpha outside the dtype's range is ATen's RuntimeError."""
+    x = torch.tensor([5, 250, 7]).to(dtype)
+    src = torch.tensor([1, 2]).to(dtype)
+    idx = torch.tensor([0, 1])
+    with _mode(mode):
+        for alpha in (-1, 3, 200, 0, True, -255, -256, 255, 256, -128, -129, 127, 128, 40000,
+                      -2**31, 2**31):
+            try:
+                want = x.index_add(0, idx, src, alpha=alpha)
+            except RuntimeError as e:
+                with pytest.raises(RuntimeError, match="without overflow"):
+                    x.to("neuron").index_add(0, idx.to("neuron"), src.to("neuron"),
+                                             alpha=alpha)
+                assert "without overflow" in str(e)
+                continue
+            got = x.to("neuron").index_add(0, idx.to("neuron"), src.to("neuron"), alpha=alpha)
+            assert torch.equal(got.cpu(), want), alpha

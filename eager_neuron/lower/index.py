@@ -108,6 +108,26 @@ def take(op: str, out_p, src_p, idxs, dims, wrap: bool) -> tuple | None:
             (_check_bad, err, op, dims))
 
 
+def _scalar_as(dt: np.dtype, value):
+    """A Python scalar converted to the kernel's dtype as ATen's Scalar.to<T>() converts it: an
+    integer wraps (index_add_(..., alpha=-1) on uint8 adds 255 * source, mod 256), a bool is
+    value != 0. (numpy refused: OverflowError, -1 out of bounds for uint8.)"""
+    if dt.kind == "b":
+        return dt.type(bool(value))
+    if dt.kind in "iu" and isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        info = np.iinfo(dt)
+        low = info.min if dt.kind == "i" else -int(info.max)   # c10's checked conversion
+        if not low <= int(value) <= info.max:
+            raise RuntimeError(f"value cannot be converted to type {_C_TYPE[dt.name]} without "
+                               "overflow")
+        return np.array(value, dtype=np.int64).astype(dt)[()]
+    return dt.type(value)
+
+
+_C_TYPE = {"int8": "int8_t", "uint8": "uint8_t", "int16": "int16_t", "int32": "int",
+           "int64": "int64_t"}
+
+
 def put(op: str, out, out_p, vals_p, idxs, dims, *, self=None, wrap=False, accumulate=False,
         alpha=None, zero=False, pad=None, freq=False, store=None) -> tuple:
     """out_p[idxs[0][b..], .., r..] (+)= vals_p[b.., r..] * alpha; out_p is a permuted view of
@@ -117,7 +137,7 @@ def put(op: str, out, out_p, vals_p, idxs, dims, *, self=None, wrap=False, accum
     v, o, iv, cb, cr = _split(vals_p, idxs, nb, k, out_p)
     copy = self is not None and out is not self
     dst, full, rc = _pair(out, self if copy else out)
-    one = np.dtype(o.dtype).type(1 if alpha is None else alpha)
+    one = _scalar_as(np.dtype(o.dtype), 1 if alpha is None else alpha)
     err = np.zeros(4, np.int64)
     store = store or _store(out.dtype)
     key = ("index", "put", cb, k, cr,   # loop ranks, as for take
