@@ -35,8 +35,26 @@ def decomposition(func):
         table[torch.ops.aten._is_any_true.default] = _bool_reduction("any")
         table[torch.ops.aten._weight_norm_interface_backward.default] = _weight_norm_backward
         table[torch.ops.aten._nested_tensor_from_mask_left_aligned.default] = _left_aligned
+        table.update(_shift_dunders())
         _DECOMP = table
     return _DECOMP.get(func)
+
+
+def _shift_dunders() -> dict:
+    """Python's `x >> n` / `x << n` / `>>=` / `<<=` are aten::__rshift__ & co., which ran as CPU
+    fallbacks: ATen computes them with the same kernels (rshift/lshift stubs) as
+    bitwise_right_shift / bitwise_left_shift, which have neuron kernels; same dtypes, same
+    promotion, same refusal of floating operands."""
+    aten = torch.ops.aten
+    table = {}
+    for dunder, target in (("__rshift__", "bitwise_right_shift"),
+                           ("__lshift__", "bitwise_left_shift"),
+                           ("__irshift__", "bitwise_right_shift_"),
+                           ("__ilshift__", "bitwise_left_shift_")):
+        packet, op = getattr(aten, dunder), getattr(aten, target)
+        table[packet.Tensor] = op.Tensor
+        table[packet.Scalar] = op.Tensor_Scalar
+    return table
 
 
 def _slice_backward(grad, input_sizes, dim, start, end, step):

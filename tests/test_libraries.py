@@ -567,3 +567,28 @@ def test_index_add_integer_alpha_converts_as_aten(mode, dtype):
                 continue
             got = x.to("neuron").index_add(0, idx.to("neuron"), src.to("neuron"), alpha=alpha)
             assert torch.equal(got.cpu(), want), alpha
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_python_shift_operators_have_no_fallback(mode, stats_delta):
+    """`x >> n`, `x << n`, `>>=`, `<<=` (aten::__rshift__ & co.) ran as CPU fallbacks."""
+    pairs = [(torch.tensor([8, -200, 5], dtype=torch.int16), 3),
+             (torch.tensor([8, 200], dtype=torch.uint8), torch.tensor([9, 1], dtype=torch.uint8)),
+             (torch.tensor([-8, 7]), 70), (torch.tensor([-8, 7], dtype=torch.int32),
+                                           torch.tensor([1, 2]))]
+    with _mode(mode):
+        for a, b in pairs:
+            bd = b.to("neuron") if isinstance(b, torch.Tensor) else b
+            for f in (lambda x, y: x >> y, lambda x, y: x << y):
+                want, got = f(a, b), f(a.to("neuron"), bd)
+                assert got.dtype == want.dtype and torch.equal(got.cpu(), want)
+            x, xd = a.clone(), a.to("neuron")
+            x >>= b
+            xd >>= bd
+            x <<= b
+            xd <<= bd
+            assert torch.equal(xd.cpu(), x)
+        with pytest.raises(NotImplementedError, match="rshift_cpu"):
+            torch.tensor([1.0], device="neuron") >> 1   # refused as on the CPU
+        torch.neuron.synchronize()
+    assert stats_delta()["fallbacks"] == {}
