@@ -1606,6 +1606,123 @@ def save_on_cpu_anomaly(dev):
         err = "Function" in str(e) and "nan" in str(e).lower()
     return {"g1": g1, "g2": [p.grad for p in m.parameters()], "err": err}
 
+@case("torchmetrics")
+def tm_wrappers_retrieval(dev):
+    import torchmetrics as tm
+
+    g = torch.Generator().manual_seed(7)
+    preds = torch.rand(30, generator=g).to(dev)
+    target = torch.randint(0, 2, (30,), generator=g).to(dev)
+    indexes = torch.randint(0, 4, (30,), generator=g).to(dev)
+    out = {}
+    for name, m in {"map": tm.retrieval.RetrievalMAP(), "mrr": tm.retrieval.RetrievalMRR(),
+                    "ndcg": tm.retrieval.RetrievalNormalizedDCG(top_k=3),
+                    "prec": tm.retrieval.RetrievalPrecision(top_k=2)}.items():
+        out[name] = m.to(dev)(preds, target, indexes=indexes)
+    torch.manual_seed(0)
+    boot = tm.wrappers.BootStrapper(tm.MeanSquaredError(), num_bootstraps=4,
+                                    sampling_strategy="multinomial").to(dev)
+    boot.update(preds, target.float())
+    out["boot"] = boot.compute()
+    cw = tm.wrappers.ClasswiseWrapper(tm.Accuracy(task="multiclass", num_classes=3,
+                                                  average=None)).to(dev)
+    logits = torch.randn(12, 3, generator=g).to(dev)
+    labels = torch.randint(0, 3, (12,), generator=g).to(dev)
+    out["classwise"] = cw(logits, labels)
+    mm = tm.wrappers.MinMaxMetric(tm.MeanSquaredError()).to(dev)
+    for i in range(3):
+        mm.update(preds[i * 10:(i + 1) * 10], target[i * 10:(i + 1) * 10].float())
+        out[f"minmax{i}"] = mm.compute()
+    run = tm.wrappers.Running(tm.SumMetric(), window=2).to(dev)
+    for i in range(4):
+        run.update(preds[i])
+    out["running"] = run.compute()
+    mt = tm.wrappers.MultitaskWrapper({"a": tm.MeanAbsoluteError(), "b": tm.R2Score()}).to(dev)
+    mt.update({"a": preds, "b": preds}, {"a": target.float(), "b": target.float()})
+    out["multitask"] = mt.compute()
+    out["functional"] = {
+        "acc": tm.functional.accuracy(logits, labels, task="multiclass", num_classes=3),
+        "auroc": tm.functional.auroc(logits.softmax(-1), labels, task="multiclass",
+                                     num_classes=3),
+        "ssim": tm.functional.structural_similarity_index_measure(
+            logits.view(1, 1, 6, 6).sigmoid(), logits.view(1, 1, 6, 6).sigmoid().flip(-1)),
+        "pairwise": tm.functional.pairwise_cosine_similarity(logits, logits),
+        "dice": tm.functional.dice_score(logits.argmax(-1), labels, num_classes=3)
+        if hasattr(tm.functional, "dice_score") else torch.zeros(1).to(dev),
+    }
+    m64 = tm.MeanSquaredError().to(dev).double()
+    m64.update(preds.double(), target.double())
+    out["double"] = m64.compute()
+    sd = tm.Accuracy(task="binary").to(dev)
+    sd.persistent(True)
+    sd.update(preds, target)
+    state = sd.state_dict()
+    fresh = tm.Accuracy(task="binary").to(dev)
+    fresh.persistent(True)
+    fresh.load_state_dict(state)
+    out["restored"] = fresh.compute()
+    return out
+
+
+@case("diffusers", scale=30)
+def diffusers_vae_cond_unet(dev):
+    import diffusers
+
+    torch.manual_seed(0)
+    vae = diffusers.AutoencoderKL(in_channels=3, out_channels=3, latent_channels=4,
+                                  block_out_channels=(8, 16), layers_per_block=1,
+                                  norm_num_groups=4,
+                                  down_block_types=("DownEncoderBlock2D",) * 2,
+                                  up_block_types=("UpDecoderBlock2D",) * 2).to(dev)
+    torch.manual_seed(0)
+    unet = diffusers.UNet2DConditionModel(
+        sample_size=8, in_channels=4, out_channels=4, layers_per_block=1,
+        block_out_channels=(16, 32), norm_num_groups=8, cross_attention_dim=12,
+        attention_head_dim=8, down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D")).to(dev)
+    img = torch.rand(2, 3, 16, 16).to(dev) * 2 - 1
+    gen = torch.Generator(device=dev).manual_seed(0)
+    post = vae.encode(img).latent_dist
+    lat = post.sample(generator=gen) * 0.18
+    rec = vae.decode(lat / 0.18).sample
+    cond = torch.randn(2, 5, 12).to(dev)
+    t = torch.tensor([3, 17]).to(dev)
+    eps = unet(lat, t, encoder_hidden_states=cond).sample
+    loss = eps.pow(2).mean() + (rec - img).abs().mean() + post.kl().mean() * 1e-3
+    loss.backward()
+    grads = {k: p.grad for k, p in list(unet.named_parameters())[:6]}
+    return {"lat": lat, "rec": rec, "eps": eps, "loss": loss, "grads": grads,
+            "vae_grad": next(vae.parameters()).grad}
+
+@case("transformers", requires=("transformers",), scale=10)
+def hf_generate_strategies(dev):
+    import transformers as T
+
+    _quiet_hf()
+    torch.manual_seed(0)
+    model = T.GPT2LMHeadModel(T.GPT2Config(n_layer=2, n_embd=32, n_head=2,
+                                           vocab_size=len(_WORDS), n_positions=64,
+                                           bos_token_id=2, eos_token_id=3,
+                                           pad_token_id=0)).to(dev).eval()
+    ids = torch.tensor([[5, 6, 7, 8], [0, 0, 9, 10]]).to(dev)
+    mask = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]]).to(dev)
+    res = {}
+    kw = dict(input_ids=ids, attention_mask=mask, max_new_tokens=6, pad_token_id=0)
+    res["greedy"] = model.generate(**kw, do_sample=False)
+    res["beam"] = model.generate(**kw, num_beams=3, do_sample=False, num_return_sequences=2,
+                                 length_penalty=0.7, no_repeat_ngram_size=2)
+    torch.manual_seed(1)
+    res["sample"] = model.generate(**kw, do_sample=True, top_k=5, top_p=0.9, temperature=0.7,
+                                   repetition_penalty=1.3)
+    torch.manual_seed(2)
+    res["beam_sample"] = model.generate(**kw, do_sample=True, num_beams=2)
+    out = model.generate(**kw, do_sample=False, output_scores=True,
+                         return_dict_in_generate=True, output_logits=True)
+    res["scores"] = out.scores
+    res["min_len"] = model.generate(**kw, min_new_tokens=4, do_sample=False,
+                                    bad_words_ids=[[11], [12]])
+    return res
+
 
 def main(argv):
     verbose = "-v" in argv
