@@ -57,7 +57,18 @@ FLOATS = (torch.float16, torch.float32, torch.float64)
 SINK = io.StringIO()                        # print() in programs writes here
 
 # known disagreements that are not ours or not fixed: seed -> reason (reported, not failed)
-KNOWN: dict[int, str] = {}
+KNOWN: dict[int, str] = {
+    522: "neuron eager (not compiled), big call: the gradient of std() of a 520x520 "
+         "layer_norm(linear(a, a, a)) chain, 1 element of 270400 at 1.3e-3 where the bound is "
+         "9e-4: an ill-conditioned float32 chain, not a wrong kernel",
+}
+# (--rows) 85: neuron eager, big call: an RMS normalisation of (b - b.mean(-1)).sum(-1), i.e.
+# of rounding noise (CPU 0.0, float64 3e-12): ill-conditioned, any rounding order is as right.
+# TORCH (the driver labels them; CPU aot_eager fails the same way): 36 (an input view returned
+# after an in-place on its base, recompiled with dynamic sizes: AOTAutograd regenerates the
+# view with stride 1 instead of 2), 105 and 3201 (aot_eager refuses an in-place on an expanded
+# input view that eager allows), 237 (an in-place on a view input of another input: IndexError
+# in AOTAutograd's view replay).
 
 
 # -- programs --------------------------------------------------------------------------------
