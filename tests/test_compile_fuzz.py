@@ -59,6 +59,13 @@ REGRESSIONS: dict[str, tuple[Program, str]] = {
                {"name": "s", "kind": "py", "value": 0.5}],
         ["t0 = torch.where(a > s, a, s)", "t1 = a.clamp(min=-s, max=s)"],
         ["t0", "t1"], False, None), "a changed Python float reused a cached graph's value"),
+    # torch's addcmul decomposition (the backend's) refused an integer self with a float value
+    # that ATen accepts (it adds 0): BackendCompilerFailed
+    "addcmul_int_float_value": (Program(
+        9005, [_plain("a", torch.bool, ("R", "C"), "x")],
+        ["t0 = a.long() * 3", "t1 = torch.addcmul(t0, t0, t0, value=0.5)",
+         "t2 = torch.addcmul(a.float(), t0, t0, value=0.5)"],
+        ["t1", "t2"], False, None), "compile crashed on addcmul(int, value=0.5)"),
 }
 
 

@@ -30,8 +30,22 @@ def _decompositions() -> dict:
               aten.mse_loss_backward, aten.gelu_backward, aten.leaky_relu_backward,
               aten.hardtanh_backward]
     table = get_decompositions(wanted)
+    # torch's addcmul decomposition refuses an integer self with a float `value` (ATen casts
+    # it: addcmul(int, ..., value=0.5) adds 0): the compile crashed with "value argument of
+    # type float cannot be safely cast". Decomposed for floating operands only.
+    for op, fn in list(table.items()):
+        if op.overloadpacket is aten.addcmul:
+            table[op] = _float_only(fn)
     table.update(_row_decompositions())
     return table
+
+
+def _float_only(fn):
+    def decomp(self, *args, **kwargs):
+        if not (self.is_floating_point() or self.is_complex()):
+            return NotImplemented
+        return fn(self, *args, **kwargs)
+    return decomp
 
 
 def _row_ok(x, dim) -> bool:
