@@ -666,6 +666,8 @@ _ad.LEARN_CALL[0] = learn_call
 
 
 def _holds_tensors(v) -> bool:
+    """A list or tuple holding anything but Python numbers (tensors, None): learn_call declines
+    it (its runner re-derives tensor operands only)."""
     return isinstance(v, (list, tuple)) and not all(
         type(e) is int or type(e) is bool or type(e) is float for e in v)
 
