@@ -142,6 +142,10 @@ def _spec(x):
         return tuple(_spec(v) for v in x)
     if isinstance(x, float) and x != x:
         return "nan"
+    if isinstance(x, (bool, int, float, complex)):
+        # by type too: 2 == 2.0 == True hash alike, and int64 * 2.0 is float32 where int64 * 2
+        # is int64 (a key of the value alone served one's output dtype for the other)
+        return (type(x), x)
     return x
 
 

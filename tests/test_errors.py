@@ -258,3 +258,24 @@ def test_shape_errors_are_the_cpus_own_words(name):
         SHAPE_ERRORS[name](xn)
     assert str(dev.value).splitlines()[0] == str(cpu.value).splitlines()[0]
     assert torch.equal(xn.cpu(), x)
+
+
+def test_a_python_number_of_another_type_is_not_served_the_first_ones_result_dtype():
+    """The meta run's cache keyed a Python number by value alone: 2 == 2.0 == True hash alike,
+    so int64 * 2.0 (float32) made a later int64 * 2 float32, and bool + 1.5 a later bool + 1
+    (found by tools/fuzz_compile.py, seed 3000, programs 3155 and 3220)."""
+    x = torch.arange(24).view(4, 6)
+    b = torch.ones(1, 6, dtype=torch.bool).expand(4, 6)
+    xn, bn = x.to("neuron"), b.to("neuron")
+    cases = [(lambda t: t * 2.0, lambda t: t * 2), (lambda t: torch.add(t, 1.0), lambda t: t + 1),
+             (lambda t: t - 1, lambda t: t - True)]
+    for first, then in cases:
+        for src, dev in ((x, xn), (b, bn)):
+            try:
+                want = [f(src) for f in (first, then)]
+            except RuntimeError:   # bool - bool: the CPU refuses; so must neuron
+                continue
+            got = [f(dev) for f in (first, then)]
+            for w, g in zip(want, got):
+                assert g.dtype == w.dtype, (w.dtype, g.dtype)
+                assert torch.equal(g.cpu(), w)
