@@ -313,6 +313,160 @@ def render_upsample_backward(mode: str, T: str, parallel: bool,
     return helpers + head + body, name
 
 
+# uint8 bilinear / bicubic, with and without antialiasing: the CPU's integer path
+# (UpSampleKernel.cpp's separable kernel; the AVX kernel that avx2 and avx512 builds run for
+# C <= 4 gives the same bytes, measured under each ATEN_CPU_CAPABILITY). Per axis
+# the weights are computed in float64, scaled by 2**prec (prec: the largest shift that keeps
+# round(max weight * 2**(prec + 1)) below 2**15, at most 22) and rounded half away from zero to
+# integers; each output is (2**(prec - 1) + sum(pixel * weight)) >> prec clamped to 0..255.
+# Width pass first (rounded to uint8), then height; an axis whose size does not change is not
+# resampled. Without antialiasing the taps are the float kernel's (2 or 4 around
+# floorf(source index), A = -0.75 for cubic), taps past an edge folded onto the edge pixel;
+# with it, the triangle / Keys (A = -0.5) filter stretched by the scale when downsampling.
+_U8_FILTER = {
+    2: """\
+@njit(error_model="numpy", forceinline=True)
+def _filter(x):
+    x = abs(x)
+    return 1.0 - x if x < 1.0 else 0.0
+
+
+""",
+    4: """\
+@njit(error_model="numpy", forceinline=True)
+def _filter(x):
+    a = {a}
+    x = abs(x)
+    if x < 1.0:
+        return ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0
+    if x < 2.0:
+        return ((a * x - 5.0 * a) * x + 8.0 * a) * x - 4.0 * a
+    return 0.0
+
+
+""",
+}
+
+_U8_TABLE = """\
+@njit(error_model="numpy", forceinline=True)
+def _u8_table(isize, osize, inv, align):
+    # (first tap, tap count, integer weights, precision) per output coordinate of one axis
+    s = _scale(isize, osize, inv, align)
+    if {aa}:
+        support = {interp} * 0.5 * s if s >= 1.0 else {interp} * 0.5
+        width = int(math.ceil(support)) * 2 + 1
+    else:
+        support = {interp} * 0.5
+        width = {interp}
+    wt = np.zeros((osize, width), np.float64)
+    lo = np.zeros(osize, np.int64)
+    cnt = np.zeros(osize, np.int64)
+    wmax = 0.0
+    for o in range(osize):
+        if {aa}:
+            center = s * (o + 0.5)
+            invscale = 1.0 / s if s >= 1.0 else 1.0
+            xmin = max(int(center - support + 0.5), 0)
+            xs = min(max(min(int(center + support + 0.5), isize) - xmin, 0), width)
+            total = 0.0
+            for j in range(xs):
+                w = _filter((float(j + xmin) - center + 0.5) * invscale)
+                wt[o, j] = w
+                total += w
+            if total != 0.0:
+                for j in range(xs):
+                    wt[o, j] /= total
+                    wmax = max(wmax, wt[o, j])
+        else:
+            r = s * o if align else s * (o + 0.5) - 0.5
+            if not align and {interp} == 2 and r < 0.0:
+                r = 0.0
+            i0 = min(int(math.floor(np.float32(r))), isize - 1)   # floorf: float32 first
+            lam = min(max(r - i0, 0.0), 1.0)
+            half = {interp} // 2
+            umin = i0 - half + 1
+            xmin = max(umin, 0)
+            xs = min(max(min(i0 + half + 1, isize) - xmin, 0), width)
+            k = 0
+            for j in range(width):
+                w = _filter(float(j + 1 - half) - lam)
+                if umin + j <= 0:
+                    k = 0
+                elif umin + j >= isize - 1:
+                    k = xs - 1
+                wt[o, k] += w
+                wmax = max(wmax, wt[o, k])
+                k += 1
+        lo[o] = xmin
+        cnt[o] = xs
+    prec = 0
+    while prec < 22 and int(0.5 + wmax * (1 << (prec + 1))) < (1 << 15):
+        prec += 1
+    q = np.zeros((osize, width), np.int64)
+    for o in range(osize):
+        for j in range(width):
+            v = wt[o, j] * (1 << prec)
+            q[o, j] = int(v - 0.5) if v < 0 else int(v + 0.5)
+    return lo, cnt, q, prec
+
+
+"""
+
+_U8_FORWARD = """\
+def {name}(out, x, inv_h, inv_w, align):
+    h, w = x.shape[3], x.shape[4]
+    oh, ow = out.shape[3], out.shape[4]
+    do_w = w != ow
+    do_h = h != oh
+    wlo, wcnt, wq, wp = _u8_table(w, ow, inv_w, align)
+    hlo, hcnt, hq, hp = _u8_table(h, oh, inv_h, align)
+    c_ = x.shape[1]
+    for p in {rng}(x.shape[0] * c_):
+        n = p // c_
+        c = p % c_
+        # 1. width pass into a plane of uint8 values (a copy when the width is kept)
+        tmp = np.empty((h, ow), np.int64)
+        for i in range(h):
+            for oj in range(ow):
+                if do_w:
+                    acc = np.int64(1) << (wp - 1)
+                    for e in range(wcnt[oj]):
+                        acc += np.int64(x[n, c, 0, i, wlo[oj] + e]) * wq[oj, e]
+                    tmp[i, oj] = min(max(acc >> wp, 0), 255)
+                else:
+                    tmp[i, oj] = x[n, c, 0, i, oj]
+        # 2. height pass
+        for oi in range(oh):
+            for oj in range(ow):
+                if do_h:
+                    acc = np.int64(1) << (hp - 1)
+                    for b in range(hcnt[oi]):
+                        acc += tmp[hlo[oi] + b, oj] * hq[oi, b]
+                    out[n, c, 0, oi, oj] = min(max(acc >> hp, 0), 255)
+                else:
+                    out[n, c, 0, oi, oj] = tmp[oi, oj]
+"""
+
+
+def render_upsample_u8(mode: str, antialias: bool, parallel: bool) -> tuple[str, str]:
+    """`k(out, x, inv_h, inv_w, align)`: uint8 (N, C, 1, H, W) bilinear (`mode` "linear") or
+    bicubic ("cubic") resampling, antialiased or not, with the CPU's integer arithmetic;
+    inv_* is 1 / scale_factor per axis, or 0 when the sizes define the scale.
+
+    >>> src, name = render_upsample_u8("cubic", True, False)
+    >>> "def _u8_table(" in src and "a = -0.5" in src
+    True
+    """
+    interp = {"linear": 2, "cubic": 4}[mode]
+    name = kernel_name("upsample_u8", mode, antialias, parallel)
+    head = HEADER.format(extra=", parallel=True" if parallel else "")
+    helpers = _SCALE.format(T="np.float64") + \
+        _U8_FILTER[interp].format(a="-0.5" if antialias else "-0.75") + \
+        _U8_TABLE.format(aa=bool(antialias), interp=interp)
+    return helpers + head + _U8_FORWARD.format(name=name, rng="prange" if parallel else "range"), \
+        name
+
+
 _REPLICATION_PAD_BACKWARD = """\
 def {name}(gi, go, pz, ph, pw):
     dp = gi.shape[2]

@@ -23,7 +23,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-FILES = ("tests/test_conv.py", "tests/test_vmath.py")
+FILES = ("tests/test_conv.py", "tests/test_vmath.py", "tests/test_resample_u8.py")
 TIMEOUT = 900
 
 

@@ -40,6 +40,10 @@ def _upsample_half(mode: str, rank: int, half_weights: bool = True):
 
     def steps(func, a, outs):
         x, out = a["self"], outs[0]
+        if x.dtype == torch.uint8 and rank == 2 and out.dtype == x.dtype:
+            if out.numel():
+                yield _u8_step(mode, False, x, out, a)
+            return
         if (x.dtype not in _HALF_RND and x.dtype not in _FLOAT) or out.dtype != x.dtype:
             raise NotImplementedError(f"upsample {mode}: the decomposition for {x.dtype}")
         rnd = _HALF_RND.get(x.dtype) if half_weights else None
@@ -89,10 +93,30 @@ def _upsample_backward(mode: str, rank: int):
     return lower
 
 
+U8_VERSION = 1     # bump when kernels/resample.py's render_upsample_u8 source changes
+
+
+def _u8_step(mode: str, antialias: bool, x, out, a):
+    """The launch request of a uint8 bilinear/bicubic forward (antialiased or not): the CPU's
+    integer arithmetic (kernels/resample.py render_upsample_u8), exact to the byte."""
+    inv = [1.0 / s if s is not None and s > 0 else 0.0 for s in
+           (a.get("scales_h"), a.get("scales_w"))]
+    parallel = out.numel() >= PARALLEL_MIN and kc.parallel_allowed()
+    return (("resample", "upsample_u8", VERSION, U8_VERSION, mode, antialias, parallel),
+            lambda: kresample.render_upsample_u8(mode, antialias, parallel),
+            (_np(_as5(out, 2)), _np(_as5(x, 2))) + tuple(inv) +
+            (bool(a.get("align_corners") or False),),
+            4.0 * (out.numel() + x.numel()), _numel(x, out), "vector")
+
+
 def lower_upsample_aa(func, a, outs, mode="aa_linear"):
     """_upsample_bilinear2d_aa / _upsample_bicubic2d_aa forward: the antialiased tables
-    gathered (no decomposition)."""
+    gathered (no decomposition); uint8 in the CPU's integer arithmetic (_u8_step)."""
     x, out = a["self"], outs[0]
+    if x.dtype == torch.uint8 and out.dtype == x.dtype:
+        if out.numel():
+            launch(*_u8_step("linear" if mode == "aa_linear" else "cubic", True, x, out, a))
+        return
     if x.dtype not in _FLOAT:
         raise NotImplementedError(f"antialiased upsample on {x.dtype}")
     if out.numel() == 0:
