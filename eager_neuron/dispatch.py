@@ -39,7 +39,7 @@ from .config import config
 from .context import OpContext
 from .cpu_check import cpu_raises, shares_written
 from .fallback import log_op, run_fallback
-from .inplace import resize_out, resize_outs, run_inplace_view, warn_resized
+from .inplace import composite_versions, resize_out, resize_outs, run_inplace_view, warn_resized
 from .launch import launch
 from .lower import host as _host
 from .lower.cast import RUN as _RUN
@@ -321,6 +321,9 @@ def _dispatch_plan(func, plan, args, kwargs, mode, gated=False):
                 _refuse_shared_out(func, plan, args, kwargs)
                 if _out_dtypes_differ(func, plan, args, kwargs):
                     _refuse_via_cpu(func, plan, args, kwargs)   # some out= must match exactly
+            if not getattr(_TLS, "decomps", None):   # top level: bump versions as the CPU
+                with composite_versions(func):
+                    return _run_decomp(func, plan, plan.decomp, args, kwargs, mode)
         return _run_decomp(func, plan, plan.decomp, args, kwargs, mode)
     if kind == "host":
         if plan.out_args and mode is None:

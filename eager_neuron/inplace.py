@@ -4,6 +4,7 @@ host view, and its block grows when resize_ needs more bytes."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import torch
@@ -16,6 +17,24 @@ from .plan import _PLANS, _plan, _to_meta, meta_outputs
 from .tensor import NeuronTensor
 
 aten = torch.ops.aten
+
+
+_AD_INPLACE = torch._C.DispatchKey.ADInplaceOrView
+
+
+def composite_versions(func):
+    """The guard a top-level composite in-place op's decomposition runs under (swapdims_,
+    absolute_, clip_ ... reach dispatch whole only when autograd is off: inference_mode).
+    Inside __torch_dispatch__ the ADInplaceOrView key is excluded, so the decomposition's
+    transpose_/abs_/clamp_ would bump no version counter; the CPU runs the composite below
+    that key and each inner in-place op bumps its tensors' counters (an inference tensor has
+    none). Re-admitting the key does the same here; other ops: no guard."""
+    exclude = torch._C._dispatch_tls_local_exclude_set()
+    if not exclude.has(_AD_INPLACE) or not torch._C._dispatch_has_kernel_for_dispatch_key(
+            func.name(), "CompositeImplicitAutograd"):
+        return contextlib.nullcontext()
+    return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(),
+                                           exclude.remove(_AD_INPLACE))
 
 
 def run_inplace_view(func, plan, args, kwargs, mode):
