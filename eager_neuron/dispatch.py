@@ -420,6 +420,11 @@ def _kernel_setup(func, plan, args, kwargs, mode) -> tuple:
             _refuse_shared_out(func, plan, args, kwargs)
     # 1. output metadata (validates shapes and dtypes exactly as PyTorch would)
     leaves, spec = meta_outputs(func, uargs, ukw)
+    if plan.out_args and plan.lower in _fusible():
+        functional = _functional_of_other_dtype(func, uargs, ukw, leaves)
+        if functional is not None:   # add(int8, int8, out=int64): computed in int8, then cast
+            decomp = _out_via_functional(func, plan, functional)
+            return None, _run_decomp(func, plan, decomp, args, kwargs, mode)
     a = bind(func, uargs, ukw)
     if plan.cpu_meta is not None:
         leaves = plan.cpu_meta(a, leaves)
@@ -607,6 +612,77 @@ def _out_dtypes_differ(func, plan, args, kwargs) -> bool:
         if isinstance(w, torch.Tensor) and w.dtype != first.dtype:
             return True
     return False
+
+
+_FUNCTIONAL: dict = {}   # out= overload -> its functional overload (None: none found)
+
+
+def _functional_of(func):
+    """add.out -> add.Tensor: the overload of the same op taking the same arguments but the
+    out= ones, and writing nothing (read off the schemas, once)."""
+    hit = _FUNCTIONAL.get(func, False)
+    if hit is not False:
+        return hit
+    schema = func._schema
+    want = [(a.name, str(a.type)) for a in schema.arguments if not a.is_out]
+    n_out = sum(a.is_out for a in schema.arguments)
+    ns, _, name = schema.name.partition("::")
+    packet = getattr(getattr(torch.ops, ns, None), name, None)
+    hit = None
+    for ov in (packet.overloads() if packet is not None else ()):
+        op = getattr(packet, ov)
+        s = op._schema
+        if not s.is_mutable and len(s.returns) == n_out and \
+                [(a.name, str(a.type)) for a in s.arguments] == want:
+            hit = op
+            break
+    _FUNCTIONAL[func] = hit
+    return hit
+
+
+def _functional_of_other_dtype(func, uargs, ukw, leaves):
+    """The functional overload of an elementwise out= call whose out= tensors' dtypes are not
+    the functional result's (None otherwise). ATen's TensorIterator computes in the operands'
+    common dtype and casts the result into out: bool + bool is a logical or even into an int64
+    out, int8 products wrap in int8, sin(int64) rounds to float32 before a float64 out."""
+    functional = _functional_of(func)
+    if functional is None:
+        return None
+    outs = {a.name for a in func._schema.arguments if a.is_out}
+    n_in = sum(not a.is_out for a in func._schema.arguments)
+    fkw = {k: v for k, v in ukw.items() if k not in outs}
+    try:
+        fleaves, _ = meta_outputs(functional, uargs[:n_in], fkw)
+    except Exception:   # noqa: BLE001 -- the functional's own refusal: the out= call decides
+        return None
+    if len(fleaves) != len(leaves) or all(
+            not isinstance(f, tuple) or not isinstance(o, tuple) or f[2] == o[2]
+            for f, o in zip(fleaves, leaves)):
+        return None
+    return functional
+
+
+def _out_via_functional(func, plan, functional):
+    """A decomposition of an out= call of another dtype than its result: the CPU's refusal
+    first (neg(int8, out=int64) must match exactly), then the functional op and a copy (a cast)
+    into each out= tensor, resized as ATen resizes it."""
+    names = [a.name for a in func._schema.arguments if not a.is_out]
+
+    def decomp(*args, **kwargs):
+        _refuse_via_cpu(func, plan, args, kwargs)
+        n_in = len(names)
+        outs = [_original(func, args, kwargs, nm) for nm in plan.out_args]
+        fkw = {k: v for k, v in kwargs.items() if k not in plan.out_args}
+        res = functional(*args[:n_in], **fkw)
+        results = res if isinstance(res, (tuple, list)) else (res,)
+        for o, r in zip(outs, results):
+            if o.shape != r.shape:
+                warn_resized(o, r.shape)
+                o.resize_(r.shape)
+            o.copy_(r)
+        return tuple(outs) if isinstance(res, (tuple, list)) else outs[0]
+
+    return decomp
 
 
 def _refuse_via_cpu(func, plan, args, kwargs) -> None:

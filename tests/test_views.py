@@ -152,6 +152,58 @@ def test_out_of_another_shape_under_neuron_mode():
     torch.testing.assert_close(out, torch.full((3,), 2.0))
 
 
+# out= of a wider dtype than the result: ATen computes in the operands' common dtype and casts
+# into out (exact references, written out: bool + bool is a logical or, int8 wraps in int8)
+_B, _B2 = torch.tensor([True, False, True]), torch.tensor([True, True, False])
+_I8 = torch.tensor([100, -100, 127], dtype=torch.int8)
+_U8 = torch.tensor([200, 100, 255], dtype=torch.uint8)
+OUT_DTYPE_CASES = [
+    ("bool_add_int64", lambda o: torch.add(_B.to(o.device), _B2.to(o.device), out=o),
+     torch.int64, [1, 1, 1]),
+    ("int8_add_int16", lambda o: torch.add(_I8.to(o.device), _I8.to(o.device), out=o),
+     torch.int16, [-56, 56, -2]),
+    ("uint8_mul_int32", lambda o: torch.mul(_U8.to(o.device), 3, out=o),
+     torch.int32, [88, 44, 253]),
+    ("uint8_sub_float32", lambda o: torch.sub(_U8.to(o.device), _U8.flip(0).to(o.device),
+                                              out=o), torch.float32, [201.0, 0.0, 55.0]),
+    ("int8_square_int64", lambda o: torch.square(_I8.to(o.device), out=o),
+     torch.int64, [16, 16, 1]),
+    ("int8_xor_float32", lambda o: torch.bitwise_xor(_I8.to(o.device), 1, out=o),
+     torch.float32, [101.0, -99.0, 126.0]),
+]
+
+
+@pytest.mark.parametrize("name,fn,dtype,want", OUT_DTYPE_CASES,
+                         ids=[c[0] for c in OUT_DTYPE_CASES])
+def test_out_of_a_wider_dtype_computes_in_the_common_dtype(name, fn, dtype, want, stats_delta):
+    for adaptive in (False, True):
+        out = torch.zeros(3, dtype=dtype, device="neuron")
+        with eager_neuron.adaptive(adaptive):
+            assert fn(out) is out
+        assert out.cpu().tolist() == want, (name, adaptive)
+        assert fn(torch.zeros(3, dtype=dtype)).tolist() == want   # the CPU's own answer
+    assert stats_delta()["fallbacks"] == {}
+
+
+def test_out_of_a_float16_sum_rounds_to_float16():
+    a = torch.tensor([1000.0, 0.1, 3.3], dtype=torch.float16)
+    want = (a + a.flip(0)).float()          # float16's sums, then widened
+    out = torch.zeros(3, device="neuron")
+    torch.add(a.to("neuron"), a.flip(0).to("neuron"), out=out)
+    assert torch.equal(out.cpu(), want)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x, o: torch.neg(x, out=o), lambda x, o: torch.bitwise_not(x, out=o),
+    lambda x, o: torch.clamp(x, 0, 5, out=o)], ids=["neg", "bitwise_not", "clamp"])
+def test_out_of_another_dtype_refused_as_on_the_cpu(fn):
+    x = torch.tensor([1, -2, 3], dtype=torch.int8)
+    with pytest.raises(RuntimeError, match="Found dtype Long but expected Char"):
+        fn(x, torch.zeros(3, dtype=torch.int64))
+    with pytest.raises(RuntimeError, match="Found dtype Long but expected Char"):
+        fn(x.to("neuron"), torch.zeros(3, dtype=torch.int64, device="neuron"))
+
+
 def test_set_storage_is_a_clear_error():
     a = torch.zeros(2, device="neuron")
     with pytest.raises(RuntimeError, match="storage argument is not supported on neuron"):
