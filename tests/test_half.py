@@ -151,3 +151,35 @@ def test_addr_rounds_every_step_as_the_cpu(dtype):
     x = s.to(DEV)
     x.addr_(v1.to(DEV), v2.to(DEV), beta=0.2, alpha=0.6)   # in place: no CPU fallback
     assert torch.equal(x.cpu(), want)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_bilinear_rounds_the_inner_product_as_the_cpu(dtype):
+    # the CPU's _trilinear rounds x1 W (a half bmm) before the product with x2, and in the
+    # backward adds the unrolled slices one by one in the half type. Integer operands make
+    # every float32 sum exact, so only those rounding points decide the bits: the float64
+    # model (forward) and the CPU (forward and backward) are exact references on every ISA.
+    g = torch.Generator().manual_seed(5)
+    x1 = torch.randint(-40, 41, (4, 12), generator=g).to(dtype)
+    w = torch.randint(-40, 41, (3, 12, 5), generator=g).to(dtype)
+    x2 = torch.randint(-2, 3, (4, 5), generator=g).to(dtype)
+    b = torch.randint(-9, 10, (3,), generator=g).to(dtype)
+
+    def r(t):
+        return t.to(dtype).double()
+
+    inner = r(torch.einsum("ni,oij->noj", x1.double(), w.double()))
+    want = r(r(torch.einsum("noj,nj->no", inner, x2.double())) + b.double()).to(dtype)
+    assert torch.isfinite(want).all() and not torch.equal(
+        want, (torch.einsum("ni,oij,nj->no", x1.double(), w.double(), x2.double())
+               + b.double()).to(dtype))   # the inner rounding matters for these operands
+    ins = [t.requires_grad_() for t in (x1, x2, w, b)]
+    dev = [t.detach().to(DEV).requires_grad_() for t in ins]
+    out = F.bilinear(*dev)
+    assert torch.equal(out.cpu(), want)
+    go = torch.randint(-3, 4, want.shape, generator=g).to(dtype)
+    cpu = F.bilinear(*ins)
+    assert torch.equal(cpu, want)
+    for got, ref in zip(torch.autograd.grad(out, dev, go.to(DEV)),
+                        torch.autograd.grad(cpu, ins, go)):
+        assert torch.equal(got.cpu(), ref)

@@ -22,8 +22,8 @@ from ..blas import blas_threads  # noqa: F401 -- also lower/conv.py's
 from ..cache.families import MATMUL_BLAS, MATMUL_LOOP
 from ..kernels import compile as kc
 from ..launch import launch
-from .cast import cast
-from .common import NP_TYPE
+from .cast import cast, cast_steps, launches
+from .common import HALF, NP_TYPE
 
 VERSION = 1              # bump when this family's rendered source changes (disk cache key)
 PARALLEL_MIN = 1 << 16   # integer loop: multiply-adds below which prange costs more than it saves
@@ -267,10 +267,11 @@ def lower_dot(func, a, outs):
         launch(*req)
 
 
-def lower_trilinear(func, a, outs):
+def _trilinear(func, a, outs):
     """_trilinear (nn.functional.bilinear and its backward): the three operands, unsqueezed at
     their expand dims, multiplied on the device with broadcasting, then summed over sumdim.
-    The product is host-backed scratch (like run_upcast's temporaries)."""
+    The product is host-backed scratch (like run_upcast's temporaries). Half types: as the
+    CPU rounds them (_trilinear_half). Steps: the requests the lowering launches."""
     from .elementwise import LOWERINGS as EW
     from .reduce import acc_type, red_dims, reduce
 
@@ -282,22 +283,85 @@ def lower_trilinear(func, a, outs):
         for d in sorted(a[expand]):   # ATen unsqueezes in increasing dim order
             t = t.unsqueeze(d)
         ts.append(t)
+    if out.dtype in HALF:
+        yield from _trilinear_half(a, out, ts)
+        return
     sumdim = list(a["sumdim"])
     prod = torch.empty(torch.broadcast_shapes(*(t.shape for t in ts)), dtype=out.dtype) \
         if sumdim else out
-    # the elementwise and reduce families' requests, launched here (dispatch -> here -> launch)
+    # the elementwise and reduce families' requests, launched by the lowering
     mul = EW["aten::mul"].prepare
     req = mul(aten.mul.Tensor, {"self": ts[0], "other": ts[1]}, [prod])
     if req is not None:
-        launch(*req)
+        yield req
     req = mul(aten.mul.Tensor, {"self": prod, "other": ts[2]}, [prod])
     if req is not None:
-        launch(*req)
+        yield req
     if sumdim:   # the request sum.dim_IntList's lowering builds
         req = reduce("sum", prod, [out], red_dims(prod, sumdim), False,
                      load_t=NP_TYPE[out.dtype], acc_t=acc_type(out.dtype), what="sum")
         if req is not None:
-            launch(*req)
+            yield req
+
+
+def _trilinear_half(a, out, ts):
+    """bfloat16/float16 _trilinear as the CPU's Linear.cpp rounds it: (i1 * i2) summed over the
+    sumdims i3 lacks, rounded to the half type (a half bmm, float32 sums); times i3 summed over
+    the other sumdims, rounded again; when the unroll dim is summed, those slices added one by
+    one in the half type (output.add_). Float32 scratch holding half values; the products of
+    two half values are exact in float32."""
+    from .elementwise import LOWERINGS as EW
+    from .half import _up_steps
+    from .reduce import reduce
+
+    aten = torch.ops.aten
+    mul, add = EW["aten::mul"].prepare, EW["aten::add"].prepare
+    ups = []
+    for t in ts:
+        ups.append((yield from _up_steps(t)))
+    ts = ups
+    sumdim, u = set(a["sumdim"]), a.get("unroll_dim", 1)
+    expand3 = set(a["expand3"])
+    d12 = [d for d in sorted(sumdim) if d in expand3 and d != u]
+    d23 = [d for d in sorted(sumdim) if d not in expand3 and d != u]
+
+    def product_sum(x, y, dims):
+        """round_half(sum over dims of x * y), keepdim, as float32 scratch."""
+        prod = torch.empty(torch.broadcast_shapes(x.shape, y.shape), dtype=torch.float32)
+        req = mul(aten.mul.Tensor, {"self": x, "other": y}, [prod])
+        if req is not None:
+            yield req
+        if dims:
+            s = torch.empty([1 if d in dims else n for d, n in enumerate(prod.shape)],
+                            dtype=torch.float32)
+            req = reduce("sum", prod, [s], dims, True, load_t="np.float32",
+                         acc_t="np.float32", what="sum")
+            if req is not None:
+                yield req
+            prod = s
+        h = torch.empty(prod.shape, dtype=out.dtype)
+        yield from cast_steps(prod, h)
+        return (yield from _up_steps(h))
+
+    buf = yield from product_sum(ts[0], ts[1], d12)
+    res = yield from product_sum(buf, ts[2], d23)
+    if u in sumdim:   # output.add_(buf) per unroll slice, each add rounded to the half type
+        acc = res.narrow(u, 0, 1)
+        for k in range(1, res.shape[u]):
+            tmp = torch.empty(acc.shape, dtype=torch.float32)
+            req = add(aten.add.Tensor, {"self": acc, "other": res.narrow(u, k, 1), "alpha": 1},
+                      [tmp])
+            if req is not None:
+                yield req
+            h = torch.empty(acc.shape, dtype=out.dtype)
+            yield from cast_steps(tmp, h)
+            acc = yield from _up_steps(h)
+        res = acc
+    yield from cast_steps(res.reshape(out.shape), out)   # exact: res holds half values
+
+
+lower_trilinear = launches(_trilinear)
+lower_trilinear.handles_half = True
 
 
 def dynamic_grouped_mm(func, a, index=-1):
