@@ -14,7 +14,7 @@ True
 from __future__ import annotations
 
 from .elementwise import kernel_name
-from .halfround import ROUND_BF16
+from .halfround import ROUND_BF16, ROUND_F16
 
 HEADER = '@njit(error_model="numpy", nogil=True)'
 
@@ -138,7 +138,9 @@ def render_put(nb: int, k: int, nr: int, rc: int, freq: bool, store: str) -> tup
     s.add(f"x = vals[{b}, {r}] * alpha" + (" * w" if freq else ""),
           "if acc:", f"    x = out[{ks}, {r}] + x",
           f"out[{ks}, {r}] = {store.format('x')}")
-    return s.text(), name
+    # a float16 accumulate's store rounds each add (ROUND_F16 only where used: PRELUDE's
+    # digest is part of every kernel of the family)
+    return (ROUND_F16 if "_round_f16" in store else "") + s.text(), name
 
 
 # scatter reductions, a runtime code: combine the current value `a` with the new value `v`

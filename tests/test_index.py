@@ -349,3 +349,33 @@ def test_slice_backward_is_the_cpus(sizes, dim, start, end, step):
     want = torch.ops.aten.slice_backward(g, list(sizes), dim, start, end, step)
     got = torch.ops.aten.slice_backward(g.to("neuron"), list(sizes), dim, start, end, step)
     assert torch.equal(got.cpu(), want) and got.stride() == want.stride()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_accumulating_puts_round_each_add(dtype):
+    # the CPU's index_put(accumulate=True) adds one value at a time in the half type (float32
+    # add, rounded): float16 too, not only bfloat16. _unsafe_masked_index's backward (masked
+    # values put with accumulate) is the same kernel. The reference replays those adds in
+    # row-major order of the broadcast index, each rounded to the half type.
+    g = torch.Generator().manual_seed(3)
+    i0 = torch.randint(0, 4, (9, 1), generator=g)
+    i1 = torch.randint(0, 3, (1, 8), generator=g)
+    v = (torch.randn(9, 8, generator=g) * 3).to(dtype)
+    mask = torch.rand(9, 8, generator=g) > 0.25
+    x = torch.randn(4, 3, generator=g).to(dtype)
+
+    want = x.clone()
+    b0, b1 = torch.broadcast_tensors(i0, i1)
+    for k, (a, b) in enumerate(zip(b0.flatten().tolist(), b1.flatten().tolist())):
+        want[a, b] = (want[a, b].float() + v.flatten()[k].float()).to(dtype)
+    dev = [t.to("neuron") for t in (x, i0, i1, v, mask)]
+    got = dev[0].index_put((dev[1], dev[2]), dev[3], accumulate=True)
+    assert torch.equal(got.cpu(), want)
+    zero = torch.zeros(4, 3, dtype=dtype)
+    want = zero.clone()
+    vm = v.masked_fill(~mask, 0)
+    for k, (a, b) in enumerate(zip(b0.flatten().tolist(), b1.flatten().tolist())):
+        want[a, b] = (want[a, b].float() + vm.flatten()[k].float()).to(dtype)
+    got = torch.ops.aten._unsafe_masked_index_put_accumulate(
+        zero.to("neuron"), dev[4], [dev[1], dev[2]], dev[3])
+    assert torch.equal(got.cpu(), want)

@@ -309,8 +309,8 @@ def _index_put(func, a, outs, store=None):
 
 
 def _index_put_half(func, a, outs):
-    """Half floats in float32 scratch; a bfloat16 accumulate rounds after every add, as the
-    CPU's bfloat16 `+=` does (duplicate indices give the CPU's sums, not float32's)."""
+    """Half floats in float32 scratch; an accumulate rounds after every add, as the CPU's
+    bfloat16 / float16 `+=` does (duplicate indices give the CPU's sums, not float32's)."""
     from .half import _up_steps
 
     out = outs[0]
@@ -319,7 +319,8 @@ def _index_put_half(func, a, outs):
         self32 = a["self"].clone()   # NOTE: never for a half self (_up copies); kept for safety
     vals = a["values"]
     vals32 = (yield from _up_steps(vals, vals)) if vals.dtype in HALF else vals
-    rnd = "_round_bf16({})" if out.dtype == torch.bfloat16 and a["accumulate"] else None
+    rnd = ("_round_bf16({})" if out.dtype == torch.bfloat16 else "_round_f16({})") \
+        if a["accumulate"] else None
     yield from _index_put(func, dict(a, self=self32, values=vals32), [self32], store=rnd)
     yield from cast_steps(self32, out)   # the launches lower_to_copy makes
 
