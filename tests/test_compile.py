@@ -124,6 +124,38 @@ def test_mlp_training_step_adamw_equals_eager():
     assert s["graph_fallbacks"] == {}
 
 
+def test_adamw_over_many_parameters_is_one_kernel_per_parameter():
+    # 60 parameters x 11 ops per AdamW update: the open group passes MAX_GROUP_NODES (512), which
+    # used to close it mid-chain, so updates were cut into several kernels and their copy_ into
+    # the parameter and state ran eagerly. Each parameter's chain is one kernel, written in place.
+    torch.manual_seed(0)
+    ps = [torch.nn.Parameter(torch.randn(3 + i % 5)) for i in range(60)]
+    grads = [torch.randn_like(p) for p in ps]
+
+    def run(device, compiled):
+        params = [torch.nn.Parameter(p.detach().clone().to(device)) for p in ps]
+        opt = torch.optim.AdamW(params, lr=1e-2)
+        step = torch.compile(opt.step, backend="neuron") if compiled else opt.step
+        for _ in range(2):
+            for p, g in zip(params, grads):
+                p.grad = g.to(device)
+            step()
+        return [p.detach().cpu() for p in params]
+
+    ref = run("cpu", False)
+    torch._dynamo.reset()
+    eager_neuron.compile.reset_stats()
+    got = run("neuron", True)
+    s = cstats()
+    for a, b in zip(got, ref):
+        _close(a, b, scale=16)
+    assert s["graph_fallbacks"] == {}
+    assert max(s["kernels_per_graph"]) == len(ps), s["kernels_per_graph"]
+    # no copy_ of a parameter or its state ran outside a kernel: the only copies left are the
+    # CPU step counters' (one per parameter per step)
+    assert s["graph_eager_ops"].get("aten::copy_", 0) == 2 * len(ps), s["graph_eager_ops"]
+
+
 def test_transformer_block_forward_equals_eager():
     torch.manual_seed(0)
     block = torch.nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64,

@@ -30,6 +30,12 @@ _REDUCE = {"aten::sum": "sum", "aten::sum.dim_IntList": "sum", "aten::mean.dim":
            "aten::mean": "mean"}
 _FUSIBLE_DTYPES = frozenset({torch.float32, torch.float64, torch.int64, torch.int32, torch.bool})
 MAX_GROUP_NODES = 512  # Numba compile time grows with the kernel body (split() keeps kernels small)
+# an open group takes up to this many nodes before it closes; split() then cuts it into its
+# independent chains, and a chain longer than MAX_GROUP_NODES into runs of whole loops. (The
+# open group used to close at MAX_GROUP_NODES: an AdamW step over BART tiny's 125 parameters
+# is 11 ops a parameter, so the cap fell mid-chain and every parameter's update became three
+# kernels, 364 in all instead of 125.)
+MAX_OPEN_NODES = 16 * MAX_GROUP_NODES
 
 
 class LoweringError(Exception):
@@ -310,9 +316,7 @@ class Group:
         self.writeback: dict = {}         # src node -> (graph input node, copy_ node)
 
     def accepts(self, el: _Elementwise) -> bool:
-        if len(self.members) >= MAX_GROUP_NODES:
-            return False
-        return True
+        return len(self.members) < MAX_OPEN_NODES
 
     def add(self, el: _Elementwise) -> None:
         size = _sizes_key(el.tensors[0].meta["val"]) if el.reduce else _sizes_key(
@@ -364,18 +368,38 @@ class Group:
         comps: dict = {}
         for el in self.members:
             comps.setdefault(find(self.loop_of[el.node]), []).append(el)
-        if len(comps) == 1:
+        if len(comps) == 1 and len(self.members) <= MAX_GROUP_NODES:
             return [self]
         out = []
         for root in sorted(comps, key=lambda r: min(i for i in range(len(self.loops))
                                                     if find(i) == r)):
-            g = Group()
-            for el in comps[root]:
-                g.add(el)
-                if el.node in self.writeback:
-                    g.writeback[el.node] = self.writeback[el.node]
-            out.append(g)
+            for part in self._runs(comps[root]):
+                g = Group()
+                for el in part:
+                    g.add(el)
+                    if el.node in self.writeback:
+                        g.writeback[el.node] = self.writeback[el.node]
+                out.append(g)
         return out
+
+    def _runs(self, members: list) -> list:
+        """One chain's members (in member order) as kernels of at most MAX_GROUP_NODES nodes,
+        each a run of whole loops in loop order (a longer loop stays one kernel). Loops run in
+        index order and a node reads only values of its own or earlier loops, so the runs keep
+        every dependence; an absorbed copy_'s other readers of the input are in earlier loops
+        or before it in its loop (absorb_copy), so they run before the run that stores it."""
+        if len(members) <= MAX_GROUP_NODES:
+            return [members]
+        by_loop: dict = {}
+        for el in members:
+            by_loop.setdefault(self.loop_of[el.node], []).append(el)
+        runs: list = [[]]
+        for li in sorted(by_loop):
+            loop = by_loop[li]
+            if runs[-1] and len(runs[-1]) + len(loop) > MAX_GROUP_NODES:
+                runs.append([])
+            runs[-1].extend(loop)
+        return runs
 
     def absorb_copy(self, node: Node, order: dict) -> bool:
         """copy_(input, value) at the end of a functional graph (an optimizer's new parameter):
