@@ -112,3 +112,49 @@ def test_warm_process_renders_no_kernel(tmp_path):
     assert saved2 == 0 and loaded2 == restored2 == saved1      # every program restored whole
     assert int(second[4]) == 0                                 # no graph fallback
     assert second[5:] == first[5:], (first, second)            # the same kernels, same numbers
+
+
+_ERR = r"""
+import torch, eager_neuron
+from eager_neuron.cache import keys as _keys
+_keys.source_hash = lambda: "pinned-by-the-test"   # (an edit of the tree between runs: a miss)
+
+def f(x, i):
+    return torch.index_select(x * 2, 0, i)
+
+try:
+    torch.compile(f, backend="neuron")(torch.randn(4, device="neuron"),
+                                       torch.tensor([9], device="neuron"))
+except IndexError as e:
+    print("NOTES", "".join(getattr(e, "__notes__", [])).replace("\n", " | "))
+print("LOADED", eager_neuron.compile.stats()["programs_loaded"])
+"""
+
+
+def test_warm_entry_names_the_moved_source_line(tmp_path):
+    # torch's AOTAutograd key ignores the graph's source lines: a warm entry used to serve the
+    # storing process's stack traces, so an error after an edit that moved the code named the
+    # old line (and no code). Moved code is a miss; unmoved code still loads the entry. (The
+    # source hash is pinned: the caches are this test's own.)
+    env = dict(os.environ, EAGER_NEURON_CACHE_DIR=str(tmp_path / "neuron"),
+               TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"), EAGER_NEURON_DISK_CACHE="1")
+    script = tmp_path / "user_model.py"
+
+    def run(src):
+        script.write_text(src)
+        r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                           text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+        notes = [ln for ln in r.stdout.splitlines() if ln.startswith("NOTES")]
+        loaded = [ln for ln in r.stdout.splitlines() if ln.startswith("LOADED")]
+        assert notes and loaded, r.stdout[-2000:]
+        return notes[0], int(loaded[0].split()[1])
+
+    line = _ERR.splitlines().index("    return torch.index_select(x * 2, 0, i)") + 1
+    first, _ = run(_ERR)
+    assert f"line {line}," in first and "return torch.index_select(x * 2, 0, i)" in first
+    again, loaded = run(_ERR)
+    assert again == first and loaded > 0           # the same source: the warm entry serves it
+    moved, _ = run("\n" * 5 + _ERR)
+    assert f"line {line + 5}," in moved, moved
+    assert "return torch.index_select(x * 2, 0, i)" in moved, moved

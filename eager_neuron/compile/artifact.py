@@ -216,10 +216,27 @@ def caching(gm: torch.fx.GraphModule):
     import torch._functorch.config as fconfig
 
     unwrap_factories(gm)
-    setattr(gm, SALT_ATTR, cache_salt())
+    setattr(gm, SALT_ATTR, f"{cache_salt()}/{_lines_hash(gm)}")
     with fconfig.patch(bundled_autograd_cache=True, force_non_lazy_backward_lowering=True), \
             _no_inductor_codegen_imports():
         yield
+
+
+def _lines_hash(gm: torch.fx.GraphModule) -> str:
+    """A hash of where the graph's ops stand in the user's source (each node's stack trace:
+    file, line, code). torch's key ignores them, so a warm entry served the source lines of
+    the process that stored it: after an edit that moved the model's code, an error in a
+    compiled graph named the old line number with no code (or another line's), and the
+    profiler and EAGER_NEURON_LOG=graphs the old lines. Moved code is a miss (the kernels
+    still come from the disk cache)."""
+    import hashlib
+
+    h = hashlib.sha1()
+    for node in gm.graph.nodes:
+        st = node.meta.get("stack_trace")
+        if st:
+            h.update(st.encode())
+    return h.hexdigest()[:16]
 
 
 @contextlib.contextmanager
