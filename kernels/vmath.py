@@ -33,8 +33,12 @@ VMATH_PRELUDE is one line importing the helpers of SOURCE, compiled once per pro
 error_model="numpy" and no fastmath, the flags of every kernel that calls them (kernels/shared.py;
 they were inline="always" text per kernel, where the caller's flags applied). LLVM inlines them
 into the kernel's loop, which vectorizes as before. The library imports
-`_vfma` (kernels/intrinsics.py: a * b + c rounded once, vectorized to vfmadd); the older helpers
-do not use it (their ulp bounds were checked exhaustively as written).
+`_vfma` (kernels/intrinsics.py: a * b + c rounded once, vectorized to vfmadd): the exp family
+(`_v_exp_reduce`, `_v_exp_poly`: exp, expm1, sigmoid, tanh, erf, the gelus, softmax's
+`_v_exp_neg`) and `_vgelu_as` are spelled with it, 1.4x (exp) to 1.7x (`_v_exp_neg`) faster in
+cache than the mul-and-add Cephes spelling and no less accurate (exp: max 0.89 ulp against
+0.999). log, log1p and the small-|x| polynomials of tanh and erf are as they were.
+`tools/ulp_check.py` checks every helper on all 2^32 float32 inputs (before/after: `--rev`).
 
 >>> import numpy as np
 >>> ns = {}
@@ -76,34 +80,51 @@ def _v_i2f(i):
 
 
 @njit(error_model="numpy", forceinline=True)
-def _v_exp_finish(r, k):
-    # exp(r) 2^k for |r| <= ln2/2: 1 + r + r^2 P(r) (Cephes expf), then the scale in two exact
-    # halves, so a denormal result rounds once and k = 128 overflows to inf
-    r2 = r * r
-    p = ((np.float32(1.9875691500e-4) * r + np.float32(1.3981999507e-3)) * r2
-         + (np.float32(8.3334519073e-3) * r + np.float32(4.1665795894e-2))) * r2 \\
-        + (np.float32(1.6666665459e-1) * r + np.float32(5.0000001201e-1))
-    y = (p * r2 + r) + np.float32(1.0)
-    k1 = k >> 1
-    s1 = _v_float((k1 + 127) << 23)
-    s2 = _v_float((k - k1 + 127) << 23)
-    return (y * s1) * s2
+def _v_exp_p(r):
+    # Cephes expf's P: exp(r) = 1 + r + r^2 P(r) for |r| <= ln2/2 (and the few ulps more that
+    # the rounding of k gives), by Horner in fused multiply-adds (one rounding per step)
+    p = _vfma(np.float32(1.9875691500e-4), r, np.float32(1.3981999507e-3))
+    p = _vfma(p, r, np.float32(8.3334519073e-3))
+    p = _vfma(p, r, np.float32(4.1665795894e-2))
+    p = _vfma(p, r, np.float32(1.6666665459e-1))
+    return _vfma(p, r, np.float32(5.0000001201e-1))
+
+
+@njit(error_model="numpy", forceinline=True)
+def _v_exp_poly(r):
+    # exp(r) = 1 + r (1 + r P(r)): Horner to the end, 7 fmas. The inner 1 + r P is in
+    # [0.85, 1.19] and its rounding reaches the result times |r| <= 0.35: max error 0.89 ulp
+    # of exp over all float32 x (the Cephes order 1 + (r + r^2 P), non-fused, had 1.0)
+    q = _vfma(_v_exp_p(r), r, np.float32(1.0))
+    return _vfma(q, r, np.float32(1.0))
+
+
+@njit(error_model="numpy", forceinline=True)
+def _v_exp_reduce(xc):
+    # (r, k): xc = k ln2 + r, k = rint(xc/ln2) by adding 1.5*2^23 (the low mantissa bits of t
+    # are k). ln2 = C1 + C2 with C1 = float32(ln2): the fma forms xc - k C1 exactly and it is
+    # representable (a multiple of 2^-24 below ln2/2 in magnitude: xc and k C1 are such
+    # multiples for |xc| >= 1/2, and k = 0 below), so r has one rounding, from k C2.
+    t = _vfma(xc, np.float32(1.44269504088896341), np.float32(12582912.0))
+    kf = t - np.float32(12582912.0)
+    k = _v_bits(t) - np.int32(0x4B400000)
+    r = _vfma(kf, np.float32(-0.693147182464599609375), xc)
+    r = _vfma(kf, np.float32(1.904654323148236e-09), r)
+    return r, k
 
 
 @njit(error_model="numpy", forceinline=True)
 def _v_exp_core(x):
-    # exp(x), no nan fix-up. Clamp to [-104, 89]; k = rint(x/ln2) by adding 1.5*2^23 (the low
-    # mantissa bits of t are k); r = x - k ln2 with ln2 = C1 + C2, C1 of 12 bits so k*C1 is exact
-    # and x - k*C1 is exact (Sterbenz); exp(r) = 1 + r + r^2 P(r) (Cephes expf); scaled by 2^k in
-    # two exact halves, so denormal results round once and k = 128 overflows to inf.
+    # exp(x), no nan fix-up. Clamp to [-104, 89]; exp(r) 2^k scaled in two exact halves, so a
+    # denormal result rounds once and k = 128 overflows to inf.
     xc = x if x < np.float32(89.0) else np.float32(89.0)
     xc = xc if xc > np.float32(-104.0) else np.float32(-104.0)
-    t = xc * np.float32(1.44269504088896341) + np.float32(12582912.0)
-    kf = t - np.float32(12582912.0)
-    k = _v_bits(t) - np.int32(0x4B400000)
-    r = xc - kf * np.float32(0.693115234375)
-    r = r - kf * np.float32(3.19461832987e-05)
-    return _v_exp_finish(r, k)
+    r, k = _v_exp_reduce(xc)
+    y = _v_exp_poly(r)
+    k1 = k >> 1
+    s1 = _v_float((k1 + 127) << 23)
+    s2 = _v_float((k - k1 + 127) << 23)
+    return (y * s1) * s2
 
 
 @njit(error_model="numpy", forceinline=True)
@@ -118,39 +139,23 @@ def _v_exp_neg(x):
     # scale as 2^(k + 64) (k >= -150: normal, exact) then 2^-64, so a denormal result still
     # rounds once, with 3 integer ops fewer than the two half scales
     xc = x if x > np.float32(-104.0) else np.float32(-104.0)
-    t = xc * np.float32(1.44269504088896341) + np.float32(12582912.0)
-    kf = t - np.float32(12582912.0)
-    k = _v_bits(t) - np.int32(0x4B400000)
-    r = xc - kf * np.float32(0.693115234375)
-    r = r - kf * np.float32(3.19461832987e-05)
-    r2 = r * r
-    p = ((np.float32(1.9875691500e-4) * r + np.float32(1.3981999507e-3)) * r2
-         + (np.float32(8.3334519073e-3) * r + np.float32(4.1665795894e-2))) * r2 \\
-        + (np.float32(1.6666665459e-1) * r + np.float32(5.0000001201e-1))
-    y = (p * r2 + r) + np.float32(1.0)
+    r, k = _v_exp_reduce(xc)
+    y = _v_exp_poly(r)
     y = (y * _v_float((k + (127 + 64)) << 23)) * np.float32(5.421010862427522e-20)
     return y if x == x else x
 
 
 @njit(error_model="numpy", forceinline=True)
 def _v_expm1_core(x):
-    # expm1(x), no nan/zero fix-up: 2 (s expm1(r) + (s - 1/2)) with s = 2^(k-1) is exact but
-    # for one add, and k = 0 gives expm1(r) = expm1(x) itself, so small x keep their relative
-    # precision. x is clamped to [-18, 89] (expm1 rounds to -1 below -17.33).
+    # expm1(x), no nan/zero fix-up: 2 (s expm1(r) + (s - 1/2)) with s = 2^(k-1), the last add
+    # fused (one rounding), and k = 0 gives expm1(r) = expm1(x) itself, so small x keep their
+    # relative precision. x is clamped to [-18, 89] (expm1 rounds to -1 below -17.33).
     xc = x if x < np.float32(89.0) else np.float32(89.0)
     xc = xc if xc > np.float32(-18.0) else np.float32(-18.0)
-    t = xc * np.float32(1.44269504088896341) + np.float32(12582912.0)
-    kf = t - np.float32(12582912.0)
-    k = _v_bits(t) - np.int32(0x4B400000)
-    r = xc - kf * np.float32(0.693115234375)
-    r = r - kf * np.float32(3.19461832987e-05)
-    r2 = r * r
-    p = ((np.float32(1.9875691500e-4) * r + np.float32(1.3981999507e-3)) * r2
-         + (np.float32(8.3334519073e-3) * r + np.float32(4.1665795894e-2))) * r2 \\
-        + (np.float32(1.6666665459e-1) * r + np.float32(5.0000001201e-1))
-    em = p * r2 + r
+    r, k = _v_exp_reduce(xc)
+    em = _vfma(_v_exp_p(r), r * r, r)
     s = _v_float((k + 126) << 23)
-    return (s * em + (s - np.float32(0.5))) * np.float32(2.0)
+    return _vfma(s, em, s - np.float32(0.5)) * np.float32(2.0)
 
 
 @njit(error_model="numpy", forceinline=True)
@@ -342,26 +347,23 @@ def _vgelu_as(x):
     m = _vfma(m, vv, np.float32(0.12837916612625122))
     mid = _vfma(v, m, np.float32(1.0) + v)
     t = np.float32(1.0) / _vfma(np.float32(0.3275911), a, np.float32(1.0))
-    r = _vfma(np.float32(1.061405429), t, np.float32(-1.453152027))
-    r = _vfma(r, t, np.float32(1.421413741))
-    r = _vfma(r, t, np.float32(-0.284496736))
-    r = _vfma(r, t, np.float32(0.254829592))
+    # A&S's R(t) 2^-64, its coefficients scaled exactly (see q below)
+    r = _vfma(np.float32(1.061405429 * 2.0 ** -64), t, np.float32(-1.453152027 * 2.0 ** -64))
+    r = _vfma(r, t, np.float32(1.421413741 * 2.0 ** -64))
+    r = _vfma(r, t, np.float32(-0.284496736 * 2.0 ** -64))
+    r = _vfma(r, t, np.float32(0.254829592 * 2.0 ** -64))
     w = vv if vv < np.float32(104.0) else np.float32(104.0)
     s = _vfma(w, np.float32(-1.44269504088896341), np.float32(12582912.0))
     kf = s - np.float32(12582912.0)
     k = _v_bits(s) - np.int32(0x4B400000)
     z = _vfma(kf, np.float32(-0.693115234375), -w)
     z = _vfma(kf, np.float32(-3.19461832987e-05), z)
-    p = _vfma(np.float32(1.9875691500e-4), z, np.float32(1.3981999507e-3))
-    p = _vfma(p, z, np.float32(8.3334519073e-3))
-    p = _vfma(p, z, np.float32(4.1665795894e-2))
-    p = _vfma(p, z, np.float32(1.6666665459e-1))
-    p = _vfma(p, z, np.float32(5.0000001201e-1))
-    # e = exp(-w) 2^64 (k + 64 >= -86: a normal scale, exact) and 2^-64 onto r t (exact unless
-    # r t < 2^-62, where q is 0 anyway): a denormal q is rounded once, by its last multiply, with
-    # 3 integer ops and a multiply fewer than two half scales (GELU is compute-bound in cache)
-    e = (_vfma(p, z * z, z) + np.float32(1.0)) * _v_float((k + (127 + 64)) << 23)
-    q = ((r * t) * np.float32(5.421010862427522e-20)) * e
+    # e = exp(-w) 2^64 (k + 64 >= -86: a normal scale, exact; exp(z) as _v_exp_poly) and 2^-64
+    # on r t, in R's coefficients (exact unless r t < 2^-62, where q is 0 anyway): a denormal q
+    # is rounded once, by its last multiply, with 3 integer ops and a multiply fewer than two
+    # half scales (GELU is compute-bound in cache)
+    e = _v_exp_poly(z) * _v_float((k + (127 + 64)) << 23)
+    q = (r * t) * e
     phi2 = np.float32(2.0) - q if x >= np.float32(0.0) else q
     phi2 = mid if a < np.float32(1.0) else phi2
     return (np.float32(0.5) * x) * phi2
