@@ -420,11 +420,6 @@ def _kernel_setup(func, plan, args, kwargs, mode) -> tuple:
             _refuse_shared_out(func, plan, args, kwargs)
     # 1. output metadata (validates shapes and dtypes exactly as PyTorch would)
     leaves, spec = meta_outputs(func, uargs, ukw)
-    if plan.out_args and plan.lower in _fusible():
-        functional = _functional_of_other_dtype(func, uargs, ukw, leaves)
-        if functional is not None:   # add(int8, int8, out=int64): computed in int8, then cast
-            decomp = _out_via_functional(func, plan, functional)
-            return None, _run_decomp(func, plan, decomp, args, kwargs, mode)
     a = bind(func, uargs, ukw)
     if plan.cpu_meta is not None:
         leaves = plan.cpu_meta(a, leaves)
@@ -462,6 +457,11 @@ def _kernel_setup(func, plan, args, kwargs, mode) -> tuple:
     if plan.mutates and not dtypes.isdisjoint(COMPLEX):
         # a complex operand into a real written tensor (the float fast path skipped it)
         _check_decomp_written(func, plan, uargs, ukw, real_too=True)
+    if plan.mutates and plan.lower in _fusible():
+        functional = _functional_of_other_dtype(func, plan, uargs, ukw, leaves)
+        if functional is not None:   # add(int8, int8, out=int64): in int8, then cast
+            decomp = _via_functional(func, plan, functional)
+            return None, _run_decomp(func, plan, decomp, args, kwargs, mode)
     # the op's context: its core, its mode, whether adaptive eager may record it
     if _adaptive.STATE.enabled and mode is None and index is not None:
         # (skipped: adaptive_fast.run found the op's groups light; it runs as plain eager)
@@ -618,15 +618,18 @@ _FUNCTIONAL: dict = {}   # out= overload -> its functional overload (None: none 
 
 
 def _functional_of(func):
-    """add.out -> add.Tensor: the overload of the same op taking the same arguments but the
-    out= ones, and writing nothing (read off the schemas, once)."""
+    """add.out -> add.Tensor, add_.Tensor -> add.Tensor: the overload of the op taking the
+    same arguments but the out= ones and writing nothing (read off the schemas, once)."""
     hit = _FUNCTIONAL.get(func, False)
     if hit is not False:
         return hit
     schema = func._schema
-    want = [(a.name, str(a.type)) for a in schema.arguments if not a.is_out]
-    n_out = sum(a.is_out for a in schema.arguments)
+    want = [(a.name, str(a.type).replace("(a!)", "")) for a in schema.arguments
+            if not a.is_out]
+    n_out = len(schema.returns)
     ns, _, name = schema.name.partition("::")
+    if name.endswith("_") and not name.endswith("__"):
+        name = name[:-1]                     # add_ -> add
     packet = getattr(getattr(torch.ops, ns, None), name, None)
     hit = None
     for ov in (packet.overloads() if packet is not None else ()):
@@ -640,17 +643,24 @@ def _functional_of(func):
     return hit
 
 
-def _functional_of_other_dtype(func, uargs, ukw, leaves):
-    """The functional overload of an elementwise out= call whose out= tensors' dtypes are not
-    the functional result's (None otherwise). ATen's TensorIterator computes in the operands'
-    common dtype and casts the result into out: bool + bool is a logical or even into an int64
-    out, int8 products wrap in int8, sin(int64) rounds to float32 before a float64 out."""
+def _functional_of_other_dtype(func, plan, uargs, ukw, leaves):
+    """The functional overload of an elementwise in-place or out= call whose written tensors'
+    dtypes are not the functional result's (None otherwise). ATen's TensorIterator computes in
+    the operands' common dtype and casts the result into the written tensor: bool + bool is a
+    logical or even into an int64 out, int8 products wrap in int8, sin(int64) rounds to float32
+    before a float64 out, uint8.floor_divide_(int64 -1) divides in int64."""
+    if not all(t is not None for t in plan.ret_alias):
+        return None
+    written = {o[2] for o in leaves if isinstance(o, tuple)}
+    n_in = sum(not a.is_out for a in func._schema.arguments)
+    if len(written) == 1 and all(
+            v.dtype in written for v in (*uargs[:n_in], *ukw.values())
+            if isinstance(v, torch.Tensor)):
+        return None   # (the common case: every operand of the written dtype)
     functional = _functional_of(func)
     if functional is None:
         return None
-    outs = {a.name for a in func._schema.arguments if a.is_out}
-    n_in = sum(not a.is_out for a in func._schema.arguments)
-    fkw = {k: v for k, v in ukw.items() if k not in outs}
+    fkw = {k: v for k, v in ukw.items() if k not in plan.out_args}
     try:
         fleaves, _ = meta_outputs(functional, uargs[:n_in], fkw)
     except Exception:   # noqa: BLE001 -- the functional's own refusal: the out= call decides
@@ -662,16 +672,16 @@ def _functional_of_other_dtype(func, uargs, ukw, leaves):
     return functional
 
 
-def _out_via_functional(func, plan, functional):
-    """A decomposition of an out= call of another dtype than its result: the CPU's refusal
-    first (neg(int8, out=int64) must match exactly), then the functional op and a copy (a cast)
-    into each out= tensor, resized as ATen resizes it."""
-    names = [a.name for a in func._schema.arguments if not a.is_out]
+def _via_functional(func, plan, functional):
+    """A decomposition of an in-place or out= call of another dtype than its result: the CPU's
+    refusal first (neg(int8, out=int64) must match exactly), then the functional op and a copy
+    (a cast) into each written tensor, resized as ATen resizes an out= tensor."""
+    n_in = sum(not a.is_out for a in func._schema.arguments)
 
     def decomp(*args, **kwargs):
-        _refuse_via_cpu(func, plan, args, kwargs)
-        n_in = len(names)
-        outs = [_original(func, args, kwargs, nm) for nm in plan.out_args]
+        if plan.out_args:   # (in-place: ATen's result-type check already ran)
+            _refuse_via_cpu(func, plan, args, kwargs)
+        outs = [_original(func, args, kwargs, nm) for nm in plan.ret_alias]
         fkw = {k: v for k, v in kwargs.items() if k not in plan.out_args}
         res = functional(*args[:n_in], **fkw)
         results = res if isinstance(res, (tuple, list)) else (res,)

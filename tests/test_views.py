@@ -185,6 +185,32 @@ def test_out_of_a_wider_dtype_computes_in_the_common_dtype(name, fn, dtype, want
     assert stats_delta()["fallbacks"] == {}
 
 
+def test_inplace_of_a_narrower_dtype_computes_in_the_common_dtype(stats_delta):
+    # uint8 x.floor_divide_(int64 y): ATen divides in int64, then casts (exact references)
+    x = torch.tensor([128, 127, 249, 7], dtype=torch.uint8)
+    y = torch.tensor([-1, 2, -2, 3])
+    big = torch.tensor([-128, 127, -7, 7], dtype=torch.int32)
+    cases = [(lambda d: x.to(d, copy=True).floor_divide_(y.to(d)), [128, 63, 131, 2]),
+             (lambda d: x.to(d, copy=True).remainder_(y.to(d)), [0, 1, 255, 1]),
+             (lambda d: big.to(d, copy=True).remainder_(y.to(d) * 2**33 + 3),
+              [-128, 127, -7, 7]),
+             (lambda d: big.to(d, copy=True).floor_divide_(y.to(d) * 2**33 + 3), [0, 0, 0, 0])]
+    for fn, want in cases:
+        assert fn("cpu").tolist() == want
+        for adaptive in (False, True):
+            with eager_neuron.adaptive(adaptive):
+                got = fn("neuron")
+            assert got.cpu().tolist() == want, adaptive
+    # float32 x.mul_(float64 y): one rounding of the float64 product (not y rounded first)
+    a = torch.tensor([1.0, 3.0], dtype=torch.float32)
+    b = torch.tensor([1 + 2.0 ** -24 + 2.0 ** -40, 1 - 2.0 ** -25 - 2.0 ** -45],
+                     dtype=torch.float64)
+    want = (a.double() * b).float()
+    assert torch.equal(a.clone().mul_(b), want)
+    assert torch.equal(a.to("neuron").mul_(b.to("neuron")).cpu(), want)
+    assert stats_delta()["fallbacks"] == {}
+
+
 def test_out_of_a_float16_sum_rounds_to_float16():
     a = torch.tensor([1000.0, 0.1, 3.3], dtype=torch.float16)
     want = (a + a.flip(0)).float()          # float16's sums, then widened
