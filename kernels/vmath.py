@@ -16,8 +16,8 @@ polynomials (Cephes-style range reduction, selects instead of branches, bit cast
                     uses: lower/elementwise_ops.py _GELU_F32), 2x the speed of x (1 + _verf_as)
 
 Contract: float32 in, float32 out, only for a float32 compute type (a float64 argument is cast
-down). Max error against the correctly rounded result, checked on all 2^32 float32 inputs:
-exp, log, log1p, tanh, erf 1 ulp; expm1 2 ulp (all within 2 ulp of torch's CPU results, +-0,
+down). Max error against the correctly rounded result, checked on all 2^32 float32 inputs
+(tools/ulp_check.py): exp, log, log1p, tanh, erf 1 ulp; expm1 2 ulp (all within 2 ulp of torch's CPU results, +-0,
 +-inf, nan, denormals and the overflow/underflow edges included). sigmoid: torch's formula
 1/(1 + exp(-x)), 2 ulp, 0 below -88.7 as torch (<= 4 ulp from torch). gelu: 7 ulp (torch's own
 is 10 ulp off in [-1, 1] and 100% off for x < -5.5). gelu_tanh: 3 ulp for x >= -1; below, the

@@ -383,7 +383,8 @@ def test_dense_edges_vs_float64(kernels, name):
     mask = np.ones(x.shape, bool) if where is None else where(x)
     u = ulps(got[mask], exact[mask])
     i = int(np.argmax(u))
-    assert u[i] <= tol_exact, f"{u[i]:g} ulp at x={x[mask][i]!r}: {got[mask][i]!r} vs {exact[mask][i]!r}"
+    assert u[i] <= tol_exact, (f"{u[i]:g} ulp at x={x[mask][i]!r}: "
+                               f"{got[mask][i]!r} vs {exact[mask][i]!r}")
 
 
 def test_exp_neg_is_exp_bit_for_bit():
