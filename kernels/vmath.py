@@ -17,11 +17,12 @@ polynomials (Cephes-style range reduction, selects instead of branches, bit cast
 
 Contract: float32 in, float32 out, only for a float32 compute type (a float64 argument is cast
 down). Max error against the correctly rounded result, checked on all 2^32 float32 inputs
-(tools/ulp_check.py): exp, log, log1p, tanh, erf 1 ulp; expm1 2 ulp (all within 2 ulp of torch's CPU results, +-0,
-+-inf, nan, denormals and the overflow/underflow edges included). sigmoid: torch's formula
-1/(1 + exp(-x)), 2 ulp, 0 below -88.7 as torch (<= 4 ulp from torch). gelu: 7 ulp (torch's own
-is 10 ulp off in [-1, 1] and 100% off for x < -5.5). gelu_tanh: 3 ulp for x >= -1; below, the
-result ~ x exp(2u) carries the absolute rounding error of 2u (~|2u| ulp), torch cancels instead.
+(tools/ulp_check.py): exp, log, log1p, tanh, erf 1 ulp; expm1 2 ulp (all within 2 ulp of
+torch's CPU results, +-0, +-inf, nan, denormals and the overflow/underflow edges included).
+sigmoid: torch's formula 1/(1 + exp(-x)), 2 ulp, 0 below -88.7 as torch (<= 4 ulp from torch).
+gelu: 7 ulp (torch's own is 10 ulp off in [-1, 1] and 100% off for x < -5.5). gelu_tanh:
+3 ulp for x >= -1; below, the result ~ x exp(2u) carries the absolute rounding error of 2u
+(~|2u| ulp), torch cancels instead.
 Vectorization: the loop's IR must hold `<8 x float>` AND no libm call; `<8 x float>` alone
 proves nothing (LLVM turns a math.exp loop into llvm.exp.v8f32 = 8 scalar expf calls).
 
