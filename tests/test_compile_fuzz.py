@@ -76,6 +76,29 @@ def test_found_program_agrees(name):
     assert msg is None, f"{what}\n{msg}\n{p.describe()}"
 
 
+def test_copy_into_a_base_waits_for_the_kernel_reading_it():
+    """(fuzz_compile seed 7031) Views of one tensor passed to a graph (what a graph break leaves)
+    reach AOTAutograd as their synthetic base; the graph ends with copy_(base, as_strided_scatter
+    (...)). That copy_ was hoisted before the fused kernel of `a + 1`, which reads the base
+    through an as_strided node: the result saw t3's update."""
+    def g(a, t3, t0):
+        t4 = a + 1
+        t3.add_(t0)
+        return t4
+
+    for dtype in (torch.bool, torch.float32):
+        base = torch.arange(30) % 3 == 0 if dtype is torch.bool else torch.arange(30.)
+        a = base.clone()[6:].view(4, 6)
+        want = a + 1                                   # before the update: exact
+        want_a = a.clone()
+        want_a[1:3] += a[0]
+        torch._dynamo.reset()
+        b = base.to("neuron")[6:].view(4, 6)
+        got = torch.compile(g, backend="neuron")(b, b.narrow(0, 1, 2), b[0])
+        assert torch.equal(got.cpu(), want), dtype
+        assert torch.equal(b.cpu(), want_a), dtype
+
+
 def test_bounded_fuzz_run():
     """N random programs (seeds FIRST.., up to 6 lines; every fourth a row-kernel program),
     each called three times with fresh inputs (the third replays the learned plan), then with

@@ -499,7 +499,9 @@ def partition(gm: GraphModule, regions=()) -> list:
 
 def _movable_copy(node: Node, group: Group) -> bool:
     """A copy_ into memory the open group neither reads nor writes (an optimizer's CPU step
-    counter) may run before the group."""
+    counter) may run before the group. The group may read the memory through a view node
+    (`as_strided(arg0)` of a synthetic base: `t4 = a + 1; t3.add_(t0)` with t3 a view of a),
+    so the check is by storage, not by node."""
     if node.target is not aten.copy_.default or not node.args:
         return False
     dst = node.args[0]
@@ -509,7 +511,23 @@ def _movable_copy(node: Node, group: Group) -> bool:
     for el in group.members:
         touched.update(el.tensors)
     touched.update(d for d, _ in group.writeback.values())
-    return dst not in touched
+    if dst in touched:
+        return False
+    mem = _storage_of(dst)
+    return mem is not None and all(_storage_of(t) != mem for t in touched)
+
+
+def _storage_of(node):
+    """The memory a node's value lives in (its fake tensor's storage), or None."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    val = node.meta.get("val") if isinstance(node, Node) else None
+    if not isinstance(val, torch.Tensor):
+        return None
+    try:
+        return StorageWeakRef(val.untyped_storage())
+    except Exception:    # noqa: BLE001 - no storage to compare (a symbolic or sparse value)
+        return None
 
 
 def _movable(node: Node) -> bool:
