@@ -17,6 +17,7 @@ import torch
 from torch.fx import Node
 
 from ..adaptive import MODULE as _adaptive
+from ..decomps import _zero_padded
 from ..lower.host import _PLAIN_TO_KW, _target_index
 from ..lower.host import to_device as _to_device
 from ..stats import STATS as _STATS
@@ -88,7 +89,8 @@ def _run_view(node: Node, env: dict, loader) -> bool:
 
 def _run_slice_backward(node: Node, env: dict, loader) -> bool:
     """aten.slice_backward (the gradient of a slice: Llama's rotate_half, 8 per training step)
-    as zeros and one strided copy into the slice, both neuron kernels. Neuron eager ran
+    as one zero pad of a unit step's gradient (decomps._zero_padded), else zeros and one
+    strided copy into the slice, both neuron kernels. Neuron eager ran
     torch's reference decomposition (new_zeros and slice_scatter through the Python refs,
     ~300-500 us each against ~70 us here). False: take the dispatch path."""
     args, kwargs = loader(env)
@@ -96,6 +98,11 @@ def _run_slice_backward(node: Node, env: dict, loader) -> bool:
         return False
     grad, sizes, dim, start, end, step = args
     CSTATS.eager_ops["aten::slice_backward"] += 1
+    if step == 1:     # one zero-pad kernel (Llama's rotate_half: ~80 -> ~25 us a node)
+        out = _zero_padded(grad, sizes, dim, start, end)
+        if out is not None:
+            env[node] = out
+            return True
     out = _alloc(tuple(int(s) for s in sizes), grad.dtype, grad._index)
     out.zero_()
     aten.slice.Tensor(out, dim, start, end, step).copy_(grad)
