@@ -99,16 +99,18 @@ def render_take(nb: int, k: int, nr: int) -> tuple[str, str]:
     return s.text(), name
 
 
-def render_put(nb: int, k: int, nr: int, rc: int, freq: bool, store: str) -> tuple[str, str]:
+def render_put(nb: int, k: int, nr: int, rc: int, freq: bool, store: str,
+               scale: str = "{}") -> tuple[str, str]:
     """`put(out, vals, i0.., wrap, acc, copy, zero, pad_on, pad, alpha, err, dst, full)`:
     out[i0[b..], .., r..] (+)= vals[b.., r..] * alpha.
 
     Runtime flags (one kernel serves index_put, index_add and embedding backward): copy: first
     dst = full (the functional form); zero: dst starts at 0; pad_on: skip rows whose raw
     index equals `pad`. Static: freq scales each row by 1 / its index count (embedding backward
-    with scale_grad_by_freq); `store` formats the stored value ("np.float32({})").
+    with scale_grad_by_freq); `store` formats the stored value ("np.float32({})"), `scale` the
+    scaled value before the add (a half 1-d index_add rounds `vals * alpha` first).
     """
-    name = kernel_name("put", nb, k, nr, rc, freq, store)
+    name = kernel_name("put", nb, k, nr, rc, freq, store, scale)
     params = ["out", "vals"] + [f"i{j}" for j in range(k)] + [
         "wrap", "acc", "copy", "zero", "pad_on", "pad", "alpha", "err", "dst", "full"]
     s = _Src(name, params)
@@ -135,12 +137,12 @@ def render_put(nb: int, k: int, nr: int, rc: int, freq: bool, store: str) -> tup
     if freq:
         s.add("w = 1.0 / cnt[k0]")
     s.loops("r", "vals", nr, start=nb)
-    s.add(f"x = vals[{b}, {r}] * alpha" + (" * w" if freq else ""),
+    s.add("x = " + scale.format(f"vals[{b}, {r}] * alpha" + (" * w" if freq else "")),
           "if acc:", f"    x = out[{ks}, {r}] + x",
           f"out[{ks}, {r}] = {store.format('x')}")
     # a float16 accumulate's store rounds each add (ROUND_F16 only where used: PRELUDE's
     # digest is part of every kernel of the family)
-    return (ROUND_F16 if "_round_f16" in store else "") + s.text(), name
+    return (ROUND_F16 if "_round_f16" in store + scale else "") + s.text(), name
 
 
 # scatter reductions, a runtime code: combine the current value `a` with the new value `v`
@@ -168,15 +170,17 @@ def render_gather(c: int) -> tuple[str, str]:
     return s.text(), name
 
 
-def render_scatter(c: int, rc: int, value: bool, cast: str, store: str) -> tuple[str, str]:
+def render_scatter(c: int, rc: int, value: bool, cast: str, store: str,
+                   total: str = "{}") -> tuple[str, str]:
     """`scatter(out, src, idx, red, include_self, copy, ident, err, dst, full)`:
     out[o.., idx[o.., j]] op= src[o.., j] over c outer dims, op from REDUCE[red].
 
-    Static: value (`src` is a scalar) and the output's load/store casts; runtime: the reduction,
-    include_self (else touched slots restart from `ident`) and copy (first dst = full, both
-    with rc dims).
+    Static: value (`src` is a scalar), the output's load/store casts and `total`, the format of
+    a mean's sum before its division (a half mean rounds the sum to the half type first);
+    runtime: the reduction, include_self (else touched slots restart from `ident`) and copy
+    (first dst = full, both with rc dims).
     """
-    name = kernel_name("scatter", c, rc, value, cast, store)
+    name = kernel_name("scatter", c, rc, value, cast, store, total)
     s = _Src(name, ["out", "src", "idx", "red", "include_self", "copy", "ident", "err", "dst",
                     "full"])
     o = _ix("o", c)
@@ -210,8 +214,9 @@ def render_scatter(c: int, rc: int, value: bool, cast: str, store: str) -> tuple
     s.depth += 1
     s.loops("o", "out", c)
     s.add("for k in range(n):", f"    m = cnt[{o}, k]", "    if m > 0:",
-          f"        out[{o}, k] = {store.format(f'out[{o}, k] {div} (m + include_self)')}")
-    return s.text(), name
+          f"        out[{o}, k] = "
+          f"{store.format(total.format(f'out[{o}, k]') + f' {div} (m + include_self)')}")
+    return (ROUND_F16 if "_round_f16" in store + total else "") + s.text(), name
 
 
 def _test(expr: str, bits: bool) -> str:

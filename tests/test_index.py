@@ -379,3 +379,121 @@ def test_half_accumulating_puts_round_each_add(dtype):
     got = torch.ops.aten._unsafe_masked_index_put_accumulate(
         zero.to("neuron"), dev[4], [dev[1], dev[2]], dev[3])
     assert torch.equal(got.cpu(), want)
+
+
+def _half(x: torch.Tensor, dtype) -> torch.Tensor:
+    """x (float64) rounded as the CPU's half arithmetic rounds: to float32, then to the half
+    type (an exact float64 sum or product of half values rounds as the float32 op does)."""
+    return x.float().to(dtype).double()
+
+
+def _half_ints(g, shape, lo, hi, dtype):
+    return torch.randint(lo, hi, shape, generator=g).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_index_add_rounds_as_the_cpu(dtype):
+    # index_add_cpu_ (TensorAdvancedIndexing.cpp): a 1-d self is a scalar loop in the half
+    # type, self[k] = h(self[k] + h(source[i] * h(alpha))); an n-d self adds one slice at a
+    # time (add_, each add rounded) unless alpha is 1 along the first or last dim with an
+    # int64 index: then scatter_add_, which sums in float32 and rounds once. References:
+    # float64 replays of those steps; integers at the half type's last exact power of two,
+    # so that the rounding points decide the result (the old float32 sums differed).
+    g = torch.Generator().manual_seed(4)
+    big = 256 if dtype == torch.bfloat16 else 2048   # from here on only even integers
+    idx = torch.tensor([0, 2, 0, 0, 1, 2, 0, 2])
+    dev = {}
+
+    def check(self, dim, index, src, alpha, each, scaled):
+        want = self.double().clone()
+        if each:
+            a = float(torch.tensor(alpha).to(dtype))
+            for i, k in enumerate(index.tolist()):
+                t = src.double().select(dim, i) * a
+                t = _half(t, dtype) if scaled else t
+                want.select(dim, k).copy_(_half(want.select(dim, k) + t, dtype))
+        else:
+            want.index_add_(dim, index, src.double(), alpha=alpha)
+        want = want.to(dtype)
+        cpu = self.index_add(dim, index, src, alpha=alpha)
+        got = self.to(D).index_add(dim, index.to(D), src.to(D), alpha=alpha)
+        assert torch.equal(got.cpu(), want) and torch.equal(cpu, want)
+        inplace = self.to(D)
+        inplace.index_add_(dim, index.to(D), src.to(D), alpha=alpha)
+        assert torch.equal(inplace.cpu(), want)
+        dev["differs"] = dev.get("differs", 0) + int(
+            (self.index_add(dim, index, src, alpha=alpha)
+             != (self.float().index_add(dim, index, src.float(), alpha=alpha)).to(dtype)).sum())
+
+    # 1. 1-d: the product rounds before the add (alpha 0.3 is not a half value)
+    self = (torch.rand(3, generator=g) * big + big).to(dtype)
+    src = (torch.randn(8, generator=g) * 7).to(dtype)
+    check(self, 0, idx, src, 0.3, True, True)
+    # 2. a middle dim, and the last dim with an int32 index: one rounding per add
+    self = _half_ints(g, (2, 3, 4), big, 2 * big, dtype)
+    src = _half_ints(g, (2, 8, 4), -9, 9, dtype)
+    check(self, 1, idx, src, 1, True, False)
+    self = _half_ints(g, (4, 3), big, 2 * big, dtype)
+    src = _half_ints(g, (4, 8), -9, 9, dtype)
+    check(self, 1, idx.int(), src, 1, True, False)
+    # 3. alpha 3 along dim 0: each add rounded; src * 3 is exact, so the CPU's vectorised
+    # loop and its scalar tail agree (on every ISA)
+    self = _half_ints(g, (3, 40), big, 2 * big, dtype)
+    src = _half_ints(g, (8, 40), -9, 9, dtype)
+    check(self, 0, idx, src, 3, True, False)
+    # 4. alpha 1 along dims 0 and -1 with an int64 index: scatter_add's float32 sums
+    check(self, 0, idx, src, 1, False, False)
+    check(self.t(), 1, idx, src.t(), 1, False, False)
+    assert dev["differs"] > 0   # the operands tell the rounding points apart
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_scatter_and_index_reduce_round_as_the_cpu(dtype):
+    # scatter_reduce sums (and multiplies) in float32 and stores the half type, then a mean
+    # divides that rounded sum by the count in the half type (the old code divided the float32
+    # sum: one rounding). index_reduce works a source slice at a time in the half type: every
+    # product (prod) or sum (mean) rounded, then the division. References: float64 replays.
+    g = torch.Generator().manual_seed(5)
+    big = 256 if dtype == torch.bfloat16 else 2048
+    idx = torch.tensor([0, 2, 0, 0, 1, 2, 0, 2])
+    self = _half_ints(g, (3, 5), big, 2 * big, dtype)
+    src = _half_ints(g, (8, 5), -9, 9, dtype)
+    full = idx.view(-1, 1).expand(8, 5).contiguous()
+    for inc in (True, False):
+        s64 = self.double().clone()
+        if not inc:
+            s64.index_fill_(0, idx, 0)
+        count = torch.zeros(3, 5, dtype=torch.float64).index_add_(
+            0, idx, torch.ones(8, 5, dtype=torch.float64))
+        total = _half(s64.index_add(0, idx, src.double()), dtype)
+        want = _half(total / (count + inc).clamp(min=1), dtype).to(dtype)
+        want = torch.where(count > 0, want, self)
+        got = self.to(D).scatter_reduce(0, full.to(D), src.to(D), "mean", include_self=inc)
+        assert torch.equal(got.cpu(), want)
+        assert torch.equal(self.scatter_reduce(0, full, src, "mean", include_self=inc), want)
+
+    # index_reduce: prod of factors near 1 (products round), mean of integers; an n-d and a
+    # 1-d self (the CPU's scalar loop)
+    fac = (1 + torch.randint(-60, 60, (8, 5), generator=g) / 64).to(dtype)
+    for red, source in (("prod", fac), ("mean", src)):
+        for inc in (True, False):
+            for x, y in ((self, source), (self[:, 0], source[:, 0])):
+                want = _index_reduce_replay(x, idx, y, red, inc, dtype)
+                got = x.to(D).index_reduce(0, idx.to(D), y.to(D), red, include_self=inc)
+                assert torch.equal(got.cpu(), want), (red, inc, x.dim())
+                assert torch.equal(x.index_reduce(0, idx, y, red, include_self=inc), want)
+
+
+def _index_reduce_replay(self, idx, source, red, inc, dtype):
+    """index_reduce along dim 0 as the CPU computes it in a half type, in float64."""
+    want = self.double().clone()
+    if not inc:
+        want.index_fill_(0, idx, 1.0 if red == "prod" else 0.0)
+    count = torch.full_like(want, float(inc))
+    for i, k in enumerate(idx.tolist()):
+        s = source.double()[i]
+        want[k] = _half(want[k] * s if red == "prod" else want[k] + s, dtype)
+        count[k] += 1
+    if red == "mean":
+        want = _half(want / count.clamp(min=1), dtype)
+    return want.to(dtype)

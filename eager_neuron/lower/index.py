@@ -129,9 +129,10 @@ _C_TYPE = {"int8": "int8_t", "uint8": "uint8_t", "int16": "int16_t", "int32": "i
 
 
 def put(op: str, out, out_p, vals_p, idxs, dims, *, self=None, wrap=False, accumulate=False,
-        alpha=None, zero=False, pad=None, freq=False, store=None) -> tuple:
+        alpha=None, zero=False, pad=None, freq=False, store=None, scale="{}") -> tuple:
     """out_p[idxs[0][b..], .., r..] (+)= vals_p[b.., r..] * alpha; out_p is a permuted view of
-    out. `self` given: out starts as a copy of it (the functional form, in the same launch)."""
+    out. `self` given: out starts as a copy of it (the functional form, in the same launch);
+    `scale` formats vals * alpha before the add, `store` the stored value."""
     k = len(idxs)
     nb = vals_p.dim() - (out_p.dim() - k)
     v, o, iv, cb, cr = _split(vals_p, idxs, nb, k, out_p)
@@ -143,10 +144,11 @@ def put(op: str, out, out_p, vals_p, idxs, dims, *, self=None, wrap=False, accum
     key = ("index", "put", cb, k, cr,   # loop ranks, as for take
            rc,                            # coalesced rank of the copy (out = self) loop
            freq,                          # rows scaled by 1 / index frequency
-           store)                         # the output's store cast
+           store,                         # the output's store cast
+           scale)                         # vals * alpha's rounding (half 1-d index_add)
     # NOTE: wrap, accumulate, copy, zero and padding are runtime flags: one compiled kernel
     # serves index_put, index_add and embedding backward of the same ranks and dtype.
-    return (key, lambda: kix.render_put(cb, k, cr, rc, freq, store),
+    return (key, lambda: kix.render_put(cb, k, cr, rc, freq, store, scale),
             (o, v, *iv, wrap, accumulate, copy, zero, pad is not None,
              -1 if pad is None else int(pad), one, err, dst, full),
             vals_p.numel() if accumulate else 0,
@@ -207,15 +209,61 @@ def lower_index_select(func, a, outs):
         launch(*req)
 
 
-def lower_index_add(func, a, outs):
+def _index_add(func, a, outs, store=None, scale="{}"):
+    """index_add's steps (lower_index_add launches them): put's launch, or for a half self the
+    float32 copies, put's launch rounding as the CPU does, and the cast back."""
+    if outs[0].dtype in HALF:
+        return (yield from _index_add_half(func, a, outs))
     self, out, source = _at_least_1d(a["self"], outs[0], a["source"])
     dim = _dim(a, self)
     index = _flat_index(a["index"], "aten::index_add")
     alpha = a["alpha"]
     req = put(func._schema.name, outs[0], out.movedim(dim, 0), source.movedim(dim, 0), [index],
-              (dim,), self=a["self"], accumulate=True, alpha=None if alpha == 1 else alpha)
+              (dim,), self=a["self"], accumulate=True, alpha=None if alpha == 1 else alpha,
+              store=store, scale=scale)
     if req is not None:
-        launch(*req)
+        yield req
+
+
+def _half_store(dtype) -> str:
+    return "_round_bf16({})" if dtype == torch.bfloat16 else "_round_f16({})"
+
+
+def _index_add_half(func, a, outs):
+    """bfloat16 / float16 in float32 scratch, rounded where the CPU's index_add_cpu_ rounds
+    (alpha is first cast to the half type, as Scalar.to<scalar_t>() and add's alpha are):
+    1. a 0-d or 1-d self: a scalar loop, `self[index[i]] += source[i] * alpha` in the half type:
+       the product rounded, then the sum;
+    2. alpha 1 along the first or last dim, an int64 index and source's sizes those of self
+       elsewhere: it calls scatter_add_, which sums in float32 and rounds once;
+    3. else: self.select(dim, index[i]).add_(source.select(dim, i), alpha) per index, each add
+       rounded once (add's vectorised loop; its scalar tail rounds the product first, as our
+       add does not either: docs/NUMERICS.md)."""
+    from .half import _half_round, _up_steps
+
+    out, self, source, alpha = outs[0], a["self"], a["source"], a["alpha"]
+    dim = a["dim"] % max(self.dim(), 1) if isinstance(a["dim"], int) else a["dim"]
+    rnd = _half_store(out.dtype)
+    store, scale = rnd, "{}"
+    if self.dim() <= 1:
+        scale = rnd
+    elif (alpha == 1 and dim in (0, self.dim() - 1) and a["index"].dtype == torch.int64
+          and source.dim() == self.dim()
+          and all(self.shape[d] == source.shape[d] for d in range(self.dim()) if d != dim)):
+        store = None
+    # self's float32 copy is dense: an expanded self (stride 0) must not be written through
+    self32 = torch.empty(self.shape, dtype=torch.float32)
+    yield from cast_steps(self, self32)
+    src32 = yield from _up_steps(source, source)
+    half_alpha = alpha if isinstance(alpha, bool) else _half_round(alpha, out.dtype)
+    yield from _index_add(func, dict(a, self=self32, source=src32, alpha=half_alpha), [self32],
+                          store=store, scale=scale)
+    yield from cast_steps(self32, out)   # the launches lower_to_copy makes
+
+
+lower_index_add = launches(_index_add)   # dispatch -> lower_index_add -> launch
+lower_index_add.__name__ = "lower_index_add"
+lower_index_add.handles_half = True
 
 
 def lower_put(func, a, outs):
@@ -366,7 +414,10 @@ def _identity(reduce: str, dtype):
     return info.max if big else info.min
 
 
-def _scatter(op: str, a, outs, reduce=None, include_self=True) -> tuple | None:
+def _scatter(op: str, a, outs, reduce=None, include_self=True, store=None,
+             total="{}") -> tuple | None:
+    """scatter's launch (None: nothing to launch); `store` formats every stored value, `total`
+    a mean's sum before its division."""
     out, self, index = outs[0], a["self"], a["index"]
     src = a.get("src")
     value = src is None
@@ -394,16 +445,17 @@ def _scatter(op: str, a, outs, reduce=None, include_self=True) -> tuple | None:
     s = kind(int(a["value"]) if isinstance(a["value"], bool) else a["value"]) if value \
         else views[2]
     cast = NP_TYPE.get(out.dtype, "np.int16")
-    store = _store(out.dtype)
+    store = store or _store(out.dtype)
     err = np.zeros(4, np.int64)
     c = o.ndim - 1
     dst, full, rc = _pair(out, self)
     key = ("index", "scatter", c,
            rc,              # coalesced rank of the copy (out = self) loop
            value,           # src is a scalar
-           cast, store)     # load and store casts of the output dtype
+           cast, store,     # load and store casts of the output dtype
+           total)           # a mean's sum rounded before the division (half types)
     # NOTE: the reduction, include_self and copy are runtime: one kernel per rank and dtype.
-    return (key, lambda: kix.render_scatter(c, rc, value, cast, store),
+    return (key, lambda: kix.render_scatter(c, rc, value, cast, store, total),
             (o, s, i, kix.REDUCE[reduce], include_self, copy,
              kind(_identity(reduce or "sum", out.dtype)), err, dst, full),
             index.numel() if reduce else 0,
@@ -429,15 +481,23 @@ def lower_scatter_add(func, a, outs):
         launch(*req)
 
 
-def lower_scatter_reduce(func, a, outs):
-    req = _scatter(func._schema.name, a, outs, a["reduce"], bool(a["include_self"]))
+def _scatter_reduce(func, a, outs, store=None, total="{}"):
+    """scatter_reduce's steps. Half types: the CPU sums (and multiplies) in float32 and stores
+    the half type once, then a mean divides that rounded sum by the count in the half type."""
+    if outs[0].dtype in HALF:
+        return (yield from _reduce_half(func, a, outs, _scatter_reduce, "src", False))
+    req = _scatter(func._schema.name, a, outs, a["reduce"], bool(a["include_self"]), store,
+                   total)
     if req is not None:
-        launch(*req)
+        yield req
 
 
-def lower_index_reduce(func, a, outs):
+def _index_reduce(func, a, outs, store=None, total="{}"):
     """index_reduce along dim is a scatter_reduce whose index is `index` broadcast (stride 0)
-    over the source's other dims."""
+    over the source's other dims. Half types: the CPU multiplies (adds, for a mean) one source
+    slice at a time in the half type, each step rounded, then divides in the half type."""
+    if outs[0].dtype in HALF:
+        return (yield from _reduce_half(func, a, outs, _index_reduce, "source", True))
     errors.warn("index_reduce() is in beta and the API may change at any time.", once=True)
     self, source = _at_least_1d(a["self"], a["source"])
     dim = _dim(a, self)
@@ -445,9 +505,34 @@ def lower_index_reduce(func, a, outs):
     shape = [1] * source.dim()
     shape[dim] = -1
     b = dict(a, index=index.view(shape).expand(source.shape), src=source, dim=dim)
-    req = _scatter(func._schema.name, b, outs, a["reduce"], bool(a["include_self"]))
+    req = _scatter(func._schema.name, b, outs, a["reduce"], bool(a["include_self"]), store,
+                   total)
     if req is not None:
-        launch(*req)
+        yield req
+
+
+def _reduce_half(func, a, outs, steps, key: str, each: bool):
+    """A half-type reduction in float32 scratch: `steps` on the copies, every stored value
+    rounded to the half type when `each` (else once, by the cast back), a mean's sum rounded
+    before its division."""
+    from .half import _up_steps
+
+    out, self = outs[0], a["self"]
+    self32 = torch.empty(self.shape, dtype=torch.float32)   # dense: never an expanded self
+    yield from cast_steps(self, self32)
+    src32 = yield from _up_steps(a[key], a[key])
+    rnd = _half_store(out.dtype)
+    yield from steps(func, dict(a, self=self32, **{key: src32}), [self32],
+                     store=rnd if each else None, total=rnd)
+    yield from cast_steps(self32, out)   # the launches lower_to_copy makes
+
+
+lower_scatter_reduce = launches(_scatter_reduce)   # dispatch -> lowering -> launch
+lower_scatter_reduce.__name__ = "lower_scatter_reduce"
+lower_scatter_reduce.handles_half = True
+lower_index_reduce = launches(_index_reduce)
+lower_index_reduce.__name__ = "lower_index_reduce"
+lower_index_reduce.handles_half = True
 
 
 # ---------------------------------------------------------------------------------------------
