@@ -183,3 +183,19 @@ def test_bilinear_rounds_the_inner_product_as_the_cpu(dtype):
     for got, ref in zip(torch.autograd.grad(out, dev, go.to(DEV)),
                         torch.autograd.grad(cpu, ins, go)):
         assert torch.equal(got.cpu(), ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_nan_to_num_replaces_infinities_by_the_half_types_largest(dtype):
+    # (computed in float32, the default bound was float32's largest, which rounds back to inf)
+    big = torch.finfo(dtype).max
+    x = torch.tensor([float("inf"), -float("inf"), float("nan"), 1.5], dtype=dtype)
+    want = [big, -big, 0.0, 1.5]
+    assert x.nan_to_num().tolist() == want
+    for adaptive in (False, True):
+        with eager_neuron.adaptive(adaptive):
+            got = x.to(DEV).nan_to_num()
+            inplace = x.to(DEV)
+            inplace.nan_to_num_(posinf=7.0)
+        assert got.cpu().tolist() == want, adaptive
+        assert inplace.cpu().tolist() == [7.0, -big, 0.0, 1.5], adaptive

@@ -152,6 +152,9 @@ def _round_tensor(t: torch.Tensor, dtype):
     return (yield from _up_steps(h, h))
 
 
+_NAN_TO_NUM = frozenset({"aten::nan_to_num", "aten::nan_to_num_"})
+
+
 def run_upcast(func, plan, a: dict, outs: list) -> None:
     """A half-type op computed in float32 (dispatch routes every such kernel call here): it
     launches its steps itself, the casts and the float32 op's request (or runs its lowering)."""
@@ -179,6 +182,13 @@ def upcast_steps(func, plan, a: dict, outs: list):
             up[k] = type(v)(items)
         else:
             up[k] = v
+    if func._schema.name in _NAN_TO_NUM and a.get("self") is not None and \
+            a["self"].dtype in HALF:
+        # the default replacements of infinities are the half type's largest finite values,
+        # not float32's (which round back to inf)
+        big = torch.finfo(a["self"].dtype).max
+        up = dict(up, posinf=big if a.get("posinf") is None else a["posinf"],
+                  neginf=-big if a.get("neginf") is None else a["neginf"])
     tmp_outs = []
     for o in outs:
         if isinstance(o, torch.Tensor) and o.dtype in HALF:
