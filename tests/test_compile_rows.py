@@ -315,3 +315,66 @@ def test_strided_operand_views_are_as_strided_views():
                             assert v.base is (b if b.base is None else b.base)
                             made += 1
     assert made > 20
+
+
+COLS = {
+    # a bias gradient: sum over the rows of [R, C]; a norm weight's: over [B, T] of [B, T, C]
+    "sum0": lambda x, w: (x * w).sum(0),
+    "sum01_keepdim": lambda x, w: torch.nn.functional.gelu(x + w).sum([0, 1], keepdim=True),
+    "mean_leading": lambda x, w: (x * x + w).mean(tuple(range(x.dim() - 1))),
+    "neg_dims": lambda x, w: (x - w).sum([-3, -2]),
+}
+
+
+# ([0] leads a 2-d frame only, [-3, -2] a 3-d one)
+_COL_CASES = [(n, sh) for n in sorted(COLS) for sh in [(6, 5), (2, 7, 9), (512, 128)]
+              if not (n == "sum0" and len(sh) == 3) and not (n == "neg_dims" and len(sh) == 2)]
+
+
+@pytest.mark.parametrize("name,shape", _COL_CASES, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_column_totals_are_row_kernels(name, shape, dtype):
+    # a sum/mean over every leading dim is one row kernel (float64 totals, serial for every
+    # size: (512, 128) is past the parallel threshold), with its elementwise prologue
+    fn = COLS[name]
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(shape, generator=g).to(dtype).to(N)
+    w = torch.randn(shape[-1], generator=g).to(dtype).to(N)
+    eager_neuron.compile.reset_stats()
+    _run(fn, [x, w], dtype, shape[0] * (shape[1] if len(shape) == 3 else 1))
+    s = cstats()
+    assert s["row_kernel_launches"] >= 1
+    assert "aten::sum.dim_IntList" not in s["graph_eager_ops"], s["graph_eager_ops"]
+    assert "aten::mean.dim" not in s["graph_eager_ops"], s["graph_eager_ops"]
+
+
+def test_partial_leading_sums_stay_eager_and_right():
+    # sum over dim 0 only of a 3-d value is not a column total: neuron eager's own kernel
+    x = torch.randn(3, 4, 5, device=N)
+    eager_neuron.compile.reset_stats()
+    _run(lambda x: (x * 2).sum(0), [x], torch.float32, 3)
+    assert cstats()["graph_eager_ops"].get("aten::sum.dim_IntList", 0) >= 1
+
+
+def test_bias_gradients_of_a_training_step_are_row_kernels():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    ref = [p.detach().clone() for p in m.parameters()]
+    mc = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    with torch.no_grad():
+        for p, q in zip(mc.parameters(), ref):
+            p.copy_(q)
+    m64, mc = m.double(), mc.to(N)
+    x = torch.randn(32, 8, generator=torch.Generator().manual_seed(1))
+
+    def step(model, x):
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        return loss
+
+    step(m64, x.double())
+    eager_neuron.compile.reset_stats()
+    torch.compile(step, backend="neuron")(mc, x.to(N))
+    for p, q in zip(mc.parameters(), m64.parameters()):
+        _close(p.grad, q.grad, torch.float32, 64)
+    assert "aten::sum.dim_IntList" not in cstats()["graph_eager_ops"], cstats()["graph_eager_ops"]

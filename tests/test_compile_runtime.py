@@ -458,12 +458,16 @@ def test_host_to_device_move_in_a_graph_skips_dispatch():
 
 
 def _mlp_steps(direct, funnel=None, steps=3):
-    """A compiled MLP training step (bias gradients: eager sum.dim_IntList nodes) with a plan's
-    direct eager calls on or off; `funnel` wraps neuron dispatch's entry."""
+    """A compiled MLP training step (bias gradients: eager sum.dim_IntList nodes, with the row
+    regions' column totals off) with a plan's direct eager calls on or off; `funnel` wraps
+    neuron dispatch's entry."""
     from eager_neuron import tensor as T
+    from eager_neuron.compile import rows
 
     old, old_funnel = planned.DIRECT_EAGER[0], T._dispatch
     planned.DIRECT_EAGER[0] = direct
+    cols = dict(rows._COLRED)
+    rows._COLRED.clear()
     if funnel is not None:
         T._dispatch = funnel(old_funnel)
     try:
@@ -491,6 +495,8 @@ def _mlp_steps(direct, funnel=None, steps=3):
             eager_neuron.compile.stats()
     finally:
         planned.DIRECT_EAGER[0], T._dispatch = old, old_funnel
+        rows._COLRED.update(cols)
+        torch._dynamo.reset()      # (no later test runs a graph compiled without them)
 
 
 def test_plan_eager_nodes_call_neuron_dispatch_directly():

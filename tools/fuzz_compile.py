@@ -211,12 +211,15 @@ BREAKS = [
     ("{new} = {1} + float({0}.amax())", "x", 2),
 ]
 # row kernels (compile/rows.py): last-dim reductions with matmul prologues, broadcast operands
-# and multi-pass epilogues, several results (--rows draws only from this)
+# and multi-pass epilogues, column totals, several results (--rows draws only from this)
 ROWS = [
     ("torch.nn.functional.linear({0}, {1}, {2})", "r", 3), ("{0} @ {1}.mT", "r", 2),
     ("torch.addmm({2}, {0}, {1}.t(), beta=0.5)", "r", 3), ("{0} @ {1}", "r", 2),
     ("{0}.mean(-1, keepdim=True)", "r", 1), ("{0}.sum(-1, keepdim=True)", "x", 1),
     ("{0}.amax(-1, keepdim=True)", "x", 1), ("{0}.amin(-1)", "x", 1), ("{0}.sum(-1)", "x", 1),
+    # column totals (every leading dim: a bias or norm-weight gradient), with a prologue
+    ("{0}.sum(tuple(range({0}.dim() - 1)))", "x", 1), ("({0} * {1}).sum(0)", "x", 2),
+    ("{0}.mean(tuple(range({0}.dim() - 1)), keepdim=True)", "r", 1),
     ("torch.softmax({0}, -1)", "r", 1), ("torch.log_softmax({0}, -1)", "r", 1),
     ("torch.nn.functional.layer_norm({0}, {0}.shape[-1:])", "r", 1),
     ("torch.nn.functional.layer_norm({0}, {2}.shape, {2}, {2})", "r", 3),

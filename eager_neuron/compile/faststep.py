@@ -252,7 +252,8 @@ class FastRows(_Fast):
             if node not in plan.shapes:
                 raise _NotFast("a row store with no recorded shape")
             shape = plan.shapes[node][0]
-            flat = (self.R, C) if (is_mm or mode == "full") else (self.R,)
+            flat = (self.R, C) if (is_mm or mode == "full") else (
+                (C,) if mode in ("col", "colkd") else (self.R,))   # (a column total: [C])
             put = not is_mm or node in step.stored_set
             self.outs.append((2 + j, node, shape, dtype, index, flat, put))
         self.cache = [None] * len(self.ins)

@@ -37,6 +37,8 @@ from .codegen import _bind, _classify, _is_contig
 aten = torch.ops.aten
 _RED = {"aten::sum.dim_IntList": "sum", "aten::mean.dim": "mean", "aten::amax": "amax",
         "aten::amin": "amin"}
+# column totals (every leading dim reduced): rowstep accumulates them across rows
+_COLRED = {"aten::sum.dim_IntList": "sum", "aten::mean.dim": "mean"}
 _IDENT = {"aten::detach", "aten::alias", "aten::clone"}
 _MM = {"aten::mm", "aten::addmm"}
 _FLOATS = (torch.float32, torch.float64)
@@ -94,6 +96,10 @@ def classify(node: Node, fr: Frame, members: dict) -> Member | None:
     if val is None or val.device.type != "neuron" or not (
             name == "aten::expand" or _is_contig(val)):
         return None
+    if name in _COLRED:
+        col = _classify_col(node, name, fr, members, val)
+        if col is not None:
+            return col
     form = fr.form(_key(val.shape))
     if form is None:
         return None
@@ -105,6 +111,8 @@ def classify(node: Node, fr: Frame, members: dict) -> Member | None:
             return None
         m = members.get(n)
         sk = _key(v.shape)
+        if m is not None and m.cls == "col":
+            return None          # a column total exists only when the kernel ends
         if m is not None:
             if out_form == "full":
                 fits = sk == fr.F or m.form == "rowkd" or all(s == 1 for s in sk)
@@ -185,6 +193,43 @@ def classify(node: Node, fr: Frame, members: dict) -> Member | None:
         return None
     m = Member(node, "ew", cls, form)
     m.spec, m.operands, m.scalars = el.spec, ops, el.scalars
+    return m
+
+
+def _classify_col(node, name, fr, members, val):
+    """A float sum/mean over every leading dimension of a frame-shaped value (a bias gradient,
+    `sum(0)` of [R, C]; a norm's weight gradient, `sum([0, 1])` of [B, T, C]): one total per
+    column, accumulated in float64 across the kernel's rows (a serial kernel) and stored when
+    it ends, shape [C] or, keepdim, [1, ..., 1, C]. None when it is another reduction."""
+    F = fr.F
+    nd = len(F)
+    if nd < 2 or not all(isinstance(s, int) for s in F) or F[-1] == 0:
+        return None
+    a = _bind(node.target, node)
+    x, dims = a.get("self"), a.get("dim")
+    xv = _val(x)
+    if xv is None or xv.dtype not in _FLOATS or val.dtype != xv.dtype or a.get("dtype"):
+        return None
+    if _key(xv.shape) != F or not isinstance(dims, (list, tuple)) or not dims:
+        return None
+    if not all(isinstance(d, int) for d in dims) or sorted({d % nd for d in dims}) != list(
+            range(nd - 1)) or len(dims) != nd - 1:
+        return None
+    keep = bool(a.get("keepdim", False))
+    if _key(val.shape) != ((1,) * (nd - 1) + (F[-1],) if keep else (F[-1],)):
+        return None
+    src = members.get(x)
+    if src is not None:
+        if src.cls != "full":
+            return None
+        oc = ("m", src)
+    elif xv.device == val.device and _key(xv.shape) == F:
+        oc = ("b", "full")
+    else:
+        return None
+    m = Member(node, "colred", "col", "colkd" if keep else "col")
+    m.red = _COLRED[name]
+    m.operands = [(x, oc)]
     return m
 
 
@@ -322,7 +367,7 @@ def _grow(seed, fr, taken, order):
     if seed not in nodes:
         return None
     members = {n: members[n] for n in nodes}
-    if not any(m.kind in ("red", "mm") or any(
+    if not any(m.kind in ("red", "mm", "colred") or any(
             oc[0] == "b" and (oc[1] != "full" or _key(_val(t).shape) != fr.F
                               or _strided(_val(t)))
             for t, oc in m.operands) for m in members.values()):

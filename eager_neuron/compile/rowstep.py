@@ -58,7 +58,7 @@ class RowStep:
         for m in members:
             ins = [oc[1].avail for _, oc in m.operands if oc[0] == "m"]
             base = max(ins, default=0)
-            m.avail = base + 1 if m.kind == "red" else base
+            m.avail = base + 1 if m.kind in ("red", "colred") else base
         stored = [m for m in members if users_outside(m.node, mset)]
         for m in members:
             if m.kind == "mm":
@@ -69,8 +69,12 @@ class RowStep:
         scalar_casts: list = []
         mm_lines: list = []
         passes = sorted({oc[1].avail if oc[0] == "m" else 0
-                         for m in members if m.kind == "red" for _, oc in m.operands}
+                         for m in members if m.kind in ("red", "colred")
+                         for _, oc in m.operands}
                         | {m.avail for m in stored if m.form == "full"})
+        cols = [m for m in members if m.kind == "colred"]
+        col_pre: list = []      # before the row loop: each column total's float64 accumulator
+        col_post: list = []     # after it: the totals (means) rounded into their stores
         stages = range(0, max([m.avail for m in members] + passes + [0]) + 1)
 
         def ref(t, oc, in_loop):
@@ -144,6 +148,8 @@ class RowStep:
                 continue
             reds = [m for m in members if m.kind == "red" and (
                 m.operands[0][1][1].avail if m.operands[0][1][0] == "m" else 0) == s]
+            creds = [m for m in cols if (
+                m.operands[0][1][1].avail if m.operands[0][1][0] == "m" else 0) == s]
             outs = [m for m in stored if m.form == "full" and m.avail == s]
             need: set = set()
 
@@ -154,7 +160,7 @@ class RowStep:
                 for _, oc in m.operands:
                     if oc[0] == "m":
                         want(oc[1], need)
-            for m in reds:
+            for m in reds + creds:
                 t, oc = m.operands[0]
                 if oc[0] == "m":
                     want(oc[1])
@@ -182,6 +188,14 @@ class RowStep:
                 j = buf("out", m.node, "full")
                 v = f"v{m.idx}" if m.cls == "full" else f"w{m.idx}"
                 body.append(f"            b{j}[r, c] = {v}")
+            for m in creds:
+                t, oc = m.operands[0]
+                body.append(f"            k{m.idx}[c] += {ref(t, oc, True)}")
+        for m in cols:
+            j = buf("out", m.node, m.form)
+            col_pre.append(f"    k{m.idx} = np.zeros(C, np.float64)")
+            total = f"k{m.idx}[c] / R" if m.red == "mean" else f"k{m.idx}[c]"
+            col_post += ["    for c in range(C):", f"        b{j}[c] = {_npt(m.node)}({total})"]
         # matmul products first, into their scratch (or stored) buffers
         for m in members:
             if m.kind == "mm":
@@ -201,8 +215,10 @@ class RowStep:
         self.mm_nodes = [m.node for m in members if m.kind == "mm"]
         self.stores = [m.node for m in stored]
         self.n_nodes = len(members)
-        parallel_src, name = self._render(body, mm_lines, scalar_casts, True)
-        serial_src, _ = self._render(body, mm_lines, scalar_casts, False)
+        # (a column total accumulates across rows: the kernel is serial for every size)
+        parallel_src, name = self._render(body, mm_lines + col_pre, scalar_casts, not cols,
+                                          col_post)
+        serial_src, _ = self._render(body, mm_lines + col_pre, scalar_casts, False, col_post)
         self.src = {True: parallel_src, False: serial_src}
         self.digest = {k: hashlib.sha1(v.encode()).hexdigest() for k, v in self.src.items()}
         self.ops = sorted({str(n.target) for n in self.nodes})
@@ -228,13 +244,14 @@ class RowStep:
         self.__dict__.update(state)
         self.render = {k: _renderer_src(v) for k, v in self.src.items()}
 
-    def _render(self, body, mm_lines, scalar_casts, parallel):
+    def _render(self, body, mm_lines, scalar_casts, parallel, post=()):
         _launch.RSTATS.kernel_renders += 1     # (a kernel's source built: counted as launch's)
         n_bufs = len(self.bufs)
         params = (["R", "C"] + [f"b{j}" for j in range(n_bufs)]
                   + [f"s{j}" for j in range(len(scalar_casts))])
-        digest = hashlib.sha1(("\n".join(body + mm_lines) + repr(scalar_casts) + repr(
-            [b[2] for b in self.bufs]) + str(parallel)).encode()).hexdigest()[:12]
+        digest = hashlib.sha1(("\n".join(body + mm_lines + list(post)) + repr(scalar_casts)
+                               + repr([b[2] for b in self.bufs]) + str(parallel)).encode()
+                              ).hexdigest()[:12]
         name = f"rows_{digest}"
         extra = ", parallel=True" if parallel else ""
         lines = [f'@njit(error_model="numpy", nogil=True{extra})',
@@ -248,6 +265,7 @@ class RowStep:
                 lines.append(f"        q{j} = r // b{j}.shape[1]")
                 lines.append(f"        p{j} = r - q{j} * b{j}.shape[1]")
         lines += body or ["        pass"]
+        lines += list(post)
         return "\n".join(lines) + "\n", name
 
     def describe(self) -> str:
@@ -363,7 +381,7 @@ def run(step: RowStep, env: dict, run_node, alloc, flat, pl=None) -> bool:
         args[j] = v
     rowkd = tuple(F[:-1]) + (1,)
     for j, node, mode, is_mm, dtype, index in step.outs:
-        shape = F if (is_mm or mode == "full") else (rowkd if mode == "rowkd" else F[:-1])
+        shape = F if (is_mm or mode == "full") else _out_shape(mode, F, rowkd)
         t = outs.get(node)
         if t is None:
             t = None if pl is None else pl.alloc(node, shape, dtype, index)
@@ -372,7 +390,8 @@ def run(step: RowStep, env: dict, run_node, alloc, flat, pl=None) -> bool:
             if not is_mm or node in step.stored_set:
                 outs[node] = t
         a = t._data.numpy()
-        args[j] = a.reshape(R, C) if (is_mm or mode == "full") else a.reshape(R)
+        args[j] = a.reshape(R, C) if (is_mm or mode == "full") else a.reshape(
+            C if mode in _COL_FORMS else R)
     scalars = []
     for a in step.scalar_args:
         v = env[a] if isinstance(a, Node) else a
@@ -406,6 +425,21 @@ def run(step: RowStep, env: dict, run_node, alloc, flat, pl=None) -> bool:
     CSTATS.row_kernel_launches += 1
     env.update(outs)
     return True
+
+
+_COL_FORMS = frozenset({"col", "colkd"})
+
+
+def _out_shape(mode: str, F: tuple, rowkd: tuple) -> tuple:
+    """A non-full store's shape in frame F: a row value's ([*lead, 1] or [*lead]) or a column
+    total's ([C], or [1, ..., 1, C] with keepdim)."""
+    if mode == "rowkd":
+        return rowkd
+    if mode == "col":
+        return (F[-1],)
+    if mode == "colkd":
+        return (1,) * (len(F) - 1) + (F[-1],)
+    return tuple(F[:-1])
 
 
 def _renderer_src(src: str):
