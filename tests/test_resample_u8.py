@@ -157,3 +157,36 @@ def test_uint8_same_size_and_empty():
     assert torch.equal(got, x)
     e = torch.empty(0, 3, 6, 7, dtype=torch.uint8)
     assert F.interpolate(e.to("neuron"), size=(3, 4), mode="bicubic").shape == (0, 3, 3, 4)
+
+
+_INTEGERS = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool]
+
+
+@pytest.mark.parametrize("mode,rank", [("linear", 1), ("bilinear", 2), ("bicubic", 2),
+                                       ("trilinear", 3)])
+@pytest.mark.parametrize("dtype", _INTEGERS, ids=str)
+def test_integer_resize_refused_where_the_cpu_refuses(mode, rank, dtype):
+    """The CPU's linear/trilinear kernels dispatch on floating types only, bilinear/bicubic on
+    floating types and uint8; neuron used to answer every other integer dtype through the
+    decomposition. Now it raises the CPU's NotImplementedError, its words first (the kernel
+    name depends on the CPU's path and layout), then the op, the dtype and the fix; an empty
+    input too. Where the CPU answers (uint8 bilinear/bicubic), neuron answers its bytes."""
+    for shape, channels_last in (((2, 3) + (5,) * rank, False), ((1, 1) + (4,) * rank, True),
+                                 ((0, 3) + (5,) * rank, False)):
+        x = torch.randint(0, 2 if dtype == torch.bool else 100, shape).to(dtype)
+        if channels_last and rank > 1:
+            x = x.contiguous(memory_format=torch.channels_last if rank == 2
+                             else torch.channels_last_3d)
+        kw = dict(size=(3,) * rank, mode=mode, align_corners=False)
+        try:
+            want = F.interpolate(x, **kw)
+        except NotImplementedError as cpu:
+            with pytest.raises(NotImplementedError) as got:
+                F.interpolate(x.to("neuron"), **kw)
+            text = str(got.value)
+            assert text.startswith(str(cpu)), (text, str(cpu))
+            assert f"upsample_{mode}{rank}d" in text and str(dtype) in text and "cast" in text
+            assert not (dtype == torch.uint8 and rank == 2)
+        else:
+            assert dtype == torch.uint8 and rank == 2, "the CPU answered"
+            assert torch.equal(F.interpolate(x.to("neuron"), **kw).cpu(), want)

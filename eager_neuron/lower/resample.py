@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .. import errors
 from ..kernels import compile as kc
 from ..kernels import grid_sample as kgrid
 from ..kernels import grid_sample_cubic as kcubic
@@ -44,6 +45,8 @@ def _upsample_half(mode: str, rank: int, half_weights: bool = True):
             if out.numel():
                 yield _u8_step(mode, False, x, out, a)
             return
+        if not (x.dtype.is_floating_point or x.dtype.is_complex):
+            _refuse_integer(func, a, x.dtype, mode, rank)
         if (x.dtype not in _HALF_RND and x.dtype not in _FLOAT) or out.dtype != x.dtype:
             raise NotImplementedError(f"upsample {mode}: the decomposition for {x.dtype}")
         rnd = _HALF_RND.get(x.dtype) if half_weights else None
@@ -91,6 +94,40 @@ def _upsample_backward(mode: str, rank: int):
                flops=2.0 * go.numel() * taps, bytes_moved=_numel(gi, go) * gi.element_size(),
                engine="vector")
     return lower
+
+
+class _CpuRefuses(errors.NotImplementedForDtype):
+    """The CPU's NotImplementedError for a resize of an integer dtype, its words first, then
+    the fix (dispatch raises it as a NotImplementedError naming the op and the user's line)."""
+
+    def __init__(self, message: str, dtype) -> None:
+        Exception.__init__(self, message)
+        self.kernel, self.dtype = "", dtype
+
+
+def _refuse_integer(func, a, dtype, mode: str, rank: int) -> None:
+    """Refuse where the CPU refuses: its linear/bilinear/trilinear/bicubic kernels dispatch on
+    the floating types and (bilinear/bicubic 2-d only) uint8, and raise before reading any
+    element, empty inputs too; the decomposition would answer. The CPU's words (the kernel
+    name depends on the path it takes: compute_indices_weights_*, upsample_bilinear2d_channels_
+    last) are asked of the CPU, on copies; a call too large to ask gets the usual name."""
+    from ..cpu_check import cpu_raises
+
+    cpu = cpu_raises(func, (), a)
+    if cpu is None and sum(t.nbytes for t in a.values() if isinstance(t, torch.Tensor)) < (
+            1 << 26):
+        # the CPU answered (a sweep of modes, dtypes and layouts found no such call): the
+        # decomposition answers, as before
+        raise NotImplementedError(f"upsample {mode} on {dtype}: the decomposition")
+    name = errors._SCALAR_NAME.get(dtype, str(dtype))
+    kernel = "upsample_bilinear2d_channels_last" if (mode, rank) == ("linear", 2) else \
+        f"compute_indices_weights_{mode}"
+    words = str(cpu).splitlines()[0] if cpu is not None else (
+        f'"{kernel}" not implemented for \'{name}\'')
+    op = func.name() if hasattr(func, "name") else str(func)
+    fix = ("cast it to uint8 or a floating dtype first" if rank == 2 and mode in
+           ("linear", "cubic") else "cast it to a floating dtype first (x.float())")
+    raise _CpuRefuses(f"{words}\n  {op} has no {dtype} kernel on the CPU either: {fix}", dtype)
 
 
 U8_VERSION = 1     # bump when kernels/resample.py's render_upsample_u8 source changes
