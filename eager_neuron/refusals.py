@@ -16,6 +16,8 @@ never leaves a fast-path runner: it never completes).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .cpu_check import cpu_raises
@@ -57,6 +59,40 @@ def _complex_inputs(first: str, second: str):
     return check
 
 
+# c10's names for the types in "value cannot be converted to type X without overflow"
+_C10_NAME = {torch.uint8: "uint8_t", torch.int8: "int8_t", torch.int16: "int16_t",
+             torch.int32: "int", torch.int64: "int64_t", torch.float16: "c10::Half",
+             torch.bfloat16: "c10::BFloat16", torch.float32: "float", torch.float64: "double"}
+
+
+def _range_checked(index: int, name: str):
+    """fill_(x, value), masked_fill(x, mask, value), full_like(x, value, dtype=): ATen converts
+    the number with c10's overflow check (Scalar::to<T>), where a kernel's cast would wrap or
+    round to inf (uint8 fill_(256) filled 0). An unsigned type takes an int down to -max
+    (wrapping), a float type an infinity or a NaN."""
+    def check(args, kwargs) -> None:
+        x = args[0] if args else kwargs.get("self")
+        v = args[index] if len(args) > index else kwargs.get(name)
+        if not isinstance(x, torch.Tensor) or type(v) not in (int, float):
+            return
+        dtype = kwargs.get("dtype") or x.dtype
+        c10_name = _C10_NAME.get(dtype)
+        if c10_name is None:
+            return
+        if dtype.is_floating_point:
+            if v != v or v in (math.inf, -math.inf):
+                return
+            info = torch.finfo(dtype)
+            bad = v < info.min or v > info.max
+        else:
+            info = torch.iinfo(dtype)
+            low = -info.max if info.min == 0 and type(v) is int else info.min
+            bad = v != v or v < low or v > info.max
+        if bad:
+            raise RuntimeError(f"value cannot be converted to type {c10_name} without overflow")
+    return check
+
+
 def _every_overload(packet, check) -> dict:
     return {getattr(packet, name): check for name in packet.overloads()}
 
@@ -79,6 +115,11 @@ def _convolution(func):
 REFUSE = {
     aten.convolution.default: _convolution(aten.convolution.default),
     **_every_overload(aten.trace, _trace),
+    aten.fill.Scalar: _range_checked(1, "value"),
+    aten.fill_.Scalar: _range_checked(1, "value"),
+    aten.masked_fill.Scalar: _range_checked(2, "value"),
+    aten.masked_fill_.Scalar: _range_checked(2, "value"),
+    aten.full_like.default: _range_checked(1, "fill_value"),
     **_every_overload(aten.floor_divide, _floor_divide),
     **_every_overload(aten.floor_divide_, _floor_divide),
     **_every_overload(aten.complex, _complex_inputs("real", "imag")),

@@ -1,5 +1,7 @@
 """Bad input gets a clear error naming the op, its arguments and the user's line; never a crash."""
 
+import re
+
 import pytest
 import torch
 
@@ -279,3 +281,26 @@ def test_a_python_number_of_another_type_is_not_served_the_first_ones_result_dty
             for w, g in zip(want, got):
                 assert g.dtype == w.dtype, (w.dtype, g.dtype)
                 assert torch.equal(g.cpu(), w)
+
+
+def test_fill_values_out_of_the_dtypes_range_refused_as_on_the_cpu():
+    # c10's overflow check on the number (uint8 fill_(256) filled 0, fill_(-1.0) 255, float16
+    # fill_(1e6) inf); an int wraps into an unsigned type down to -max, floats take inf/NaN
+    msg = "value cannot be converted to type {} without overflow"
+    refused = [(torch.uint8, 256, "uint8_t"), (torch.uint8, -1.0, "uint8_t"),
+               (torch.int8, 200, "int8_t"), (torch.int64, float("inf"), "int64_t"),
+               (torch.float16, 1e6, "c10::Half"), (torch.bfloat16, 1e39, "c10::BFloat16")]
+    mask = torch.tensor([True, False])
+    for dtype, v, name in refused:
+        for dev in ("cpu", "neuron"):
+            x = torch.zeros(2, dtype=dtype, device=dev)
+            x.fill_(0)                                  # (a runner learned for fill_)
+            m = mask.to(dev)
+            for call in (lambda x=x, v=v: x.fill_(v), lambda x=x, v=v, m=m: x.masked_fill(m, v),
+                         lambda x=x, v=v: torch.full_like(x, v)):
+                with pytest.raises(RuntimeError, match=re.escape(msg.format(name))):
+                    call()
+    for dtype, v, want in [(torch.uint8, -1, 255), (torch.float16, float("inf"), float("inf")),
+                           (torch.uint8, 255.0, 255)]:
+        x = torch.zeros(2, dtype=dtype, device="neuron")
+        assert x.fill_(v).cpu().tolist() == [want, want]

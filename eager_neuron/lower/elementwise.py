@@ -450,7 +450,15 @@ def fast_facts(func, a: dict, outs: list, op_name: str):
     # keyed by value: a template built per call, or scalars range-checked on the host per call
     # (kernel_int: an int bound beyond an integer tensor's dtype raises, as on the CPU)
     return spec.tensors, spec.scalars, (callable(OPS[op_name][0]) and op_name not in _TYPE_KEYED
-                                        or op_name in _CHECKED)
+                                        or op_name in _CHECKED
+                                        or op_name in _FILL)
+
+
+# these ops' number is range-checked before the kernel (refusals.py: uint8 fill_(256) raises):
+# their runners are keyed by value, so a new value comes back through the check (by value for
+# every dtype: the fast path keys an op's runners one way)
+_FILL = frozenset({"aten::fill", "aten::fill_", "aten::masked_fill", "aten::masked_fill_",
+                   "aten::full_like"})
 
 
 # Templates built per call (callable) may read a number's value (pow's special exponents,
