@@ -28,6 +28,21 @@ def test_random_program_agrees_with_cpu(seed):
         "\n".join(map(str, steps))
 
 
+# --mix programs (writes across dtypes, uint8/int8/float16 bases) that once disagreed
+MIX_REGRESSIONS = {
+    7423: "torch.add(uint8, uint8, out=float) computed in float: the sum did not wrap (7a2f68e)",
+    7438: "uint8 fill_(-1.0) filled 255 where the CPU raises (refusals.py)",
+}
+
+
+@pytest.mark.parametrize("seed", sorted(MIX_REGRESSIONS) + [2000, 2001])
+def test_mixed_dtype_writes_agree_with_cpu(seed):
+    steps = fuzz_adaptive.generate(seed, mix=True)
+    bad = fuzz_adaptive.check(steps)
+    assert bad is None, f"program {seed} ({MIX_REGRESSIONS.get(seed, 'mix')}): {bad}\n" + \
+        "\n".join(map(str, steps))
+
+
 @pytest.mark.parametrize("seed", sorted(REGRESSIONS))
 def test_regression_program(seed):
     bad = fuzz_adaptive.check(fuzz_adaptive.generate(seed))

@@ -35,6 +35,10 @@ import eager_neuron
 from eager_neuron.adaptive import MODULE as _ad
 
 COMPILE = ["sync"]   # adaptive eager's compile mode in check() (--compile)
+# (--mix) also write across dtypes: x.add_(y) and torch.add(y, z, out=x) with y, z of other
+# dtypes than x (ATen computes in the operands' common dtype, then casts into x). Drawn from a
+# second generator, so the programs of a seed without --mix stay what they were
+MIX = [False]
 # adaptive runs per program in check() (--repeat): a repeat takes the recording runners and
 # replays the trace cache's kernels, which a first run only learns
 REPEAT = [2]
@@ -42,22 +46,28 @@ REPEAT = [2]
 # the bases: name -> (dtype, numel); "big" is pooled memory (>= 64 KiB), the rest host-allocated
 BASES = {"f": (torch.float32, 48), "d": (torch.float64, 24), "i": (torch.int64, 24),
          "big": (torch.float32, 1 << 15)}
+# --mix's extra bases (uint8/int8 over their whole range, float16, float64 values that float32
+# cannot hold): only in programs that write across dtypes
+MIX_BASES = {"u8": (torch.uint8, 24), "i8": (torch.int8, 24), "f16": (torch.float16, 24),
+             "x64": (torch.float64, 24)}
 
 
-def generate(seed: int, n_ops: int | None = None) -> list:
-    """A random program (a list of step tuples), reproducible from its seed."""
+def generate(seed: int, n_ops: int | None = None, mix: bool | None = None) -> list:
+    """A random program (a list of step tuples), reproducible from its seed (and `mix`)."""
     rng = random.Random(seed)
+    mix_rng = random.Random(seed * 7919 + 1) if (MIX[0] if mix is None else mix) else None
     n_ops = n_ops or rng.randint(5, 40)
     steps = []
     # tensors known to the generator: name -> (base, index tensor into the base, writable)
     env = {}
-    for b, (_dtype, n) in BASES.items():
+    bases = {**BASES, **MIX_BASES} if mix_rng is not None else BASES
+    for b, (_dtype, n) in bases.items():
         env[b] = (b, torch.arange(n), True)
     counter = [0]
     # results whose storage offset is the implementation's choice (the CPU's select_scatter of
     # a view keeps the view's offset): as_strided's absolute offsets would read elsewhere
     offset_free = set()
-    dt = {b: v[0] for b, v in BASES.items()}   # base or derived tensor -> dtype
+    dt = {b: v[0] for b, v in bases.items()}   # base or derived tensor -> dtype
 
     def dtype(k):
         return dt[env[k][0]]
@@ -135,8 +145,29 @@ def generate(seed: int, n_ops: int | None = None) -> list:
     def same_view(a, b):
         return env[a][0] == env[b][0] and torch.equal(env[a][1], env[b][1])
 
+    def mix_write():
+        # a write into a base-layout tensor from tensors of any dtype (no overlap: other bases)
+        ws = sorted(k for k, (bb, _i, w) in env.items() if w)
+        if not ws:
+            return
+        w = mix_rng.choice(ws)
+        shape = tuple(env[w][1].shape)
+        srcs = sorted(k for k in env if tuple(env[k][1].shape) == shape
+                      and env[k][0] != env[w][0] and dtype(k) != dtype(w))
+        if not srcs:
+            return
+        a, b = mix_rng.choice(srcs), mix_rng.choice(srcs + [w])
+        if b == w or env[b][0] == env[w][0]:
+            b = a
+        if mix_rng.random() < 0.5:
+            steps.append(("inplace", w, mix_rng.choice(["add_", "sub_", "mul_"]), a, 1.0))
+        else:
+            steps.append(("out", w, mix_rng.choice(["add", "mul", "sub"]), a, b))
+
     scalars = []
     for _ in range(n_ops):
+        if mix_rng is not None and mix_rng.random() < 0.2:
+            mix_write()
         r = rng.random()
         if r < 0.25:
             src = pick(base=None)
@@ -294,7 +325,7 @@ def generate(seed: int, n_ops: int | None = None) -> list:
     return steps
 
 
-def _init_bases(dev):
+def _init_bases(dev, mix=False):
     g = torch.Generator().manual_seed(1234)
     env = {}
     for b, (dtype, n) in BASES.items():
@@ -304,6 +335,14 @@ def _init_bases(dev):
         else:
             v = torch.randint(-5, 6, (n,), generator=g)
         env[b] = v.to(dev)
+    if mix:
+        for b, (dtype, n) in MIX_BASES.items():
+            if dtype.is_floating_point:
+                v = torch.randn(n, generator=g, dtype=torch.float64) * (1 + 2.0 ** -30)
+            else:
+                info = torch.iinfo(dtype)
+                v = torch.randint(info.min, info.max + 1, (n,), generator=g)
+            env[b] = v.to(dtype).to(dev)
     return env
 
 
@@ -314,7 +353,8 @@ def _host(seed: int, shape, dtype):
 
 def execute(steps: list, dev: str) -> list:
     """Run a program; returns its observations: ("v", cpu tensor) | ("s", float) | ("e", name)."""
-    env = _init_bases(dev)
+    env = _init_bases(dev, mix=any(isinstance(x, str) and x in MIX_BASES
+                                   for step in steps for x in step))
     scalars = {}
     obs = []
     names = []   # final observations' tensor names (for reports)
@@ -533,8 +573,11 @@ def main(argv=None) -> int:
                     help="adaptive eager's compile mode (sync: every group runs fused)")
     ap.add_argument("--repeat", type=int, default=2,
                     help="adaptive runs per program (the repeats replay runners and traces)")
+    ap.add_argument("--mix", action="store_true",
+                    help="also in-place and out= writes across dtypes")
     args = ap.parse_args(argv)
     COMPILE[0] = args.compile
+    MIX[0] = args.mix
     REPEAT[0] = max(1, args.repeat)
     if args.show is not None:
         steps = generate(args.show)
