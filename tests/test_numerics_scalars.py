@@ -118,3 +118,13 @@ def test_frac_float_exact():
     gotb = torch.frac(xb.to("neuron")).cpu().double().tolist()
     wantb = [math.modf(v)[0] for v in xb.double().tolist()]
     assert gotb == wantb
+
+
+def test_round_of_an_int64_beyond_2_53_is_itself():
+    # an integer's round is the identity (it went through np.rint: float64, then back; the
+    # int64 maximum came back as the minimum, 2**53 + 1 as 2**53)
+    vals = [-2 ** 63, -(2 ** 53) - 1, 2 ** 53 + 1, 2 ** 63 - 1, 7]
+    for adaptive in (False, True):
+        with eager_neuron.adaptive(adaptive):
+            got = torch.round(torch.tensor(vals, device="neuron"))
+        assert got.dtype == torch.int64 and got.cpu().tolist() == vals, adaptive

@@ -58,7 +58,9 @@ OPS: dict = {
     "aten::ceil": ("np.ceil(self)", "out"),
     "aten::trunc": ("np.trunc(self)", "out"),
     "aten::frac": ("self - np.trunc(self)", "out"),
-    "aten::round": (lambda a: _round(a.get("decimals") or 0), "out"),
+    # (an integer's round is itself: through np.rint an int64 beyond 2**53 lost its low bits)
+    "aten::round": (lambda a: "self" if _is_integral(a["self"]) else
+                    _round(a.get("decimals") or 0), "out"),
     "aten::sign": ("T(self > 0) - T(self < 0)", "out"),
     "aten::sgn": ("T(self > 0) - T(self < 0)", "out"),
     "aten::reciprocal": ("T(1) / self", "out"),
