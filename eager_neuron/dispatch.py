@@ -460,6 +460,9 @@ def _kernel_setup(func, plan, args, kwargs, mode) -> tuple:
     if plan.mutates and plan.lower in _fusible():
         functional = _functional_of_other_dtype(func, plan, uargs, ukw, leaves)
         if functional is not None:   # add(int8, int8, out=int64): in int8, then cast
+            if plan.out_args:   # (in-place: ATen's result-type check already ran)
+                # neg(int8, out=int64) must match exactly; asked here, outside NeuronMode
+                _refuse_via_cpu(func, plan, args, kwargs)
             decomp = _via_functional(func, plan, functional)
             return None, _run_decomp(func, plan, decomp, args, kwargs, mode)
     # the op's context: its core, its mode, whether adaptive eager may record it
@@ -673,14 +676,12 @@ def _functional_of_other_dtype(func, plan, uargs, ukw, leaves):
 
 
 def _via_functional(func, plan, functional):
-    """A decomposition of an in-place or out= call of another dtype than its result: the CPU's
-    refusal first (neg(int8, out=int64) must match exactly), then the functional op and a copy
-    (a cast) into each written tensor, resized as ATen resizes an out= tensor."""
+    """A decomposition of an in-place or out= call of another dtype than its result (the
+    caller asked the CPU's refusal first): the functional op and a copy (a cast) into each
+    written tensor, resized as ATen resizes an out= tensor."""
     n_in = sum(not a.is_out for a in func._schema.arguments)
 
     def decomp(*args, **kwargs):
-        if plan.out_args:   # (in-place: ATen's result-type check already ran)
-            _refuse_via_cpu(func, plan, args, kwargs)
         outs = [_original(func, args, kwargs, nm) for nm in plan.ret_alias]
         fkw = {k: v for k, v in kwargs.items() if k not in plan.out_args}
         res = functional(*args[:n_in], **fkw)

@@ -211,6 +211,18 @@ def test_inplace_of_a_narrower_dtype_computes_in_the_common_dtype(stats_delta):
     assert stats_delta()["fallbacks"] == {}
 
 
+def test_out_of_a_wider_dtype_under_neuron_mode():
+    # (the CPU's refusal was asked inside the mode: the out= call fell back to the CPU)
+    eager_neuron.reset_stats()
+    with eager_neuron.NeuronMode():
+        out = torch.zeros(3, dtype=torch.int16)
+        torch.add(_I8, _I8, out=out)
+        with pytest.raises(RuntimeError, match="Found dtype Short but expected Char"):
+            torch.neg(_I8, out=out)
+    assert out.tolist() == [-56, 56, -2]
+    assert eager_neuron.stats()["fallbacks"] == {}
+
+
 def test_out_of_a_float16_sum_rounds_to_float16():
     a = torch.tensor([1000.0, 0.1, 3.3], dtype=torch.float16)
     want = (a + a.flip(0)).float()          # float16's sums, then widened
