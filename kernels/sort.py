@@ -129,10 +129,10 @@ def render_search(c: int, store: str) -> tuple[str, str]:
 
 def render_histc() -> tuple[str, str]:
     """`k(hist, x, info, lo, hi, bins, auto, bf, chunk)`: ATen's histc (linear interpolation,
-    no local search) in the input's type: float32, or a half type emulated (`bf` 1: bfloat16,
-    2: float16; every operation rounded as c10 half arithmetic does, bins included). Counts
-    accumulate per `chunk` of x (the CPU's per-thread histograms, half ones rounding every add),
-    summed in float32, rounded once by the caller.
+    no local search) in the input's type: float32, float64, or a half type emulated (`bf` 1:
+    bfloat16, 2: float16; every operation rounded as c10 half arithmetic does, bins included).
+    Counts accumulate per `chunk` of x (the CPU's per-thread histograms, half ones rounding
+    every add), summed in hist's type (float32 for the half types, rounded once by the caller).
     `auto` (min == max given): the range is x's min/max.
     info = [lo, hi, bad]: bad = 1 when the range is not finite or empty (the lowering raises)."""
     name = kernel_name("histc")
@@ -146,11 +146,13 @@ def render_histc() -> tuple[str, str]:
           "info[0] = lo", "info[1] = hi",
           "if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):", "    info[2] = 1",
           "    return",
-          "left = np.float32(lo)", "right = np.float32(hi)", "nb = np.float32(bins)",
+          # the input's type (float32 for the half types, which arrive upcast)
+          "left = hist.dtype.type(lo)", "right = hist.dtype.type(hi)",
+          "nb = hist.dtype.type(bins)",
           "if bf:", "    left = _round_half(left, bf)", "    right = _round_half(right, bf)",
           "    nb = _round_half(nb, bf)",
           "for b in range(bins):", "    hist[b] = 0",
-          "part = np.zeros(bins, np.float32)",
+          "part = np.zeros(bins, hist.dtype)",
           "for start in range(0, n, chunk):",
           "    for b in range(bins):", "        part[b] = 0",
           "    for j in range(start, min(n, start + chunk)):", "        v = x[j]",
@@ -204,9 +206,10 @@ def render_bincount(weighted: bool) -> tuple[str, str]:
 
 def render_histogram() -> tuple[str, str]:
     """`k(hist, edges, x, w, info, lo, hi, auto, weighted, density, chunk)`: ATen's
-    histogram.bin_ct in float32: edges = linspace(lo, hi) (ATen's two-sided formula; `auto`:
-    x's min/max, an empty range widened by 0.5), then linear interpolation with a local search
-    against the edges, per-`chunk` partial counts (the CPU's threads), optional density.
+    histogram.bin_ct in the input's type (float32 or float64): edges = linspace(lo, hi) (ATen's
+    two-sided formula; `auto`: x's min/max, an empty range widened by 0.5), then linear
+    interpolation with a local search against the edges, per-`chunk` partial counts (the CPU's
+    threads), optional density.
     info[2] = 1 for a non-finite or reversed range (the lowering raises). `given`: edges hold
     the caller's bins (histogram.bins_tensor: a binary search over all of them)."""
     name = kernel_name("histogram")
@@ -222,15 +225,15 @@ def render_histogram() -> tuple[str, str]:
           "if not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):", "    info[2] = 1",
           "    return",
           "if lo == hi and not given:", "    lo -= 0.5", "    hi += 0.5",
-          "start = np.float32(lo)", "end = np.float32(hi)",
-          "step = (end - start) / np.float32(steps - 1)", "half = steps // 2",
+          "start = hist.dtype.type(lo)", "end = hist.dtype.type(hi)",
+          "step = (end - start) / hist.dtype.type(steps - 1)", "half = steps // 2",
           # NOTE: ATen's scalar linspace formula; its vectorized loop can differ by an ulp
           "for idx in range(0 if not given else steps, steps):", "    if idx < half:",
-          "        edges[idx] = start + step * np.float32(idx)", "    else:",
-          "        edges[idx] = end - step * np.float32(steps - idx - 1)",
-          "left = edges[0]", "right = edges[bins]", "nb = np.float32(bins)",
+          "        edges[idx] = start + step * hist.dtype.type(idx)", "    else:",
+          "        edges[idx] = end - step * hist.dtype.type(steps - idx - 1)",
+          "left = edges[0]", "right = edges[bins]", "nb = hist.dtype.type(bins)",
           "for b in range(bins):", "    hist[b] = 0",
-          "part = np.zeros(bins, np.float32)",
+          "part = np.zeros(bins, hist.dtype)",
           "for c0 in range(0, n, chunk):",
           "    for b in range(bins):", "        part[b] = 0",
           "    for j in range(c0, min(n, c0 + chunk)):", "        v = x[j]",
@@ -242,9 +245,9 @@ def render_histogram() -> tuple[str, str]:
           "            if edges[mid] > v:", "                hi_i = mid", "            else:",
           "                lo_i = mid + 1",
           "        pos = lo_i - 1", "        if pos == bins:", "            pos -= 1",
-          "        part[pos] += w[j] if weighted else np.float32(1)",
+          "        part[pos] += w[j] if weighted else hist.dtype.type(1)",
           "    for b in range(bins):", "        hist[b] += part[b]",
-          "if density:", "    tot = np.float32(0)", "    for b in range(bins):",
+          "if density:", "    tot = hist.dtype.type(0)", "    for b in range(bins):",
           "        tot += hist[b]", "    for b in range(bins):",
           "        hist[b] = hist[b] / tot / (edges[b + 1] - edges[b])")
     return s.text(), name

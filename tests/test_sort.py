@@ -133,7 +133,7 @@ def test_logcumsumexp():
     assert eager_neuron.stats()["fallbacks"] == {}
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_histc(dtype):
     # 1200 elements: the CPU splits them over its threads, bfloat16 counts saturate per thread
     g = torch.Generator().manual_seed(0)
@@ -142,6 +142,14 @@ def test_histc(dtype):
         run(lambda t: torch.histc(t, bins, lo, hi), x)
     with pytest.raises(RuntimeError, match="max must be larger than min"):
         torch.histc(x.to(DEV), 4, 3, 1)
+
+
+def test_histc_float64_bounds_in_float64():
+    # float64 bins and bounds stay float64 (float64 was a CPU fallback): 0.1 is inside
+    # [0.1, 0.7] only when the bound is not rounded to float32 (0.10000000149)
+    x = torch.tensor([0.1, 0.3, 0.7, 0.7000000001, 0.09999999], dtype=torch.float64)
+    run(lambda t: torch.histc(t, 3, 0.1, 0.7), x)
+    assert torch.histc(x.to(DEV), 3, 0.1, 0.7).tolist() == [1.0, 1.0, 1.0]
 
 
 def test_bincount():
@@ -169,3 +177,24 @@ def test_histogram():
             torch.testing.assert_close(gg.cpu(), ww)
     edges = torch.tensor([-2.0, 0.0, 0.5, 3.0])
     run(lambda t, e: torch.histogram(t, e), x, edges)
+
+
+def test_histogram_float64():
+    # float64 input, weights and edges on the device (float64 was a CPU fallback)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(30, 40, generator=g, dtype=torch.float64) * 3
+    w = torch.rand(30, 40, generator=g, dtype=torch.float64)
+    for (bins, rng), wt, density in itertools.product([(7, None), (5, (-3.0, 2.0))],
+                                                      (None, w), (False, True)):
+        eager_neuron.reset_stats()
+        want = torch.histogram(x, bins, range=rng, weight=wt, density=density)
+        got = torch.histogram(x.to(DEV), bins, range=rng,
+                              weight=None if wt is None else wt.to(DEV), density=density)
+        for gg, ww in zip(got, want):
+            assert gg.dtype == torch.float64
+            torch.testing.assert_close(gg.cpu(), ww)
+        assert eager_neuron.stats()["fallbacks"] == {}
+    # 0.1 sits on an edge that float32 would move
+    run(lambda t, e: torch.histogram(t, e),
+        torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64),
+        torch.tensor([0.0, 0.1, 0.3], dtype=torch.float64))

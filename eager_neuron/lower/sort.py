@@ -322,7 +322,7 @@ def _histc(func, a, outs):
     x, out = a["self"], outs[0]
     if not x.is_floating_point() and x.dtype != torch.bool:
         return (yield from _histc_int(x, out, int(a["bins"]), a["min"], a["max"]))
-    if not x.is_floating_point() or x.dtype == torch.float64:
+    if not x.is_floating_point():
         raise NotImplementedError(f"histc of {x.dtype}")
     bins = int(a["bins"])
     lo, hi = float(a["min"]), float(a["max"])
@@ -363,9 +363,9 @@ def _histc_int(x, out, bins, lo, hi):
 
 
 def dynamic_histogram(func, a, index=-1):
-    """histogram.bin_ct of a float32 tensor (optional weight, range, density). DYNAMIC only
-    because the op has no meta kernel: the shapes are (bins,) and (bins + 1,). A generator
-    of launch requests (dispatch makes each)."""
+    """histogram.bin_ct of a float32 or float64 tensor (optional weight, range, density).
+    DYNAMIC only because the op has no meta kernel: the shapes are (bins,) and (bins + 1,).
+    A generator of launch requests (dispatch makes each)."""
     from ..buffers import alloc
     from .mask import core_index
     from .shape import copy_request
@@ -378,7 +378,7 @@ def dynamic_histogram(func, a, index=-1):
     core = core_index(index)
     hist, hblock = alloc(core, (bins,), (1,), x.dtype)
     edges, eblock = alloc(core, (bins + 1,), (1,), x.dtype)
-    if x.dtype != torch.float32 or (w is not None and w.dtype != torch.float32):
+    if x.dtype not in (torch.float32, torch.float64) or (w is not None and w.dtype != x.dtype):
         raise NotImplementedError(f"histogram of {x.dtype}")
     rng = a.get("range")
     if given:
