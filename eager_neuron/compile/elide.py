@@ -27,23 +27,16 @@ from __future__ import annotations
 
 import torch
 from torch.fx import GraphModule, Node
-from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..tensor import NeuronTensor
+from .codegen import _storage_of
 from .forms import _VIEWS
 
 aten = torch.ops.aten
 ENABLED = True   # (a module flag: tools' in-process A/B builds steps with and without it)
 
 
-def _storage(node) -> StorageWeakRef | None:
-    val = node.meta.get("val") if isinstance(node, Node) else None
-    if not isinstance(val, torch.Tensor):
-        return None
-    try:
-        return StorageWeakRef(val.untyped_storage())
-    except Exception:    # noqa: BLE001 - no storage to compare (a symbolic or sparse value)
-        return None
+_storage = _storage_of      # the memory a node's value lives in, or None (codegen's)
 
 
 def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
