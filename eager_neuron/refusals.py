@@ -112,6 +112,61 @@ def _convolution(func):
     return check
 
 
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _resize_dtypes(func, accepted: tuple, fix: str):
+    """A resize the CPU's kernel dispatches on `accepted` dtypes only: nearest/nearest-exact on
+    the floating types and uint8, adaptive average pooling (interpolate's "area") on the
+    floating types; neuron's decompositions would answer any dtype (int8..int64, bool, complex:
+    gathers) or fail in another op's words (mean()'s). Refused before reading, empty inputs
+    too, as the CPU refuses; its words (the kernel name depends on the CPU's path and layout:
+    compute_indices_weights_nearest, upsample_nearest2d_channels_last) are asked of it on
+    copies, only here, where the dtype is refused."""
+    def check(args, kwargs) -> None:
+        x = args[0] if args else kwargs.get("input", kwargs.get("self"))
+        dtype = _dtype(x)
+        if dtype is None or dtype in accepted:
+            return
+        cpu = cpu_raises(func, args, kwargs)
+        name = func.name()
+        ours = f"no {dtype} kernel on the CPU either: {fix}"
+        if cpu is None:
+            if x.nbytes < (1 << 26):
+                return   # the CPU answered (no sweep found one): the decomposition answers
+            kernel = name.split("::")[-1].lstrip("_")
+            cpu = NotImplementedError(
+                f'"{kernel}" not implemented for \'{_SCALAR_NAME.get(dtype, dtype)}\'')
+        raise cpu_worded(name, cpu, args, kwargs, ours) or cpu
+    return check
+
+
+def _resizes() -> dict:
+    to_float = "cast it to a floating dtype first (x.float())"
+    to_u8 = "cast it to uint8 or a floating dtype first (x.float())"
+    rules = {f"upsample_nearest{r}d": (_FLOATS + (torch.uint8,), to_u8) for r in (1, 2, 3)}
+    rules.update({f"_upsample_nearest_exact{r}d": (_FLOATS + (torch.uint8,), to_u8)
+                  for r in (1, 2, 3)})
+    rules.update({f"_adaptive_avg_pool{r}d": (_FLOATS, to_float) for r in (2, 3)})
+    rules.update({f"adaptive_avg_pool{r}d": (_FLOATS, to_float) for r in (2, 3)})
+    rules.update({"upsample_linear1d": (_FLOATS, to_float),
+                  "upsample_trilinear3d": (_FLOATS, to_float),
+                  "upsample_bilinear2d": (_FLOATS + (torch.uint8,), to_u8),
+                  "upsample_bicubic2d": (_FLOATS + (torch.uint8,), to_u8),
+                  # the antialiased resizes: float32/float64 and uint8, not the half types
+                  "_upsample_bilinear2d_aa": ((torch.float32, torch.float64, torch.uint8),
+                                              "cast it to float32 first (x.float())"),
+                  "_upsample_bicubic2d_aa": ((torch.float32, torch.float64, torch.uint8),
+                                             "cast it to float32 first (x.float())")})
+    out = {}
+    for name, (accepted, fix) in rules.items():
+        packet = getattr(aten, name)
+        for overload in packet.overloads():
+            func = getattr(packet, overload)
+            out[func] = _resize_dtypes(func, accepted, fix)
+    return out
+
+
 REFUSE = {
     aten.convolution.default: _convolution(aten.convolution.default),
     **_every_overload(aten.trace, _trace),
@@ -124,4 +179,5 @@ REFUSE = {
     **_every_overload(aten.floor_divide_, _floor_divide),
     **_every_overload(aten.complex, _complex_inputs("real", "imag")),
     **_every_overload(aten.polar, _complex_inputs("abs", "angle")),
+    **_resizes(),
 }
