@@ -517,8 +517,9 @@ def _alloc_lines(ns: dict, out: torch.Tensor, index: int, suffix: str = "",
                 and 0 < nbytes <= _RECYCLE_MAX_BYTES):
             return _recycle_lines(ns, out, index, x)
         lines = [f"block{x} = SIM.cores[IDX].alloc_small(NB{x})"]
-        if numpy_ok and out.is_contiguous() and out.dtype in _NP_DTYPES:
+        if numpy_ok and out.is_contiguous() and out.dtype in _NP_DTYPES and nbytes:
             # numpy's allocator and one from_numpy: half the cost of torch.empty + .numpy()
+            # (not for an empty output: numpy gives it zero strides, torch contiguous ones)
             ns.update({"np_empty": np.empty, "from_numpy": torch.from_numpy,
                        f"NPDT{x}": _NP_DTYPES[out.dtype], f"NUMEL{x}": out.numel()})
             if out.dim() == 1:

@@ -957,3 +957,21 @@ def test_captured_outputs_reuse_dead_buffers_but_never_escaped_ones(escape):
         assert torch.equal(got, seen[:got.numel()])
         assert _reuses() - before >= 2
         del holder, keep, d
+
+
+def test_an_empty_output_of_a_replay_has_the_cpus_strides():
+    """A runner allocated a small contiguous output with np.empty: numpy gives an empty
+    array zero strides, so a replayed x[:, :, i, j] of an empty batch had host strides
+    (0, 0, 0, 0), and a cast of it (which copies its host's layout) reported them:
+    F.interpolate(half (0, 3, 5, 5)) from the second call on."""
+    x = torch.ones(0, 3, 5, 5)
+    i, j = torch.arange(7).unsqueeze(-1) % 5, torch.arange(7) % 5
+    want = x[:, :, i, j].half()
+    nx, ni, nj = x.to("neuron"), i.to("neuron"), j.to("neuron")
+    for _ in range(3):
+        got = nx[:, :, ni, nj]
+        assert got._data.stride() == got.stride() == want.stride()
+        assert got.half().stride() == want.stride()
+    for _ in range(3):
+        got = torch.nn.functional.interpolate(x.half().to("neuron"), size=7)
+        assert got.stride() == want.stride()
