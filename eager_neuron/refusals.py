@@ -126,7 +126,13 @@ def _resize_dtypes(func, accepted: tuple, fix: str):
     def check(args, kwargs) -> None:
         x = args[0] if args else kwargs.get("input", kwargs.get("self"))
         dtype = _dtype(x)
-        if dtype is None or dtype in accepted:
+        if dtype is None:
+            return
+        if dtype in accepted:
+            if _degenerate(args, kwargs):
+                cpu = cpu_raises(func, args, kwargs)
+                if cpu is not None:
+                    raise cpu_worded(func.name(), cpu, args, kwargs) or cpu
             return
         cpu = cpu_raises(func, args, kwargs)
         name = func.name()
@@ -139,6 +145,22 @@ def _resize_dtypes(func, accepted: tuple, fix: str):
                 f'"{kernel}" not implemented for \'{_SCALAR_NAME.get(dtype, dtype)}\'')
         raise cpu_worded(name, cpu, args, kwargs, ours) or cpu
     return check
+
+
+def _degenerate(args, kwargs) -> bool:
+    """A resize with an empty operand or a size below 1: the CPU's shape checks ("Non-empty 4D
+    data tensor expected", "Input and output sizes should be greater than 0", adaptive_avg_
+    pool2d's "non-zero size for non-batch dimensions") refuse most of these, where the
+    decompositions answered, a (2, 3, 0, 4) input resized to 5x5 with values read from
+    nothing. Asked of the CPU (cheap: its checks run before any arithmetic, and an empty
+    operand has nothing to copy); a call with no such operand or size never is."""
+    for v in (*args, *kwargs.values()):
+        if isinstance(v, torch.Tensor):
+            if v.numel() == 0:
+                return True
+        elif isinstance(v, (list, tuple)) and any(type(s) is int and s < 1 for s in v):
+            return True
+    return False
 
 
 def _resizes() -> dict:

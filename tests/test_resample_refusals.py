@@ -96,3 +96,38 @@ def test_complex_adaptive_pool_with_an_empty_output_answers():
         want = torch.ops.aten._adaptive_avg_pool2d(x, size)
         got = torch.ops.aten._adaptive_avg_pool2d(x.to("neuron"), size)
         assert got.shape == want.shape and got.dtype == want.dtype
+
+
+_MODES = [("nearest", 1), ("nearest", 2), ("nearest", 3), ("nearest-exact", 2), ("area", 1),
+          ("area", 2), ("area", 3), ("linear", 1), ("bilinear", 2), ("bicubic", 2),
+          ("trilinear", 3)]
+
+
+@pytest.mark.parametrize("mode,rank", _MODES)
+def test_resize_of_an_empty_dim_or_to_size_zero_as_the_cpu(mode, rank):
+    """A zero channel or spatial dim, or an output size below 1: the CPU refuses ("Non-empty
+    4D data tensor expected", "Input and output sizes should be greater than 0", "adaptive_avg_
+    pool2d(): Expected input to have non-zero size for non-batch dimensions"); neuron answered,
+    a (2, 3, 0, 4) input resized to 5x5 with values read from nothing. An empty batch is
+    answered by both, with the CPU's shape and strides."""
+    for zero_at in range(2 + rank):
+        shape = [2, 3] + [4] * rank
+        shape[zero_at] = 0
+        x = torch.ones(shape)
+        for kw in (dict(size=(5,) * rank), dict(scale_factor=0.1), dict(size=(0,) * rank)):
+            try:
+                want = F.interpolate(x, mode=mode, **kw)
+            except RuntimeError as cpu:
+                with pytest.raises(RuntimeError) as got:
+                    F.interpolate(x.to("neuron"), mode=mode, **kw)
+                assert str(got.value).startswith(str(cpu).splitlines()[0]), (shape, kw)
+            else:
+                got = F.interpolate(x.to("neuron"), mode=mode, **kw)
+                assert (got.shape, got.stride()) == (want.shape, want.stride()), (shape, kw)
+    x = torch.ones([2, 3] + [4] * rank)   # an output of size 0 (area: the CPU answers)
+    if mode == "area":
+        assert F.interpolate(x.to("neuron"), mode=mode, scale_factor=0.1).shape == \
+            F.interpolate(x, mode=mode, scale_factor=0.1).shape
+    else:
+        with pytest.raises(RuntimeError, match="greater than 0"):
+            F.interpolate(x.to("neuron"), mode=mode, scale_factor=0.1)
