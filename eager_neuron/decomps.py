@@ -59,14 +59,17 @@ def _shift_dunders() -> dict:
 
 def _zero_padded(grad, input_sizes, dim, start, end):
     """slice_backward of a unit-step slice [start, end) along `dim` as one constant_pad_nd of
-    zeros (one kernel, ~11 us, against ~80 us for zeros, a slice and a copy), or None where
-    that is not exactly the CPU's result: the CPU's is a contiguous tensor (new_zeros), and
-    constant_pad_nd follows its input's memory format; a grad that does not fill the slice
-    keeps the copy's own error. Start and end are normalized as a slice's."""
+    zeros (one kernel, ~11 us, against ~80-100 us for zeros, a slice and a copy), or None
+    where that is not exactly the CPU's result: the CPU's is a contiguous tensor (new_zeros),
+    and constant_pad_nd lays its result out in its input's suggested memory format (a
+    transposed or sliced gradient, Llama's rotate_half, pads into a contiguous result; a
+    channels-last one would not); a grad that does not fill the slice keeps the copy's own
+    error. Start and end are normalized as a slice's."""
     try:
         sizes = [int(s) for s in input_sizes]
         nd = len(sizes)
-        if nd == 0 or grad.dim() != nd or not grad.is_contiguous():
+        if nd == 0 or grad.dim() != nd or not (
+                grad.is_contiguous() or _suggests_contiguous(grad)):
             return None
         d = dim % nd
         n = sizes[d]
@@ -80,6 +83,16 @@ def _zero_padded(grad, input_sizes, dim, start, end):
         return None
     out = torch.ops.aten.constant_pad_nd.default(grad, [0, 0] * (nd - 1 - d) + [lo, n - hi], 0)
     return out if out.is_contiguous() else None
+
+
+def _suggests_contiguous(t) -> bool:
+    """Does the CPU lay out a result "in t's memory format" (suggest_memory_format) as a
+    contiguous tensor? Only a 4-d or 5-d tensor with channels-last strides suggests another."""
+    if t.dim() not in (4, 5):
+        return True
+    from torch._prims_common import suggest_memory_format
+
+    return suggest_memory_format(t) == torch.contiguous_format
 
 
 def _slice_backward(grad, input_sizes, dim, start, end, step):

@@ -74,6 +74,42 @@ def test_unit_step_slice_backward_is_one_kernel():
     _same(out, aten.slice_backward(g.cpu(), [2, 4, 8, 8], 3, 4, BIG, 1))
 
 
+def _laid_out(shape, layout, device):
+    """A float32 gradient of `shape` in one of the layouts a backward hands slice_backward,
+    made on `device` by the same ops on both sides (the CPU's and neuron's strides equal)."""
+    g = _grad(shape, torch.float32).to(device)
+    if layout == "heads":        # Llama's q.transpose(1, 2) after a projection
+        return g.transpose(1, 2).contiguous().transpose(1, 2)
+    if layout == "channels_last":
+        return g.contiguous(memory_format=torch.channels_last)
+    if layout == "expanded":     # a broadcast gradient (stride 0 in dim 0)
+        return g[:1].expand(shape)
+    if layout == "sliced":       # a slice of a wider gradient (rotate_half's halves)
+        wide = _grad(shape[:-1] + [2 * shape[-1]], torch.float32).to(device)
+        return wide[..., shape[-1]:]
+    raise AssertionError(layout)
+
+
+@pytest.mark.parametrize("layout", ["heads", "channels_last", "expanded", "sliced"])
+@pytest.mark.parametrize("case", [([2, 4, 8, 16], 3, 8, BIG), ([2, 4, 8, 16], 3, 0, 8),
+                                  ([2, 4, 8, 16], 1, 1, 3), ([3, 4, 5, 6], 0, -2, BIG)],
+                         ids=str)
+def test_unit_step_slice_backward_of_strided_gradients(layout, case):
+    # a non-contiguous gradient pads into the CPU's contiguous result in one kernel, except a
+    # channels-last one (constant_pad_nd would keep channels-last): zeros and a copy, as the CPU
+    sizes, dim, start, end = case
+    gshape = list(sizes)
+    gshape[dim] = _slice_len(sizes[dim], start, end, 1)
+    g = _laid_out(gshape, layout, "cpu")
+    ref = aten.slice_backward(g, sizes, dim, start, end, 1)
+    gn = _laid_out(gshape, layout, "neuron")
+    assert gn.stride() == g.stride()
+    eager_neuron.reset_stats()
+    _same(aten.slice_backward(gn, sizes, dim, start, end, 1), ref)
+    if layout != "channels_last":
+        assert eager_neuron.stats()["launches"] == 1
+
+
 def test_wrong_gradient_shape_raises_as_cpu():
     g = torch.randn(2, 3)
     with pytest.raises(RuntimeError):
