@@ -713,6 +713,29 @@ def test_flat_runners_call_the_kernel_entry_point_and_equal_cpu(dtype):
     assert fastpath.STATS_FAST["entry_points"] - entries >= len(cases) - 1
 
 
+def test_captured_runners_call_the_kernel_entry_point():
+    # a captured runner (reductions, softmax, mm, scans) calls its kernel's compiled entry
+    # point, not the Numba dispatcher (whose type matching cost ~20 us per call after a large
+    # kernel streamed the caches); its replays equal the slow path's call bit for bit
+    fastpath.reset()
+    entries = fastpath.STATS_FAST["entry_points"]
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 48, generator=g)
+    m = torch.randn(48, 8, generator=g)
+    cases = [lambda t: t.sum(), lambda t: t.sum(1), lambda t: t.amax(), lambda t: t.mean(0),
+             lambda t: t.softmax(-1), lambda t: t @ m.to(t.device), lambda t: t.cumsum(1)]
+    for fn in cases:
+        hits = fastpath.STATS_FAST["hits"]
+        first = fn(x.to("neuron")).cpu()   # the slow path: learns the runner
+        for _ in range(2):
+            assert torch.equal(fn(x.to("neuron")).cpu(), first)
+        x2 = x.flip(0)   # new values, same signature: the runner reads this call's buffers
+        assert torch.equal(fn(x2.to("neuron")).cpu(), fn(x2.to("neuron")).cpu())
+        assert torch.allclose(fn(x2.to("neuron")).cpu(), fn(x2), rtol=1e-5, atol=1e-5)
+        assert fastpath.STATS_FAST["hits"] > hits
+    assert fastpath.STATS_FAST["entry_points"] - entries >= len(cases)
+
+
 def test_runner_outputs_carry_their_signature_part():
     # a runner's output caches the signature part a later op reads (fastpath.signature):
     # it must be what the output's own host view gives
