@@ -138,6 +138,9 @@ class Core:
         self.oom_count = 0
         self.retries = 0            # pool emptied to make room
         self.pool: dict[int, list[torch.UntypedStorage]] = defaultdict(list)
+        # id(storage) -> (storage, the host view buffers.alloc last made over it, its metadata):
+        # a pooled storage's view is reused (buffers._host_view); emptied with the pool
+        self.views: dict[int, tuple] = {}
         self._freed: deque = deque()
         self.lock = threading.Lock()
         # time
@@ -246,6 +249,7 @@ class Core:
         for size, storages in self.pool.items():
             self.reserved -= size * len(storages)
         self.pool.clear()
+        self.views.clear()   # (live blocks' views are remade on their storage's next use)
 
     def empty_cache(self) -> None:
         with self.lock:

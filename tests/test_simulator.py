@@ -400,3 +400,38 @@ def test_stats_and_summary():
     text = SIM.summary()
     assert text.startswith("simulated trn2 x 2 cores") and "launch overhead" in text
     del y
+
+
+def test_a_pooled_storage_keeps_its_host_view():
+    # a large output comes from the pool's storage with the host view made over it the last
+    # time (buffers._host_view: torch.empty + set_ cost ~19 us of a large op's host path), only
+    # while nothing but the core's cache holds that view; values and accounting as before
+    from eager_neuron import buffers
+
+    n = 1 << 16   # 256 KiB: pooled
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(n, generator=g), torch.randn(n, generator=g)
+    x, y = a.to("neuron"), b.to("neuron")
+    core = SIM.core(x.device.index)
+    before = buffers.VIEW_STATS["reused"]
+    for _ in range(4):
+        assert torch.equal((x + y).cpu(), a + b)
+    assert buffers.VIEW_STATS["reused"] - before >= 2
+    # a view someone still holds is not handed out again: the next output gets a new one
+    z = x + y
+    held = z._data
+    del z
+    gc.collect()
+    w = x * 2.0
+    assert w._data is not held and held.shape == (n,) and held.stride() == (1,)
+    assert torch.equal(w.cpu(), a * 2.0)
+    del w, held
+    # the same storage under other metadata: a view of that shape
+    m = x.view(256, 256) + y.view(256, 256)
+    assert m._data.shape == (256, 256) and torch.equal(m.cpu(), (a + b).view(256, 256))
+    del m
+    gc.collect()
+    allocated = torch.neuron.memory_allocated()
+    torch.neuron.empty_cache()
+    assert core.views == {} and torch.neuron.memory_allocated() == allocated
+    assert torch.equal((x + y).cpu(), a + b)
