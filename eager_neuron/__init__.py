@@ -30,6 +30,9 @@ from . import numerics  # noqa: E402
 from .adaptive import adaptive, set_adaptive  # noqa: E402
 from .errors import KernelError, UnsupportedOpError, UnsupportedTensorError  # noqa: E402
 from .mode import NeuronMode  # noqa: E402
+from . import hops as _hops  # noqa: E402
+
+_hops.install()   # torch.cond, while_loop, scan, map, ... on neuron (hops.py)
 from .numerics import check_numerics  # noqa: E402
 from .profiler import profile  # noqa: E402
 from .tensor import NeuronTensor  # noqa: E402

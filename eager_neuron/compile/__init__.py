@@ -53,6 +53,9 @@ def _on_dynamo() -> None:
     _tracing.trace_tensor_ctor_on_cpu()
     _after_import("transformers.utils.logging", _quiet_hf_warning_once)
     _allow_flex_attention()
+    from .. import hops
+
+    hops.install()                  # the HOPs dynamo's import registered (hops.py)
     custom = sys.modules.get("eager_neuron.custom.core")
     if custom is not None:          # loaded later, it applies this itself
         custom.trace_into_call()

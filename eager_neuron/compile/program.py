@@ -478,6 +478,20 @@ def _hop_impl(t):
     return t
 
 
+def _hop_mode_pop():
+    """The context that pops AOTAutograd's first-call aliasing check (a dispatch mode that
+    answers NotImplemented for tensor subclasses, "defer to the subclass") while a HOP node
+    runs, else None. Its answer for a HOP is returned as the HOP's result (torch's HOP dispatch
+    returns a mode's answer as is): torch.cond / while_loop / scan in a compiled graph on
+    neuron tensors gave NotImplemented on their first call (the check sees ordinary ops)."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode_temporarily
+
+    mode = _get_current_dispatch_mode()
+    if mode is not None and type(mode).__name__ == "_AnalyzeCustomOpInputOutputMode":
+        return _pop_mode_temporarily
+    return None
+
+
 def _reads_env(a) -> bool:
     """Whether an FX argument holds a node (its value comes from the environment)."""
     if isinstance(a, Node):
@@ -520,13 +534,19 @@ def _run_node(node: Node, env: dict, loader=None) -> None:
     else:
         args, kwargs = loader(env)
     t = node.target
+    pop = None
     if isinstance(t, torch._ops.HigherOrderOperator):
         CSTATS.eager_ops[f"higher_order.{t._name}"] += 1
         t = _hop_impl(t)
+        pop = _hop_mode_pop()
     if isinstance(t, torch._ops.OpOverload):
         CSTATS.eager_ops[t.name()] += 1
     try:
-        env[node] = t(*args, **kwargs)
+        if pop is None:
+            env[node] = t(*args, **kwargs)
+        else:
+            with pop():
+                env[node] = t(*args, **kwargs)
     except Exception as exc:
         try:
             exc.add_note(f"  in a neuron-compiled graph: op {t} at {_stack_line(node)}")
