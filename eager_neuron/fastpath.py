@@ -423,7 +423,8 @@ def learn_elementwise(func, plan, args, kwargs, index: int, a: dict, outs: list,
         ret = _wrap_lines(ns, lines, index)
     if target is None and "NPDT" not in ns:   # the numpy form and W's path define out_np
         out_flat = ".reshape(-1)" if len(outs[0].shape) != 1 else ""
-        lines.append(f"out_np = data.numpy(){out_flat}")
+        host = "data_np" if "POOLNP" in ns else "data.numpy()"
+        lines.append(f"out_np = {host}{out_flat}")
     # the operands' cached flat views (flat_np inlined: its call is ~50 ns of a ~4 us runner)
     operands = []
     for i, e in enumerate(arrays):
@@ -504,7 +505,8 @@ def _alloc_lines(ns: dict, out: torch.Tensor, index: int, suffix: str = "",
     buffers.alloc does for it), a large one via buffers.alloc (the pool, and an OOM that
     flushes adaptive groups). SHAPE/STRIDE/DT{suffix} must be in ns. `recycle` (a plain flat
     runner's one output): a small host buffer is reused when its block died and nothing else
-    reaches it (_recycle_lines)."""
+    reaches it (_recycle_lines); a large one comes with its numpy view as `data_np{suffix}`,
+    both reused with the pooled storage (buffers.alloc_np; ns gets POOLNP{suffix})."""
     from . import buffers
 
     x = suffix
@@ -532,6 +534,11 @@ def _alloc_lines(ns: dict, out: torch.Tensor, index: int, suffix: str = "",
             return lines
         ns["empty_strided"] = _EMPTY_STRIDED
         return lines + [f"data{x} = empty_strided(SHAPE{x}, STRIDE{x}, dtype=DT{x})"]
+    if recycle and numpy_ok and out.dtype in _NP_DTYPES:
+        # the pooled storage's host view and its numpy array, both reused (buffers.alloc_np)
+        ns["alloc_np"] = buffers.alloc_np
+        ns[f"POOLNP{x}"] = True
+        return [f"data{x}, block{x}, data_np{x} = alloc_np(IDX, SHAPE{x}, STRIDE{x}, DT{x})"]
     ns["alloc"] = buffers.alloc
     return [f"data{x}, block{x} = alloc(IDX, SHAPE{x}, STRIDE{x}, DT{x})"]
 
@@ -618,6 +625,9 @@ def _wrap_lines(ns: dict, lines: list, index: int) -> str:
         return "return r"
     if "NPDT" in ns:   # _alloc_lines' numpy form: data_np and out_np are its numpy views
         lines.append("r._npc = (data, data_np, out_np)")
+    elif "POOLNP" in ns:   # a pooled output's cached array (buffers.alloc_np)
+        lines.append("r._npc = (data, data_np, data_np)" if len(ns["SHAPE"]) == 1 else
+                     "r._npc = (data, data_np, None)")
     lines.append("r._sgc = (data, PART)")   # the result is often the next op's operand
     return "return r"
 

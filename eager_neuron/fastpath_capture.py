@@ -168,7 +168,8 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
         ns.update({f"SHAPE{i}": shape, f"STRIDE{i}": stride, f"DT{i}": dtype})
         lines += _alloc_lines(ns, out, index, str(i), recycle=True)
         # the numpy form allocates the array first (np.empty + from_numpy): its full view
-        lines.append(f"O{i} = data_np{i}" if f"NPDT{i}" in ns else f"O{i} = data{i}.numpy()")
+        lines.append(f"O{i} = data_np{i}" if f"NPDT{i}" in ns or f"POOLNP{i}" in ns
+                     else f"O{i} = data{i}.numpy()")
         sources.append((f"O{i}", out.numpy()))
     inputs = []
     for i, v in enumerate(args):

@@ -736,6 +736,35 @@ def test_captured_runners_call_the_kernel_entry_point():
     assert fastpath.STATS_FAST["entry_points"] - entries >= len(cases)
 
 
+def test_large_outputs_reuse_their_numpy_array():
+    # a runner's large (pooled) output comes with the numpy array its kernel writes through,
+    # made once per pooled storage (buffers.alloc_np: .numpy() and its free cost ~11 us of a big
+    # op's host path); an array someone still holds is never handed out again
+    from eager_neuron import buffers
+
+    fastpath.reset()
+    n = 1 << 16   # 256 KiB: pooled
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(n, generator=g), torch.randn(n, generator=g)
+    x, y = a.to("neuron"), b.to("neuron")
+    before = buffers.VIEW_STATS["arrays_reused"]
+    cases = [(lambda p, q: p + q), (lambda p, q: p.view(256, 256).softmax(-1)),
+             (lambda p, q: p.view(256, 256) * 2.0)]
+    for fn in cases:
+        first = fn(x, y).cpu()   # the slow path
+        assert torch.allclose(first, fn(a, b), rtol=1e-6, atol=1e-7)
+        for _ in range(3):   # the runner's replays, in reused arrays: the same bits
+            assert torch.equal(fn(x, y).cpu(), first)
+    assert buffers.VIEW_STATS["arrays_reused"] - before >= 2 * len(cases)
+    z = x + y
+    held = fastpath.flat_np(z)   # the output's cached array, kept past the output
+    assert held is z._npc[1]
+    del z
+    w = x + y   # z's storage again, and its view; the array is new
+    assert w._npc[1] is not held and held.shape == (n,)
+    assert torch.equal(w.cpu(), a + b)
+
+
 def test_runner_outputs_carry_their_signature_part():
     # a runner's output caches the signature part a later op reads (fastpath.signature):
     # it must be what the output's own host view gives
