@@ -268,8 +268,8 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
         # this signature's dtypes, shapes and strides (views of aligned buffers, or copies of
         # snapshots), its other arguments are constants or this call's scalar of the
         # signature's type; an int scalar is left to the dispatcher (Numba types one past
-        # int64 as uint64). The dispatcher's type matching costs ~20 us per call right after a
-        # large kernel has streamed its operands through the caches (sum 4M: 625 -> 605 us)
+        # int64 as uint64). The dispatcher's type matching: ~0.3 us a call warm, ~1.3 us with
+        # the caches cold after a big kernel (measured on its own; docs/THROUGHPUT.md)
         # (counted in STATS_FAST["entry_points"] with the flat runners')
         ep = None
         if not any(type(kargs[m]) is int for m in runtime):

@@ -715,8 +715,8 @@ def test_flat_runners_call_the_kernel_entry_point_and_equal_cpu(dtype):
 
 def test_captured_runners_call_the_kernel_entry_point():
     # a captured runner (reductions, softmax, mm, scans) calls its kernel's compiled entry
-    # point, not the Numba dispatcher (whose type matching cost ~20 us per call after a large
-    # kernel streamed the caches); its replays equal the slow path's call bit for bit
+    # point, not the Numba dispatcher (and its per-call type matching); its replays equal the
+    # slow path's call bit for bit
     fastpath.reset()
     entries = fastpath.STATS_FAST["entry_points"]
     g = torch.Generator().manual_seed(0)

@@ -341,6 +341,69 @@ def throughput() -> None:
     print(f"  (load {os.getloadavg()[0]:.1f} at the end)")
 
 
+def throughput_split() -> None:
+    """Where a one-thread throughput row's time goes: torch, the neuron op, and its kernels
+    alone (the compiled entry points of the launches one slow call made, on that call's own
+    buffers), thread-time medians in one process. op - kernels is the host path, paid with
+    the caches cold: each row's kernel has just streamed 16+ MiB through them (THROUGHPUT.md).
+
+    >>> throughput_split()   # doctest: +SKIP
+    """
+    import numba
+
+    from eager_neuron import fastpath
+    from eager_neuron import launch as L
+    from eager_neuron.kernels.compile import numba as _numba
+
+    _numba()
+    default = torch.get_num_threads()
+    numba.set_num_threads(1)
+    torch.set_num_threads(1)
+    orig = L.launch
+    rec = []
+
+    def spy(key, render, args, *a, **k):
+        rec.append((key, args))
+        return orig(key, render, args, *a, **k)
+
+    mods = [m for m in list(sys.modules.values())
+            if getattr(m, "__name__", "").startswith("eager_neuron")
+            and getattr(m, "launch", None) is orig]
+    print(f"== throughput rows split, 1 thread (thread-time medians of 21; load "
+          f"{os.getloadavg()[0]:.1f}) ==")
+    for name, make, _kt, _target in _tp_cases():
+        cpu_fn, dev_fn = make("cpu"), make("neuron")
+        fastpath.reset()   # the next call takes the slow path, through launch()
+        rec.clear()
+        for m in mods:
+            m.launch = spy
+        try:
+            dev_fn()
+        finally:
+            for m in mods:
+                m.launch = orig
+        calls = []
+        for key, args in rec:
+            kern = L.MEMORY.get(L.full_key(key, args))
+            cres = getattr(kern, "overloads", {}).get(
+                tuple(kern.typeof_pyval(a) for a in args)) if kern is not None else None
+            calls.append((cres.entry_point if cres is not None else kern, args))
+
+        def kernels(calls=calls):
+            for fn, args in calls:
+                fn(*args)
+
+        # torch runs before each of the two, so both find the caches as the op does in
+        # throughput() (the kernels right after the op would find its output lines warm)
+        r = _tp_interleaved({"torch": cpu_fn, "op": dev_fn, "torch again": cpu_fn,
+                             "kernels": kernels}, repeat=21, clock=time.thread_time)
+        print(f"  {name:>21}: torch {r['torch'] * 1e3:7.3f}  op {r['op'] * 1e3:7.3f}  kernels "
+              f"{r['kernels'] * 1e3:7.3f} ms  host {(r['op'] - r['kernels']) * 1e6:5.0f} us  "
+              f"op {r['torch'] / r['op']:.2f}x  kernels {r['torch'] / r['kernels']:.2f}x torch")
+    torch.set_num_threads(default)
+    numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+
+
 def _mlp():
     return nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 128), nn.ReLU(),
                          nn.Linear(128, 10))
