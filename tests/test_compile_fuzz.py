@@ -99,6 +99,27 @@ def test_copy_into_a_base_waits_for_the_kernel_reading_it():
         assert torch.equal(b.cpu(), want_a), dtype
 
 
+def test_a_store_into_an_input_waits_for_a_later_loop_reading_a_view_of_it():
+    """`y = w * 0.5 + x; z = w.view(-1) * 2; w.copy_(y)`: the copy_ was absorbed into y's
+    loop (y stored straight into w), and z's loop, which reads w through the view node, ran
+    after it: z was twice the new w (absorb_copy looked at w's own users, not its views')."""
+    def f(x, w, view):
+        y = w * 0.5 + x
+        z = view(w) * 2
+        w.copy_(y)
+        return z
+
+    views = (lambda w: w.view(-1), lambda w: w.t().reshape(-1), lambda w: w[1:].reshape(-1))
+    for view in views:
+        x, w = torch.randint(-9, 9, (4, 6)).float(), torch.randint(-9, 9, (4, 6)).float()
+        want_w, want = w * 0.5 + x, view(w) * 2     # small integers and halves: exact
+        torch._dynamo.reset()
+        wn = w.to("neuron")
+        got = torch.compile(f, backend="neuron")(x.to("neuron"), wn, view)
+        assert torch.equal(got.cpu(), want)
+        assert torch.equal(wn.cpu(), want_w)
+
+
 def test_bounded_fuzz_run():
     """N random programs (seeds FIRST.., up to 6 lines; every fourth a row-kernel program),
     each called three times with fresh inputs (the third replays the learned plan), then with

@@ -421,9 +421,7 @@ class Group:
                 sv.shape) or not _is_contig(dv):
             return False
         ls = self.loop_of[src]
-        for u in dst.users:
-            if u is node:
-                continue
+        for u in _readers(dst, node):
             if order.get(u, 1 << 30) > order[node]:
                 return False            # read after the copy in program order
             if u in self.loop_of:
@@ -435,6 +433,25 @@ class Group:
                 return False            # the value is also read outside the kernel
         self.writeback[src] = (dst, node)
         return True
+
+
+def _readers(dst: Node, copy: Node) -> list:
+    """The nodes that read input `dst`'s memory, other than `copy`: its users and, through
+    every view of it (a node sharing its storage: `w.view(-1)`, `w.t()`, `w[0]`), the views'
+    users. A later loop reading `w.view(-1)` would see a store absorbed into an earlier one
+    (`y = w * 0.9 + x; z = w.view(-1) * 2; w.copy_(y)`: z was 2 * the new w)."""
+    mem = _storage_of(dst)
+    readers, seen, todo = [], {dst, copy}, [dst]
+    while todo:
+        for u in todo.pop().users:
+            if u in seen:
+                continue
+            seen.add(u)
+            readers.append(u)
+            if mem is not None and u.op == "call_function" and _movable(u) and \
+                    _storage_of(u) == mem:
+                todo.append(u)          # a view of dst: its readers read dst
+    return readers
 
 
 def partition(gm: GraphModule, regions=()) -> list:
@@ -469,14 +486,15 @@ def partition(gm: GraphModule, regions=()) -> list:
             if node is reg.last:
                 reads = {n for m in reg.order for n in m.all_input_nodes
                          if n not in reg.members}
-                if group is not None and not any(n in group.loop_of for n in reads) and not any(
-                        d in reads for d, _ in group.writeback.values()):
+                if group is not None and not any(n in group.loop_of for n in reads) and \
+                        not _reads_written(reads, group):
                     hoisted.append(("rows", reg))
                 else:
                     close()
                     steps.append(("rows", reg))
             continue
         if (group is not None and node.target is aten.copy_.default
+                and not _region_reads_later(node, region_of, order)
                 and group.absorb_copy(node, order)):
             continue
         el = _classify(node) if node.op == "call_function" else None
@@ -495,6 +513,28 @@ def partition(gm: GraphModule, regions=()) -> list:
         steps.append(("node", node))
     close()
     return steps
+
+
+def _reads_written(reads: set, group: Group) -> bool:
+    """Does a row region read memory the open group stores into (an absorbed copy_'s input),
+    through the input's node or any view of it? Then it runs after the group."""
+    mems = {_storage_of(d) for d, _ in group.writeback.values()} - {None}
+    return any(d in reads for d, _ in group.writeback.values()) or bool(mems) and any(
+        _storage_of(n) in mems for n in reads)
+
+
+def _region_reads_later(copy: Node, region_of: dict, order: dict) -> bool:
+    """copy_(input, value) may not be absorbed (stored when the group runs) while a row region
+    that reads the input's old value (directly or through a view) still has to run: it runs
+    where its last member stands, which may be after the group."""
+    dst = copy.args[0] if copy.args else None
+    if not isinstance(dst, Node):
+        return False
+    for u in _readers(dst, copy):
+        reg = region_of.get(u)
+        if reg is not None and order.get(reg.last, 1 << 30) > order[copy]:
+            return True
+    return False
 
 
 def _movable_copy(node: Node, group: Group) -> bool:
