@@ -101,6 +101,17 @@ def test_hot_loops_vectorize():
     src, name = kr.render_reduce("sum", 1, 1, "np.float64", "np.float32", ("np.float32",), 0,
                                  mode="col", fastmath=True)
     assert vec.search(_llvm(src, name, np.empty(300, np.float32), col))
+    # the float extremes' integer keys vectorize in their own width, in every mode: a NaN key
+    # at the type's extreme let LLVM fold the max into a select it did not vectorize (int32
+    # keys then ran in int64 lanes, the float64 ones scalar)
+    for bits, dt in ((32, np.float32), (64, np.float64)):
+        x = np.random.default_rng(3).standard_normal((40, 300)).astype(dt)
+        for op in ("kmax", "kmin"):
+            for mode, arr in (("chunk", x[:1]), ("row", x), ("col", np.asfortranarray(x))):
+                src, name = kr.render_reduce(f"{op}{bits}", 1, 1, f"np.int{bits}", "",
+                                             (f"np.float{bits}",), 0, mode=mode)
+                ir = _llvm(src, name, np.empty(arr.shape[0], dt), arr)
+                assert re.search(rf"llvm\.s{op[1:]}\.v\d+i{bits}\b", ir), (op, bits, mode)
     src, name = kn.render_softmax(False, 1, "np.float64", "np.float32")
     rows = np.random.default_rng(2).standard_normal((3, 100)).astype(np.float32)
     res = np.empty_like(rows)
