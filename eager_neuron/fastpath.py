@@ -55,8 +55,8 @@ TABLES: dict = {}
 LIMIT = 512          # signatures per overload: a loop over ever-new shapes stops learning
 MISS = object()      # a runner's answer when this call's operands need the slow path
 # hits: runner calls; learned: runners left; view_methods / view_ops: view runners calling a
-# Tensor method / the overload itself (fastpath._view_method); entry_points: flat runners
-# calling their kernel's compiled entry point (_entry_point); host_reuses: flat runners'
+# Tensor method / the overload itself (fastpath._view_method); entry_points: flat and captured
+# runners calling their kernel's compiled entry point (_entry_point); host_reuses: flat runners'
 # outputs placed in a dead output's host buffer (_recycle_lines)
 STATS_FAST = {"hits": 0, "learned": 0, "view_methods": 0, "view_ops": 0, "entry_points": 0,
               "host_reuses": 0}
