@@ -120,6 +120,34 @@ def test_a_store_into_an_input_waits_for_a_later_loop_reading_a_view_of_it():
         assert torch.equal(wn.cpu(), want_w)
 
 
+def test_a_store_into_an_input_waits_for_a_reader_in_another_chain():
+    """(fuzz_compile --stores seed 9055, reduced) `g = c > 0; t = a * a; a.copy_(w * 0.5 + g)`:
+    the store joined g's loop's chain, t's loop (an unrelated chain) was split off into a
+    kernel of its own, and the kernels ran in order of their first loops: the store before t
+    read a. t was the new a squared, directly or through a view."""
+    def direct(a, c, w):
+        g = c > 0
+        t = a * a
+        a.copy_(w * 0.5 + g)
+        return t
+
+    def through_a_view(a, c, w):
+        g = c > 0
+        t = a.flatten() * 3
+        a.mul_(0.5).add_(w * g)
+        return t
+
+    for f in (direct, through_a_view):
+        a, c, w = (torch.randint(-4, 4, (6, 6)).float() for _ in range(3))
+        want_a = a.clone()
+        want = f(want_a, c, w)                         # small integers and halves: exact
+        torch._dynamo.reset()
+        an = a.to("neuron")
+        got = torch.compile(f, backend="neuron")(an, c.to("neuron"), w.to("neuron"))
+        assert torch.equal(got.cpu(), want), f.__name__
+        assert torch.equal(an.cpu(), want_a), f.__name__
+
+
 def test_bounded_fuzz_run():
     """N random programs (seeds FIRST.., up to 6 lines; every fourth a row-kernel program),
     each called three times with fresh inputs (the third replays the learned plan), then with

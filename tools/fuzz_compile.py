@@ -232,6 +232,20 @@ ROWS = [
     ("torch.nn.functional.cross_entropy({0}, torch.zeros_like({0}[..., 0], dtype=torch.long))",
      "r", 1),
 ]
+# a value read through a view of an input, then an in-place update of that input: the update
+# becomes copy_(input, value) at the graph's end, which a fused kernel may store straight into
+# the input (codegen.absorb_copy) while a later loop or a row kernel still reads the old
+# memory through the view (--stores draws these with elementwise lines and views)
+STORES = [
+    ("{new} = {0}.reshape(-1) * 2\n{0}.mul_(0.5).add_({1})", "x", 2),
+    ("{new} = {0}.t() + 1\n{0}.add_({1})", "x", 2),
+    ("{new} = {0}[1:].reshape(-1) - 1\n{0}.copy_({1} * 2)", "x", 2),
+    ("{new} = {0}.unsqueeze(0) * {1}\n{0}.sub_({1})", "x", 2),
+    ("{new} = torch.softmax({0}.t(), -1)\n{0}.mul_(2)", "r", 1),
+    ("{new} = {0}.sum(-1, keepdim=True) + {0}.t().reshape({0}.shape)\n{0}.add_({1})", "x", 2),
+    ("{new} = {0}.view(-1)[::2] + 1\n{0}.add_(1)", "x", 1),
+    ("{new} = {0}.flatten() * {0}.flatten()\n{0}[:, 0] += {1}[:, 1]", "x", 2),
+]
 GRAD_OK = {"x", "r", "v"}
 
 
@@ -334,8 +348,10 @@ def _upcast(vals: dict, inputs) -> dict:
 
 
 def generate(seed: int, grad: bool | None = None, max_lines: int = 12,
-             rows: bool = False) -> Program:
+             rows: bool = False, stores: bool = False) -> Program:
     rng = random.Random(seed)
+    if stores:
+        grad = False
     if grad is None:
         grad = rng.random() < 0.2
     dynamic = rng.choice([None, None, False, True])
@@ -401,6 +417,8 @@ def generate(seed: int, grad: bool | None = None, max_lines: int = 12,
         pool = rng.random()
         if rows:
             table = ROWS
+        elif stores:
+            table = STORES if pool < 0.35 else ELEMENTWISE if pool < 0.75 else VIEWS
         elif pool < 0.4:
             table = ELEMENTWISE
         elif pool < 0.52:
@@ -420,8 +438,10 @@ def generate(seed: int, grad: bool | None = None, max_lines: int = 12,
         form, kind, n_ops = rng.choice(table)
         if grad and kind not in GRAD_OK:
             continue
-        if table is MUTATIONS:
+        if table is MUTATIONS or table is STORES:
             cands = [v for v in variables if v in writable or v.startswith("t")]
+            if table is STORES and writable and rng.random() < 0.8:
+                cands = writable       # an input: its update is a copy_ at the graph's end
             if not cands:
                 continue
             ops = [rng.choice(cands)] + [rng.choice(variables) for _ in range(n_ops - 1)]
@@ -437,7 +457,7 @@ def generate(seed: int, grad: bool | None = None, max_lines: int = 12,
         text = form.format(*ops, d=d, s=sval, new=new) if "{" in form else form
         if table is MUTATIONS:
             line = text
-        elif table is BREAKS:
+        elif table is BREAKS or table is STORES:
             line = text
         else:
             line = f"{new} = {text}"
@@ -453,6 +473,9 @@ def generate(seed: int, grad: bool | None = None, max_lines: int = 12,
             if ops[0] in writable:
                 pass
             continue
+        if table is STORES and not all(exact.get(o, True) for o in ops[1:]):
+            for v in exact:
+                exact[v] = False       # the input now holds a rounded value
         counter += 1
         exact[new] = ex and (kind != "r") and all(exact.get(o, True) for o in ops)
         variables.append(new)
@@ -829,20 +852,22 @@ def main(argv=None) -> int:
     ap.add_argument("--progress", action="store_true")
     ap.add_argument("--rows", action="store_true", help="row-kernel programs only")
     ap.add_argument("--grad", action="store_true", help="training programs only")
+    ap.add_argument("--stores", action="store_true",
+                    help="in-place updates of inputs read through views before (STORES)")
     args = ap.parse_args(argv)
     torch._dynamo.config.cache_size_limit = 64
     import logging
     logging.getLogger("torch._dynamo").setLevel(logging.ERROR)
     grad = True if args.grad else None
     if args.show is not None:
-        print(generate(args.show, grad, rows=args.rows).describe())
+        print(generate(args.show, grad, rows=args.rows, stores=args.stores).describe())
         return 0
     seeds = [args.check] if args.check is not None else range(args.seed,
                                                                args.seed + args.programs)
     bad = 0
     t0 = time.time()
     for s in seeds:
-        p = generate(s, grad, rows=args.rows)
+        p = generate(s, grad, rows=args.rows, stores=args.stores)
         try:
             msg = check(p, verbose=args.check is not None)
         except Exception as e:   # noqa: BLE001

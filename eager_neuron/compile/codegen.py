@@ -365,6 +365,16 @@ class Group:
                 b = self.loop_of.get(t)
                 if b is not None and b != a:
                     parent[find(a)] = find(b)
+        # a loop reading an input's old memory stays with the loop storing into that input
+        # (absorb_copy: in an earlier loop): as separate groups, ordered by their first loops,
+        # the store could run first ('t = a.flatten() * a.flatten(); b = a > a; a.mul_(0.5)
+        # .add_(b)': t's loop was split off after the store's)
+        for src, (dst, copy) in self.writeback.items():
+            a = self.loop_of[src]
+            for u in _readers(dst, copy):
+                b = self.loop_of.get(u)
+                if b is not None and b != a:
+                    parent[find(a)] = find(b)
         comps: dict = {}
         for el in self.members:
             comps.setdefault(find(self.loop_of[el.node]), []).append(el)
