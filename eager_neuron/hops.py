@@ -57,18 +57,29 @@ def run_under_mode(hop, args, kwargs):
     """A HOP under NeuronMode (NeuronMode.__torch_dispatch__, which answers HOPs:
     `supports_higher_order_operators`; torch pops the mode while it runs): NeuronMode's
     convention, CPU in and CPU out. The operands are made neuron tensors, the HOP runs by the
-    NeuronTensor rule above (the branches' ops on neuron), its results are brought back. A
+    NeuronTensor rule above (the branches' ops on neuron), its results are brought back, and an
+    operand it wrote in place (invoke_subgraph, a mutating custom op's HOP) is written back. A
     mode answering through a `python_key_table` rule instead made dynamo trace the rule when
     torch.cond compiles its eager call (a graph break inside torch's dense kernel)."""
     from torch.utils._pytree import tree_map_only
 
     from .tensor import NeuronTensor
 
+    moved = []     # (the caller's CPU tensor, its neuron copy, the copy's version)
+
     def to_neuron(t):
-        return t.to("neuron") if t.device.type == "cpu" else t
+        if t.device.type != "cpu":
+            return t
+        n = t.to("neuron")
+        moved.append((t, n, n._version))
+        return n
 
     args, kwargs = tree_map_only(torch.Tensor, to_neuron, (tuple(args), dict(kwargs)))
     out = hop(*args, **kwargs)
+    for t, n, version in moved:
+        if n._version != version:        # an operand the HOP wrote in place: so is the caller's
+            with torch.no_grad():
+                t.copy_(n.cpu())
     return tree_map_only(NeuronTensor, lambda t: t.cpu(), out)
 
 

@@ -129,6 +129,27 @@ def test_hops_under_neuron_mode_run_on_neuron_cpu_in_cpu_out():
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
 
 
+def test_a_hop_writing_an_operand_under_neuron_mode_writes_the_callers_tensor():
+    # NeuronMode moves a HOP's CPU operands to neuron: one the HOP writes in place (a
+    # subgraph's add_) is written back to the caller's tensor, as on the CPU
+    import torch.fx
+    from torch._higher_order_ops.invoke_subgraph import invoke_subgraph
+
+    def body(a, b):
+        a.add_(b)
+        return (a * 2,)
+
+    gm = torch.fx.symbolic_trace(body)
+    y = torch.arange(3.0)
+    want_x = torch.ones(3)
+    want = invoke_subgraph(gm, "ref", want_x, y)
+    x = torch.ones(3)
+    with eager_neuron.NeuronMode():
+        got = invoke_subgraph(gm, "mode", x, y)
+    assert got[0].device.type == "cpu" and torch.equal(got[0], want[0])
+    assert torch.equal(x, want_x)
+
+
 @pytest.mark.parametrize("name", ["cond", "while_loop", "scan", "map_impl", "associative_scan",
                                   "invoke_subgraph", "hints_wrapper", "strict_mode", "out_dtype",
                                   "with_effects", "auto_functionalized", "print"])
