@@ -36,8 +36,42 @@ def decomposition(func):
         table[torch.ops.aten._weight_norm_interface_backward.default] = _weight_norm_backward
         table[torch.ops.aten._nested_tensor_from_mask_left_aligned.default] = _left_aligned
         table.update(_shift_dunders())
+        for op, fn in _view_copies().items():
+            table.setdefault(op, fn)
         _DECOMP = table
     return _DECOMP.get(func)
+
+
+def _view_copies() -> dict:
+    """The *_copy form of views torch's tables leave out (select_copy, slice_copy, detach_copy,
+    split_copy, view_as_real_copy, ...: functionalized graphs, torch.export and HOP autograd
+    traces are made of them), which ran as CPU fallbacks: the view, each result cloned into a
+    contiguous tensor, as ATen's generated copy kernels and torch's refs for the others do."""
+    import torch.utils._pytree as pytree
+
+    aten = torch.ops.aten
+
+    def copy_of(view):
+        def run(*args, **kwargs):
+            return pytree.tree_map_only(
+                torch.Tensor, lambda t: t.clone(memory_format=torch.contiguous_format),
+                view(*args, **kwargs))
+        return run
+
+    pairs = [("select_copy", "int", aten.select.int), ("slice_copy", "Tensor", aten.slice.Tensor),
+             ("detach_copy", "default", aten.detach.default),
+             ("split_copy", "Tensor", aten.split.Tensor),
+             ("split_with_sizes_copy", "default", aten.split_with_sizes.default),
+             ("view_as_real_copy", "default", aten.view_as_real.default),
+             ("view_as_complex_copy", "default", aten.view_as_complex.default),
+             ("_reshape_copy", "default", aten.reshape.default)]
+    out = {}
+    for name, overload, view in pairs:
+        packet = getattr(aten, name, None)
+        op = getattr(packet, overload, None) if packet is not None else None
+        if op is not None:
+            out[op] = copy_of(view)
+    return out
 
 
 def _shift_dunders() -> dict:
