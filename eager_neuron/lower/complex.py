@@ -82,6 +82,10 @@ def complex_steps(func, plan, a: dict, outs: list):
     refusal = CPU_REFUSES.get(base)
     if refusal is not None:
         raise RuntimeError(refusal)
+    if base in ("aten::sub", "aten::rsub"):
+        # ATen's sub_check refuses a bool operand whatever the other's dtype (bool - 1j)
+        from .elementwise import _check_sub
+        _check_sub(a)
     return (yield from _steps(func, plan, base, a, outs))
 
 

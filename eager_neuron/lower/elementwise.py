@@ -169,6 +169,11 @@ def _check_common_refusal(op_name: str, a: dict) -> None:
             return
         kernel = f"div_{a['rounding_mode']}_cpu"
     common = torch.result_type(x, y) if y is not None else x.dtype
+    w = a.get("weight") if op_name == "aten::lerp" else None
+    if isinstance(w, torch.Tensor) and isinstance(x, torch.Tensor):
+        # a 0-d weight tensor takes part in the promotion: lerp(ints, ints, tensor(0.5)) is a
+        # float lerp on the CPU (a weight of other dims must be self's dtype: meta refuses)
+        common = torch.result_type(torch.empty((), dtype=common).expand(1), w)
     if common.is_floating_point or common.is_complex or (common != torch.bool and not ints_too):
         return
     if kernel is None:   # lerp: by the weight's kind
