@@ -119,10 +119,18 @@ def _user_dtype(exc: NotImplementedForDtype, args) -> NotImplementedForDtype:
     """Half/bfloat16 operands reach a lowering upcast to float32: name the user's dtype."""
     if exc.dtype != torch.float32:
         return exc
-    dts = {a.dtype for a in args if isinstance(a, torch.Tensor)}
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    dts = {a.dtype for a in tensors}
     half = dts & {torch.float16, torch.bfloat16}
     if len(half) == 1 and not dts & {torch.float32, torch.float64}:
         return NotImplementedForDtype(exc.kernel, half.pop())
+    if len(tensors) == 2 and half:
+        # a half tensor with a 0-d float32/float64 one (a CPU scalar): the half type is the
+        # common dtype the CPU names ('"bitwise_and_cpu" not implemented for 'Half'')
+        common = torch.result_type(*(torch.empty(() if t.dim() == 0 else (1,), dtype=t.dtype)
+                                     for t in tensors))
+        if common in half:
+            return NotImplementedForDtype(exc.kernel, common)
     return exc
 
 

@@ -38,3 +38,17 @@ def test_bool_minus_a_complex_0d_tensor_is_refused():
             f(mask, torch.tensor(1 + 2j))
         with pytest.raises(RuntimeError, match="with a bool tensor is not supported"):
             f(mask.to("neuron"), torch.tensor(1 + 2j))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_bitwise_of_a_half_tensor_and_a_0d_float_names_the_half_type(dtype):
+    """half & tensor(2.5): the common dtype is the half type, and the CPU names it; neuron's
+    half route (float32 inside) named 'Float'."""
+    t = torch.ones(3, dtype=dtype)
+    for s in (torch.tensor(2.5), torch.tensor(2.5, dtype=torch.float64)):
+        for f in (lambda a, b: a & b, lambda a, b: b | a, lambda a, b: a.bitwise_xor_(b)):
+            with pytest.raises(NotImplementedError) as cpu:
+                f(t.clone(), s)
+            with pytest.raises(NotImplementedError) as got:
+                f(t.to("neuron"), s)
+            assert str(got.value).startswith(str(cpu.value)), (str(got.value), str(cpu.value))
