@@ -38,8 +38,21 @@ def decomposition(func):
         table.update(_shift_dunders())
         for op, fn in _view_copies().items():
             table.setdefault(op, fn)
+        # TorchScript-traced models call the backend-selecting _convolution (a CPU fallback)
+        for ov in ("default", "deprecated"):
+            op = getattr(torch.ops.aten._convolution, ov, None)
+            if op is not None:
+                table.setdefault(op, _convolution)
         _DECOMP = table
     return _DECOMP.get(func)
+
+
+def _convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
+                 groups, *_backend_flags):
+    """aten::_convolution (benchmark, deterministic, cudnn_enabled, allow_tf32: backend choices
+    the CPU ignores) is aten::convolution: ATen's convolution calls it with the same arguments."""
+    return torch.ops.aten.convolution.default(input, weight, bias, stride, padding, dilation,
+                                              transposed, output_padding, groups)
 
 
 def _view_copies() -> dict:

@@ -96,15 +96,39 @@ def _shared_neuron_slots(module) -> list:
     return [group for group in seen.values() if len(group[1]) > 1]
 
 
+def _script_params(module) -> list:
+    """[(script module, name, parameter object)] of a TorchScript module tree, held across
+    _apply (its parameters live in C++ slots; see _resync_script_slots)."""
+    if not isinstance(module, torch.jit.ScriptModule):
+        return []
+    return [(m, name, p, type(p), p.device) for m in module.modules()
+            if isinstance(m, torch.jit.ScriptModule)
+            for name, p in list(m._parameters.items()) if p is not None]
+
+
+def _resync_script_slots(held: list) -> None:
+    """A TorchScript module's parameters live in C++ slots. _apply swaps each Python parameter
+    object with its neuron copy (swap_tensors), which the slot does not see: `traced.to(
+    "neuron")` left every weight on the CPU, silently (its forward then mixed devices). The
+    slot is pointed at the swapped object, as `.data =` would have left it on CUDA. (A
+    parameter that was not swapped, a move off neuron makes a new Parameter the slot holds
+    already, is left alone.)"""
+    for m, name, p, kind, device in held:
+        if (type(p) is not kind or p.device != device) and m._c.getattr(name) is not p:
+            m._c.setattr(name, p)
+
+
 def _apply(self, fn, recurse=True):
     if getattr(_depth, "n", 0) or not recurse:
         return _TORCH_APPLY(self, fn, recurse)
     shared = _shared_neuron_slots(self)
+    held = _script_params(self)
     _depth.n = 1
     try:
         out = _TORCH_APPLY(self, fn, recurse)
     finally:
         _depth.n = 0
+    _resync_script_slots(held)
     for _, slots in shared:
         d0, k0 = slots[0]
         first = d0.get(k0)

@@ -41,3 +41,4 @@ def test_view_copy_runs_on_neuron_as_the_cpu(name):
         g = g.cpu()
         assert g.dtype == r.dtype and g.shape == r.shape and g.stride() == r.stride()
         assert torch.equal(g, r)
+
