@@ -105,6 +105,12 @@ def run_foreach(func, plan, args, kwargs, mode):
 
         return run_fallback(func, plan, args, kwargs, mode, why=str(exc))
     n = len(args[0])
+    for (is_list, _scalars, _name), a in zip(spec, args):
+        if is_list and len(a) != n:
+            # before any element is written (the CPU checks the lists first): dispatch asks
+            # the CPU for its words ("Tensor list must have same number of elements as scalar
+            # list."); the loop below wrote the first elements, then failed at the missing one
+            raise RuntimeError(f"{func.name()}: lists of {n} and {len(a)} elements")
     results = []
     direct = isinstance(per, torch._ops.OpOverload)
     for i in range(n):
