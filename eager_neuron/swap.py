@@ -142,6 +142,26 @@ _apply.__wrapped__ = _TORCH_APPLY
 _apply.__doc__ = _TORCH_APPLY.__doc__
 
 
+_TORCH_JIT_LOAD = torch.jit.load
+
+
+def jit_load(f, map_location=None, _extra_files=None, _restore_shapes=False):
+    """torch.jit.load with map_location="neuron": TorchScript's C++ loader made each tensor on
+    the device from an empty one and could not set a wrapper subclass's storage (every weight
+    came back with 0 elements: the first forward failed in addmm). It loads on the CPU and the
+    module moves (`.to`, its C++ slots pointed at the neuron parameters: _resync_script_slots)."""
+    dev = torch.device(map_location) if isinstance(map_location, str) else map_location
+    if isinstance(dev, torch.device) and dev.type == "neuron":
+        module = _TORCH_JIT_LOAD(f, map_location="cpu", _extra_files=_extra_files,
+                                 _restore_shapes=_restore_shapes)
+        return module.to(dev)
+    return _TORCH_JIT_LOAD(f, map_location, _extra_files, _restore_shapes)
+
+
+jit_load.__wrapped__ = _TORCH_JIT_LOAD
+
+
 def install() -> None:
     torch.utils.swap_tensors = swap_tensors
     torch.nn.Module._apply = _apply
+    torch.jit.load = jit_load

@@ -132,6 +132,13 @@ class NeuronTensor(torch.Tensor):
         from .adaptive import flush
 
         flush("serialize")
+        if getattr(self, "_is_param", False):
+            # a parameter (nn.Parameter of a wrapper subclass is the tensor itself, marked
+            # `_is_param`): rebuilt as one, as a CPU/CUDA Parameter's reduction does (torch.save
+            # of a whole module, torch.export.save: a loaded weight was a plain tensor,
+            # isinstance(w, nn.Parameter) False); its data is a plain alias of this buffer
+            return (torch._utils._rebuild_parameter,
+                    (self.detach(), self.requires_grad, OrderedDict()))
         # NOTE: PyTorch's own storage-based rebuild, as for a CUDA tensor: views of one buffer
         # share one storage, so torch.save writes it once and torch.load gives views back; it
         # honours map_location (a neuron checkpoint loads on a CPU-only machine with
