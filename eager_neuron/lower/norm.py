@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from torch._prims_common import canonicalize_dim
 
 from .. import errors
 from ..kernels import compile as kc
@@ -68,6 +69,8 @@ def _out1(t, like: np.ndarray) -> np.ndarray:
 def _softmax(log: bool):
     def lower(func, a, outs):
         x, out = a["self"], outs[0]
+        # ATen's maybe_wrap_dim (a 0-d input as 1-d): its IndexError for a dim out of range
+        canonicalize_dim(max(x.dim(), 1), a["dim"])
         if out.numel() == 0:
             return
         if not (x.dtype.is_floating_point or x.dtype.is_complex):

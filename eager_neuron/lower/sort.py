@@ -54,6 +54,15 @@ def rows(op: str, self: torch.Tensor, vals: torch.Tensor, inds: torch.Tensor, di
             float(nbytes(self, vals, inds)))
 
 
+def _wrap_dim(dim: int, x: torch.Tensor) -> int:
+    """dim wrapped as ATen's maybe_wrap_dim does (a 0-d tensor as 1-d), or its IndexError:
+    "Dimension out of range" (a modulo accepted any dim: sort(dim=5) of a 2-d tensor
+    answered)."""
+    from torch._prims_common import canonicalize_dim
+
+    return canonicalize_dim(max(x.dim(), 1), dim)
+
+
 def _check_dtype(op: str, x: torch.Tensor) -> None:
     if x.is_complex():
         raise NotImplementedError(f"{op} of a complex tensor")
@@ -71,7 +80,7 @@ def lower_sort(func, a, outs):
     self = a["self"]
     vals, inds = outs
     _check_dtype("sort", self)
-    dim = a["dim"] % max(self.dim(), 1)
+    dim = _wrap_dim(a["dim"], self)
     stable = bool(a.get("stable") or False)
     desc = bool(a["descending"])
     n = self.shape[dim] if self.dim() else 1
