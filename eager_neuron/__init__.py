@@ -26,18 +26,17 @@ _dispatch.install_privateuse1_impls()
 from . import backward as _backward  # noqa: E402
 
 _backward.install()
+from . import hops as _hops  # noqa: E402
 from . import numerics  # noqa: E402
 from .adaptive import adaptive, set_adaptive  # noqa: E402
 from .errors import KernelError, UnsupportedOpError, UnsupportedTensorError  # noqa: E402
 from .mode import NeuronMode  # noqa: E402
-from . import hops as _hops  # noqa: E402
-
-_hops.install()   # torch.cond, while_loop, scan, map, ... on neuron (hops.py)
 from .numerics import check_numerics  # noqa: E402
 from .profiler import profile  # noqa: E402
 from .tensor import NeuronTensor  # noqa: E402
 
 numerics.install_from_env()   # EAGER_NEURON_CHECK=1|nan: the numerics debugger for the process
+_hops.install()   # torch.cond, while_loop, scan, map, ... on neuron (hops.py)
 
 if config.disk_cache:
     # the disk tier; diskcache and numba are imported with the first kernel, not here
