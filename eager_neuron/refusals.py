@@ -189,6 +189,55 @@ def _resizes() -> dict:
     return out
 
 
+def _dtype_rule(func, accepted: tuple, kernel: str, fix: str):
+    """An op whose CPU kernel dispatches on `accepted` dtypes of its first tensor only, where
+    neuron's kernel or decomposition answers any dtype: gelu and its backward ("GeluKernelImpl",
+    floating types), histc ("histogram_cpu"), adaptive max pooling (floating types), the max
+    pools on bool. Another dtype is asked of the CPU (on copies; its words), or, 64 MiB and up,
+    refused in them without asking. (max_pool1d of an integer tensor answers, as on CUDA: a
+    non-CPU device takes max_pool1d_with_indices, whose kernel takes integers; the CPU's own
+    max_pool1d_impl does not.)"""
+    def check(args, kwargs) -> None:
+        x = args[0] if args else next(iter(kwargs.values()), None)
+        dtype = _dtype(x)
+        if dtype is None or dtype in accepted:
+            return
+        ours = f"no {dtype} kernel on the CPU either: {fix}"
+        if x.nbytes < (1 << 26):
+            cpu = cpu_raises(func, args, kwargs)
+            if cpu is None:
+                return        # the CPU answers this call (an empty one): so does neuron
+        else:
+            cpu = NotImplementedError(
+                f'"{kernel}" not implemented for \'{_SCALAR_NAME.get(dtype, dtype)}\'')
+        raise cpu_worded(func.name(), cpu, args, kwargs, ours) or cpu
+    return check
+
+
+_INTS = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+def _dtype_rules() -> dict:
+    to_float = "cast it to a floating dtype first (x.float())"
+    rules = {"gelu": (_FLOATS, "GeluKernelImpl", to_float),
+             "gelu_": (_FLOATS, "GeluKernelImpl", to_float),
+             "gelu_backward": (_FLOATS, "GeluBackwardKernelImpl", to_float),
+             "histc": (_FLOATS, "histogram_cpu", to_float),
+             "adaptive_max_pool2d": (_FLOATS, "adaptive_max_pool2d", to_float),
+             "adaptive_max_pool3d": (_FLOATS, "adaptive_max_pool3d", to_float),
+             "max_pool2d_with_indices": (_FLOATS + _INTS, "max_pool2d",
+                                         "cast it to an integer or floating dtype first"),
+             "max_pool3d_with_indices": (_FLOATS + _INTS, "max_pool3d",
+                                         "cast it to an integer or floating dtype first")}
+    out = {}
+    for name, (accepted, kernel, fix) in rules.items():
+        packet = getattr(aten, name, None)
+        for overload in (packet.overloads() if packet is not None else ()):
+            func = getattr(packet, overload)
+            out[func] = _dtype_rule(func, accepted, kernel, fix)
+    return out
+
+
 REFUSE = {
     aten.convolution.default: _convolution(aten.convolution.default),
     **_every_overload(aten.trace, _trace),
@@ -202,4 +251,5 @@ REFUSE = {
     **_every_overload(aten.complex, _complex_inputs("real", "imag")),
     **_every_overload(aten.polar, _complex_inputs("abs", "angle")),
     **_resizes(),
+    **_dtype_rules(),
 }
