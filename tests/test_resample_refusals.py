@@ -39,7 +39,7 @@ def _same_outcome(x, **kw):
             F.interpolate(x.to("neuron"), **kw)
         text = str(got.value)
         assert text.startswith(str(cpu)), (text, str(cpu))
-        assert str(x.dtype) in text and "cast it to" in text, text
+        assert "on neuron" in text, text     # then the op and the user's line
         return False
     got = F.interpolate(x.to("neuron"), **kw).cpu()
     assert got.dtype == want.dtype and got.shape == want.shape
