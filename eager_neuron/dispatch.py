@@ -83,6 +83,48 @@ _STATE = _adaptive.STATE
 _IDLE_PLAIN = _adaptive_fast.IDLE_PLAIN
 
 
+_GATED_KINDS = frozenset({"kernel", "decomp", "dynamic"})
+_PLAIN_DTYPES = frozenset({torch.float32, torch.float64})
+_DTYPES_RAN: set = set()   # (op, its operands' dtypes) the CPU ran (a refusal is asked again)
+
+
+def _operand_dtypes(args, kwargs) -> list:
+    out = []
+    for group in (args, kwargs.values()):
+        for a in group:
+            if isinstance(a, torch.Tensor):
+                out.append(a.dtype)
+            elif type(a) is list or type(a) is tuple:
+                out.extend(v.dtype for v in a if isinstance(v, torch.Tensor))
+    return out
+
+
+def _dtype_gate(func, args, kwargs) -> None:
+    """The CPU's refusal of a dtype its kernel is not built for ('"GeluKernelImpl" not
+    implemented for 'Long'', a special function in bfloat16, linalg.lu of an integer matrix, a
+    loss of complex inputs, ...), where neuron's kernel or decomposition would answer: the first
+    call of each (op, operand dtypes) with an operand that is not float32/float64 is asked of
+    the CPU (on copies, cpu_check), its answer kept; a refusal is raised in its words, the op
+    and the user's line after them. Slow path only (a refused call never leaves a fast-path
+    runner); float32/float64 calls and ops the CPU is not asked about (views, copies,
+    allocations, CPU fallbacks: they raise as the CPU does; ops with a refusals.py rule, which
+    words its own fix) pass at once."""
+    dts = _operand_dtypes(args, kwargs)
+    if not dts or _PLAIN_DTYPES.issuperset(dts):
+        return
+    key = (func, tuple(dts))
+    if key in _DTYPES_RAN:
+        return
+    cpu = cpu_raises(func, args, kwargs)
+    if cpu is None:
+        _DTYPES_RAN.add(key)
+    elif isinstance(cpu, NotImplementedError) and "not implemented for" in str(cpu):
+        odd = next(d for d in dts if d not in _PLAIN_DTYPES)
+        ours = (f"no {odd} kernel on the CPU either; fix: cast the operand to a dtype the op "
+                "takes first (x.float(), x.to(torch.float32))")
+        raise errors.cpu_worded(func.name(), cpu, args, kwargs, ours) or cpu
+
+
 def dispatch(func, args, kwargs, mode=None, plan=None):
     """Run one aten op. `mode` is the NeuronMode when entered through it (CPU in, CPU out).
 
@@ -149,6 +191,8 @@ def dispatch(func, args, kwargs, mode=None, plan=None):
         if "ops" in config.log:
             log_op(plan, args, kwargs)
         refuse = _REFUSE.get(func)   # what the CPU refuses before any kernel (refusals.py)
+        if refuse is None and plan.kind in _GATED_KINDS:
+            _dtype_gate(func, args, kwargs)   # a dtype the CPU's kernel is not built for
         if OP_HOOKS or _adaptive.PENDING or plan.kind != "kernel" or refuse is not None:
             refused = refuse is not None
             try:
