@@ -166,3 +166,38 @@ def test_bounded_fuzz_run():
             bad.append(f"{msg}\n{p.describe()}")
     assert not bad, f"{len(bad)} of {N} programs disagree:\n" + "\n".join(bad[:3])
     assert time.time() - t0 < 300
+
+
+def test_a_returned_view_stays_a_view_of_its_base_on_every_call():
+    """(fuzz_compile seed 9044, reduced) A graph returning t1 and its view t3 made t3 with the
+    direct view form from its second call on: the same memory, no autograd `_base`. After the
+    graph break the next frame took t1 and t3 as unrelated inputs, and read t3 before its
+    write into t1 (`t3.clamp()` saw the old values). A returned view goes through the
+    dispatcher, so it is a view on every call."""
+    def f(a, b):
+        t1 = b.new_zeros(b.shape).index_put_((torch.arange(2, device=b.device),), b[:2])
+        t3 = t1[..., 1:]
+        if a.sum() > 0:
+            t5 = t3 + 1
+        else:
+            t5 = t3 * 2
+        t1[1:].add_(torch.minimum(a, a))
+        return t3.clamp(min=0.5), t5
+
+    def g(b):
+        t1 = b.new_zeros(b.shape).index_put_((torch.arange(2, device=b.device),), b[:2])
+        return t1, t1[..., 1:]
+
+    torch._dynamo.reset()
+    cg = torch.compile(g, backend="neuron", dynamic=True)
+    for _ in range(3):                         # the interpreted call, then planned ones
+        t1, t3 = cg(torch.randn(4, 6).to("neuron"))
+        assert t3._is_view() and t3._base is t1
+    torch._dynamo.reset()
+    cf = torch.compile(f, backend="neuron", dynamic=True)
+    for sign in (1, -1, 1, -1):
+        a = (torch.arange(6.) * 0.5 - 1) * sign
+        b = (torch.arange(6.) * 0.25).expand(4, 6)
+        want = f(a, b)
+        got = cf(a.to("neuron"), b.to("neuron"))
+        assert all(torch.equal(x.cpu(), y) for x, y in zip(got, want)), sign

@@ -64,6 +64,8 @@ from .forms import _FORMS
 from .forms import _VIEW_METHODS as VIEWS
 from .stats import CSTATS
 
+OUTPUT_VIEWS = [True]    # (program.OUTPUT_VIEWS: the same list, bound in program.py)
+
 _ALIGN = 64
 HOST_BLOCKS = [True]     # consecutive host steps as one generated function (False: one by one)
 MAX_REPLANS = 4          # plans dropped (signature changes) before a program stops planning
@@ -401,6 +403,12 @@ def _step_fn(kind, x, other):
         item.inline = ("getitem", x, src, k)     # (compile/planrun.py: one subscript)
         return item
     meth = VIEWS.get(x.target) if kind == "node" else None
+    program = getattr(other, "__self__", None)
+    if meth is not None and program is not None and OUTPUT_VIEWS[0] and \
+            x in program.output_nodes():
+        # a view the graph returns: through the dispatcher, where autograd records it as a
+        # view of its base (Program.output_nodes)
+        return lambda env: other(kind, x, env)
     if meth is None and kind == "node":
         fn = _direct_fn(x, other)
         if fn is not None:

@@ -28,7 +28,7 @@ from .absorb import absorb_views, materialize
 from .codegen import Group, LoweringError, _stack_line, fill_as_full_like, partition
 from .faststep import _scalar  # (a kernel scalar argument as Numba takes it)
 from .foreach import expand_foreach
-from .forms import _FAKE, _FORMS, _alloc
+from .forms import _FAKE, _FORMS, _VIEWS, _alloc
 from .hostscalar import _COPY, tensorize
 from .rows import find_regions, split_var_mean
 from .rowstep import RowStep
@@ -38,6 +38,7 @@ aten = torch.ops.aten
 _PARALLEL_MIN = 1 << 18
 # names graphs forward_0, backward_1, ... (compiled now or restored whole) in one sequence
 GRAPH_IDS = itertools.count()
+OUTPUT_VIEWS = planned.OUTPUT_VIEWS  # False: returned views by the direct form (A/B only)
 
 
 def _renderer(spec: tuple, parallel: bool):
@@ -263,6 +264,7 @@ class Program:
         for k in ("gm", "consts", "loaders", "folded"):
             del state[k]
         state.pop("_rt", None)        # the planned runtime: arenas, kernel objects, a lock
+        state.pop("_output_nodes", None)
         return state
 
     @classmethod
@@ -349,8 +351,35 @@ class Program:
         if loader is None:
             _run_node(x, env)
         elif not (direct and (form := _FORMS.get(x.target)) is not None and
+                  not (OUTPUT_VIEWS[0] and x.target in _VIEWS and x in self.output_nodes()) and
                   form(x, env, loader)):
             _run_node(x, env, loader)
+
+    def output_nodes(self) -> frozenset:
+        """The returned views whose base (through a chain of views) the graph returns too: made
+        through torch's dispatcher, not the direct form (forms._run_view), since only there
+        does autograd record a view of its base (ADInplaceOrView). A direct one shared the
+        memory with no `_base`, so the next frame after a graph break (dynamo, then
+        AOTAutograd) saw two unrelated tensors where one was a view of the other, and ordered a
+        read of the view before a write into its base (fuzz_compile seed 9044: a stale
+        `t3.clamp()` after `t1[1:].add_()`). A view of an input or of an intermediate the
+        graph does not return is AOTAutograd's to regenerate; a saved activation's views stay
+        direct (their cost: GPT-2's step was 14% slower with every returned view
+        dispatched)."""
+        outs = self.__dict__.get("_output_nodes")
+        if outs is None:
+            returned = set(self.output.all_input_nodes)
+
+            def root(n):
+                seen = 0
+                while n.op == "call_function" and n.target in _VIEWS and n.args and \
+                        isinstance(n.args[0], Node) and seen < 64:
+                    n, seen = n.args[0], seen + 1
+                return n
+            outs = self._output_nodes = frozenset(
+                n for n in returned if n.op == "call_function" and n.target in _VIEWS and
+                root(n) in returned)
+        return outs
 
     def _loop(self, plan, env, direct, start, record, pl) -> None:
         """The interpreter, from step `start`; `pl`: a plan learning from this call."""
