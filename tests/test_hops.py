@@ -67,14 +67,18 @@ def test_loops_scans_and_maps_in_eager_equal_the_cpu():
           associative_scan(lambda a, b: a + b, x, dim=0, combine_mode="generic"))
 
 
-@pytest.mark.parametrize("sign", [1, -1], ids=["true", "false"])
-def test_cond_gradient_in_eager_equals_the_cpus(sign):
+def _cond_gradient(fn, sign):
     x, w = sign * _x(), _x(1)
     xc = x.clone().requires_grad_()
     (_cond(xc, w) * w).sum().backward()
     xn = x.to(N).requires_grad_()
-    (_cond(xn, w.to(N)) * w.to(N)).sum().backward()
+    (fn(xn, w.to(N)) * w.to(N)).sum().backward()
     _same(xn.grad, xc.grad)
+
+
+@pytest.mark.parametrize("sign", [1, -1], ids=["true", "false"])
+def test_cond_gradient_in_eager_equals_the_cpus(sign):
+    _cond_gradient(_cond, sign)
 
 
 def test_compiled_hops_equal_the_cpu_on_their_first_and_planned_calls():
@@ -96,12 +100,7 @@ def test_compiled_hops_equal_the_cpu_on_their_first_and_planned_calls():
 def test_compiled_cond_gradient_equals_the_cpus():
     fc = torch.compile(_cond, backend="neuron")
     for sign in (1, -1):
-        x, w = sign * _x(), _x(1)
-        xc = x.clone().requires_grad_()
-        (_cond(xc, w) * w).sum().backward()
-        xn = x.to(N).requires_grad_()
-        (fc(xn, w.to(N)) * w.to(N)).sum().backward()
-        _same(xn.grad, xc.grad)
+        _cond_gradient(fc, sign)
 
 
 def test_hops_under_neuron_mode_run_on_neuron_cpu_in_cpu_out():
