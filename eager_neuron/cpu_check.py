@@ -21,6 +21,8 @@ True
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch.utils._pytree import tree_flatten
 
@@ -73,7 +75,10 @@ def cpu_raises(func, args, kwargs) -> BaseException | None:
     cargs = copy(args)
     ckw = {k: copy(v) for k, v in kwargs.items()}
     try:
-        with torch.no_grad():
+        # (silent: the probe's warnings are not the user's; neuron's kernels warn as the
+        # CPU's do, once, at the user's line)
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
             func(*cargs, **ckw)
     except Exception as exc:   # noqa: BLE001 -- whatever the CPU raises is the answer
         return exc

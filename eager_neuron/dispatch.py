@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import threading
 import types
+import warnings
 
 import torch
 from torch.utils._pytree import tree_unflatten
@@ -86,6 +87,9 @@ _IDLE_PLAIN = _adaptive_fast.IDLE_PLAIN
 _GATED_KINDS = frozenset({"kernel", "decomp", "dynamic"})
 _PLAIN_DTYPES = frozenset({torch.float32, torch.float64})
 _DTYPES_RAN: set = set()   # (op, its operands' dtypes) the CPU ran (a refusal is asked again)
+# ops whose real dtypes follow CUDA's kernels, not the CPU's: integer histc (transformers' MoE
+# layers count tokens per expert with it on the device; the CPU's histogram_cpu refuses them)
+_GATE_EXEMPT = frozenset({torch.ops.aten.histc.default, torch.ops.aten.histc.out})
 
 
 def _operand_dtypes(args, kwargs) -> list:
@@ -97,6 +101,21 @@ def _operand_dtypes(args, kwargs) -> list:
             elif type(a) is list or type(a) is tuple:
                 out.extend(v.dtype for v in a if isinstance(v, torch.Tensor))
     return out
+
+
+def _probe(func, args, kwargs):
+    """cpu_raises on a thread of its own: a warning the CPU's kernel gives there (var's degrees
+    of freedom, index_reduce's beta notice) stays there. On this thread, inside the user's op,
+    ATen holds a nested call's warnings until the outer op returns, past any filter: the user
+    saw them twice."""
+    box: list = []
+    worker = threading.Thread(target=lambda: box.append(cpu_raises(func, args, kwargs)),
+                              name="eager_neuron dtype probe")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        worker.start()
+        worker.join()
+    return box[0] if box else None
 
 
 def _dtype_gate(func, args, kwargs) -> None:
@@ -113,9 +132,9 @@ def _dtype_gate(func, args, kwargs) -> None:
     if not dts or _PLAIN_DTYPES.issuperset(dts):
         return
     key = (func, tuple(dts))
-    if key in _DTYPES_RAN:
+    if key in _DTYPES_RAN or (func in _GATE_EXEMPT and not any(d.is_complex for d in dts)):
         return
-    cpu = cpu_raises(func, args, kwargs)
+    cpu = _probe(func, args, kwargs)
     if cpu is None:
         _DTYPES_RAN.add(key)
     elif isinstance(cpu, NotImplementedError) and "not implemented for" in str(cpu):

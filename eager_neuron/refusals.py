@@ -192,11 +192,11 @@ def _resizes() -> dict:
 def _dtype_rule(func, accepted: tuple, kernel: str, fix: str):
     """An op whose CPU kernel dispatches on `accepted` dtypes of its first tensor only, where
     neuron's kernel or decomposition answers any dtype: gelu and its backward ("GeluKernelImpl",
-    floating types), histc ("histogram_cpu"), adaptive max pooling (floating types), the max
-    pools on bool. Another dtype is asked of the CPU (on copies; its words), or, 64 MiB and up,
-    refused in them without asking. (max_pool1d of an integer tensor answers, as on CUDA: a
-    non-CPU device takes max_pool1d_with_indices, whose kernel takes integers; the CPU's own
-    max_pool1d_impl does not.)"""
+    floating types), adaptive max pooling (floating types), the max pools on bool. Another
+    dtype is asked of the CPU (on copies; its words), or, 64 MiB and up, refused in them
+    without asking. (max_pool1d and histc of integers answer, as on CUDA: a non-CPU device
+    takes max_pool1d_with_indices, whose kernel takes integers; transformers' MoE layers count
+    tokens per expert with an integer histc.)"""
     def check(args, kwargs) -> None:
         x = args[0] if args else next(iter(kwargs.values()), None)
         dtype = _dtype(x)
@@ -222,7 +222,6 @@ def _dtype_rules() -> dict:
     rules = {"gelu": (_FLOATS, "GeluKernelImpl", to_float),
              "gelu_": (_FLOATS, "GeluKernelImpl", to_float),
              "gelu_backward": (_FLOATS, "GeluBackwardKernelImpl", to_float),
-             "histc": (_FLOATS, "histogram_cpu", to_float),
              "adaptive_max_pool2d": (_FLOATS, "adaptive_max_pool2d", to_float),
              "adaptive_max_pool3d": (_FLOATS, "adaptive_max_pool3d", to_float),
              "max_pool2d_with_indices": (_FLOATS + _INTS, "max_pool2d",
