@@ -82,6 +82,7 @@ _STATE = _adaptive.STATE
 # adaptive eager on, no group pending anywhere: ops adaptive eager would run with plain eager's
 # runner anyway take the fast path above directly (adaptive_fast.IDLE_PLAIN)
 _IDLE_PLAIN = _adaptive_fast.IDLE_PLAIN
+_VIEWS = _adaptive_fast.VIEWS   # ... and views even while a group is pending
 
 
 _GATED_KINDS = frozenset({"kernel", "decomp", "dynamic"})
@@ -160,9 +161,10 @@ def dispatch(func, args, kwargs, mode=None, plan=None):
         # the fast path: a repeat of a signature a runner was left for (see fastpath.py), while
         # nothing watches ops one by one
         tab = _FAST_TABLES.get(func)
-        if (tab is not None and mode is None and (not _STATE.enabled or func in _IDLE_PLAIN)
-                and not _adaptive.PENDING and not config.log and not config.cache_verify
-                and config.fastpath):
+        if (tab is not None and mode is None
+                and ((not _STATE.enabled or func in _IDLE_PLAIN) and not _adaptive.PENDING
+                     or func in _VIEWS)
+                and not config.log and not config.cache_verify and config.fastpath):
             sig = _fast.signature(args, kwargs, tab[0])
             run = tab[1].get(sig) if sig is not None else None
             if run is not None:
