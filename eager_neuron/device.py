@@ -386,27 +386,37 @@ def register() -> None:
     _install_multicore_backward()
 
 
-# -- backward on neuron:1 and above ---------------------------------------------------------------
-# torch 2.13's Python device guard reports deviceCount() == 1 (torch/csrc/acc/Module.cpp), so the
-# autograd engine starts one worker queue for PrivateUse1 and its ready_queue() asserts for
-# neuron:1. With multithreading off, the engine runs every node on the calling thread's CPU
-# ready queue instead (engine.cpp: multithreading_disabled -> cpu_ready_queue): same nodes, same
-# order rules, no device queue needed. Only graphs rooted on (or run while current on) core 1+
-# take this path; neuron:0 keeps the device thread.
-def _on_other_core(roots) -> bool:
+# -- backward on the caller's thread ---------------------------------------------------------------
+# The autograd engine runs the nodes of a non-CPU device on a worker thread of that device, and
+# the caller waits: every backward call hands its graph to the neuron worker and back, and the
+# GIL with it (our kernels' dispatch is Python). With multithreading off for the call (a
+# thread-local switch: other threads' backward calls keep theirs), the engine runs every node on
+# the calling thread's CPU ready queue instead (engine.cpp: multithreading_disabled ->
+# cpu_ready_queue), as a CPU graph runs: same nodes, same order rules, no handoff. Measured
+# (tools/ab_backward.py, alternating per step in one process): process CPU per training step
+# 0.89-0.98x, more under load, where each wake-up of the worker waits for a core.
+# It also keeps backward on neuron:1 and above working: torch 2.13's Python device guard
+# reports deviceCount() == 1 (torch/csrc/acc/Module.cpp), so the engine starts one worker queue
+# for PrivateUse1 and its ready_queue() asserts for neuron:1.
+# A graph rooted on CPU tensors only (a loss moved to the CPU) keeps the engine's default.
+BACKWARD_ON_CALLER = [True]   # False: the engine's device worker for neuron:0 (A/B switch)
+
+
+def _on_caller(roots) -> bool:
     if _current() > 0:
         return True
     if isinstance(roots, torch.Tensor):
         roots = (roots,)
     for t in roots or ():
-        if isinstance(t, torch.Tensor) and t.device.type == "neuron" and t.device.index:
+        if isinstance(t, torch.Tensor) and t.device.type == "neuron" and (
+                t.device.index or BACKWARD_ON_CALLER[0]):
             return True
     return False
 
 
 def _multicore_run(run):
     def _engine_run_backward(t_outputs, *args, **kwargs):
-        if _on_other_core(t_outputs) and torch._C._is_multithreading_enabled():
+        if _on_caller(t_outputs) and torch._C._is_multithreading_enabled():
             with torch.autograd.set_multithreading_enabled(False):
                 return run(t_outputs, *args, **kwargs)
         return run(t_outputs, *args, **kwargs)
@@ -416,7 +426,7 @@ def _multicore_run(run):
 
 
 def _install_multicore_backward() -> None:
-    """Backward of graphs on neuron:1+ runs on the caller's thread (see the note above)."""
+    """Backward of graphs rooted on neuron runs on the caller's thread (see the note above)."""
     import torch.autograd.graph
 
     torch.autograd._engine_run_backward = _multicore_run(torch.autograd._engine_run_backward)

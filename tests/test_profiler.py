@@ -88,12 +88,13 @@ def test_table_attributes_model_ops_to_their_lines(mlp_profile):
     assert "pow" in _row(rows, fwd("loss", train_step))["ops"]
     assert _row(rows, fwd("step", train_step))["kernels"] >= 4      # one update per parameter
     assert "_local_scalar_dense" in _row(rows, fwd("item", train_step))["ops"]
-    # 2. backward ops run on autograd's device thread; they name the forward line they undo
+    # 2. backward ops run on the caller's thread (eager_neuron/device.py BACKWARD_ON_CALLER);
+    # they name the forward line they undo
     relu_bwd = _row(rows, "backward of " + fwd("relu", Net.forward))
     assert "threshold_backward" in relu_bwd["ops"] and relu_bwd["kernels"] >= 1
     _row(rows, "backward of " + fwd("loss", train_step))
     backward = [e for e in mlp_profile.events if e.phase == "backward"]
-    assert backward and all(e.thread != "MainThread" for e in backward)
+    assert backward and all(e.thread == "MainThread" for e in backward)
     # 3. every kernel has a location, and the per-line totals add up to the whole
     kernels = [e for e in mlp_profile.events if e.type == "kernel"]
     assert kernels and all(e.location != "<unknown>" for e in kernels)
@@ -143,7 +144,8 @@ def test_chrome_trace_is_valid_json_with_host_and_device_timelines(mlp_profile, 
     names = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
     assert "host (wall clock)" in names and "neuron:0 (simulated device clock)" in names
     threads = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
-    assert "MainThread" in threads and any("autograd" in t for t in threads)
+    # (backward ran on the caller's thread: no thread of backward ops only, labelled so)
+    assert "MainThread" in threads and not any("autograd" in t for t in threads)
     for e in events:
         assert {"ph", "pid", "tid", "name"} <= e.keys()
         if e["ph"] == "X":
@@ -546,3 +548,29 @@ def test_cli_runs_a_script_and_writes_table_and_trace(tmp_path, capsys):
     assert table.strip() in capsys.readouterr().out
     trace = json.loads((tmp_path / "tiny.trace.json").read_text())
     assert any(e.get("cat") == "kernel" for e in trace["traceEvents"])
+
+
+def test_chrome_trace_labels_autograds_worker_thread_when_backward_runs_there(tmp_path):
+    # with backward on the engine's neuron worker (device.BACKWARD_ON_CALLER off), the thread
+    # that ran only backward ops is labelled as autograd's; the caller's thread is not
+    from eager_neuron import device
+
+    torch.manual_seed(0)
+    model = Net().to("neuron")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(5, 8, device="neuron")
+    y = torch.randn(5, 4, device="neuron")
+    train_step(model, opt, x, y)
+    device.BACKWARD_ON_CALLER[0] = False
+    try:
+        with eager_neuron.profile() as prof:
+            train_step(model, opt, x, y)
+    finally:
+        device.BACKWARD_ON_CALLER[0] = True
+    backward = [e for e in prof.events if e.phase == "backward"]
+    assert backward and all(e.thread != "MainThread" for e in backward)
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+    events = json.loads(path.read_text())["traceEvents"]
+    threads = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert "MainThread" in threads and any(t.endswith("(autograd backward)") for t in threads)

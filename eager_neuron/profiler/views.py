@@ -406,12 +406,14 @@ def chrome_trace(events: list[Event]) -> dict:
     """The Chrome trace JSON object (export_chrome_trace writes it)."""
     host_pid, trace = 1, []
     tids: dict = {}
-    backward_threads = set()
+    # a thread that ran backward ops only: autograd's device worker (backward of a graph rooted
+    # on neuron runs on the caller's thread, see eager_neuron/device.py, unless switched off)
+    backward_threads, forward_threads = set(), set()
     for e in events:
         if e.thread and e.thread not in tids:
             tids[e.thread] = len(tids) + 1
-        if e.phase == "backward":
-            backward_threads.add(e.thread)
+        (backward_threads if e.phase == "backward" else forward_threads).add(e.thread)
+    backward_threads -= forward_threads
     cores = sorted({e.core for e in events if e.core is not None and e.type != "op"
                     and e.type != "label"})
     # 1. metadata: process and track names, host first
