@@ -67,7 +67,9 @@ def _per_tensor_op(func):
 
 
 def _lookup(base, ov):
-    packet = getattr(torch.ops.aten, base)
+    # `maximum_`/`minimum_` have no aten in-place packet: their Scalar forms become clamp_min_ /
+    # clamp_max_ below (ASGD's capturable foreach step: `_foreach_maximum_(new_mus, 1.0)`)
+    packet = getattr(torch.ops.aten, base, None)
     candidates = [_OVERLOAD.get(ov, ov), "Tensor", "default", "Scalar", "Tensor_Scalar",
                   "Tensor_Tensor", "Scalar_Tensor"]
     if base.startswith("norm"):
@@ -92,7 +94,7 @@ def _lookup(base, ov):
     if base in ("div", "div_", "mul", "mul_", "add", "add_", "sub", "sub_") and ov == "List":
         candidates = ["Tensor"]
     for c in candidates:
-        if c in packet.overloads():
+        if packet is not None and c in packet.overloads():
             return getattr(packet, c)
     raise NotImplementedError(f"no per-tensor op for _foreach_{base}.{ov}")
 
@@ -104,7 +106,9 @@ def run_foreach(func, plan, args, kwargs, mode):
         from ..fallback import run_fallback
 
         return run_fallback(func, plan, args, kwargs, mode, why=str(exc))
-    n = len(args[0])
+    # the first list sets the length: `_foreach_pow.ScalarAndTensor(Scalar self, Tensor[]
+    # exponent)` (capturable Adam's `beta1 ** step`) leads with a number
+    n = next(len(a) for (is_list, _s, _n), a in zip(spec, args) if is_list)
     for (is_list, _scalars, _name), a in zip(spec, args):
         if is_list and len(a) != n:
             # before any element is written (the CPU checks the lists first): dispatch asks
