@@ -121,17 +121,36 @@ def set_adaptive(enabled: bool) -> None:
     STATE.enabled = bool(enabled)
 
 
+# the adaptive() blocks open in any thread, oldest first: [saved previous state] each
+_BLOCKS: list = []
+_BLOCKS_LOCK = threading.Lock()
+
+
 @contextlib.contextmanager
 def adaptive(enabled: bool = True):
-    """with eager_neuron.adaptive(): ... fuses consecutive elementwise ops into one kernel."""
-    prev = STATE.enabled
+    """with eager_neuron.adaptive(): ... fuses consecutive elementwise ops into one kernel.
+
+    The switch is process-wide. Blocks entered by several threads need not close in order: a
+    block that closes while a later one (another thread's) is still open leaves the switch as
+    that block set it and hands its saved state on to it, so the switch is restored when the
+    last of them closes, never switched off under a thread still inside its block."""
+    entry = [STATE.enabled]
+    with _BLOCKS_LOCK:
+        entry[0] = STATE.enabled
+        _BLOCKS.append(entry)
     flush_all("adaptive toggled")
     STATE.enabled = enabled
     try:
         yield
     finally:
         flush_all("leave adaptive")
-        STATE.enabled = prev
+        with _BLOCKS_LOCK:
+            i = next(k for k, e in enumerate(_BLOCKS) if e is entry)
+            del _BLOCKS[i]
+            if i == len(_BLOCKS):
+                STATE.enabled = entry[0]     # the latest block: restore (the nested case)
+            else:
+                _BLOCKS[i][0] = entry[0]     # a later block is open: it restores ours
 
 
 
@@ -325,8 +344,11 @@ def _group_for(key, core: int, n_args: int) -> _Group:
         _flush_locked(key, "buffer limit")
         g = None
     if g is None:
-        if not STATE.enabled:   # the state machine: only IDLE -> RECORDING records
-            raise AssertionError("adaptive eager: record() while OFF")
+        # NOTE: STATE.enabled may have turned off since this op chose to record (another
+        # thread left adaptive eager between the choice and here): the group is made anyway.
+        # Nothing is lost: dispatch's gate launches a stream's group before its next op while
+        # adaptive eager is off (dispatch._adaptive_gate), every read of its memory launches
+        # it, and so does the next toggle (flush_all)
         g = PENDING[key] = _Group(core)
         if key[1] != -1:
             _flush_at_end_of_backward(key)

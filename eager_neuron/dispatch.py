@@ -363,7 +363,11 @@ def _adaptive_gate(plan, args, kwargs, mode) -> None:
     if len(pending) > 1 or key not in pending:
         _adaptive.flush_others(_op_spans(args, kwargs))
     kind = plan.kind
-    if key in pending and (
+    if key in pending and not _adaptive.STATE.enabled:
+        # adaptive eager turned off while this stream's group was pending (another thread's
+        # block closed as this one recorded): nothing records any more, so it launches first
+        flush("adaptive toggled")
+    elif key in pending and (
             mode is not None or kind not in ("view", "alloc", "decomp", "foreach", "host",
                                              "kernel") or
             (kind == "kernel" and plan.lower not in _fusible()

@@ -58,8 +58,8 @@ def main(argv=None) -> int:
     for name in a.models.split(","):
         r = measure(name, a.steps)
         (cw, cc), (ww, wc) = r["caller"], r["worker"]
-        print(f"{name}: ms/step wall caller {cw:.2f}, worker {ww:.2f} (caller/worker {cw / ww:.3f});"
-              f" process CPU {cc:.2f} vs {wc:.2f} ({cc / wc:.3f})")
+        print(f"{name}: ms/step wall caller {cw:.2f}, worker {ww:.2f} "
+              f"(caller/worker {cw / ww:.3f}); process CPU {cc:.2f} vs {wc:.2f} ({cc / wc:.3f})")
     print(f"load {os.getloadavg()[0]:.1f} at the end")
     return 0
 
