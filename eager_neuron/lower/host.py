@@ -76,6 +76,16 @@ def to_copy(func, args, kwargs, mode):
         return host if target is None else to_device(host, target)
     if isinstance(src, NeuronTensor):
         target = _target_index(device) if device is not None else src.device.index
+        if target is None and torch.device(device).type != "cpu":
+            # device -> meta: no data moves (ATen's ZeroTensor kernels size their result this
+            # way, `self.to(meta) * other.to(meta)`, under torch.func.jvp/jacfwd); device ->
+            # another accelerator: torch's own copy from the host decides (CUDA on a CPU-only
+            # build raises as from the CPU). Both were CPU copies.
+            stand_in = torch.empty_strided(src.shape, src.stride(), dtype=src.dtype,
+                                           device="meta")
+            if torch.device(device).type != "meta":
+                stand_in = to_host(src, reason="copy to another device")
+            return aten._to_copy.default(stand_in, **kw)
         if target is None:  # device -> host
             host = to_host(src, reason="copy to cpu")
             kw.pop("non_blocking", None)
