@@ -83,6 +83,24 @@ def install() -> None:
     NeuronTensor.__tensor_flatten__ = flat
     NeuronTensor.__tensor_unflatten__ = unflat
     NeuronTensor.__coerce_same_metadata_as_tangent__ = _coerce_tangent
+    _proxy_handles_neuron()
+
+
+def _proxy_handles_neuron() -> None:
+    """make_fx (real tensors: torch.func.linearize, functionalize tracing, FX's symbolic
+    helpers) records a neuron tensor it has no proxy for as a constant, as a CUDA tensor.
+
+    Its proxy mode handles only the tensor types in HANDLED_TYPES and answers NotImplemented
+    for any other subclass, expecting the subclass to unwrap itself and call again: a neuron
+    tensor is not a wrapper of something traceable, so its op then ran with the mode still on,
+    the funnel's own meta tensors and host copies were traced instead of the op, and the graph
+    returned an uninitialized buffer (linearize's jvp_fn gave garbage). Only proxy_call reads
+    this tuple (torch 2.13); idempotent.
+    """
+    from torch.fx.experimental import proxy_tensor
+
+    if NeuronTensor not in proxy_tensor.HANDLED_TYPES:
+        proxy_tensor.HANDLED_TYPES = (*proxy_tensor.HANDLED_TYPES, NeuronTensor)
 
 
 def _coerce_tangent(self, expected_meta=None, expected_type=None):
