@@ -75,6 +75,17 @@ def _convolution_backward(grad_output, input, weight, bias_sizes, stride, paddin
     return _in_format(gi, fmt), _in_format(gw, fmt), gb
 
 
+def _batch_norm_backward(grad_out, input, *rest):
+    # torch's meta gives grad_input the input's strides as they fall (contiguous for a
+    # channels_last input); the CPU's kernel takes empty_like(input, suggest_memory_format)
+    from torch._prims_common import suggest_memory_format
+
+    gi, gw, gb = torch.ops.aten.native_batch_norm_backward.default(grad_out, input, *rest)
+    if gi is not None and input.dim() in (4, 5):
+        gi = gi.contiguous(memory_format=suggest_memory_format(input))
+    return gi, gw, gb
+
+
 def _long_target(op):
     """nll_loss's meta (torch's decomposition, through gather) refuses a uint8 target, which
     the CPU's 1-d kernels take (F.nll_loss with byte labels): the shapes do not depend on the
@@ -89,11 +100,26 @@ def _long_target(op):
     return meta
 
 
-# in-place ops whose torch meta function wrongly refuses operands the CPU accepts, and ops whose
-# meta output layout is not the CPU's
+def _lerp_inplace(self, end, weight):
+    # torch's meta for lerp_ calls the overload packet aten.lerp, whose overload matching tries
+    # lerp.Scalar first and words its mismatch with repr(weight). Under forward-mode AD
+    # (torch.func.jvp/jacfwd: quantile's lerp_) a repr below autograd asserts in unpack_dual,
+    # and the failed assert left the dispatcher's state broken for the process (every later
+    # jvp, on the CPU too, raised an INTERNAL ASSERT): the overload itself, then the same check
+    from torch._meta_registrations import check_inplace_broadcast
+
+    out = torch.ops.aten.lerp.Tensor(self, end, weight)
+    check_inplace_broadcast(self.shape, out.shape)
+    return self
+
+
+# in-place ops whose torch meta function wrongly refuses operands the CPU accepts (or cannot run
+# under forward-mode AD), and ops whose meta output layout is not the CPU's
 _META_VIA_OUT = {torch.ops.aten.nan_to_num_.default: _nan_to_num_inplace,
+                 torch.ops.aten.lerp_.Tensor: _lerp_inplace,
                  torch.ops.aten.convolution.default: _convolution,
                  torch.ops.aten.convolution_backward.default: _convolution_backward,
+                 torch.ops.aten.native_batch_norm_backward.default: _batch_norm_backward,
                  **{op: _long_target(op) for op in (
                      torch.ops.aten.nll_loss_forward.default,
                      torch.ops.aten.nll_loss2d_forward.default,
