@@ -239,11 +239,57 @@ def _uninit_materialize(self, shape, device=None, dtype=None) -> None:
     torch.utils.swap_tensors(self, made)     # this object becomes the neuron tensor
 
 
+def _neuron_target(device):
+    """torch.device(neuron:i) when `device` names the neuron device, else None."""
+    if device is None:
+        return None
+    device = torch.device(device)
+    if device.type != torch._C._get_privateuse1_backend_name():
+        return None
+    return torch.device(device.type, _dev._index(device))
+
+
+def _uninit_new(original):
+    """UninitializedParameter/UninitializedBuffer(device="neuron") (a lazy module's factory
+    kwargs, nn.LazyLinear(4, device="neuron")): torch makes `torch.empty(0, device=...)` and
+    `_make_subclass`es it, which a neuron tensor (a wrapper subclass) refuses. Made on the CPU
+    instead, remembering the device as .to("neuron") does (materialize() makes it there)."""
+    def __new__(cls, *args, **kwargs):
+        names = ("requires_grad", "device", "dtype", "persistent")
+        bound = dict(zip(names, args), **kwargs)
+        target = _neuron_target(bound.get("device"))
+        if target is None:
+            return original(cls, *args, **kwargs)
+        bound["device"] = None
+        made = original(cls, **bound)
+        made._neuron_device = target
+        return made
+    return __new__
+
+
+def _uninit_deepcopy(self, memo):
+    # torch's copies self.data.device: the CPU for one bound for neuron
+    if id(self) in memo:
+        return memo[id(self)]
+    made = _UNINIT_DEEPCOPY(self, memo)
+    if "_neuron_device" in self.__dict__:
+        made._neuron_device = self._neuron_device
+    return made
+
+
+_UNINIT_DEEPCOPY = torch.nn.UninitializedParameter.__deepcopy__
+
+
 def install() -> None:
     """Add these to torch.neuron and point torch.accelerator(.memory) at them."""
     from . import pinned
 
     _Uninit.to, _Uninit.cpu, _Uninit.materialize = _uninit_to, _uninit_cpu, _uninit_materialize
+    for cls in (torch.nn.UninitializedParameter, torch.nn.UninitializedBuffer):
+        if not getattr(cls.__new__, "neuron_uninit", False):
+            cls.__new__ = _uninit_new(cls.__new__)
+            cls.__new__.neuron_uninit = True
+    torch.nn.UninitializedParameter.__deepcopy__ = _uninit_deepcopy
 
     if torch.Generator is _CGenerator:
         torch.Generator = _Generator

@@ -73,3 +73,65 @@ def test_capturable_foreach_matches_cpu(cls, kw, mode):
         got = _train(cls, "neuron", capturable=True, foreach=True, **kw)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+# -- layouts -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("train", [True, False])
+@pytest.mark.parametrize("fmt", [torch.channels_last, torch.channels_last_3d])
+def test_batch_norm_backward_keeps_channels_last(fmt, train):
+    """native_batch_norm_backward's grad_input takes the input's suggested memory format on the
+    CPU (empty_like(input, suggest_memory_format)); torch's meta function gave a contiguous one,
+    so BatchNorm2d/3d's input gradient of a channels_last input had other strides."""
+    shape = (2, 3, 4, 5) if fmt == torch.channels_last else (2, 3, 4, 5, 2)
+
+    def run(device):
+        torch.manual_seed(0)
+        bn = torch.nn.BatchNorm2d(3) if len(shape) == 4 else torch.nn.BatchNorm3d(3)
+        bn = bn.to(device).train(train)
+        x = torch.randn(shape).to(memory_format=fmt).to(device).requires_grad_()
+        g = torch.randn(shape).to(device)
+        (gi,) = torch.autograd.grad(bn(x), x, g)
+        return gi
+    got, want = run("neuron"), run("cpu")
+    assert got.stride() == want.stride()
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+
+
+# -- lazy modules made on the device -----------------------------------------------------------
+
+@pytest.mark.parametrize(("cls", "args", "shape"), [
+    (torch.nn.LazyLinear, (4,), (2, 3)), (torch.nn.LazyConv2d, (4, 2), (1, 3, 5, 5)),
+    (torch.nn.LazyBatchNorm1d, (), (4, 3)),
+], ids=lambda v: getattr(v, "__name__", None) or str(v))
+def test_lazy_module_factory_kwargs(cls, args, shape):
+    """`nn.LazyLinear(4, device="neuron")` (module_db's factory-kwargs test): torch's
+    UninitializedParameter/Buffer `_make_subclass` a `torch.empty(0, device=...)`, which a neuron
+    tensor refuses (RuntimeError). They are made on the CPU remembering the device, and
+    materialize there at the first forward, also after a deepcopy."""
+    import copy
+
+    torch.manual_seed(0)
+    m = cls(*args, device="neuron", dtype=torch.float64)
+    torch.manual_seed(0)
+    ref = cls(*args, dtype=torch.float64)
+    x = torch.randn(shape, dtype=torch.float64)
+    twin = m if cls is torch.nn.LazyBatchNorm1d else copy.deepcopy(m)  # CPU refuses that copy
+    torch.manual_seed(1)
+    want = ref(x)
+    for mod in (m, twin):
+        torch.manual_seed(1)
+        got = mod(x.to("neuron"))
+        assert got.device.type == "neuron"
+        for t in list(mod.parameters()) + list(mod.buffers()):
+            assert t.device.type == "neuron" and t.dtype in (torch.float64, torch.int64)
+        torch.testing.assert_close(got.cpu(), want)
+
+
+def test_uninitialized_factory_arguments():
+    p = torch.nn.UninitializedParameter(False, "neuron", torch.float64)
+    b = torch.nn.UninitializedBuffer(device="neuron", persistent=False)
+    assert not p.requires_grad and p.dtype == torch.float64 and not b.persistent
+    p.materialize((2, 3))
+    assert type(p) is not torch.nn.UninitializedParameter and p.device.type == "neuron"
+    assert p.shape == (2, 3) and p.dtype == torch.float64
