@@ -212,7 +212,7 @@ def dispatch(func, args, kwargs, mode=None, plan=None):
         if "ops" in config.log:
             log_op(plan, args, kwargs)
         refuse = _REFUSE.get(func)   # what the CPU refuses before any kernel (refusals.py)
-        if refuse is None and plan.kind in _GATED_KINDS:
+        if (refuse is None or getattr(refuse, "gated", False)) and plan.kind in _GATED_KINDS:
             _dtype_gate(func, args, kwargs)   # a dtype the CPU's kernel is not built for
         if OP_HOOKS or _adaptive.PENDING or plan.kind != "kernel" or refuse is not None:
             refused = refuse is not None

@@ -112,6 +112,38 @@ def _convolution(func):
     return check
 
 
+def _same_dtype_products(func):
+    """The matrix products: the CPU refuses operands of different dtypes ('expected m1 and m2
+    to have the same dtype', 'self and mat2 must have the same dtype', 'addmv input tensors
+    must have the same dtype'); neuron's half route computes in float32 and the float kernels
+    promote, so mm(float16, float32) answered. When the operands' dtypes differ (the `out=`
+    tensor aside: its own check words that), the CPU is asked, on copies, and its refusal
+    raised in its words."""
+    def check(args, kwargs) -> None:
+        dts = {a.dtype for a in args if isinstance(a, torch.Tensor)}
+        dts.update(v.dtype for k, v in kwargs.items()
+                   if k != "out" and isinstance(v, torch.Tensor))
+        if len(dts) > 1:
+            cpu = cpu_raises(func, args, kwargs)
+            if cpu is not None:
+                raise cpu_worded(func.name(), cpu, args, kwargs) or cpu
+    check.gated = True   # dispatch's dtype gate still asks about the dtypes themselves (bool)
+    return check
+
+
+def _products() -> dict:
+    out = {}
+    for name in ("mm", "addmm", "addmm_", "_addmm_activation", "bmm", "baddbmm", "baddbmm_",
+                 "addbmm", "addbmm_", "mv", "addmv", "addmv_", "dot", "vdot", "addr",
+                 "addr_"):
+        packet = getattr(aten, name, None)
+        if packet is not None:
+            for ov in packet.overloads():
+                func = getattr(packet, ov)
+                out[func] = _same_dtype_products(func)
+    return out
+
+
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
@@ -251,4 +283,5 @@ REFUSE = {
     **_every_overload(aten.polar, _complex_inputs("abs", "angle")),
     **_resizes(),
     **_dtype_rules(),
+    **_products(),
 }

@@ -104,3 +104,50 @@ def test_dtype_gate_asks_the_cpu_once_per_op_and_dtypes(monkeypatch):
         (i * 2).sum()
     assert asked.count(torch.ops.aten.index_select.default) == 1
     assert torch.ops.aten.mul.Tensor not in asked or asked.count(torch.ops.aten.mul.Tensor) == 1
+
+
+def _h(d):
+    return torch.randn(2, 3, dtype=torch.float16, device=d)
+
+
+def _w(d, dtype=torch.float32):
+    return torch.randn(3, 4, dtype=dtype, device=d)
+
+
+def _b(d, dtype=torch.float32):
+    return torch.randn(4, dtype=dtype, device=d)
+
+
+# matrix products with operands of different dtypes: the CPU refuses (its words), neuron's
+# half route and promoting float kernels answered (fuzz_adaptive seed 17290: addmm of a
+# float16 input, a float32 weight and bias)
+MIXED_PRODUCTS = {
+    "mm_half_float": lambda d: _h(d) @ _w(d),
+    "mm_long_float": lambda d: torch.ones(2, 3, dtype=torch.long, device=d) @ _w(d),
+    "addmm_half_input": lambda d: torch.addmm(_b(d), _h(d), _w(d)),
+    "addmm_half_bias": lambda d: torch.addmm(_b(d, torch.float16), _h(d).float(), _w(d)),
+    "addmm_inplace": lambda d: torch.randn(3, 4, device=d).addmm_(_w(d, torch.float64)[:, :3],
+                                                                  _w(d)),
+    "linear_half_input": lambda d: torch.nn.functional.linear(_h(d), _w(d).t(), _b(d)),
+    "mv_double_vec": lambda d: torch.mv(_w(d), _b(d, torch.float64)),
+    "dot": lambda d: torch.dot(_b(d), _b(d, torch.float64)),
+    "bmm_bf16_float": lambda d: torch.bmm(torch.randn(1, 2, 3, device=d).bfloat16(),
+                                          torch.randn(1, 3, 2, device=d)),
+    "addr_mixed_ok": lambda d: torch.addr(torch.randn(4, 4, device=d), _b(d),
+                                          _b(d, torch.float64)),
+    "addmm_half_ok": lambda d: torch.addmm(_b(d, torch.float16), _h(d), _w(d, torch.float16)),
+}
+
+
+@pytest.mark.parametrize("name", list(MIXED_PRODUCTS))
+def test_products_of_mixed_dtypes_follow_the_cpu(name):
+    f = MIXED_PRODUCTS[name]
+    outcome = []
+    for d in ("cpu", "neuron"):
+        try:
+            r = f(d)
+            outcome.append(("ok", r.dtype, tuple(r.shape)))
+        except RuntimeError as e:
+            outcome.append(("RuntimeError", str(e).splitlines()[0]))
+    assert outcome[1] == outcome[0], outcome
+    assert (outcome[0][0] == "ok") == name.endswith("_ok")
