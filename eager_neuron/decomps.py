@@ -28,6 +28,13 @@ def decomposition(func):
             if op in table:
                 table[op] = _keeps_memory_format(table[op])
         table[torch.ops.aten.slice_backward.default] = _slice_backward
+        # the CPU's layout where torch's decomposition lays its result out otherwise
+        aten = torch.ops.aten
+        for op in (aten.elu_backward.default, aten.special_xlog1py.default):
+            table[op] = _laid_out(table[op], _iteration_strides)
+        for op in (aten.smooth_l1_loss_backward.default, aten.huber_loss_backward.default,
+                   aten.glu_backward.default):
+            table[op] = _laid_out(table[op], lambda *a, **k: None)
         table[torch.ops.aten.select_backward.default] = _select_backward
         table[torch.ops.aten.new_zeros.default] = _new_filled(0)
         table[torch.ops.aten.new_ones.default] = _new_filled(1)
@@ -183,6 +190,32 @@ def _new_filled(value: int):
         out = torch.ops.aten.new_empty.default(self, size, dtype=dtype, layout=layout,
                                                device=device, pin_memory=pin_memory)
         return out.fill_(value)
+
+    return run
+
+
+def _iteration_strides(*args, **kwargs):
+    # elu_backward / xlog1py: the CPU iterates the tensors in order; torch's decomposition is a
+    # where() led by a mask of the input (a contiguous gradient of a channels_last input came
+    # out channels_last)
+    from .meta import iteration_strides
+
+    return iteration_strides(*args, **kwargs)
+
+
+def _laid_out(decomp, strides_of):
+    """torch's decomposition, its result copied into the CPU kernel's layout where that differs
+    (`strides_of(*args)`; None: contiguous, as the smooth losses' backward (zeros_like(input,
+    LEGACY_CONTIGUOUS_MEMORY_FORMAT)) and glu_backward (resized from empty) make it)."""
+    def run(*args, **kwargs):
+        out = decomp(*args, **kwargs)
+        want = strides_of(*args, **kwargs)
+        if want is None:
+            return out.contiguous()
+        if tuple(out.stride()) == tuple(want) or out.numel() <= 1:
+            return out
+        return torch.empty_strided(out.shape, want, dtype=out.dtype,
+                                   device=out.device).copy_(out)
 
     return run
 

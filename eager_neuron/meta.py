@@ -86,6 +86,38 @@ def _batch_norm_backward(grad_out, input, *rest):
     return gi, gw, gb
 
 
+def iteration_strides(*args, **kwargs) -> tuple:
+    """The strides of a CPU TensorIterator result over the tensor arguments in order (a binary
+    op's (self, other), a backward's (grad_output, self)), broadcast as it does."""
+    from torch._prims_common import compute_elementwise_output_strides
+
+    ts = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
+    shape = torch.broadcast_shapes(*(t.shape for t in ts))
+    return compute_elementwise_output_strides(*(t.expand(shape) for t in ts))
+
+
+def _iteration_order(op):
+    """CPU kernels that iterate their tensor arguments in schema order, where torch's meta is a
+    Python reference led by another operand (copysign, xlogy, floor division: a where() or a
+    sign of `other`; hardtanh/softplus/hardswish/hardsigmoid backward: a mask of `self`): a
+    contiguous `self` with a channels_last `other` came out channels_last (the CPU's is not)."""
+    def meta(*args, **kwargs):
+        out = op(*args, **kwargs)
+        stride = iteration_strides(*args, **kwargs)
+        if tuple(out.stride()) == tuple(stride):
+            return out
+        return torch.empty_strided(out.shape, stride, dtype=out.dtype, device=out.device)
+    return meta
+
+
+def _contiguous(op):
+    """CPU kernels that make their output with LEGACY_CONTIGUOUS_MEMORY_FORMAT (mse_loss's
+    backward: zeros_like(input, ...), fractional max pooling's gradInput)."""
+    def meta(*args, **kwargs):
+        return op(*args, **kwargs).contiguous()
+    return meta
+
+
 def _long_target(op):
     """nll_loss's meta (torch's decomposition, through gather) refuses a uint8 target, which
     the CPU's 1-d kernels take (F.nll_loss with byte labels): the shapes do not depend on the
@@ -120,6 +152,19 @@ _META_VIA_OUT = {torch.ops.aten.nan_to_num_.default: _nan_to_num_inplace,
                  torch.ops.aten.convolution.default: _convolution,
                  torch.ops.aten.convolution_backward.default: _convolution_backward,
                  torch.ops.aten.native_batch_norm_backward.default: _batch_norm_backward,
+                 **{op: _iteration_order(op) for op in (
+                     torch.ops.aten.copysign.Tensor,
+                     torch.ops.aten.xlogy.Tensor,
+                     torch.ops.aten.floor_divide.default,
+                     torch.ops.aten.div.Tensor_mode,
+                     torch.ops.aten.hardtanh_backward.default,
+                     torch.ops.aten.softplus_backward.default,
+                     torch.ops.aten.hardswish_backward.default,
+                     torch.ops.aten.hardsigmoid_backward.default)},
+                 **{op: _contiguous(op) for op in (
+                     torch.ops.aten.mse_loss_backward.default,
+                     torch.ops.aten.fractional_max_pool2d_backward.default,
+                     torch.ops.aten.fractional_max_pool3d_backward.default)},
                  **{op: _long_target(op) for op in (
                      torch.ops.aten.nll_loss_forward.default,
                      torch.ops.aten.nll_loss2d_forward.default,

@@ -135,3 +135,72 @@ def test_uninitialized_factory_arguments():
     p.materialize((2, 3))
     assert type(p) is not torch.nn.UninitializedParameter and p.device.type == "neuron"
     assert p.shape == (2, 3) and p.dtype == torch.float64
+
+
+_A = torch.ops.aten
+_CL = torch.channels_last
+_ITERATED = {   # CPU TensorIterator over (first, second) tensor; torch's meta/decomposition not
+    "copysign": torch.copysign, "xlogy": torch.xlogy, "floor_divide": torch.floor_divide,
+    "div_floor": lambda a, b: torch.div(a, b, rounding_mode="floor"),
+    "xlog1py": torch.special.xlog1py,
+    "hardtanh_backward": lambda g, x: _A.hardtanh_backward(g, x, -0.5, 0.5),
+    "softplus_backward": lambda g, x: _A.softplus_backward(g, x, 1, 20),
+    "hardswish_backward": _A.hardswish_backward, "hardsigmoid_backward": _A.hardsigmoid_backward,
+    "elu_backward": lambda g, x: _A.elu_backward(g, 1.0, 1, 1, False, x),
+}
+
+
+def _mixed(first_cl, device):
+    torch.manual_seed(0)
+    a, b = torch.rand(2, 4, 3, 5) + 0.5, torch.rand(2, 4, 3, 5) + 0.5
+    if first_cl:
+        return a.contiguous(memory_format=_CL).to(device), b.to(device)
+    return a.to(device), b.contiguous(memory_format=_CL).to(device)
+
+
+@pytest.mark.parametrize("first_cl", [False, True])
+@pytest.mark.parametrize("name", sorted(_ITERATED))
+def test_mixed_layout_results_as_cpu(name, first_cl):
+    """A contiguous operand next to a channels_last one: the CPU's result follows its kernel's
+    iteration order; torch's meta functions and decompositions of these ops are where()s led by
+    another operand, so neuron's had the other layout (module_db: ELU's, Hardswish's input
+    gradients of channels_last inputs)."""
+    got = _ITERATED[name](*_mixed(first_cl, "neuron"))
+    want = _ITERATED[name](*_mixed(first_cl, "cpu"))
+    assert got.stride() == want.stride()
+    torch.testing.assert_close(got.cpu(), want)
+
+
+_CONTIGUOUS = {   # the CPU makes these contiguous whatever the input's layout
+    "mse_loss_backward": lambda g, x: _A.mse_loss_backward(g, x, x * 0.5, 0),
+    "smooth_l1_loss_backward": lambda g, x: _A.smooth_l1_loss_backward(g, x, x * 0.5, 0, 1.0),
+    "huber_loss_backward": lambda g, x: _A.huber_loss_backward(g, x, x * 0.5, 0, 1.0),
+    "glu_backward": lambda g, x: _A.glu_backward(g[:, :2], x, 1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_CONTIGUOUS))
+def test_gradients_of_channels_last_inputs_contiguous(name):
+    """mse/smooth_l1/huber losses' backward (zeros_like(input, LEGACY_CONTIGUOUS_MEMORY_FORMAT))
+    and glu_backward (an output resized from empty) are contiguous on the CPU for a
+    channels_last input; neuron's kept the input's layout (module_db: MSELoss)."""
+    got = _CONTIGUOUS[name](*_mixed(False, "neuron"))
+    want = _CONTIGUOUS[name](*_mixed(False, "cpu"))
+    assert want.is_contiguous() and got.stride() == want.stride()
+    torch.testing.assert_close(got.cpu(), want)
+
+
+def test_fractional_max_pool3d_gradient_contiguous():
+    """fractional_max_pool3d_backward's gradInput is contiguous on the CPU for a
+    channels_last_3d input; the meta function kept the input's layout."""
+    def run(device):
+        torch.manual_seed(0)
+        x = torch.randn(2, 3, 7, 7, 7).to(memory_format=torch.channels_last_3d)
+        x = x.to(device).requires_grad_()
+        pool = torch.nn.FractionalMaxPool3d(2, output_size=3,
+                                            _random_samples=torch.rand(2, 3, 3).to(device))
+        out = pool(x)
+        return torch.autograd.grad(out, x, torch.ones_like(out))[0]
+    got, want = run("neuron"), run("cpu")
+    assert got.stride() == want.stride()
+    torch.testing.assert_close(got.cpu(), want)
