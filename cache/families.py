@@ -40,10 +40,11 @@ def _special(expr: str) -> bool:
 
 
 def _render_elementwise(op, expr, kinds, rank, loads, scalar_casts, store, parallel,
-                        prelude_id):
+                        prelude_id, in_place):
     """The kernel of one elementwise op: [vmath polynomials] + the integer/float helpers +
     [special functions, when the expression calls one] + the loop (kernels/elementwise.py)."""
-    src, name = _kew.render(expr, kinds, rank, loads, scalar_casts, store, parallel)
+    src, name = _kew.render(expr, kinds, rank, loads, scalar_casts, store, parallel,
+                            in_place=in_place)
     vm = _vmath.VMATH_PRELUDE if _vmath.needs_vmath(expr) else ""
     return vm + _EW_PRELUDE + (_SPECIAL_PRELUDE if _special(expr) else "") + src, name
 
@@ -58,6 +59,7 @@ ELEMENTWISE = KeyType("elementwise", (
     "store",         # the cast applied on store (output dtype)
     "parallel",      # prange over the flat loop
     "prelude_id",    # hash of the njit helper preludes (an edited helper is a new key)
+    "in_place",      # the output is operand 0 (`x.add_(y)`): the flat loop's in-place variant
 ), _render_elementwise)
 
 

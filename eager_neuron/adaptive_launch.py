@@ -285,7 +285,7 @@ def _launch_plain(g: _Group, node, ops, parallel: bool, reason: str):
         return vm + _ewb.PRELUDE + src, name
 
     key = ("elementwise", g.ops[node_id], expr, kinds, 1, loads, casts, store, parallel,
-           _ewb.PRELUDE_ID)
+           _ewb.PRELUDE_ID, False)
     args = (*arrays, *(g.scalars[i] for i in scal))
     flops = float(arrays[0].size * max(1, expr.count("(")))
     nbytes = float(sum(x.nbytes for x in arrays))

@@ -43,8 +43,9 @@ def test_elementwise_lowering_renders_through_its_key_type(case):
     # the render launch() calls on a miss is the key type's, on this key: nothing else
     assert render.func == families.ELEMENTWISE.render and render.args == (key,)
     src, name = render()
-    assert f"def {name}(" in src and key[-1] == ew.PRELUDE_ID
     fields = dict(zip(families.ELEMENTWISE.fields, key[1:]))
+    assert f"def {name}(" in src and fields["prelude_id"] == ew.PRELUDE_ID
+    assert fields["in_place"] is False   # (the output is a fresh tensor here)
     assert fields["op"] == op_name and fields["expr"] in src
     # special-function helpers are added exactly when the expression calls one
     assert (ew.SPECIAL_PRELUDE in src) == (op_name == "aten::digamma")

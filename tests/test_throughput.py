@@ -248,3 +248,55 @@ def test_softmax_rows_with_nan_and_inf(log):
     assert np.array_equal(np.isnan(res), np.isnan(fn(torch.from_numpy(rows), -1).numpy()))
     assert np.isnan(res[1:5]).all() and not np.isnan(res[[0, 5, 6, 7]]).any()
     np.testing.assert_allclose(res, want, rtol=2e-6, atol=1e-7 if log else 0)
+
+
+IN_PLACE = {
+    "add_": (lambda x, y, h: x.add_(y, alpha=0.5), lambda x, y, h: torch.add(x, y, alpha=0.5)),
+    "mul_": (lambda x, y, h: x.mul_(0.9), lambda x, y, h: torch.mul(x, 0.9)),
+    "addcdiv_": (lambda x, y, h: x.addcdiv_(y, h, value=0.1),
+                 lambda x, y, h: torch.addcdiv(x, y, h, value=0.1)),
+    "addcmul_": (lambda x, y, h: x.addcmul_(y, y, value=0.01),
+                 lambda x, y, h: torch.addcmul(x, y, y, value=0.01)),
+    "lerp_": (lambda x, y, h: x.lerp_(y, 0.3), lambda x, y, h: torch.lerp(x, y, 0.3)),
+    "clamp_": (lambda x, y, h: x.clamp_(min=-0.5), lambda x, y, h: torch.clamp(x, min=-0.5)),
+}
+
+
+@pytest.mark.parametrize("op, n", [(op, 4096) for op in IN_PLACE] +   # the serial loop
+                         [("add_", 300_000), ("addcdiv_", 300_000)])   # the parallel one
+def test_in_place_elementwise_reads_its_output(op, n):
+    """An in-place op's kernel has a loop reading x0 from the output (LLVM's overlap check sent
+    the general loop to its scalar path when out is a0): the same bits as the out-of-place op,
+    the CPU's values within rounding."""
+    inplace, outofplace = IN_PLACE[op]
+    g = torch.Generator().manual_seed(n)
+    x, y = torch.randn(n, generator=g), torch.randn(n, generator=g)
+    h = torch.rand(n, generator=g) + 0.5
+    xn, yn, hn = x.to("neuron"), y.to("neuron"), h.to("neuron")
+    want = outofplace(xn, yn, hn).cpu()
+    got = inplace(xn, yn, hn)
+    assert got is xn
+    assert torch.equal(got.cpu(), want)
+    torch.testing.assert_close(want, outofplace(x, y, h), rtol=2e-6, atol=1e-6)
+
+
+def test_in_place_kernel_key_and_aliasing_outputs():
+    from eager_neuron.cache import families
+
+    key = ("elementwise", "aten::add", "x0 + c0 * x1", ("flat", "flat"), 1,
+           ("np.float32", "np.float32"), ("np.float32",), "np.float32({})", False, "p", True)
+    src, _ = families.ELEMENTWISE.render(key)
+    assert "out.ctypes.data == a0.ctypes.data" in src
+    src, _ = families.ELEMENTWISE.render(key[:-1] + (False,))
+    assert "out.ctypes.data" not in src
+    # out= aliasing the second operand (the general loop), and the first one reinterpreted
+    # as another dtype (the dtype guard keeps the general loop: x0 is read as int64)
+    a, b = torch.randn(64), torch.randn(64)
+    an, bn = a.to("neuron"), b.to("neuron")
+    torch.add(an, bn, alpha=2.0, out=bn)
+    assert torch.equal(bn.cpu(), torch.add(a, b, alpha=2.0))
+    i = torch.arange(64, dtype=torch.int64)
+    i_n = i.to("neuron")
+    torch.add(i, 3, out=i.view(torch.float64))
+    torch.add(i_n, 3, out=i_n.view(torch.float64))
+    assert torch.equal(i_n.cpu(), i)

@@ -51,6 +51,7 @@ _FAULTS_RE = re.compile(r"\b_(div_trunc|div_floor|rem|fmod)_i\(")
 # eager's flush and compile/ read too; the source is rendered by the key's type
 # (cache/families.py ELEMENTWISE), from the key alone
 _RENDER = ELEMENTWISE.render
+IN_PLACE_LOOPS = [True]   # in-place ops' kernels read x0 from the output (False: A/B switch)
 _FLOATS = frozenset({torch.float32, torch.float64})
 
 
@@ -432,8 +433,12 @@ def lower_elementwise(func, a: dict, outs: list, op_name: str, defer: bool = Fal
 
     # the key names every field the source depends on (cache/families.py ELEMENTWISE); the
     # source is rendered from it alone, only on a memory miss
+    # an in-place op (the output is operand 0's memory, same dtype: `x.add_(y)`) gets a loop
+    # that reads x0 from the output (kernels/elementwise.py _in_place_loop: it vectorizes)
+    in_place = (IN_PLACE_LOOPS[0] and rank == 1 and bool(tensors) and kinds[0] == "flat" and
+                out.dtype == a[tensors[0]].dtype and out.data_ptr() == a[tensors[0]].data_ptr())
     key = ("elementwise", op_name, expr, kinds, rank, loads, scalar_casts, store, parallel,
-           PRELUDE_ID)
+           PRELUDE_ID, in_place)
     # the cost model's elementwise work (cost.py) for the output; the operands as stored (a
     # broadcast operand is read once)
     flops, out_bytes = _cost.elementwise_work(n, (), out_np.itemsize, spec.flops)
