@@ -17,6 +17,13 @@ import torch
 
 DEVICES = [torch.device("neuron", i) for i in range(64)]
 _MAKE = torch.Tensor._make_wrapper_subclass
+_MODES = torch._C._len_torch_dispatch_stack
+
+
+def _no_modes():
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    return _disable_current_modes()
 _STRIDED = torch.strided
 
 
@@ -51,6 +58,15 @@ class NeuronTensor(torch.Tensor):
             for t in types:
                 if not issubclass(cls, t):
                     return NotImplemented
+        if _MODES():
+            # a dispatch mode on the stack passed this op on (returned NotImplemented: a
+            # logging or fake-tensor mode that does not handle neuron tensors). The op runs
+            # here without it: our kernels' host-side ops (allocations, numpy views, copies)
+            # are the device's own work, not the user's program, and a mode that rewrote them
+            # (FakeTensorMode made host buffers meta, a tracer copied them) broke the op and
+            # the fast-path runner learned from it, for the rest of the process
+            with _no_modes():
+                return _dispatch(func, args, kwargs or {})
         return _dispatch(func, args, kwargs or {})
 
     def __repr__(self, *, tensor_contents=None) -> str:
