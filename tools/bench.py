@@ -291,7 +291,20 @@ def _tp_cases():
         ("sum(1) 2048^2", vec(lambda x: x.sum(1), (2048, 2048)), "T", 1.0),
         ("sum(0) 2048^2", vec(lambda x: x.sum(0), (2048, 2048)), "T", 1.0),
         ("softmax(-1) 4096x1024", vec(lambda x: x.softmax(-1), (4096, 1024)), "T", 1.0),
+        # an optimizer's in-place updates on a mid-size parameter (in L2): the in-place kernels
+        # read x0 from their output (kernels/elementwise.py _in_place_loop)
+        ("lerp_ 64K", vec(lambda p, g: p.lerp_(g, 0.1), 1 << 16, 1 << 16), "T", 1.0),
+        ("addcdiv_ 64K", _addcdiv_make(1 << 16), "T", 1.0),
     ]
+
+
+def _addcdiv_make(n: int):
+    def make(dev):
+        g = torch.Generator().manual_seed(0)
+        p, num = torch.randn(n, generator=g).to(dev), torch.randn(n, generator=g).to(dev)
+        den = (torch.rand(n, generator=g) + 0.5).to(dev)
+        return lambda: p.addcdiv_(num, den, value=1e-3)
+    return make
 
 
 def throughput() -> None:
