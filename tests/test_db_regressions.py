@@ -6,6 +6,8 @@ one fast test each. Every test failed before its fix.
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -204,3 +206,75 @@ def test_fractional_max_pool3d_gradient_contiguous():
     got, want = run("neuron"), run("cpu")
     assert got.stride() == want.stride()
     torch.testing.assert_close(got.cpu(), want)
+
+
+# -- the rest of the foreach family ------------------------------------------------------------
+
+def _lists(device):
+    xs = [torch.tensor([0.3, 1.7, 2.2]), torch.tensor([[0.6, 1.1], [0.9, 1.4]])]
+    ys = [torch.tensor([1.5, 0.5, 2.0]), torch.tensor([[2.0, 0.5], [1.0, 3.0]])]
+    return [x.to(device) for x in xs], [y.to(device) for y in ys]
+
+
+@pytest.mark.parametrize("ov", ["Scalar", "ScalarList", "List"])
+def test_foreach_pow_in_place_runs_on_device(ov):
+    """`_foreach_pow_` (ASGD's capturable foreach step: `_foreach_pow_(new_etas, alpha)`) ran
+    as a CPU fallback: the in-place pow_ packet names its overloads Scalar/Tensor, not
+    Tensor_Scalar/Tensor_Tensor as pow's."""
+    def run(device):
+        xs, es = _lists(device)
+        exp = {"Scalar": 0.75, "ScalarList": [0.75, 1.5], "List": es}[ov]
+        getattr(torch.ops.aten._foreach_pow_, ov)(xs, exp)
+        return [x.cpu() for x in xs]
+    eager_neuron.reset_stats()
+    got = run("neuron")
+    assert eager_neuron.stats()["fallbacks"] == {}
+    for g, w in zip(got, run("cpu")):
+        torch.testing.assert_close(g, w)
+
+
+@pytest.mark.parametrize("name", ["_foreach_sqrt.out", "_foreach_add.List_out",
+                                  "_foreach_mul.Scalar_out", "_foreach_pow.ScalarList_out",
+                                  "_foreach_lerp.Scalar_out", "_foreach_norm.Scalar_out"])
+def test_foreach_out_overloads(name):
+    """The `out=` overloads of the foreach ops (what functionalized graphs call) raised on
+    neuron: the per-element op was called with the whole out list. They run the functional
+    overload and copy into each out tensor (resized as the CPU resizes), one version bump each."""
+    packet, ov = name.split(".")
+    op = getattr(getattr(torch.ops.aten, packet), ov)
+    extra = {"_foreach_sqrt": (), "_foreach_add": ("second",), "_foreach_mul": (2.0,),
+             "_foreach_pow": ([0.5, 2.0],), "_foreach_lerp": ("second", 0.25),
+             "_foreach_norm": (2,)}[packet]
+
+    def run(device):
+        xs, ys = _lists(device)
+        args = [xs] + [ys if a == "second" else a for a in extra]
+        outs = [torch.zeros(3).to(device), torch.zeros(2, 2).to(device)]
+        before = [o._version for o in outs]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")       # norm's 0-d results resize the outs
+            op(*args, out=outs)
+        return [o.cpu() for o in outs], [o._version - v for o, v in zip(outs, before)]
+    (got, gv), (want, wv) = run("neuron"), run("cpu")
+    assert gv == wv
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        torch.testing.assert_close(g, w)
+
+
+def test_foreach_in_place_versions_under_neuron_mode():
+    """Under NeuronMode (CPU tensors through the device's kernels) a foreach in-place op left
+    the version counters alone (the CPU bumps each written tensor once), so autograd could not
+    see an optimizer step change a saved tensor."""
+    xs, ys = _lists("cpu")
+    before = [x._version for x in xs]
+    with eager_neuron.NeuronMode():
+        torch._foreach_mul_(xs, 2.0)
+    assert [x._version - v for x, v in zip(xs, before)] == [1, 1]
+    w = torch.ones(3, requires_grad=True)
+    p = torch.tensor([1.0, 2.0, 3.0])
+    loss = (w * p).sum()              # saves p
+    with eager_neuron.NeuronMode():
+        torch._foreach_add_([p], [torch.ones(3)])
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()

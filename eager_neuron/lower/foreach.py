@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch.autograd.graph import increment_version
 
+from .. import errors
 from .. import tensor as _tensor
 
 _OVERLOAD = {"List": "Tensor", "Scalar": "Scalar", "ScalarList": "Scalar", "Tensor": "Tensor",
@@ -80,6 +81,9 @@ def _lookup(base, ov):
         candidates = ["Tensor_Scalar"]
     if base in ("pow", "pow_") and ov == "List":
         candidates = ["Tensor_Tensor"]
+    if base == "pow_":      # the in-place packet names its overloads by the exponent alone
+        candidates = {"Scalar": ["Scalar"], "ScalarList": ["Scalar"], "List": ["Tensor"]}.get(
+            ov, candidates)
     if base in ("lerp", "lerp_") and ov in ("Scalar", "ScalarList"):
         candidates = ["Scalar"]
     if base in ("lerp", "lerp_") and ov == "List":
@@ -99,7 +103,44 @@ def _lookup(base, ov):
     raise NotImplementedError(f"no per-tensor op for _foreach_{base}.{ov}")
 
 
+def _run_out(func, args, kwargs, mode):
+    """`_foreach_sqrt.out(self, *, out)` & co.: ATen's generated out= kernels run the functional
+    overload, then resize (with the CPU's warning) and copy each result into its out tensor."""
+    kw = dict(kwargs)
+    out = kw.pop("out")
+    ov = func._schema.overload_name
+    functional = getattr(getattr(torch.ops.aten, func._schema.name.split("::")[1]),
+                         ov[:-len("_out")] if ov.endswith("_out") else "default")
+    if mode is not None:        # NeuronMode: CPU tensors in and out
+        with mode:
+            results = functional(*args, **kw)
+    else:
+        results = _tensor._dispatch(functional, tuple(args), kw)
+    if len(out) != len(results):
+        raise RuntimeError(f"{func.name()}: expected {len(results)} out tensors, got {len(out)}")
+    for o, r in zip(out, results):
+        if o.shape != r.shape:
+            if o.numel():   # ATen's resize_output warning (inplace.warn_resized's words)
+                errors.warn(
+                    f"An output with one or more elements was resized since it had shape "
+                    f"{list(o.shape)}, which does not match the required output shape "
+                    f"{list(r.shape)}. This behavior is deprecated; resize outputs explicitly "
+                    "with t.resize_(0) first.")
+            if mode is not None:
+                o.resize_(r.shape)
+            else:
+                _tensor._dispatch(torch.ops.aten.resize_.default, (o, list(r.shape)), {})
+        if mode is not None:
+            with mode:
+                o.copy_(r)
+        else:
+            _tensor._dispatch(torch.ops.aten.copy_.default, (o, r), {})
+        increment_version(o)    # once per out tensor, as the CPU's out= kernel
+
+
 def run_foreach(func, plan, args, kwargs, mode):
+    if isinstance(kwargs.get("out"), (list, tuple)):
+        return _run_out(func, args, kwargs, mode)
     try:
         per, spec, returns = _per_tensor_op(func)
     except NotImplementedError as exc:
@@ -136,10 +177,11 @@ def run_foreach(func, plan, args, kwargs, mode):
             results.append(_tensor._dispatch(per, tuple(call), call_kw))
         else:
             results.append(per(*call, **call_kw))   # a composite (maximum_: op, then copy_)
-    if plan.mutates and mode is None:
+    if plan.mutates:
         # the version counters of the tensors written, once per tensor as on the CPU (calls made
-        # inside __torch_dispatch__ skip ADInplaceOrView: autograd's saved-tensor check relies
-        # on these to refuse a backward through a tensor the optimizer changed)
+        # inside __torch_dispatch__, NeuronMode's too, skip ADInplaceOrView: autograd's
+        # saved-tensor check relies on these to refuse a backward through a tensor the optimizer
+        # changed)
         for (is_list, _scalars, _name), arg, schema_arg in zip(spec, args, func._schema.arguments):
             if is_list and schema_arg.name in plan.mutates:
                 for t in arg:
