@@ -1,7 +1,7 @@
 """PyTorch's own optimizer database (optim_db) as an oracle: every optimizer, in its for-loop,
-foreach=True and fused=True forms, trained 5 steps on the CPU and on neuron from the same
-weights; the parameters must agree to float32 rounding (rtol = atol = 1e-5), and no step may
-fall back to the CPU.
+foreach=True, fused=True and capturable=True (for-loop and foreach) forms, trained 5 steps on
+the CPU and on neuron from the same weights; the parameters must agree to float32 rounding
+(rtol = atol = 1e-5), and no step may fall back to the CPU.
 
 Bounded by default (the first config of each optimizer and form);
 EAGER_NEURON_OPTIM_DB=full runs every config optim_db lists (~190, a few minutes).
@@ -33,6 +33,12 @@ def _forms(info) -> list[str]:
         forms.append("foreach")
     if "fused" in info.supported_impls:
         forms.append("fused")
+    if info.has_capturable_arg:
+        # capturable: `step` lives on the device; the CPU refuses it, so its reference is the
+        # CPU's for-loop form (the same float32 step and roundings)
+        forms.append("capturable")
+        if "foreach" in info.supported_impls:
+            forms.append("capturable-foreach")
     return forms
 
 
@@ -54,7 +60,9 @@ def _train(info, form, j, device, steps=5):
     if form in ("foreach", "fused"):
         kw[form] = True
     elif "foreach" in info.supported_impls:
-        kw["foreach"] = False
+        kw["foreach"] = form == "capturable-foreach"
+    if form.startswith("capturable") and device != "cpu":
+        kw["capturable"] = True
     torch.manual_seed(0)
     w = torch.randn(4, 3).to(device).requires_grad_()
     b = torch.randn(4).to(device).requires_grad_()
