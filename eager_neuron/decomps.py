@@ -32,6 +32,8 @@ def decomposition(func):
         aten = torch.ops.aten
         for op in (aten.elu_backward.default, aten.special_xlog1py.default):
             table[op] = _laid_out(table[op], _iteration_strides)
+        for op in (aten.reflection_pad2d_backward.default, aten.reflection_pad3d_backward.default):
+            table[op] = _laid_out(table[op], _input_strides)
         for op in (aten.smooth_l1_loss_backward.default, aten.huber_loss_backward.default,
                    aten.glu_backward.default):
             table[op] = _laid_out(table[op], lambda *a, **k: None)
@@ -201,6 +203,13 @@ def _iteration_strides(*args, **kwargs):
     from .meta import iteration_strides
 
     return iteration_strides(*args, **kwargs)
+
+
+def _input_strides(grad_output, input, *args, **kwargs):
+    # reflection padding's backward: zeros_like(input, input.suggest_memory_format())
+    from .meta import suggested_strides
+
+    return suggested_strides(input)
 
 
 def _laid_out(decomp, strides_of):

@@ -110,6 +110,27 @@ def _iteration_order(op):
     return meta
 
 
+def suggested_strides(t) -> tuple:
+    """The strides of a tensor of t's shape in t's suggested memory format (ATen's
+    empty_like(t, t.suggest_memory_format())): channels_last(_3d) for such 4-d/5-d layouts."""
+    from torch._prims_common import suggest_memory_format
+
+    probe = torch.empty(t.shape, device="meta")
+    return probe.contiguous(memory_format=suggest_memory_format(t)).stride()
+
+
+def _like_input(op):
+    """Padding backward (grad_input = zeros_like(input, input.suggest_memory_format())): the
+    meta function's result is contiguous for a channels_last input."""
+    def meta(grad_output, input, *args, **kwargs):
+        out = op(grad_output, input, *args, **kwargs)
+        stride = suggested_strides(input)
+        if tuple(out.stride()) == tuple(stride):
+            return out
+        return torch.empty_strided(out.shape, stride, dtype=out.dtype, device=out.device)
+    return meta
+
+
 def _contiguous(op):
     """CPU kernels that make their output with LEGACY_CONTIGUOUS_MEMORY_FORMAT (mse_loss's
     backward: zeros_like(input, ...), fractional max pooling's gradInput)."""
@@ -161,6 +182,9 @@ _META_VIA_OUT = {torch.ops.aten.nan_to_num_.default: _nan_to_num_inplace,
                      torch.ops.aten.softplus_backward.default,
                      torch.ops.aten.hardswish_backward.default,
                      torch.ops.aten.hardsigmoid_backward.default)},
+                 **{op: _like_input(op) for op in (
+                     torch.ops.aten.replication_pad2d_backward.default,
+                     torch.ops.aten.replication_pad3d_backward.default)},
                  **{op: _contiguous(op) for op in (
                      torch.ops.aten.mse_loss_backward.default,
                      torch.ops.aten.fractional_max_pool2d_backward.default,

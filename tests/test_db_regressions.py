@@ -278,3 +278,35 @@ def test_foreach_in_place_versions_under_neuron_mode():
         torch._foreach_add_([p], [torch.ones(3)])
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward()
+
+
+@pytest.mark.parametrize("mode", ["reflect", "replicate"])
+@pytest.mark.parametrize("shape", [(2, 3, 4, 5), (3, 4, 5, 6), (2, 3, 4, 5, 2)])
+def test_padding_gradient_keeps_channels_last(mode, shape):
+    """reflection/replication padding's backward makes grad_input as
+    zeros_like(input, input.suggest_memory_format()); neuron's was contiguous for a
+    channels_last(_3d) input (module_db: ReflectionPad3d/ReplicationPad3d in channels_last)."""
+    pad = (1, 1, 1, 1) if shape == (2, 3, 4, 5) else (1, 1, 1, 1, 1, 1)
+    fmt = torch.channels_last if len(shape) == 4 else torch.channels_last_3d
+
+    def run(device):
+        torch.manual_seed(0)
+        x = torch.randn(shape).contiguous(memory_format=fmt).to(device).requires_grad_()
+        out = torch.nn.functional.pad(x, pad, mode=mode)
+        g = torch.arange(out.numel(), dtype=torch.float32).reshape(out.shape).to(device)
+        return torch.autograd.grad(out, x, g)[0]
+    got, want = run("neuron"), run("cpu")
+    assert got.stride() == want.stride()
+    torch.testing.assert_close(got.cpu(), want)
+
+
+def test_fractional_max_pool_sample_dtype_refused_as_cpu(strict_fallback):
+    """float64 `_random_samples` with a float32 input: the CPU raises RuntimeError ("Expect
+    _random_samples to have the same dtype as input"); neuron's kernel declined with
+    NotImplementedError, so only a CPU fallback gave the CPU's error and
+    EAGER_NEURON_FALLBACK=error raised another type."""
+    for device in ("cpu", "neuron"):
+        x = torch.randn(1, 3, 5, 5, 5).to(device)
+        rs = torch.rand(1, 3, 3, dtype=torch.float64).to(device)
+        with pytest.raises(RuntimeError, match="same dtype as input"):
+            torch.nn.functional.fractional_max_pool3d(x, 2, output_size=3, _random_samples=rs)

@@ -120,3 +120,64 @@ def test_module_matches_cpu(info, k):
                 torch.testing.assert_close(g.cpu(), w, rtol=1e-4, atol=1e-4, equal_nan=True)
     if info.module_cls.__name__ not in FALLBACK_OK:
         assert eager_neuron.stats()["fallbacks"] == {}
+
+
+def _channels_last_cases():
+    for info in common_modules.module_db:
+        yield pytest.param(info, id=info.module_cls.__name__)
+
+
+@pytest.mark.parametrize("info", list(_channels_last_cases()))
+def test_channels_last_matches_cpu(info):
+    """The first sample with its 4-d/5-d tensors in channels_last(_3d) layout: outputs and input
+    and parameter gradients as the CPU's, values and strides (a backward's layout is its
+    kernel's: BatchNorm keeps channels_last, MSELoss's and ELU's gradients do not)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.manual_seed(0)
+        inputs = info.module_inputs_func(info, device="cpu", dtype=torch.float32,
+                                         requires_grad=True, training=True)
+    inputs = [mi for mi in inputs if mi.forward_input is not None]
+    dims = {t.dim() for t in _tensors(inputs[0].forward_input.args)} if inputs else set()
+    if not dims & {4, 5}:
+        pytest.skip("no 4-d or 5-d input")
+    mi = inputs[0]
+
+    def layout(t):
+        if not isinstance(t, torch.Tensor):
+            return t
+        fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(t.dim())
+        out = t.detach().contiguous(memory_format=fmt) if fmt else t.detach().clone()
+        return out.requires_grad_(t.requires_grad)
+
+    def run(device):
+        torch.manual_seed(0)
+        m = info.module_cls(*_cpu(mi.constructor_input.args),
+                            **_cpu(mi.constructor_input.kwargs)).to(device)
+        if isinstance(getattr(m, "_random_samples", None), torch.Tensor):
+            m._random_samples = m._random_samples.to(device)
+        memo: dict = {}
+        args = tree_map(layout, _cpu(mi.forward_input.args, memo))
+        args = tree_map(lambda t: t.to(device).detach().requires_grad_(t.requires_grad)
+                        if isinstance(t, torch.Tensor) else t, args)
+        torch.manual_seed(1)
+        if issubclass(info.module_cls, torch.nn.modules.lazy.LazyModuleMixin):
+            m(*args)
+        outs = [o for o in _tensors(m(*args)) if o.requires_grad and o.is_floating_point()]
+        ins = _unique([t for t in _tensors(args) if t.requires_grad]) + list(m.parameters())
+        torch.manual_seed(2)
+        cots = [torch.randn(o.shape).to(device) for o in outs]
+        grads = torch.autograd.grad(outs, ins, cots, allow_unused=True) if outs else []
+        return outs, [g for g in grads if g is not None]
+
+    try:
+        w_out, w_grad = run("cpu")
+    except Exception as exc:        # an invalid sample (float64 random samples): refused alike
+        with pytest.raises(type(exc)):
+            run("neuron")
+        return
+    g_out, g_grad = run("neuron")
+    for g, w in zip(g_out + g_grad, w_out + w_grad):
+        assert g.shape == w.shape and (g.stride() == w.stride() or g.numel() <= 1)
+        torch.testing.assert_close(g.detach().cpu(), w.detach(), rtol=1e-4, atol=1e-4,
+                                   equal_nan=True)

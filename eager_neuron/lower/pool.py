@@ -231,8 +231,8 @@ def _fractional_max(rank: int):
         x, rs, (out, ind) = a["self"], a["random_samples"], outs
         if out.numel() == 0:
             return
-        if rs.dtype != x.dtype:
-            raise NotImplementedError(f"fractional_max_pool samples of {rs.dtype}")
+        if rs.dtype != x.dtype:     # the CPU's check (a CPU fallback only repeated it)
+            raise RuntimeError("Expect _random_samples to have the same dtype as input")
         kernel = _three(a["kernel_size"], rank, 1)
         rs3 = rs.unsqueeze(0) if rs.dim() == 2 else rs
         launch(*_launch("fractional_max", (_as5(out, rank), _as5(ind, rank), _as5(x, rank), rs3),
