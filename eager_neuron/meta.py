@@ -88,7 +88,12 @@ def _batch_norm_backward(grad_out, input, *rest):
 
 def iteration_strides(*args, **kwargs) -> tuple:
     """The strides of a CPU TensorIterator result over the tensor arguments in order (a binary
-    op's (self, other), a backward's (grad_output, self)), broadcast as it does."""
+    op's (self, other), a backward's (grad_output, self)), broadcast as it does.
+
+    >>> a = torch.empty(2, 3, 4, 5)
+    >>> iteration_strides(a, a.contiguous(memory_format=torch.channels_last))
+    (60, 20, 5, 1)
+    """
     from torch._prims_common import compute_elementwise_output_strides
 
     ts = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
@@ -112,7 +117,11 @@ def _iteration_order(op):
 
 def suggested_strides(t) -> tuple:
     """The strides of a tensor of t's shape in t's suggested memory format (ATen's
-    empty_like(t, t.suggest_memory_format())): channels_last(_3d) for such 4-d/5-d layouts."""
+    empty_like(t, t.suggest_memory_format())): channels_last(_3d) for such 4-d/5-d layouts.
+
+    >>> suggested_strides(torch.empty(2, 3, 4, 5).contiguous(memory_format=torch.channels_last))
+    (60, 1, 15, 3)
+    """
     from torch._prims_common import suggest_memory_format
 
     probe = torch.empty(t.shape, device="meta")
