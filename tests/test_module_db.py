@@ -63,14 +63,19 @@ def _tensors(x):
     return [t for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor)]
 
 
-@pytest.mark.parametrize(("info", "k"), list(_cases()))
-def test_module_matches_cpu(info, k):
+def _samples(info, device: str) -> list:
+    """The module's float32 training samples that have a forward input, made on `device`."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.manual_seed(0)
-        inputs = info.module_inputs_func(info, device="neuron", dtype=torch.float32,
+        inputs = info.module_inputs_func(info, device=device, dtype=torch.float32,
                                          requires_grad=True, training=True)
-    inputs = [mi for mi in inputs if mi.forward_input is not None]
+    return [mi for mi in inputs if mi.forward_input is not None]
+
+
+@pytest.mark.parametrize(("info", "k"), list(_cases()))
+def test_module_matches_cpu(info, k):
+    inputs = _samples(info, "neuron")
     if k >= len(inputs):
         pytest.skip(f"{info.module_cls.__name__} has {len(inputs)} samples")
     mi = inputs[k]
@@ -132,12 +137,7 @@ def test_channels_last_matches_cpu(info):
     """The first sample with its 4-d/5-d tensors in channels_last(_3d) layout: outputs and input
     and parameter gradients as the CPU's, values and strides (a backward's layout is its
     kernel's: BatchNorm keeps channels_last, MSELoss's and ELU's gradients do not)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.manual_seed(0)
-        inputs = info.module_inputs_func(info, device="cpu", dtype=torch.float32,
-                                         requires_grad=True, training=True)
-    inputs = [mi for mi in inputs if mi.forward_input is not None]
+    inputs = _samples(info, "cpu")
     dims = {t.dim() for t in _tensors(inputs[0].forward_input.args)} if inputs else set()
     if not dims & {4, 5}:
         pytest.skip("no 4-d or 5-d input")
