@@ -197,7 +197,10 @@ _META_VIA_OUT = {torch.ops.aten.nan_to_num_.default: _nan_to_num_inplace,
                  **{op: _contiguous(op) for op in (
                      torch.ops.aten.mse_loss_backward.default,
                      torch.ops.aten.fractional_max_pool2d_backward.default,
-                     torch.ops.aten.fractional_max_pool3d_backward.default)},
+                     torch.ops.aten.fractional_max_pool3d_backward.default,
+                     # the CPU's log_softmax backward is contiguous whatever grad's layout
+                     # (softmax's backward already was here)
+                     torch.ops.aten._log_softmax_backward_data.default)},
                  **{op: _long_target(op) for op in (
                      torch.ops.aten.nll_loss_forward.default,
                      torch.ops.aten.nll_loss2d_forward.default,

@@ -310,3 +310,17 @@ def test_fractional_max_pool_sample_dtype_refused_as_cpu(strict_fallback):
         rs = torch.rand(1, 3, 3, dtype=torch.float64).to(device)
         with pytest.raises(RuntimeError, match="same dtype as input"):
             torch.nn.functional.fractional_max_pool3d(x, 2, output_size=3, _random_samples=rs)
+
+
+def test_log_softmax_backward_is_contiguous_as_the_cpus():
+    """The CPU's `_log_softmax_backward_data` is contiguous whatever its gradient's layout;
+    neuron's followed a channels_last gradient (softmax's backward already matched)."""
+    got = {}
+    for device in ("cpu", "neuron"):
+        torch.manual_seed(0)
+        g = torch.randn(2, 3, 4, 5).to(device).contiguous(memory_format=torch.channels_last)
+        out = torch.log_softmax(torch.randn(2, 3, 4, 5).to(device), 1)
+        out = out.contiguous(memory_format=torch.channels_last)
+        got[device] = torch.ops.aten._log_softmax_backward_data(g, out, 1, torch.float32)
+    assert got["neuron"].stride() == got["cpu"].stride()
+    torch.testing.assert_close(got["neuron"].cpu(), got["cpu"], rtol=1e-6, atol=1e-6)
