@@ -106,9 +106,14 @@ def _iteration_order(op):
     Python reference led by another operand (copysign, xlogy, floor division: a where() or a
     sign of `other`; hardtanh/softplus/hardswish/hardsigmoid backward: a mask of `self`): a
     contiguous `self` with a channels_last `other` came out channels_last (the CPU's is not)."""
+    return _with_strides(op, iteration_strides)
+
+
+def _with_strides(op, strides_of):
+    """op's meta, its result laid out with `strides_of(*args, **kwargs)` where they differ."""
     def meta(*args, **kwargs):
         out = op(*args, **kwargs)
-        stride = iteration_strides(*args, **kwargs)
+        stride = strides_of(*args, **kwargs)
         if tuple(out.stride()) == tuple(stride):
             return out
         return torch.empty_strided(out.shape, stride, dtype=out.dtype, device=out.device)
@@ -131,13 +136,7 @@ def suggested_strides(t) -> tuple:
 def _like_input(op):
     """Padding backward (grad_input = zeros_like(input, input.suggest_memory_format())): the
     meta function's result is contiguous for a channels_last input."""
-    def meta(grad_output, input, *args, **kwargs):
-        out = op(grad_output, input, *args, **kwargs)
-        stride = suggested_strides(input)
-        if tuple(out.stride()) == tuple(stride):
-            return out
-        return torch.empty_strided(out.shape, stride, dtype=out.dtype, device=out.device)
-    return meta
+    return _with_strides(op, lambda grad_output, input, *a, **k: suggested_strides(input))
 
 
 def _contiguous(op):

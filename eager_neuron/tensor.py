@@ -17,6 +17,7 @@ import torch
 
 DEVICES = [torch.device("neuron", i) for i in range(64)]
 _MAKE = torch.Tensor._make_wrapper_subclass
+_STRIDED = torch.strided
 _MODES = torch._C._len_torch_dispatch_stack
 
 
@@ -24,7 +25,6 @@ def _no_modes():
     from torch.utils._python_dispatch import _disable_current_modes
 
     return _disable_current_modes()
-_STRIDED = torch.strided
 
 
 class NeuronTensor(torch.Tensor):

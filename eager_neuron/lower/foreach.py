@@ -111,11 +111,13 @@ def _run_out(func, args, kwargs, mode):
     ov = func._schema.overload_name
     functional = getattr(getattr(torch.ops.aten, func._schema.name.split("::")[1]),
                          ov[:-len("_out")] if ov.endswith("_out") else "default")
-    if mode is not None:        # NeuronMode: CPU tensors in and out
-        with mode:
-            results = functional(*args, **kw)
-    else:
-        results = _tensor._dispatch(functional, tuple(args), kw)
+    def call(op, *a, **k):
+        if mode is not None:    # NeuronMode: CPU tensors in and out
+            with mode:
+                return op(*a, **k)
+        return _tensor._dispatch(op, a, k)
+
+    results = call(functional, *args, **kw)
     if len(out) != len(results):
         raise RuntimeError(f"{func.name()}: expected {len(results)} out tensors, got {len(out)}")
     for o, r in zip(out, results):
@@ -126,15 +128,11 @@ def _run_out(func, args, kwargs, mode):
                     f"{list(o.shape)}, which does not match the required output shape "
                     f"{list(r.shape)}. This behavior is deprecated; resize outputs explicitly "
                     "with t.resize_(0) first.")
-            if mode is not None:
+            if mode is not None:    # (a CPU out tensor resizes itself, outside the mode)
                 o.resize_(r.shape)
             else:
-                _tensor._dispatch(torch.ops.aten.resize_.default, (o, list(r.shape)), {})
-        if mode is not None:
-            with mode:
-                o.copy_(r)
-        else:
-            _tensor._dispatch(torch.ops.aten.copy_.default, (o, r), {})
+                call(torch.ops.aten.resize_.default, o, list(r.shape))
+        call(torch.ops.aten.copy_.default, o, r)
         increment_version(o)    # once per out tensor, as the CPU's out= kernel
 
 
