@@ -441,10 +441,12 @@ def _install_fallback() -> None:
     """Factories with device='neuron' (no tensor argument) arrive here: the third door."""
     global _lib
     from .dispatch import dispatch
+    from .errors import refuse_foreign
 
     _lib = torch.library.Library("_", "IMPL")
 
     def fallback(op, *args, **kwargs):
+        refuse_foreign(op, args, kwargs)
         return dispatch(op, args, kwargs)
 
     _lib.fallback(fallback, "PrivateUse1")

@@ -919,17 +919,21 @@ _IMPL_LIB = None
 
 
 def install_privateuse1_impls() -> None:
-    """Explicit PrivateUse1 kernels for the copies PyTorch's C++ issues with the Python key
-    excluded (torch.tensor(data, device="neuron") ends in _to_copy/copy_ there): the boxed
-    fallback cannot serve those (an internal assert in torch 2.13), a registered impl can."""
+    """Explicit PrivateUse1 kernels for the ops PyTorch's C++ issues with the Python key
+    excluded (torch.tensor(data, device="neuron") ends in _to_copy/copy_ there, and
+    torch.tensor([neuron 0-d tensor, 2.0]) reads each element's value by _local_scalar_dense):
+    the boxed fallback cannot serve those (an internal assert in torch 2.13), a registered impl
+    can."""
     global _IMPL_LIB
     if _IMPL_LIB is not None:
         return
     _IMPL_LIB = torch.library.Library("aten", "IMPL")
-    for name in ("_to_copy", "copy_", "_copy_from", "_copy_from_and_resize"):
+    for name in ("_to_copy", "copy_", "_copy_from", "_copy_from_and_resize",
+                 "_local_scalar_dense"):
         op = getattr(aten, name).default
 
         def impl(*args, _op=op, **kwargs):
+            errors.refuse_foreign(_op, args, kwargs)
             # under a tracer's fake mode (dynamo tracing torch.tensor(..., device="neuron")),
             # the copy still allocates real device memory, as a CUDA copy does
             return run_outside_fake(dispatch, _op, args, kwargs)

@@ -80,6 +80,35 @@ def describe_args(args, kwargs) -> str:
     return ", ".join(parts)
 
 
+def refuse_foreign(op, args, kwargs) -> None:
+    """Raise for a plain torch.Tensor on a neuron device among an op's arguments whose storage
+    is not over neuron memory: a tensor eager_neuron did not make
+    (torch.utils.dlpack.from_dlpack of a capsule exported from a neuron tensor makes one), with
+    no device buffer behind it. It reaches the PrivateUse1 kernels directly (it has no Python
+    key); unchecked, the op recursed until RecursionError. (Plain tensors over a neuron storage
+    are PyTorch's own, from pickling and legacy torch.save: lower/host.py copies those.)"""
+    for v in (*args, *kwargs.values()):
+        vs = v if isinstance(v, (list, tuple)) else (v,)
+        for t in vs:
+            if type(t) is torch.Tensor and t.device.type == "neuron" and not _ours(t):
+                raise RuntimeError(
+                    f"{getattr(op, '__name__', op)}: an argument is a tensor on {t.device} that "
+                    "eager_neuron did not make (a plain torch.Tensor with a neuron device, as "
+                    "torch.utils.dlpack.from_dlpack of an exported neuron tensor gives); it has "
+                    "no device buffer.\n" + where() + "\n  fix: make neuron tensors with "
+                    "eager_neuron (t.to('neuron'), torch.empty(..., device='neuron')); to "
+                    "exchange data through DLPack, go through the CPU (t.cpu())")
+
+
+def _ours(t: torch.Tensor) -> bool:
+    # a storage PyTorch's C++ made over neuron memory has a data pointer (host memory, read in
+    # place by lower/host.py); a DLPack import's storage is invalid for Python
+    try:
+        return t.untyped_storage().data_ptr() != 0 or t.numel() == 0
+    except RuntimeError:
+        return False
+
+
 class UnsupportedOpError(RuntimeError):
     """An op with no neuron kernel and no decomposition, with the CPU fallback disabled."""
 

@@ -110,3 +110,29 @@ def install() -> None:
         return
     _ORIGINAL_NEW = torch.UntypedStorage.__new__
     torch.UntypedStorage.__new__ = _untyped_storage_new
+    from torch.utils import dlpack
+
+    legacy = _refusing_neuron(dlpack.to_dlpack)
+    dlpack.to_dlpack = legacy
+    if getattr(torch, "to_dlpack", None) is not None:
+        torch.to_dlpack = legacy
+
+
+# DLPack names no device type for neuron: PyTorch's C++ exported a neuron tensor as kDLExtDev
+# with the host-backed buffer's address, and from_dlpack of that capsule made a plain
+# torch.Tensor on "neuron:0" that no op could run on (each recursed until RecursionError)
+NO_DLPACK = ("neuron tensors cannot be exported through DLPack (it has no device type for "
+             "neuron; a consumer would take the buffer for another device's memory).\n"
+             "  fix: export a CPU copy: torch.utils.dlpack.to_dlpack(t.cpu()), "
+             "np.from_dlpack(t.cpu())")
+
+
+def _refusing_neuron(original):
+    def to_dlpack(tensor):
+        if isinstance(tensor, torch.Tensor) and tensor.device.type == "neuron":
+            raise RuntimeError(f"to_dlpack: {NO_DLPACK}")
+        return original(tensor)
+
+    to_dlpack.__doc__ = original.__doc__
+    to_dlpack.__wrapped__ = original
+    return to_dlpack

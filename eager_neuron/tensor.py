@@ -174,6 +174,18 @@ class NeuronTensor(torch.Tensor):
     def data_ptr(self) -> int:
         return self._data.data_ptr()
 
+    # DLPack (storage.py NO_DLPACK): the protocol's own exception types, as torch raises them
+    # for a device DLPack cannot name
+    def __dlpack__(self, *args, **kwargs):
+        from .storage import NO_DLPACK
+
+        raise BufferError(f"__dlpack__: {NO_DLPACK}")
+
+    def __dlpack_device__(self):
+        from .storage import NO_DLPACK
+
+        raise ValueError(f"__dlpack_device__: {NO_DLPACK}")
+
     # NOTE: `t.data = other` swaps the wrapper's sizes/strides in C++ (set_data) but not its
     # device buffer, which lives in Python attributes: move those too, so `w.data = w.data * 0.5`
     # and `lin.weight.data = torch.zeros(..., device="neuron")` change what forward reads.

@@ -6,6 +6,7 @@ The crashes these fixed (segfaults, aborts) are checked in a subprocess that mus
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import io
 import os
@@ -820,3 +821,50 @@ def test_linspace_on_neuron_ends_made_on_the_cpu_when_asked():
     got = torch.linspace(s, e, 5, device="cpu")
     assert got.device == torch.device("cpu")
     assert torch.equal(got, torch.linspace(0.0, 1.0, 5))
+
+
+@pytest.mark.parametrize("mode", ["plain", "adaptive"])
+def test_torch_tensor_of_a_list_holding_neuron_scalars(mode):
+    """torch.tensor([neuron 0-d tensor, 2.0]) reads each element's value with the Python key
+    excluded (_local_scalar_dense on the PrivateUse1 kernel): it raised torch's INTERNAL ASSERT
+    (python_dispatch.cpp, boxed fallback); CUDA gives the CPU tensor of the values."""
+    for dev in ("cpu", "neuron"):
+        a = torch.tensor(1.5, device=dev)
+        with eager_neuron.adaptive() if mode == "adaptive" else contextlib.nullcontext():
+            got = [torch.tensor([a * 2, 2.0]), torch.tensor([[a, torch.tensor(3, device=dev)]]),
+                   torch.tensor([a], device="neuron"), torch.as_tensor([a, a], dtype=torch.float64)]
+        if dev == "cpu":
+            want = got
+        else:
+            for g, w in zip(got, want):
+                assert g.device == w.device and g.dtype == w.dtype and torch.equal(g.cpu(), w.cpu())
+    v = torch.ones(2, device="neuron")
+    with pytest.raises(ValueError, match="only one element tensors"):
+        torch.tensor([v, v])
+
+
+def test_dlpack_refuses_neuron_tensors_and_foreign_device_tensors_fail_clearly():
+    """DLPack has no device type for neuron: PyTorch's C++ exported a neuron tensor as kDLExtDev,
+    and from_dlpack of that capsule made a plain torch.Tensor on neuron:0 whose every op recursed
+    until RecursionError (a print of it spun for minutes). The exports refuse with the protocol's
+    exception types; such a tensor, made anyway through torch's C++, fails with a clear error."""
+    np = pytest.importorskip("numpy")
+    x = torch.arange(3.0, device="neuron")
+    with pytest.raises(RuntimeError, match="(?s)DLPack.*t.cpu"):
+        torch.utils.dlpack.to_dlpack(x)
+    with pytest.raises(RuntimeError, match="DLPack"):
+        torch.to_dlpack(x)
+    with pytest.raises(ValueError, match="DLPack"):
+        torch.from_dlpack(x)
+    with pytest.raises(BufferError, match="DLPack"):
+        x.__dlpack__()
+    with pytest.raises((BufferError, ValueError), match="DLPack"):
+        np.from_dlpack(x)
+    assert torch.equal(torch.from_dlpack(torch.utils.dlpack.to_dlpack(x.cpu())),
+                       torch.arange(3.0))
+    foreign = torch.from_dlpack(torch._C._to_dlpack(x))   # torch's own C++, unguarded
+    assert type(foreign) is torch.Tensor and foreign.device.type == "neuron"
+    for op in (lambda: foreign + 1, lambda: foreign.sum(), lambda: foreign.cpu(),
+               lambda: repr(foreign), lambda: torch.empty(3).copy_(foreign)):
+        with pytest.raises(RuntimeError, match="eager_neuron did not make"):
+            op()
