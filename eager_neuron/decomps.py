@@ -141,6 +141,58 @@ def _zero_padded(grad, input_sizes, dim, start, end):
     return out if out.is_contiguous() else None
 
 
+def padded(func, args, kwargs):
+    """(unsqueeze dim or None, pad) when `func(*args)` is one zero pad of its gradient (the
+    unit-step slice_backward and the select_backward `_zero_padded` serves), else None: a pure
+    function of the call's shapes, strides and integers, which the fast path's signature fixes,
+    so a repeat of the signature may run the pad directly (fastpath.learn_padded)."""
+    if kwargs or not args or not isinstance(args[0], torch.Tensor):
+        return None
+    grad = args[0]
+    try:
+        if func is torch.ops.aten.slice_backward.default and len(args) == 6:
+            _g, sizes, dim, start, end, step = args
+            unsq, lo_hi = None, (start, end)
+            if step != 1:
+                return None
+        elif func is torch.ops.aten.select_backward.default and len(args) == 4:
+            _g, sizes, dim, index = args
+            nd = len(sizes)
+            unsq = dim % nd if nd else 0
+            n = int(sizes[unsq]) if nd else 0
+            i = index + n if index < 0 else index
+            if not (nd > 0 and grad.dim() == nd - 1 and 0 <= i < n):
+                return None
+            lo_hi = (i, i + 1)
+        else:
+            return None
+        sizes = [int(s) for s in sizes]
+        nd = len(sizes)
+        shape = list(grad.shape)
+        if unsq is not None:
+            shape.insert(unsq, 1)
+            dim = unsq
+        if nd == 0 or len(shape) != nd:
+            return None
+        probe = torch.empty_strided(grad.shape, grad.stride(), device="meta")
+        if unsq is not None:
+            probe = probe.unsqueeze(unsq)
+        if not (probe.is_contiguous() or _suggests_contiguous(probe)):
+            return None
+        d = dim % nd
+        n = sizes[d]
+        lo, hi = lo_hi
+        lo = lo + n if lo < 0 else lo
+        hi = hi + n if hi < 0 else hi
+        lo = min(max(lo, 0), n)
+        hi = min(max(hi, lo), n)
+        if shape != sizes[:d] + [hi - lo] + sizes[d + 1:]:
+            return None
+    except (TypeError, ValueError, ZeroDivisionError):   # a symbolic or odd argument
+        return None
+    return unsq, [0, 0] * (nd - 1 - d) + [lo, n - hi]
+
+
 def _suggests_contiguous(t) -> bool:
     """Does the CPU lay out a result "in t's memory format" (suggest_memory_format) as a
     contiguous tensor? Only a 4-d or 5-d tensor with channels-last strides suggests another."""

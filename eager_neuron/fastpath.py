@@ -320,6 +320,56 @@ def _add(func, values: bool, sig: tuple, run, call: tuple | None = None) -> bool
         return True
 
 
+def _known(func, values: bool, sig: tuple) -> bool:
+    """Is a runner for this signature already in the table? (A re-entered call, the kernel
+    path a host op takes for its work (`_to_copy(x, dtype=..., device=x.device)`: a cast),
+    reaches the learners on every call: without this each one compiled the same runner again.)"""
+    tab = TABLES.get(func)
+    return tab is not None and tab[0] == values and sig in tab[1]
+
+
+def share_runner(func, args: tuple, kwargs: dict, outer_args: tuple, outer_kwargs: dict) -> None:
+    """Let the runner of `func(*args, **kwargs)` serve `func(*outer_args, **outer_kwargs)`, a
+    call the caller knows to be the same work (lower/host.py: a same-core `_to_copy` with a
+    `device=` argument runs as the cast without it)."""
+    tab = TABLES.get(func)
+    if tab is None:
+        return
+    sig = signature(args, kwargs, tab[0])
+    run = tab[1].get(sig) if sig is not None else None
+    if run is None:
+        return
+    outer = signature(outer_args, outer_kwargs, tab[0])
+    if outer is not None and outer not in tab[1]:
+        _add(func, tab[0], outer, run)
+
+
+def learn_padded(func, plan, args, kwargs, out) -> None:
+    """After a plain-eager slice_backward/select_backward that decomposed into one zero pad
+    (decomps.padded): leave a runner making that pad directly, skipping the decomposition's
+    dispatch, argument checks and plan (~25 us of a Llama rotate_half gradient). The pad goes
+    down the funnel as in the decomposition (its own fast path); a result not laid out as the
+    decomposition's (never seen: the checks of `padded` decide it) is a MISS, and the slow
+    path runs."""
+    from .decomps import padded
+
+    if type(out) is not NeuronTensor:
+        return
+    found = padded(func, args, kwargs)
+    sig = signature(args, kwargs, True) if found is not None else None
+    if sig is None:
+        return
+    unsq, pad = found
+    ns = {"PAD": torch.ops.aten.constant_pad_nd.default, "P": tuple(pad), "D": unsq,
+          "UNSQ": torch.ops.aten.unsqueeze.default, "S": STATS, "F": STATS_FAST,
+          "MISS": MISS, "NAME": plan.name, "SHAPE": tuple(out.shape)}
+    g = "args[0]" if unsq is None else "UNSQ(args[0], D)"
+    lines = [f"out = PAD({g}, P, 0)",
+             "if out.shape != SHAPE or not out.is_contiguous(): return MISS",
+             "S.decompositions[NAME] += 1", "F['hits'] += 1", "return out"]
+    _add(func, True, sig, _build(plan.name, lines, ns))
+
+
 def _ref(func, args: tuple, kwargs: dict, name: str):
     """Source text reading schema argument `name` from the call, or None if it was defaulted."""
     from .lower.common import schema_args
@@ -372,6 +422,8 @@ def learn_elementwise(func, plan, args, kwargs, index: int, a: dict, outs: list,
     sig = signature(args, kwargs, values)
     if sig is None:
         return False
+    if _known(func, values, sig):
+        return True
     kernel = MEMORY.get(full_key(req[0], req[2]))
     if kernel is None:
         return False

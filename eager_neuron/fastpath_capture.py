@@ -36,6 +36,7 @@ from .fastpath import (
     _charge_lines,
     _entry_point,
     _eval,
+    _known,
     _out_part,
     _ref,
     failed,
@@ -140,7 +141,7 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
             return
         values, runtime = found
     sig = signature(args, kwargs, values)
-    if sig is None:
+    if sig is None or _known(func, values, sig):
         return
     ns = {"S": STATS, "F": STATS_FAST, "SIM": SIM, "NT": NeuronTensor, "MISS": MISS,
           "IDX": index, "ndarray": np.ndarray, "FULL": full_np}

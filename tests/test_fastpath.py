@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import eager_neuron
-from eager_neuron import fastpath
+from eager_neuron import decomps, fastpath
 from eager_neuron.config import config
 from eager_neuron.launch import MEMORY
 from eager_neuron.stats import STATS
@@ -1027,3 +1027,68 @@ def test_an_empty_output_of_a_replay_has_the_cpus_strides():
     for _ in range(3):
         got = torch.nn.functional.interpolate(x.half().to("neuron"), size=7)
         assert got.stride() == want.stride()
+
+
+def test_to_with_its_own_device_repeats_from_the_casts_runner():
+    """x.to(device=x.device, dtype=...) (Hugging Face's attention masks) runs as the cast
+    without `device`: the cast's runner was learned under that inner signature only, so every
+    call took the slow path and compiled the same runner again (~0.4 ms a call, 0.66 ms of a
+    BERT step). Now the outer call repeats from the runner, and nothing is learned twice."""
+    src = torch.tensor([[3, 0, -2, 7]])
+    x = src.to("neuron")
+    want = src.to(dtype=torch.bool)
+    for device in (x.device, "neuron", "neuron:0"):
+        x.to(device=device, dtype=torch.bool)
+        learned = fastpath.STATS_FAST["learned"]
+        before = _hits()
+        for _ in range(3):
+            got = x.to(device=device, dtype=torch.bool)
+            assert got.device == x.device and torch.equal(got.cpu(), want)
+        assert _hits() - before == 3
+        assert fastpath.STATS_FAST["learned"] == learned
+    # another core is a copy between cores, never the cast's runner
+    if torch.neuron.device_count() > 1:
+        got = x.to(device="neuron:1", dtype=torch.bool)
+        assert got.device == torch.device("neuron:1") and torch.equal(got.cpu(), want)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "channels_last"])
+def test_slice_and_select_backward_repeat_as_one_zero_pad(layout):
+    """A unit-step slice_backward (Llama's rotate_half gradient) and select_backward are one
+    zero pad of the gradient (decomps._zero_padded): a repeat of the signature runs that pad
+    from a runner, skipping the decomposition (~50 -> ~25 us a call in a Llama step). Values
+    and strides as the CPU's; another slice (or step) of the same gradient never replays it."""
+    sb, sel = torch.ops.aten.slice_backward.default, torch.ops.aten.select_backward.default
+
+    def grad(shape):
+        if layout == "transposed":
+            return torch.randn(shape[::-1]).permute(*reversed(range(len(shape))))
+        if layout == "channels_last" and len(shape) == 4:
+            return torch.randn(shape).contiguous(memory_format=torch.channels_last)
+        return torch.randn(shape)
+
+    cases = [(sb, (2, 3, 4, 2), ([2, 3, 4, 5], 3, 1, 3, 1)),
+             (sb, (2, 3, 4, 2), ([2, 3, 4, 5], 3, 0, 2, 1)),        # same grad, other slice
+             (sb, (2, 3, 4, 2), ([2, 3, 4, 5], -1, -2, 2**63 - 1, 1)),
+             (sb, (3, 5), ([3, 9], 1, 0, 9, 2)),                    # step 2: not one pad
+             (sel, (4, 6), ([4, 5, 6], 1, 2)), (sel, (4, 6), ([4, 5, 6], 1, -1)),
+             (sel, (5,), ([5, 7], 1, 3))]
+    for op, shape, rest in cases:
+        g = grad(shape)
+        want = op(g, *rest)
+        gn = g.to("neuron")
+        op(gn, *rest)
+        before = _hits()
+        got = op(gn, *rest)
+        hits = _hits() - before
+        assert got.stride() == want.stride() and torch.equal(got.cpu(), want), (op, rest)
+        learned = fastpath.TABLES.get(op, (True, {}))[1]
+        # one pad unless the step is not 1 or a channels_last gradient (its pad would be laid
+        # out channels_last; the CPU's result is contiguous: zeros and a copy)
+        if rest[-1] == 1 or op is sel:
+            assert (decomps.padded(op, (gn, *rest), {}) is None) == (layout == "channels_last"
+                                                                     and g.dim() == 4)
+        if decomps.padded(op, (gn, *rest), {}) is not None:   # the op's own runner served
+            assert fastpath.signature((gn, *rest), {}, True) in learned and hits >= 2
+        else:
+            assert fastpath.signature((gn, *rest), {}, True) not in learned

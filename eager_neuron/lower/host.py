@@ -96,7 +96,14 @@ def to_copy(func, args, kwargs, mode):
             return aten._to_copy.default(host, **kw)
         if target == src.device.index:
             kw.pop("device", None)
-            return _RUN_KERNEL(func, (src,), kw, None, _kernel_plan(func))
+            out = _RUN_KERNEL(func, (src,), kw, None, _kernel_plan(func))
+            if "device" in kwargs and mode is None:
+                # x.to(device=x.device, dtype=...) (Hugging Face's masks): the cast's runner
+                # serves this call too (else it took this path, ~0.4 ms, every time)
+                from ..fastpath import share_runner
+
+                share_runner(func, (src,), kw, args, kwargs)
+            return out
         # core -> core: a device copy through HBM
         flush("cross-core copy")
         kw["device"] = torch.device("cpu")
