@@ -113,6 +113,12 @@ def capturable(plan) -> bool:
         getattr(plan.lower, "fast_facts", None) is not None
 
 
+def host_np(t: torch.Tensor) -> np.ndarray:
+    """A host view as numpy: bfloat16 (which numpy lacks) as its int16 bits, as the cast
+    kernels read and write it."""
+    return t.view(torch.int16).numpy() if t.dtype == torch.bfloat16 else t.numpy()
+
+
 def _span(arr: np.ndarray) -> tuple:
     lo = hi = arr.__array_interface__["data"][0]
     for size, stride in zip(arr.shape, arr.strides):
@@ -144,7 +150,7 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
     if sig is None or _known(func, values, sig):
         return
     ns = {"S": STATS, "F": STATS_FAST, "SIM": SIM, "NT": NeuronTensor, "MISS": MISS,
-          "IDX": index, "ndarray": np.ndarray, "FULL": full_np}
+          "IDX": index, "ndarray": np.ndarray, "FULL": full_np, "HNP": host_np}
     wlines, guards, lines = [], [], []
     # 1. sources: the outputs (fresh or written) and the neuron operands, by memory
     sources = []   # (expression of a numpy view, its numpy array at learn time)
@@ -161,6 +167,8 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
             if ref is None or type(_eval(ref, args, kwargs)) is not NeuronTensor:
                 return
             written[i] = ref
+            if out.dtype == torch.bfloat16:
+                return   # (numpy has no bfloat16: FULL cannot view it)
             wlines.append(f"W{i} = {ref}")
             lines.append(f"O{i} = FULL(W{i})")
             sources.append((f"O{i}", out.numpy()))
@@ -170,8 +178,8 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
         lines += _alloc_lines(ns, out, index, str(i), recycle=True)
         # the numpy form allocates the array first (np.empty + from_numpy): its full view
         lines.append(f"O{i} = data_np{i}" if f"NPDT{i}" in ns or f"POOLNP{i}" in ns
-                     else f"O{i} = data{i}.numpy()")
-        sources.append((f"O{i}", out.numpy()))
+                     else f"O{i} = HNP(data{i})")
+        sources.append((f"O{i}", host_np(out)))
     inputs = []
     for i, v in enumerate(args):
         if type(v) is NeuronTensor:
@@ -190,8 +198,9 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
             return
         if ref in written.values():
             continue   # the written tensor is source O{i} already
-        sources.append((f"I{j}", v._data.numpy()))
-        lines.append(f"I{j} = FULL({ref})")
+        sources.append((f"I{j}", host_np(v._data)))
+        lines.append(f"I{j} = HNP({ref}._data)" if v.dtype == torch.bfloat16 else
+                     f"I{j} = FULL({ref})")
         refs_of[f"I{j}"] = ref
     # two sources sharing memory: the lowering's choice between them cannot be told apart by
     # address alone. Read-only operands that only interleave (attention's q, k, v: views of
@@ -414,6 +423,12 @@ def _array_expr(x: np.ndarray, sources: list, ns: dict, tag: str, same: dict | N
         sources = owners[:1]
     for expr, base in sources:
         if base.dtype != x.dtype:
+            if base.dtype.itemsize == x.dtype.itemsize and x.shape == base.shape and \
+                    x.strides == base.strides and ptr == base.__array_interface__["data"][0]:
+                # the operand's bits reinterpreted (a half cast reads float32 as int32 and
+                # writes bfloat16/float16 as int16): the same view of this call's operand
+                ns[f"VD{tag}"] = x.dtype
+                return f"{expr}.view(VD{tag})"
             continue
         bptr = base.__array_interface__["data"][0]
         if ptr == bptr and x.shape == base.shape and x.strides == base.strides:

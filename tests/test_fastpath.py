@@ -1092,3 +1092,38 @@ def test_slice_and_select_backward_repeat_as_one_zero_pad(layout):
             assert fastpath.signature((gn, *rest), {}, True) in learned and hits >= 2
         else:
             assert fastpath.signature((gn, *rest), {}, True) not in learned
+
+
+@pytest.mark.parametrize("half", [torch.bfloat16, torch.float16])
+def test_half_casts_repeat_from_runners_and_equal_cpu(half):
+    """Casts between float32 and bfloat16/float16 (autocast casts every weight and activation)
+    took the slow path on every call (~46 us): half dtypes were never learned. The cast is one
+    bit-level kernel reading float32 as int32 and writing the half type as int16; its runner
+    takes this call's operands reinterpreted the same way (bfloat16 as int16 bits: numpy has
+    none). Values bit for bit the CPU's (ties to even, NaN, inf, subnormals), strides the
+    CPU's, new values on every call; another dtype or layout is another signature."""
+    special = torch.tensor([1 + 2 ** -8, 1 + 3 * 2 ** -8, 65520.0, -70000.0, 1e-8, -1e-40,
+                            float("nan"), float("inf"), -0.0, 2 ** -25 * 3, 3.0e38, 0.1])
+    for make in (lambda t: t, lambda t: t[::2], lambda t: t.view(3, 4).t(),
+                 lambda t: t[:1].expand(5)):
+        for step in range(3):
+            src = make(special * (1 + step))       # new values each call, one signature
+            dev = make((special * (1 + step)).to("neuron"))
+            before = _hits()
+            down = dev.to(half)
+            up = down.float()
+            if step:   # learned at step 0: both casts repeat from their runners
+                assert _hits() - before == 2
+            want = src.to(half)
+            assert down.dtype == half and down.stride() == want.stride()
+            got = down.cpu()
+            nan = want.isnan()   # (a NaN's bits are the CPU's ISA's: only NaN-ness is judged)
+            assert torch.equal(got.isnan(), nan)
+            assert torch.equal(got[~nan].view(torch.int16), want[~nan].view(torch.int16))
+            torch.testing.assert_close(up.cpu(), want.float(), rtol=0, atol=0, equal_nan=True)
+    # a float64 source is another signature (and, through float32 scratch, not learned)
+    x = special.double().to("neuron")
+    for _ in range(2):
+        got = x.to(half)
+    torch.testing.assert_close(got.cpu(), special.double().to(half), rtol=0, atol=0,
+                               equal_nan=True)
