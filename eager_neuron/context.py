@@ -68,6 +68,16 @@ class OpContext:
                 f"recording={self.recording}, launcher={self.launcher!r})")
 
 
+def scratch(t):
+    """Mark t, host scratch a lowering just allocated uninitialized (torch.empty) and fills
+    before it reads it, for the fast path learning this op: a replay allocates a fresh one of
+    t's layout instead of looking for t among the op's operands (fastpath_capture). Returns t."""
+    ctx = getattr(_TLS, "ctx", None)
+    if ctx is not None and ctx.capture is not None:
+        ctx.capture.append(("scratch", t))
+    return t
+
+
 def current() -> OpContext | None:
     """The context of the op this thread is lowering (None outside a lowering)."""
     return getattr(_TLS, "ctx", None)

@@ -310,6 +310,9 @@ def dispatch(func, args, kwargs, mode=None, plan=None):
                         req[1](*req[2:])
                     else:
                         launch(*req)
+                if ctx.capture:
+                    _learn_captured(func, plan, args, kwargs, index, outs, leaves, spec,
+                                    ctx.capture)
             else:
                 lower(func, a, outs)
                 if ctx.capture:
@@ -569,8 +572,7 @@ def _kernel_setup(func, plan, args, kwargs, mode) -> tuple:
             ctx.capture = []
     elif mode is None:
         if _capture.capturable(plan) and config.fastpath and \
-                (dtypes.isdisjoint(_WIDENED) or plan.name in _HALF_CAPTURED and
-                 dtypes.isdisjoint(_NOT_HALF)) and not _fast.declined(func, args, kwargs):
+                dtypes.isdisjoint(_NOT_HALF) and not _fast.declined(func, args, kwargs):
             ctx = OpContext(index)   # the fast path learns this op from its launches
             ctx.capture = []
         else:
@@ -640,10 +642,9 @@ def _route(kind: str):
 
 
 _WIDENED = COMPLEX | HALF | FP8   # dtypes whose ops take the complex / half / fp8 routes
+# plain eager learns kernel ops with half-type operands from their launches too (casts, and
+# the half route's casts up, float32 op and casts down, over scratch marked context.scratch)
 _NOT_HALF = COMPLEX | FP8
-# kernel ops learned from their launches with half-type operands too: the casts to and from
-# bfloat16/float16 (one bit-level kernel; autocast's casts of every weight and activation)
-_HALF_CAPTURED = frozenset({"aten::_to_copy"})
 _PLAIN_CTX: dict = {}   # core -> the shared context of plain-eager ops on it (never recording)
 _KEEP_TYPE = (IndexError, ValueError, TypeError, ZeroDivisionError, torch.linalg.LinAlgError)
 

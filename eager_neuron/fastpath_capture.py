@@ -29,6 +29,7 @@ from .fastpath import (
     SIM,
     STATS,
     STATS_FAST,
+    TABLES,
     NeuronTensor,
     _add,
     _alloc_lines,
@@ -139,7 +140,24 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
                           for o in outs):
         return
     values, runtime = True, {}
-    if getattr(plan.lower, "fast_facts", None) is not None:
+    fresh = [e[1] for e in capture if e[0] == "scratch"]
+    fresh_spans = [_span(host_np(t)) for t in fresh if t.numel()]
+    if fresh:
+        # a half-type op (lower/half.py: float32 scratch, scalars rounded to the half type on
+        # the host): its launches take its scalars as constants, so a call with numbers is
+        # keyed by their values. The table's kind is the overload's: an elementwise overload's
+        # float32 flat runners key numbers by type, so such a half call is learned only into a
+        # table keyed by value, and a half call without numbers (h + h, gelu(h)) joins the
+        # table as it is, or starts it keyed by type (the float32 runners' kind)
+        capture = [e for e in capture if e[0] != "scratch"]
+        if getattr(plan.lower, "fast_facts", None) is not None:
+            tab = TABLES.get(func)
+            if _has_numbers(args, kwargs):
+                if tab is None or not tab[0]:
+                    return   # (never start an elementwise overload's table keyed by value)
+            else:
+                values = tab[0] if tab is not None else False
+    elif getattr(plan.lower, "fast_facts", None) is not None:
         # the elementwise family keys scalars as its flat runners do (by type): one table
         # kind per overload, or whichever learner came first would lock the other one out
         found = _scalar_args(func, plan, args, kwargs, outs, capture)
@@ -250,6 +268,11 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
         for m, x in enumerate(kargs):
             if isinstance(x, np.ndarray):
                 e = _array_expr(x, sources, ns, f"{n}_{m}", same)
+                if e is None and fresh_spans:
+                    e = _fresh_expr(x, fresh, sources, ns, lines, f"{n}_{m}", same)
+                    if e is None and any(xlo < hi and lo < xhi for lo, hi in fresh_spans
+                                         for xlo, xhi in (_span(x),)):
+                        return   # in the lowering's scratch, but not a view the replay makes
                 if e is None:
                     # not the op's memory: a lowering's own small constant or scratch array
                     # (a stand-in for an absent operand) starts each replay as it started here
@@ -389,6 +412,37 @@ def _scalar_args(func, plan, args, kwargs, outs: list, capture: list):
     return False, runtime
 
 
+def _has_numbers(args: tuple, kwargs: dict) -> bool:
+    """Does the call pass a Python number (bools included), alone or in a list?"""
+    for v in (*args, *kwargs.values()):
+        for x in (v if isinstance(v, (list, tuple)) else (v,)):
+            if isinstance(x, (int, float)):
+                return True
+    return False
+
+
+def _fresh_expr(x: np.ndarray, fresh: list, sources: list, ns: dict, lines: list, tag: str,
+                same):
+    """Source text giving array x from scratch the lowering allocated uninitialized for this
+    call (context.scratch): each replay allocates its own of the same layout when the first
+    launch reaches it (host scratch, as the slow path's), or None when x lies in none."""
+    lo, hi = _span(x)
+    for k, t in enumerate(fresh):
+        if t is None:
+            continue
+        arr = host_np(t)
+        tlo, thi = _span(arr)
+        if tlo <= lo and hi <= thi:
+            fresh[k] = None   # from now on a source like the op's own memory
+            name = f"Z{tag}"
+            ns.update({f"ZSH{tag}": tuple(t.shape), f"ZST{tag}": t.stride(),
+                       f"ZDT{tag}": t.dtype, "EMPTY": torch.empty_strided})
+            lines.append(f"{name} = HNP(EMPTY(ZSH{tag}, ZST{tag}, dtype=ZDT{tag}))")
+            sources.append((name, arr))
+            return _array_expr(x, sources, ns, tag, same)
+    return None
+
+
 def _inputs_overlap_only(sources: list) -> bool:
     """Do only operands (I*: read, never written by the op) share memory among the sources?"""
     spans = sorted((*_span(arr), e) for e, arr in sources if arr.size)
@@ -423,13 +477,12 @@ def _array_expr(x: np.ndarray, sources: list, ns: dict, tag: str, same: dict | N
         sources = owners[:1]
     for expr, base in sources:
         if base.dtype != x.dtype:
-            if base.dtype.itemsize == x.dtype.itemsize and x.shape == base.shape and \
-                    x.strides == base.strides and ptr == base.__array_interface__["data"][0]:
-                # the operand's bits reinterpreted (a half cast reads float32 as int32 and
-                # writes bfloat16/float16 as int16): the same view of this call's operand
-                ns[f"VD{tag}"] = x.dtype
-                return f"{expr}.view(VD{tag})"
-            continue
+            if base.dtype.itemsize != x.dtype.itemsize:
+                continue
+            # the operand's bits reinterpreted (a half cast reads float32 as int32 and writes
+            # bfloat16/float16 as int16): found in the same view of this call's operand
+            ns[f"VD{tag}"] = x.dtype
+            expr, base = f"{expr}.view(VD{tag})", base.view(x.dtype)
         bptr = base.__array_interface__["data"][0]
         if ptr == bptr and x.shape == base.shape and x.strides == base.strides:
             return expr

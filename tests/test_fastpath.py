@@ -1127,3 +1127,60 @@ def test_half_casts_repeat_from_runners_and_equal_cpu(half):
         got = x.to(half)
     torch.testing.assert_close(got.cpu(), special.double().to(half), rtol=0, atol=0,
                                equal_nan=True)
+
+
+@pytest.mark.parametrize("half", [torch.bfloat16, torch.float16])
+def test_half_ops_repeat_from_runners_equal_to_the_slow_path(half):
+    """bfloat16/float16 ops run as casts up, the float32 op and casts down over float32
+    scratch (lower/half.py), and were never learned: 50-140 us a call. The scratch is marked
+    (context.scratch) and each replay allocates its own; a kernel reading an operand's bits
+    reinterpreted (the casts' int16/int32 views) reads this call's operand. Every repeat equals
+    the slow path bit for bit (the first version of this handed a cast's scratch to the next
+    launch from a stale copy: caught here), with new values on every call."""
+    F = torch.nn.functional
+
+    def ops(a, b, e):
+        return [a + b, a * b, a - e, a / e, F.gelu(a), torch.relu(b), a.sum(1, keepdim=True),
+                torch.softmax(a, 1), torch.where(a > 0, a, b)]
+
+    got = []
+    for step in range(3):
+        torch.manual_seed(step)   # new values, one signature per op
+        a, b = (torch.randn(4, 5).to(half) for _ in range(2))
+        e = torch.randn(4, 1).to(half).expand(4, 5)
+        dev = [t.to("neuron") for t in (a, b)] + [e.contiguous().to("neuron")[:, :1].expand(4, 5)]
+        before = _hits()
+        outs = ops(*dev)
+        if step:
+            assert _hits() - before >= len(outs)
+        config.fastpath = False
+        try:
+            slow = ops(*dev)
+        finally:
+            config.fastpath = True
+        for o, s in zip(outs, slow):
+            assert o.dtype == s.dtype == half and o.stride() == s.stride()
+            assert torch.equal(o.cpu(), s.cpu())
+        for o, w in zip(outs, ops(a, b, e)):   # the CPU's (its half math is float32's too)
+            torch.testing.assert_close(o.cpu(), w, rtol=2 * torch.finfo(half).eps, atol=1e-6)
+        got.append(outs)
+
+
+def test_a_half_call_with_numbers_does_not_key_the_float32_runners_by_value():
+    """A half op's launches take its numbers as constants (rounded to the half type where the
+    CPU rounds them), so its runner is keyed by their values; an elementwise overload's
+    float32 runners take numbers at run time, keyed by type. A half call with numbers must not
+    start the overload's table keyed by value (float32 `x * k` for ever-new k would then miss
+    every call): it is learned only into a table that already keys by value."""
+    h = torch.ones(8, dtype=torch.bfloat16, device="neuron")
+    op = torch.ops.aten.mul.Tensor
+    fastpath.TABLES.pop(op, None)
+    for _ in range(3):
+        h * 3
+    assert op not in fastpath.TABLES or not fastpath.TABLES[op][0]
+    x = torch.arange(4.0, device="neuron")
+    x * 1.5
+    before = _hits()
+    for k in (0.5, 2.0, -3.25):
+        assert (x * k).cpu().tolist() == [v * k for v in range(4)]
+    assert _hits() - before == 3

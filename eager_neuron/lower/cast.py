@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from ..context import scratch
 from ..kernels.halfround import BF16_BITS
 from ..launch import launch
 from . import elementwise as ew
@@ -119,8 +120,8 @@ def _bits(op: str, src: torch.Tensor, dst: torch.Tensor, src_int, dst_int):
 
 def _f32_buf(t: torch.Tensor) -> torch.Tensor:
     """The float32 scratch a copy of t goes to: t's strides when dense (host-backed)."""
-    return torch.empty_strided(t.shape, t.stride(), dtype=torch.float32) \
-        if _dense(t) else torch.empty(t.shape, dtype=torch.float32)
+    return scratch(torch.empty_strided(t.shape, t.stride(), dtype=torch.float32)
+                   if _dense(t) else torch.empty(t.shape, dtype=torch.float32))
 
 
 def _f32(t: torch.Tensor) -> torch.Tensor:

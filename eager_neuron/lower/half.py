@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from ..context import scratch
 from ..launch import launch
 from .cast import RUN, _dense, cast_steps
 from .common import HALF
@@ -48,22 +49,22 @@ def _up_steps(t: torch.Tensor, index_like: torch.Tensor = None):
     if _dense(t):
         out = alloc_like(t, torch.float32)
     elif _non_overlapping(t):
-        out = torch.empty_strided(t.shape, t.stride(), dtype=torch.float32)
+        out = scratch(torch.empty_strided(t.shape, t.stride(), dtype=torch.float32))
     else:
         idx = tuple(slice(0, 1) if st == 0 and sz > 1 else slice(None)
                     for sz, st in zip(t.shape, t.stride()))
         base = t[idx]
         if _non_overlapping(base):
-            up = torch.empty_strided(base.shape, base.stride(), dtype=torch.float32)
+            up = scratch(torch.empty_strided(base.shape, base.stride(), dtype=torch.float32))
             yield from cast_steps(base, up)   # what lower_to_copy runs for a half source
             return up.expand(t.shape)
-        out = torch.empty(t.shape, dtype=torch.float32)
+        out = scratch(torch.empty(t.shape, dtype=torch.float32))
     yield from cast_steps(t, out)
     return out
 
 
 def alloc_like(t: torch.Tensor, dtype) -> torch.Tensor:
-    return torch.empty_strided(t.shape, t.stride(), dtype=dtype)
+    return scratch(torch.empty_strided(t.shape, t.stride(), dtype=dtype))
 
 
 # Where PyTorch's CPU kernels round a number operand to the half type before computing in float32:
@@ -147,7 +148,7 @@ def _round_numbers(func, a: dict, outs: list):
 def _round_tensor(t: torch.Tensor, dtype):
     """A 0-d float tensor rounded to the half dtype and back on the device (a kernel, so adaptive
     eager records it in order, never reading a pending value); steps, returning the tensor."""
-    h = torch.empty((), dtype=dtype)
+    h = scratch(torch.empty((), dtype=dtype))
     yield from cast_steps(t, h)
     return (yield from _up_steps(h, h))
 
