@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from types import MethodType
 
 import torch
 import torch.autograd
@@ -296,6 +297,46 @@ def _guarded_push_hooks(orig):
     return _push_saved_tensors_default_hooks
 
 
+def _guard_mode(mode) -> None:
+    """A user's TorchDispatchMode, as it is pushed: its __torch_dispatch__ (an instance attribute
+    now: torch's C++ looks it up on the mode object) stashes what it raises for an op on neuron
+    tensors during a neuron backward and returns POISON, as our own dispatch does (raising
+    there aborted the process). torch's own modes and ours are left as they are."""
+    cls = type(mode)
+    if cls.__module__.split(".")[0] in ("torch", "eager_neuron") or \
+            getattr(getattr(mode.__dict__.get("__torch_dispatch__"), "__func__", None),
+                    "_neuron_guarded", False):
+        return
+    orig = mode.__torch_dispatch__
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not in_backward():
+            return orig(func, types, args, kwargs)
+        try:
+            return orig(func, types, args, kwargs)
+        except BaseException as exc:   # noqa: BLE001 -- raised by backward()
+            if not (_any_neuron(args) or _any_neuron(list((kwargs or {}).values()))):
+                raise
+            stash(exc)
+            return POISON
+
+    __torch_dispatch__._neuron_guarded = True
+    try:
+        # a bound method: torch's C++ refuses a plain function there (a classmethod's sign)
+        mode.__torch_dispatch__ = MethodType(__torch_dispatch__, mode)
+    except (AttributeError, TypeError):   # a mode with __slots__: left unguarded
+        pass
+
+
+def _guarded_push_mode(orig):
+    def _push_mode(mode):
+        _guard_mode(mode)
+        return orig(mode)
+
+    _push_mode.__wrapped__ = orig
+    return _push_mode
+
+
 # ---------------------------------------------------------------------------------------------
 # the engine entry: raise what was stashed, in the caller's thread
 # ---------------------------------------------------------------------------------------------
@@ -345,3 +386,7 @@ def install() -> None:
     ag = torch._C._autograd
     ag._push_saved_tensors_default_hooks = _guarded_push_hooks(
         ag._push_saved_tensors_default_hooks)
+    # NOTE: TorchDispatchMode.__enter__ looks _push_mode up in its module at each call
+    import torch.utils._python_dispatch as pd
+
+    pd._push_mode = _guarded_push_mode(pd._push_mode)
