@@ -139,7 +139,7 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
     if not capture or any(not isinstance(o, (torch.Tensor, int, float, bool, type(None)))
                           for o in outs):
         return
-    values, runtime = True, {}
+    values, runtime, half_runtime = True, {}, {}
     fresh = [e[1] for e in capture if e[0] == "scratch"]
     fresh_spans = [_span(host_np(t)) for t in fresh if t.numel()]
     if fresh:
@@ -154,7 +154,12 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
             tab = TABLES.get(func)
             if _has_numbers(args, kwargs):
                 if tab is None or not tab[0]:
-                    return   # (never start an elementwise overload's table keyed by value)
+                    # (never start an elementwise overload's table keyed by value): numbers
+                    # the half route passes on unrounded are read at run time, as float32's
+                    half_runtime = _half_runtime(func, plan, args, kwargs, outs, capture)
+                    if half_runtime is None:
+                        return
+                    values = False
             else:
                 values = tab[0] if tab is not None else False
     elif getattr(plan.lower, "fast_facts", None) is not None:
@@ -292,6 +297,8 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
                 exprs.append(e)
             elif m in runtime:
                 exprs.append(runtime[m])   # this call's scalar (its type is the signature's)
+            elif (n, m) in half_runtime:
+                exprs.append(half_runtime[n, m])
             elif isinstance(x, (bool, int, float, np.generic)):
                 ns[f"C{n}_{m}"] = x
                 exprs.append(f"C{n}_{m}")
@@ -305,7 +312,8 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
         # the caches cold after a big kernel (measured on its own; docs/THROUGHPUT.md)
         # (counted in STATS_FAST["entry_points"] with the flat runners')
         ep = None
-        if not any(type(kargs[m]) is int for m in runtime):
+        if not any(type(kargs[m]) is int for m in runtime) and \
+                not any(type(kargs[mm]) is int for nn, mm in half_runtime if nn == n):
             ep = _entry_point(kernel, kargs)
             entries += ep is not None
         ns.update({f"K{n}": kernel if ep is None else ep,
@@ -410,6 +418,60 @@ def _scalar_args(func, plan, args, kwargs, outs: list, capture: list):
         if ref is not None and v is not None:
             runtime[first + j] = ref
     return False, runtime
+
+
+def _half_runtime(func, plan, args, kwargs, outs: list, capture: list):
+    """{(launch, kernel argument position): source text of the call's number} for a half-type
+    elementwise call whose numbers all reach the float32 op's launch as they were passed (none
+    rounded to the half type: half.rounded_numbers; none folded into the template: the
+    family's `fast_facts` names them as kernel scalars, keyed by type), or None."""
+    from .lower.common import bind
+    from .lower.half import rounded_numbers
+    from .operands import unwrap_args
+
+    uargs, ukw, _index = unwrap_args(args, kwargs)
+    a = bind(func, uargs, ukw)
+    if rounded_numbers(func, a):
+        return None
+    # the float32 op the half route launches: its operands' and outputs' float32 stand-ins
+    up = {k: _as_f32(v) for k, v in a.items()}
+    try:
+        facts = plan.lower.fast_facts(func, up, [_as_f32(o) for o in outs])
+    except NotImplementedError:
+        return None
+    op_name = getattr(plan.lower.fast_facts, "keywords", {}).get("op_name")
+    if facts is None or facts[2] or op_name is None:
+        return None
+    _tensors, scalars, _values = facts
+    numbers = {nm for nm, v in a.items() if isinstance(v, (int, float))}
+    if not numbers <= set(scalars):
+        return None   # a number the lowering bakes into its template
+    ops = [n for n, e in enumerate(capture) if e[0] == "launch" and e[9][1] == op_name]
+    if len(ops) != 1:
+        return None
+    n = ops[0]
+    kargs = capture[n][2]
+    first = len(kargs) - len(scalars)
+    out = {}
+    for j, nm in enumerate(scalars):
+        v = a[nm]
+        ref = _ref(func, args, kwargs, nm)
+        if isinstance(v, torch.Tensor) or first + j < 0:
+            return None
+        if v is None or ref is None:
+            continue   # a default: the same on every call of the signature
+        if kargs[first + j] is not v:
+            return None   # changed on its way (a cast, a rounding): only its value would do
+        out[n, first + j] = ref
+    return out
+
+
+def _as_f32(v):
+    from .lower.common import HALF
+
+    if isinstance(v, torch.Tensor) and v.dtype in HALF:
+        return torch.empty_strided(v.shape, v.stride(), dtype=torch.float32)
+    return v
 
 
 def _has_numbers(args: tuple, kwargs: dict) -> bool:

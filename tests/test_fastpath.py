@@ -1184,3 +1184,28 @@ def test_a_half_call_with_numbers_does_not_key_the_float32_runners_by_value():
     for k in (0.5, 2.0, -3.25):
         assert (x * k).cpu().tolist() == [v * k for v in range(4)]
     assert _hits() - before == 3
+
+
+@pytest.mark.parametrize("half", [torch.bfloat16, torch.float16])
+def test_half_ops_read_unrounded_numbers_at_run_time(half):
+    """`h * k` (GPT-2's GELU under autocast: 215 us a call) was never learned once float32
+    `mul` runners keyed numbers by type. A number the half route passes to the float32 op
+    unchanged (mul/div take the raw value, as the CPU's kernels do) is read at run time from
+    the call; one it rounds to the half type first (add's, sub's) keeps the op on the slow path.
+    Every value as the CPU's."""
+    x = torch.arange(4.0, device="neuron")
+    x * 1.5                                  # the overload's float32 runners: by type
+    src = torch.randn(50).to(half)
+    h = src.to("neuron")
+    cases = {"mul": (lambda t, k: t * k, True), "div": (lambda t, k: t / k, True),
+             "add": (lambda t, k: t + k, False), "sub": (lambda t, k: t - k, False)}
+    for name, (f, runtime) in cases.items():
+        f(h, 0.7)
+        hits = []
+        for k in (2.0, 0.3, -1.7, 1e-3):
+            before = _hits()
+            got = f(h, k)
+            hits.append(_hits() - before)
+            assert torch.equal(got.cpu(), f(src, k)), (name, k)
+        # a runner's hit (new values of one type, one signature); or the slow path throughout
+        assert (min(hits) > 0) == runtime, (name, hits)

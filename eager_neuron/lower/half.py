@@ -109,9 +109,10 @@ def _compute_half(a: dict):
     return ctype if ctype in HALF else None
 
 
-def _round_numbers(func, a: dict, outs: list):
-    """Number operands rounded to the half type where the CPU rounds them (see _ROUND_SCALAR);
-    a generator of the launches rounding a 0-d tensor, returning the arguments."""
+def rounded_numbers(func, a: dict) -> list:
+    """The names of the number operands (and 0-d float tensors) `_round_numbers` may round to
+    the half type: which ones depends on the op and the arguments' kinds, never their values
+    (the fast path takes the others' values at run time: fastpath_capture)."""
     name = func._schema.name
     base = name[:-1] if name.endswith("_") else name
     wrapped = name not in _RAW_WRAPPED
@@ -128,6 +129,13 @@ def _round_numbers(func, a: dict, outs: list):
         elif (isinstance(v, torch.Tensor) and v.dim() == 0 and v.dtype not in HALF
               and v.dtype.is_floating_point and is_tensor_param and wrapped):
             todo.append(arg.name)
+    return todo
+
+
+def _round_numbers(func, a: dict, outs: list):
+    """Number operands rounded to the half type where the CPU rounds them (see _ROUND_SCALAR);
+    a generator of the launches rounding a 0-d tensor, returning the arguments."""
+    todo = rounded_numbers(func, a)
     if not todo:
         return a
     ctype = _compute_half(a)
