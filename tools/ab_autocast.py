@@ -1,0 +1,78 @@
+"""Autocast training steps with and without the fast path for half types, in turns in one process.
+
+The sweep's models (tools/compile_sweep.py), each step under `torch.autocast("neuron",
+dtype=torch.bfloat16)`, torch on one thread. The switch is `dispatch._NOT_HALF`: the dtypes
+that keep a kernel op from being learned by the fast path (complex and float8 by default; with
+the half types added, bfloat16/float16 ops take the slow path on every call, as before the
+eighteenth session). Process CPU per step, medians of the turns.
+
+    .venv/bin/python tools/ab_autocast.py --models mlp,gpt2,llama,bert --turns 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # (before torch loads: see compile_sweep)
+
+import torch  # noqa: E402
+
+import eager_neuron  # noqa: E402,F401
+from eager_neuron import dispatch, fastpath  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import compile_sweep as cs  # noqa: E402 - the sweep's models, batches and steppers
+
+
+def measure(name: str, turns: int, steps: int, dtype) -> tuple[float, float]:
+    """(ms per step with half types learned, ms without), process CPU medians."""
+    model, batches, loss, _, _ = cs._build(name)
+    _, step = cs._stepper(model, loss, "neuron", False)
+
+    def run(i):
+        with torch.autocast("neuron", dtype=dtype):
+            return step(batches[i % len(batches)]).item()
+
+    on = dispatch._NOT_HALF
+    times = {True: [], False: []}
+    try:
+        for i in range(4):
+            run(i)
+        for _ in range(turns):
+            for learned in (True, False):
+                dispatch._NOT_HALF = on if learned else dispatch._WIDENED
+                fastpath.reset()   # each mode learns its own runners
+                for i in range(3):
+                    run(i)
+                t0 = time.process_time()
+                for i in range(steps):
+                    run(i)
+                times[learned].append((time.process_time() - t0) / steps * 1e3)
+    finally:
+        dispatch._NOT_HALF = on
+    return statistics.median(times[True]), statistics.median(times[False])
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="mlp,gpt2,llama,bert")
+    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    dtype = getattr(torch, args.dtype)
+    print(f"load {os.getloadavg()[0]:.1f}; autocast {args.dtype}; process CPU ms per step")
+    for name in args.models.split(","):
+        learned, slow = measure(name, args.turns, args.steps, dtype)
+        print(f"{name}: half types learned {learned:.2f}, not learned {slow:.2f}, "
+              f"ratio {learned / slow:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
