@@ -78,6 +78,15 @@ def scratch(t):
     return t
 
 
+def rounded(names) -> None:
+    """Mark, for the fast path learning this op, that the lowering rounds these number
+    operands before a kernel takes them (lower/half.py): a replay may not read them from the
+    call at run time (fastpath_capture._half_runtime)."""
+    ctx = getattr(_TLS, "ctx", None)
+    if ctx is not None and ctx.capture is not None:
+        ctx.capture.append(("rounded", tuple(names)))
+
+
 def current() -> OpContext | None:
     """The context of the op this thread is lowering (None outside a lowering)."""
     return getattr(_TLS, "ctx", None)

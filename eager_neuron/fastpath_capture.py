@@ -140,23 +140,27 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
                           for o in outs):
         return
     values, runtime, half_runtime = True, {}, {}
-    fresh = [e[1] for e in capture if e[0] == "scratch"]
+    # the lowering's marks (context.scratch, context.rounded), apart from its launches
+    marks = [e for e in capture if e[0] in _MARKS]
+    if marks:
+        capture = [e for e in capture if e[0] not in _MARKS]
+    fresh = [e[1] for e in marks if e[0] == "scratch"]
     fresh_spans = [_span(host_np(t)) for t in fresh if t.numel()]
     if fresh:
-        # a half-type op (lower/half.py: float32 scratch, scalars rounded to the half type on
-        # the host): its launches take its scalars as constants, so a call with numbers is
-        # keyed by their values. The table's kind is the overload's: an elementwise overload's
-        # float32 flat runners key numbers by type, so such a half call is learned only into a
-        # table keyed by value, and a half call without numbers (h + h, gelu(h)) joins the
-        # table as it is, or starts it keyed by type (the float32 runners' kind)
-        capture = [e for e in capture if e[0] != "scratch"]
+        # a half-type op (lower/half.py: float32 scratch, some numbers rounded to the half type
+        # on the host). The table's kind is the overload's, and an elementwise overload's
+        # float32 flat runners key numbers by type: a half call without numbers (h + h,
+        # gelu(h)) joins the table as it is, or starts it keyed by type; one with numbers the
+        # route passes on unrounded (h * 2) reads them at run time (_half_runtime); else it
+        # bakes its numbers and joins only a table already keyed by value, never starting one
         if getattr(plan.lower, "fast_facts", None) is not None:
             tab = TABLES.get(func)
             if _has_numbers(args, kwargs):
                 if tab is None or not tab[0]:
                     # (never start an elementwise overload's table keyed by value): numbers
                     # the half route passes on unrounded are read at run time, as float32's
-                    half_runtime = _half_runtime(func, plan, args, kwargs, outs, capture)
+                    half_runtime = None if any(e[0] == "rounded" for e in marks) else \
+                        _half_runtime(func, plan, args, kwargs, outs, capture)
                     if half_runtime is None:
                         return
                     values = False
@@ -423,16 +427,14 @@ def _scalar_args(func, plan, args, kwargs, outs: list, capture: list):
 def _half_runtime(func, plan, args, kwargs, outs: list, capture: list):
     """{(launch, kernel argument position): source text of the call's number} for a half-type
     elementwise call whose numbers all reach the float32 op's launch as they were passed (none
-    rounded to the half type: half.rounded_numbers; none folded into the template: the
-    family's `fast_facts` names them as kernel scalars, keyed by type), or None."""
+    rounded to the half type: the caller checked the lowering marked none, context.rounded;
+    none folded into the template: the family's `fast_facts` names them as kernel scalars,
+    keyed by type), or None."""
     from .lower.common import bind
-    from .lower.half import rounded_numbers
     from .operands import unwrap_args
 
     uargs, ukw, _index = unwrap_args(args, kwargs)
     a = bind(func, uargs, ukw)
-    if rounded_numbers(func, a):
-        return None
     # the float32 op the half route launches: its operands' and outputs' float32 stand-ins
     up = {k: _as_f32(v) for k, v in a.items()}
     try:
@@ -464,6 +466,9 @@ def _half_runtime(func, plan, args, kwargs, outs: list, capture: list):
             return None   # changed on its way (a cast, a rounding): only its value would do
         out[n, first + j] = ref
     return out
+
+
+_MARKS = ("scratch", "rounded")
 
 
 def _as_f32(v):

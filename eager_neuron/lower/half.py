@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ..context import scratch
+from ..context import rounded, scratch
 from ..launch import launch
 from .cast import RUN, _dense, cast_steps
 from .common import HALF
@@ -112,7 +112,7 @@ def _compute_half(a: dict):
 def rounded_numbers(func, a: dict) -> list:
     """The names of the number operands (and 0-d float tensors) `_round_numbers` may round to
     the half type: which ones depends on the op and the arguments' kinds, never their values
-    (the fast path takes the others' values at run time: fastpath_capture)."""
+    (marked for the fast path, context.rounded, which reads only the others at run time)."""
     name = func._schema.name
     base = name[:-1] if name.endswith("_") else name
     wrapped = name not in _RAW_WRAPPED
@@ -138,6 +138,7 @@ def _round_numbers(func, a: dict, outs: list):
     todo = rounded_numbers(func, a)
     if not todo:
         return a
+    rounded(todo)   # (the fast path reads no rounded number at run time)
     ctype = _compute_half(a)
     if ctype is None:
         return a
