@@ -156,7 +156,9 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
         if getattr(plan.lower, "fast_facts", None) is not None:
             tab = TABLES.get(func)
             if _has_numbers(args, kwargs):
-                if tab is None or not tab[0]:
+                if tab is None and _by_value(func, plan, args, kwargs, outs):
+                    pass   # the overload's float32 runners key by value too (fill_, pow)
+                elif tab is None or not tab[0]:
                     # (never start an elementwise overload's table keyed by value): numbers
                     # the half route passes on unrounded are read at run time, as float32's
                     half_runtime = None if any(e[0] == "rounded" for e in marks) else \
@@ -194,11 +196,11 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
             if ref is None or type(_eval(ref, args, kwargs)) is not NeuronTensor:
                 return
             written[i] = ref
-            if out.dtype == torch.bfloat16:
-                return   # (numpy has no bfloat16: FULL cannot view it)
             wlines.append(f"W{i} = {ref}")
-            lines.append(f"O{i} = FULL(W{i})")
-            sources.append((f"O{i}", out.numpy()))
+            # (numpy has no bfloat16: its int16 bits, as the casts write them)
+            lines.append(f"O{i} = HNP(W{i}._data)" if out.dtype == torch.bfloat16 else
+                         f"O{i} = FULL(W{i})")
+            sources.append((f"O{i}", host_np(out)))
             continue
         shape, stride, dtype = leaves[i]
         ns.update({f"SHAPE{i}": shape, f"STRIDE{i}": stride, f"DT{i}": dtype})
@@ -424,26 +426,40 @@ def _scalar_args(func, plan, args, kwargs, outs: list, capture: list):
     return False, runtime
 
 
+def _f32_facts(func, plan, args, kwargs, outs: list):
+    """(bound arguments, the family's fast_facts for the float32 op the half route launches) or
+    None: computed on float32 stand-ins of the half operands and outputs."""
+    from .lower.common import bind
+    from .operands import unwrap_args
+
+    uargs, ukw, _index = unwrap_args(args, kwargs)
+    a = bind(func, uargs, ukw)
+    try:
+        facts = plan.lower.fast_facts(func, {k: _as_f32(v) for k, v in a.items()},
+                                      [_as_f32(o) for o in outs])
+    except NotImplementedError:
+        return None
+    return None if facts is None else (a, facts)
+
+
+def _by_value(func, plan, args, kwargs, outs: list) -> bool:
+    """Do this overload's float32 runners key their numbers by value (fast_facts says so: fill_,
+    pow's exponent)? Then a half call with numbers may start the table that way."""
+    found = _f32_facts(func, plan, args, kwargs, outs)
+    return found is not None and bool(found[1][2])
+
+
 def _half_runtime(func, plan, args, kwargs, outs: list, capture: list):
     """{(launch, kernel argument position): source text of the call's number} for a half-type
     elementwise call whose numbers all reach the float32 op's launch as they were passed (none
     rounded to the half type: the caller checked the lowering marked none, context.rounded;
     none folded into the template: the family's `fast_facts` names them as kernel scalars,
     keyed by type), or None."""
-    from .lower.common import bind
-    from .operands import unwrap_args
-
-    uargs, ukw, _index = unwrap_args(args, kwargs)
-    a = bind(func, uargs, ukw)
-    # the float32 op the half route launches: its operands' and outputs' float32 stand-ins
-    up = {k: _as_f32(v) for k, v in a.items()}
-    try:
-        facts = plan.lower.fast_facts(func, up, [_as_f32(o) for o in outs])
-    except NotImplementedError:
-        return None
+    found = _f32_facts(func, plan, args, kwargs, outs)
     op_name = getattr(plan.lower.fast_facts, "keywords", {}).get("op_name")
-    if facts is None or facts[2] or op_name is None:
+    if found is None or found[1][2] or op_name is None:
         return None
+    a, facts = found
     _tensors, scalars, _values = facts
     numbers = {nm for nm, v in a.items() if isinstance(v, (int, float))}
     if not numbers <= set(scalars):

@@ -1209,3 +1209,27 @@ def test_half_ops_read_unrounded_numbers_at_run_time(half):
             assert torch.equal(got.cpu(), f(src, k)), (name, k)
         # a runner's hit (new values of one type, one signature); or the slow path throughout
         assert (min(hits) > 0) == runtime, (name, hits)
+
+
+@pytest.mark.parametrize("half", [torch.bfloat16, torch.float16])
+def test_half_fill_and_in_place_ops_repeat_from_runners(half):
+    """Half `fill_` (twice a step in an autocast Llama, ~195 us each) keys its value as float32's
+    fill_ runners do (by value: the value is range-checked), so a half call may start that table;
+    in-place ops on bfloat16 tensors (`mul_`) are learned too (their written operand is viewed
+    as its int16 bits). Values as the CPU's; a new fill value is another signature."""
+    h = torch.empty(64, device="neuron", dtype=half)
+    for v, learned in ((0.1, False), (0.1, True), (0.1, True), (3.3, False), (3.3, True)):
+        before = _hits()
+        h.fill_(v)
+        assert (_hits() > before) == learned, v
+        assert torch.equal(h.cpu(), torch.full((64,), v, dtype=half))
+    src = torch.randn(64).to(half)
+    g = src.to("neuron")
+    for step in range(3):
+        want, got = src.clone(), src.clone().to("neuron")
+        before = _hits()
+        got.mul_(g)
+        want.mul_(src)
+        assert torch.equal(got.cpu(), want)
+        if step:
+            assert _hits() - before == 1
