@@ -116,11 +116,21 @@ def _shift_dunders() -> dict:
 def _zero_padded(grad, input_sizes, dim, start, end):
     """slice_backward of a unit-step slice [start, end) along `dim` as one constant_pad_nd of
     zeros (one kernel, ~11 us, against ~80-100 us for zeros, a slice and a copy), or None
-    where that is not exactly the CPU's result: the CPU's is a contiguous tensor (new_zeros),
-    and constant_pad_nd lays its result out in its input's suggested memory format (a
-    transposed or sliced gradient, Llama's rotate_half, pads into a contiguous result; a
-    channels-last one would not); a grad that does not fill the slice keeps the copy's own
-    error. Start and end are normalized as a slice's."""
+    where that is not exactly the CPU's result (`_pad_of`)."""
+    pad = _pad_of(grad, input_sizes, dim, start, end)
+    if pad is None:
+        return None
+    out = torch.ops.aten.constant_pad_nd.default(grad, pad, 0)
+    return out if out.is_contiguous() else None
+
+
+def _pad_of(grad, input_sizes, dim, start, end):
+    """The pad `_zero_padded` gives constant_pad_nd, or None where that is not exactly the
+    CPU's result: the CPU's is a contiguous tensor (new_zeros), and constant_pad_nd lays its
+    result out in its input's suggested memory format (a transposed or sliced gradient, Llama's
+    rotate_half, pads into a contiguous result; a channels-last one would not); a grad that does
+    not fill the slice keeps the copy's own error. Start and end are normalized as a slice's.
+    Reads only grad's shape and strides (a meta stand-in does: `padded`)."""
     try:
         sizes = [int(s) for s in input_sizes]
         nd = len(sizes)
@@ -137,8 +147,21 @@ def _zero_padded(grad, input_sizes, dim, start, end):
             return None
     except (TypeError, ValueError, ZeroDivisionError):   # a symbolic or odd argument
         return None
-    out = torch.ops.aten.constant_pad_nd.default(grad, [0, 0] * (nd - 1 - d) + [lo, n - hi], 0)
-    return out if out.is_contiguous() else None
+    return [0, 0] * (nd - 1 - d) + [lo, n - hi]
+
+
+def _select_at(grad, input_sizes, dim, index):
+    """(dim, index) of a select_backward normalized, when its gradient is the input less that
+    dim and the index lies in it, else None (then zeros and a strided copy: its own error)."""
+    try:
+        nd = len(input_sizes)
+        d = dim % nd if nd else 0
+        n = int(input_sizes[d]) if nd else 0
+        i = index + n if index < 0 else index
+        ok = nd > 0 and grad.dim() == nd - 1 and 0 <= i < n
+    except (TypeError, ValueError, ZeroDivisionError):
+        return None
+    return (d, i) if ok else None
 
 
 def padded(func, args, kwargs):
@@ -150,47 +173,21 @@ def padded(func, args, kwargs):
         return None
     grad = args[0]
     try:
-        if func is torch.ops.aten.slice_backward.default and len(args) == 6:
-            _g, sizes, dim, start, end, step = args
-            unsq, lo_hi = None, (start, end)
-            if step != 1:
-                return None
-        elif func is torch.ops.aten.select_backward.default and len(args) == 4:
-            _g, sizes, dim, index = args
-            nd = len(sizes)
-            unsq = dim % nd if nd else 0
-            n = int(sizes[unsq]) if nd else 0
-            i = index + n if index < 0 else index
-            if not (nd > 0 and grad.dim() == nd - 1 and 0 <= i < n):
-                return None
-            lo_hi = (i, i + 1)
-        else:
-            return None
-        sizes = [int(s) for s in sizes]
-        nd = len(sizes)
-        shape = list(grad.shape)
-        if unsq is not None:
-            shape.insert(unsq, 1)
-            dim = unsq
-        if nd == 0 or len(shape) != nd:
-            return None
         probe = torch.empty_strided(grad.shape, grad.stride(), device="meta")
-        if unsq is not None:
-            probe = probe.unsqueeze(unsq)
-        if not (probe.is_contiguous() or _suggests_contiguous(probe)):
-            return None
-        d = dim % nd
-        n = sizes[d]
-        lo, hi = lo_hi
-        lo = lo + n if lo < 0 else lo
-        hi = hi + n if hi < 0 else hi
-        lo = min(max(lo, 0), n)
-        hi = min(max(hi, lo), n)
-        if shape != sizes[:d] + [hi - lo] + sizes[d + 1:]:
-            return None
-    except (TypeError, ValueError, ZeroDivisionError):   # a symbolic or odd argument
+    except (TypeError, ValueError, RuntimeError):   # a symbolic size
         return None
-    return unsq, [0, 0] * (nd - 1 - d) + [lo, n - hi]
+    if func is torch.ops.aten.slice_backward.default and len(args) == 6:
+        _g, sizes, dim, start, end, step = args
+        pad = _pad_of(probe, sizes, dim, start, end) if step == 1 else None
+        return None if pad is None else (None, pad)
+    if func is torch.ops.aten.select_backward.default and len(args) == 4:
+        at = _select_at(grad, *args[1:])
+        if at is None:
+            return None
+        d, i = at
+        pad = _pad_of(probe.unsqueeze(d), args[1], d, i, i + 1)
+        return None if pad is None else (d, pad)
+    return None
 
 
 def _suggests_contiguous(t) -> bool:
@@ -220,15 +217,9 @@ def _select_backward(grad, input_sizes, dim, index):
     """select_backward as one zero pad of the gradient with `dim` put back, else zeros and one
     strided copy into the selected slice (torch's reference: new_zeros, then select_scatter
     through the Python refs, ~170 us on neuron)."""
-    try:
-        nd = len(input_sizes)
-        d = dim % nd if nd else 0
-        n = int(input_sizes[d]) if nd else 0
-        i = index + n if index < 0 else index
-        ok = nd > 0 and grad.dim() == nd - 1 and 0 <= i < n
-    except (TypeError, ValueError, ZeroDivisionError):
-        ok = False
-    if ok:
+    at = _select_at(grad, input_sizes, dim, index)
+    if at is not None:
+        d, i = at
         out = _zero_padded(torch.ops.aten.unsqueeze.default(grad, d), input_sizes, d, i, i + 1)
         if out is not None:
             return out

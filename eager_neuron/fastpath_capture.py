@@ -155,14 +155,16 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
         # bakes its numbers and joins only a table already keyed by value, never starting one
         if getattr(plan.lower, "fast_facts", None) is not None:
             tab = TABLES.get(func)
-            if _has_numbers(args, kwargs):
-                if tab is None and _by_value(func, plan, args, kwargs, outs):
-                    pass   # the overload's float32 runners key by value too (fill_, pow)
-                elif tab is None or not tab[0]:
-                    # (never start an elementwise overload's table keyed by value): numbers
-                    # the half route passes on unrounded are read at run time, as float32's
+            if _has_numbers(args, kwargs) and (tab is None or not tab[0]):
+                found = _f32_facts(func, plan, args, kwargs, outs)
+                if found is None:
+                    return
+                if tab is not None or not found[1][2]:
+                    # (never start an elementwise overload's table keyed by value unless its
+                    # float32 runners key by value too: fill_, pow): numbers the half route
+                    # passes on unrounded are read at run time, as float32's
                     half_runtime = None if any(e[0] == "rounded" for e in marks) else \
-                        _half_runtime(func, plan, args, kwargs, outs, capture)
+                        _half_runtime(found, func, plan, args, kwargs, capture)
                     if half_runtime is None:
                         return
                     values = False
@@ -442,24 +444,16 @@ def _f32_facts(func, plan, args, kwargs, outs: list):
     return None if facts is None else (a, facts)
 
 
-def _by_value(func, plan, args, kwargs, outs: list) -> bool:
-    """Do this overload's float32 runners key their numbers by value (fast_facts says so: fill_,
-    pow's exponent)? Then a half call with numbers may start the table that way."""
-    found = _f32_facts(func, plan, args, kwargs, outs)
-    return found is not None and bool(found[1][2])
-
-
-def _half_runtime(func, plan, args, kwargs, outs: list, capture: list):
+def _half_runtime(found: tuple, func, plan, args, kwargs, capture: list):
     """{(launch, kernel argument position): source text of the call's number} for a half-type
     elementwise call whose numbers all reach the float32 op's launch as they were passed (none
     rounded to the half type: the caller checked the lowering marked none, context.rounded;
     none folded into the template: the family's `fast_facts` names them as kernel scalars,
-    keyed by type), or None."""
-    found = _f32_facts(func, plan, args, kwargs, outs)
+    keyed by type), or None. `found`: _f32_facts of the call."""
     op_name = getattr(plan.lower.fast_facts, "keywords", {}).get("op_name")
-    if found is None or found[1][2] or op_name is None:
-        return None
     a, facts = found
+    if facts[2] or op_name is None:
+        return None
     _tensors, scalars, _values = facts
     numbers = {nm for nm, v in a.items() if isinstance(v, (int, float))}
     if not numbers <= set(scalars):
