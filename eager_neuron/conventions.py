@@ -21,7 +21,7 @@ def install() -> None:
     if _installed:
         return
     _installed = True
-    from . import amp, devapi, hf, nested, optim, pinned, storage, swap
+    from . import amp, devapi, hf, nested, optim, pinned, storage, subclass, swap
 
     storage.install()
     hf.install()
@@ -31,6 +31,7 @@ def install() -> None:
     amp.install()
     swap.install()
     nested.install()
+    subclass.install()
     mod = torch.neuron
     for name in amp.MODULE_FUNCTIONS:
         setattr(mod, name, getattr(amp, name))

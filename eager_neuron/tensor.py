@@ -73,7 +73,12 @@ class NeuronTensor(torch.Tensor):
         from .buffers import to_host
 
         host = to_host(self, reason="print")
-        text = torch._tensor_str._str(host)[:-1]
+        user = getattr(type(self), "_neuron_user_class", None)   # x.as_subclass(MyT): subclass.py
+        if user is not None:   # printed as the CPU prints it: MyT([...])
+            with torch._C.DisableTorchFunctionSubclass():
+                text = torch._tensor_str._str(host.as_subclass(user))[:-1]
+        else:
+            text = torch._tensor_str._str(host)[:-1]
         # NOTE: as CUDA prints it: data, then device, then dtype/size, then autograd info
         device = f", device='{self.device}'"
         cut = min((i for i in (text.rfind(", dtype="), text.rfind(", size=")) if i >= 0),
@@ -195,7 +200,7 @@ class NeuronTensor(torch.Tensor):
 
     @data.setter
     def data(self, new) -> None:
-        if type(new) is not NeuronTensor:
+        if not isinstance(new, NeuronTensor):
             raise RuntimeError(
                 f"data set to a tensor on {getattr(new, 'device', type(new).__name__)}, but this "
                 f"tensor is on {self.device}: a neuron tensor's .data must be a neuron tensor "
