@@ -467,12 +467,28 @@ def _view_wrap(data: torch.Tensor, block, index) -> NeuronTensor:
     return t
 
 
+# (size, stride) positions of the strided factories: torch's meta kernel makes a tensor of
+# negative strides contiguous, the CPU refuses them (computeStorageNbytes)
+_STRIDE_ARG = {aten.empty_strided.default: (0, 1), aten.new_empty_strided.default: (1, 2)}
+
+
+def _check_strides(size, stride) -> None:
+    size, stride = [int(n) for n in size], [int(n) for n in stride]
+    if 0 not in size and any(t < 0 and n > 1 for n, t in zip(size, stride)):
+        raise RuntimeError(f"Storage size calculation overflowed with sizes={size} and "
+                           f"strides={stride}")
+
+
 def _run_alloc(func, args, kwargs, mode):
     uargs, ukw, index = unwrap_args(args, kwargs)
     if mode is not None and index is None:
         return func(*uargs, **ukw)
     if index is None:
         index = _device_index(ukw.get("device"))
+    at = _STRIDE_ARG.get(func)
+    if at is not None:
+        _check_strides(uargs[at[0]] if len(uargs) > at[0] else ukw["size"],
+                       uargs[at[1]] if len(uargs) > at[1] else ukw["stride"])
     leaves, spec = meta_outputs(func, uargs, ukw)
     shape, stride, dtype = leaves[0]
     data, block = alloc(index, shape, stride, dtype)

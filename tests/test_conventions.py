@@ -868,3 +868,17 @@ def test_dlpack_refuses_neuron_tensors_and_foreign_device_tensors_fail_clearly()
                lambda: repr(foreign), lambda: torch.empty(3).copy_(foreign)):
         with pytest.raises(RuntimeError, match="eager_neuron did not make"):
             op()
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.empty_strided((2,), (-1,), device="neuron"),
+    lambda: torch.empty_strided(size=(2, 3), stride=(1, -2), device="neuron"),
+    lambda: torch.ones(2, device="neuron").new_empty_strided((2, 3), (3, -1)),
+])
+def test_strided_factories_refuse_negative_strides_as_the_cpu(make):
+    """torch's meta empty_strided makes a tensor of negative strides contiguous; the CPU
+    refuses them. Before, neuron returned the contiguous tensor (other strides than asked)."""
+    with pytest.raises(RuntimeError, match="Storage size calculation overflowed"):
+        make()
+    assert torch.empty_strided((0, 2), (-1, 1), device="neuron").shape == (0, 2)   # as the CPU
+    assert torch.empty_strided((1, 3), (-1, 1), device="neuron").shape == (1, 3)
