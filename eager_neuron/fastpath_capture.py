@@ -146,7 +146,7 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
         capture = [e for e in capture if e[0] not in _MARKS]
     fresh = [e[1] for e in marks if e[0] == "scratch"]
     fresh_spans = [_span(host_np(t)) for t in fresh if t.numel()]
-    if fresh:
+    if fresh or _half_call(args, kwargs):
         # a half-type op (lower/half.py: float32 scratch, some numbers rounded to the half type
         # on the host). The table's kind is the overload's, and an elementwise overload's
         # float32 flat runners key numbers by type: a half call without numbers (h + h,
@@ -487,6 +487,18 @@ def _as_f32(v):
     if isinstance(v, torch.Tensor) and v.dtype in HALF:
         return torch.empty_strided(v.shape, v.stride(), dtype=torch.float32)
     return v
+
+
+def _half_call(args: tuple, kwargs: dict) -> bool:
+    """Does the call pass a bfloat16/float16 tensor (the half route, whether it ran as three
+    kernels with float32 scratch or as one: lower/elementwise.py prepare_half)?"""
+    from .lower.common import HALF
+
+    for v in (*args, *kwargs.values()):
+        for x in (v if isinstance(v, (list, tuple)) else (v,)):
+            if isinstance(x, torch.Tensor) and x.dtype in HALF:
+                return True
+    return False
 
 
 def _has_numbers(args: tuple, kwargs: dict) -> bool:

@@ -9,6 +9,8 @@ True
 
 from __future__ import annotations
 
+from .halfround import HALF_IO
+
 # Small njit helpers every elementwise kernel may call (defined in the kernel's namespace).
 # NOTE: Numba's isinstance() does not see np.float32 as float, so each helper comes in a float
 # (`_f`) and an integer (`_i`) form and the renderer picks one from the compute type (_HELPERS).
@@ -131,4 +133,4 @@ def _logit_eps(x, eps, one):
 @njit(inline="always")
 def _finfo_max(x):
     return np.finfo(type(x)).max
-'''
+''' + HALF_IO

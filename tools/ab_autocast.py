@@ -1,12 +1,17 @@
-"""Autocast training steps with and without the fast path for half types, in turns in one process.
+"""Autocast training steps with and without a half-type speed-up, in turns in one process.
 
 The sweep's models (tools/compile_sweep.py), each step under `torch.autocast("neuron",
-dtype=torch.bfloat16)`, torch on one thread. The switch is `dispatch._NOT_HALF`: the dtypes
-that keep a kernel op from being learned by the fast path (complex and float8 by default; with
-the half types added, bfloat16/float16 ops take the slow path on every call, as before the
-eighteenth session). Process CPU per step, medians of the turns.
+dtype=torch.bfloat16)`, torch on one thread. Two switches (--switch):
+- `learned`: `dispatch._NOT_HALF`, the dtypes that keep a kernel op from being learned by the
+  fast path (complex and float8 by default; with the half types added, bfloat16/float16 ops
+  take the slow path on every call, as before the eighteenth session);
+- `one-kernel`: `lower.elementwise.ONE_KERNEL`, a half elementwise op as one kernel reading and
+  writing half bits, or as the three of the half route (casts up, the float32 op, the cast
+  down: before the nineteenth session).
+Process CPU per step, medians of the turns; the ratio is on / off.
 
     .venv/bin/python tools/ab_autocast.py --models mlp,gpt2,llama,bert --turns 4
+    .venv/bin/python tools/ab_autocast.py --switch one-kernel
 """
 
 from __future__ import annotations
@@ -23,13 +28,24 @@ import torch  # noqa: E402
 
 import eager_neuron  # noqa: E402,F401
 from eager_neuron import dispatch, fastpath  # noqa: E402
+from eager_neuron.lower import elementwise as ew  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compile_sweep as cs  # noqa: E402 - the sweep's models, batches and steppers
 
 
-def measure(name: str, turns: int, steps: int, dtype) -> tuple[float, float]:
-    """(ms per step with half types learned, ms without), process CPU medians."""
+def _set(switch: str, on: bool) -> None:
+    if switch == "learned":
+        dispatch._NOT_HALF = _NOT_HALF if on else dispatch._WIDENED
+    else:
+        ew.ONE_KERNEL[0] = on
+
+
+_NOT_HALF = dispatch._NOT_HALF
+
+
+def measure(name: str, turns: int, steps: int, dtype, switch: str) -> tuple[float, float]:
+    """(ms per step with the switch on, ms with it off), process CPU medians."""
     model, batches, loss, _, _ = cs._build(name)
     _, step = cs._stepper(model, loss, "neuron", False)
 
@@ -37,14 +53,13 @@ def measure(name: str, turns: int, steps: int, dtype) -> tuple[float, float]:
         with torch.autocast("neuron", dtype=dtype):
             return step(batches[i % len(batches)]).item()
 
-    on = dispatch._NOT_HALF
     times = {True: [], False: []}
     try:
         for i in range(4):
             run(i)
         for _ in range(turns):
             for learned in (True, False):
-                dispatch._NOT_HALF = on if learned else dispatch._WIDENED
+                _set(switch, learned)
                 fastpath.reset()   # each mode learns its own runners
                 for i in range(3):
                     run(i)
@@ -53,7 +68,7 @@ def measure(name: str, turns: int, steps: int, dtype) -> tuple[float, float]:
                     run(i)
                 times[learned].append((time.process_time() - t0) / steps * 1e3)
     finally:
-        dispatch._NOT_HALF = on
+        _set(switch, True)
     return statistics.median(times[True]), statistics.median(times[False])
 
 
@@ -63,14 +78,15 @@ def main(argv=None) -> int:
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
+    p.add_argument("--switch", default="learned", choices=("learned", "one-kernel"))
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     dtype = getattr(torch, args.dtype)
-    print(f"load {os.getloadavg()[0]:.1f}; autocast {args.dtype}; process CPU ms per step")
+    print(f"load {os.getloadavg()[0]:.1f}; autocast {args.dtype}; switch {args.switch}; "
+          "process CPU ms per step")
     for name in args.models.split(","):
-        learned, slow = measure(name, args.turns, args.steps, dtype)
-        print(f"{name}: half types learned {learned:.2f}, not learned {slow:.2f}, "
-              f"ratio {learned / slow:.2f}")
+        on, off = measure(name, args.turns, args.steps, dtype, args.switch)
+        print(f"{name}: {args.switch} on {on:.2f}, off {off:.2f}, ratio {on / off:.2f}")
     return 0
 
 

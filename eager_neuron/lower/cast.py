@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..context import scratch
-from ..kernels.halfround import BF16_BITS
+from ..kernels.halfround import BF16_BITS, F16_TO_F32, F32_TO_F16
 from ..launch import launch
 from . import elementwise as ew
 from .common import FP8
@@ -39,28 +39,7 @@ _SMALL_INT = {torch.int8: "cast::f_to_i8", torch.uint8: "cast::f_to_i8",
 _DIRECT = frozenset({torch.float32, torch.float64, torch.int64, torch.int32, torch.int16,
                      torch.int8, torch.uint8, torch.bool})
 
-# -- float16 <-> float32 in kernels (bit arithmetic, as bfloat16 above) ------------------------
-# float32 bits -> float16 bits, round to nearest even (c10's fp16_ieee_from_fp32_value): NaN ->
-# sign | 0x7E00; |x| >= 65520 -> inf; normals re-biased and rounded at bit 13 (a carry into the
-# exponent is the right answer); subnormals: the 24-bit significand shifted right by 126 - e,
-# rounded to even; |x| <= 2**-25 -> signed zero.
-_A = "(self & 0x7FFFFFFF)"
-_M = f"(({_A} & 0x7FFFFF) | 0x800000)"
-_SH = f"(126 - ({_A} >> 23))"
-_Q = f"({_M} >> {_SH})"
-_R = f"({_M} & ((1 << {_SH}) - 1))"
-_HALFWAY = f"(1 << ({_SH} - 1))"
-_SUBNORMAL = (f"({_Q} + (1 if ({_R} > {_HALFWAY} or ({_R} == {_HALFWAY} and ({_Q} & 1) == 1)) "
-              "else 0))")
-_NORMAL = f"((({_A} - 0x38000000) + 0xFFF + ((({_A} - 0x38000000) >> 13) & 1)) >> 13)"
-F32_TO_F16 = (f"((self >> 16) & 0x8000) | (0x7E00 if {_A} > 0x7F800000 else (0x7C00 if "
-              f"{_A} >= 0x477FF000 else ({_NORMAL} if {_A} >= 0x38800000 else (0 if "
-              f"{_A} <= 0x33000000 else {_SUBNORMAL}))))")
-# float16 bits -> float32 value (exact: every float16 is a float32)
-_E = "((self >> 10) & 0x1F)"
-F16_TO_F32 = (f"(-1.0 if (self & 0x8000) != 0 else 1.0) * ((math.inf if (self & 0x3FF) == 0 "
-              f"else math.nan) if {_E} == 31 else ((1.0 + (self & 0x3FF) / 1024.0) * "
-              f"2.0 ** ({_E} - 15) if {_E} > 0 else (self & 0x3FF) * 2.0 ** -24))")
+# -- float16 <-> float32 in kernels: the bit rules of kernels/halfround.py ----------------------
 ew.OPS["cast::f32_to_f16"] = (F32_TO_F16.replace("self", "(self & 0xFFFFFFFF)"), "none")
 ew.OPS["cast::f16_to_f32"] = (F16_TO_F32.replace("self", "(self & 0xFFFF)"), "none")
 

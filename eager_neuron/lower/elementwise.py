@@ -354,6 +354,14 @@ def lower_elementwise(func, a: dict, outs: list, op_name: str, defer: bool = Fal
     ctx = getattr(_ctx_tls, "ctx", None)
     armed = ctx is not None and ctx.recording
     spec, nps = _spec_for(func, a, n, out.dtype, op_name, armed)
+    return _request(func, a, outs, op_name, defer, out_np, n, spec, nps, ctx, armed)
+
+
+def _request(func, a: dict, outs: list, op_name: str, defer: bool, out_np, n: int, spec: _Spec,
+             nps: dict, ctx, armed: bool):
+    """lower_elementwise from its spec on: operand kinds, views and scalars, then the launch
+    (or its request, defer=True; or the op recorded by adaptive eager)."""
+    out = outs[0]
     tensors = spec.tensors
     if ctx is not None and ctx.capture is not None and (
             spec.faults or any(isinstance(a[nm], torch.Tensor) for nm in spec.scalars)):
@@ -449,6 +457,119 @@ def lower_elementwise(func, a: dict, outs: list, op_name: str, defer: bool = Fal
     launch(*req)
 
 
+# -- the half route in one kernel ---------------------------------------------------------------
+# A bfloat16/float16 elementwise op is computed in float32 and rounded back (lower/half.py): the
+# route's three kernels (operands cast up into float32 scratch, the float32 op, the result cast
+# down) become one when every operand and the output can be read and written as half bits in
+# the float32 op's own kernel: the same float32 expression, operands loaded exactly as the cast
+# up writes them, the result stored rounded as the cast down writes it (kernels/halfround.py
+# HALF_IO), so the same bits. ONE_KERNEL[0] = False: the three kernels (A/B switch, tests).
+ONE_KERNEL = [True]
+_HALF_IO = {torch.bfloat16: ("_ld_bf16", "_st_bf16({})"),
+            torch.float16: ("_ld_f16", "_st_f16({})")}
+_STANDIN = torch.zeros((), dtype=torch.float32)   # float32 operands for the spec (never read)
+_HALF_SPECS: dict = {}   # (id(float32 spec), half dtype, which operands are half, half out)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int16) if t.dtype in _HALF_IO else t
+
+
+def _span(t: torch.Tensor) -> tuple:
+    lo = hi = t.data_ptr()
+    for size, stride in zip(t.shape, t.stride()):
+        if size > 1:
+            if stride < 0:
+                lo += stride * (size - 1) * t.itemsize
+            else:
+                hi += stride * (size - 1) * t.itemsize
+    return lo, hi + t.itemsize
+
+
+def _aliases_badly(out: torch.Tensor, v: torch.Tensor) -> bool:
+    """Does operand v share memory with out other than as the same elements (an in-place op's
+    self)? One pass reads v[i] and writes out[i] in order: only identical layouts are safe."""
+    if v.numel() == 0 or out.numel() == 0:
+        return False
+    if v.data_ptr() == out.data_ptr() and v.shape == out.shape and v.stride() == out.stride():
+        return False
+    lo, hi = _span(out)
+    vlo, vhi = _span(v)
+    return vlo < hi and lo < vhi
+
+
+def prepare_half(func, a: dict, outs: list, op_name: str):
+    """The launch request of a half-type elementwise call as one kernel (see ONE_KERNEL), None
+    when there is nothing to launch, or False when the call takes the route's three kernels:
+    an operand or output of another float type, a one-element operand read as a kernel scalar,
+    a compute type other than float32, memory shared between an operand and the output, or
+    adaptive eager recording."""
+    if len(outs) != 1 or not ONE_KERNEL[0]:
+        return False
+    out = outs[0]
+    half = out.dtype if out.dtype in _HALF_IO else None
+    if half is None and out.dtype != torch.bool:
+        return False
+    ctx = getattr(_ctx_tls, "ctx", None)
+    if ctx is not None and ctx.recording:
+        return False
+    fa = {}
+    halves = []
+    for k, v in a.items():
+        if isinstance(v, torch.Tensor):
+            if v.dtype in _HALF_IO:
+                if half is None:
+                    half = v.dtype
+                elif v.dtype != half:
+                    return False
+                if _aliases_badly(out, v):
+                    return False
+                halves.append(k)
+                v = _STANDIN.expand(v.shape)
+            elif v.dtype.is_floating_point or v.dtype.is_complex:
+                return False
+        elif isinstance(v, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in v):
+            return False
+        fa[k] = v
+    if not halves:
+        return False
+    out_np = _bits(out).numpy(force=True)
+    n = out_np.size
+    if n == 0:
+        return None
+    spec, _ = _spec_for(func, fa, n, out.dtype if out.dtype == torch.bool else torch.float32,
+                        op_name, False)
+    key = (id(spec), half, tuple(halves), out.dtype == half)
+    hspec = _HALF_SPECS.get(key)
+    if hspec is None:
+        hspec = _HALF_SPECS[key] = _half_spec(spec, half, halves, out.dtype == half)
+    if hspec is False or any(isinstance(a[nm], torch.Tensor) for nm in spec.scalars):
+        return False
+    ba = {k: _bits(v) if k in halves else v for k, v in a.items()}
+    nps = {nm: ba[nm].numpy(force=True) for nm in hspec.tensors}
+    return _request(func, ba, [_bits(out)], op_name, True, out_np, n, hspec, nps, ctx, False)
+
+
+def _half_spec(spec: _Spec, half, halves: list, half_out: bool):
+    """The float32 spec reading the half operands as bits and storing half bits, or False."""
+    if spec.T != "np.float32" or spec.faults:
+        return False
+    load, store = _HALF_IO[half]
+    loads = []
+    for nm, ld in zip(spec.tensors, spec.loads):
+        if nm in halves:
+            if ld != "np.float32":
+                return False
+            ld = load
+        loads.append(ld)
+    if not half_out:
+        store = spec.store
+    elif spec.store != "np.float32({})":
+        return False
+    return _Spec(spec.tensors, spec.scalars, spec.expr, tuple(loads), spec.scalar_casts, store,
+                 spec.T, spec.flops, spec.engine, spec.special)
+
+
 def fast_facts(func, a: dict, outs: list, op_name: str):
     """For eager_neuron.fastpath, after a plain-eager call was prepared: (tensor operand names
     in kernel order, kernel scalar names, scalar values change the kernel) or None when a
@@ -496,6 +617,7 @@ def _make(op_name: str):
     lower = functools.partial(lower_elementwise, op_name=op_name)
     lower.__name__ = f"lower_{op_name.split('::')[1]}"
     lower.prepare = functools.partial(lower_elementwise, op_name=op_name, defer=True)
+    lower.prepare_half = functools.partial(prepare_half, op_name=op_name)
     lower.fast_facts = functools.partial(fast_facts, op_name=op_name)
     return lower
 

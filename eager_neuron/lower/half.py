@@ -155,13 +155,34 @@ def _round_numbers(func, a: dict, outs: list):
 
 
 def _round_tensor(t: torch.Tensor, dtype):
-    """A 0-d float tensor rounded to the half dtype and back on the device (a kernel, so adaptive
-    eager records it in order, never reading a pending value); steps, returning the tensor."""
-    h = scratch(torch.empty((), dtype=dtype))
+    """A 0-d float tensor (or an integer tensor) rounded to the half dtype and back on the
+    device (a kernel, so adaptive eager records it in order, never reading a pending value);
+    steps, returning the tensor."""
+    h = scratch(torch.empty(t.shape, dtype=dtype))
     yield from cast_steps(t, h)
     return (yield from _up_steps(h, h))
 
 
+def _round_integers(a: dict):
+    """Integer tensor operands of an elementwise op the CPU computes in a half type, cast to it
+    first (as TensorIterator casts every input to the common dtype: bf16 * int64 tensor rounds
+    257 to 256 before multiplying); bool operands are exact and masks besides. (Not for other
+    families: their integer operands are indices.) Steps, returning the
+    arguments (the casts' float32 results, host-backed scratch, in place of the integers)."""
+    ctype = False
+    for k, v in a.items():
+        if isinstance(v, torch.Tensor) and v.dtype not in _EXACT and \
+                not (v.dtype.is_floating_point or v.dtype.is_complex):
+            if ctype is False:
+                ctype = _compute_half(a)
+                a = dict(a)
+            if ctype is None:
+                return a
+            a[k] = yield from _round_tensor(v, ctype)
+    return a
+
+
+_EXACT = frozenset({torch.bool, torch.uint8, torch.int8})   # every value exact in both types
 _NAN_TO_NUM = frozenset({"aten::nan_to_num", "aten::nan_to_num_"})
 
 
@@ -180,6 +201,22 @@ def upcast_steps(func, plan, a: dict, outs: list):
     when its family builds no request). dispatch could drive it itself: the lowering would then
     launch two calls below dispatch, as a float32 op's."""
     a = yield from _round_numbers(func, a, outs)
+    one = getattr(plan.lower, "prepare_half", None)   # the elementwise family
+    if one is not None:
+        a = yield from _round_integers(a)
+    if func._schema.name in _NAN_TO_NUM and a.get("self") is not None and \
+            a["self"].dtype in HALF:
+        # the default replacements of infinities are the half type's largest finite values,
+        # not float32's (which round back to inf)
+        big = torch.finfo(a["self"].dtype).max
+        a = dict(a, posinf=big if a.get("posinf") is None else a["posinf"],
+                 neginf=-big if a.get("neginf") is None else a["neginf"])
+    if one is not None:   # the route in one kernel, where it can be
+        req = one(func, a, outs)
+        if req is not False:
+            if req is not None:
+                yield req
+            return
     # NOTE: temporaries are host-backed scratch, like SBUF tiles; only outputs touch HBM.
     up = {}
     for k, v in a.items():
@@ -192,13 +229,6 @@ def upcast_steps(func, plan, a: dict, outs: list):
             up[k] = type(v)(items)
         else:
             up[k] = v
-    if func._schema.name in _NAN_TO_NUM and a.get("self") is not None and \
-            a["self"].dtype in HALF:
-        # the default replacements of infinities are the half type's largest finite values,
-        # not float32's (which round back to inf)
-        big = torch.finfo(a["self"].dtype).max
-        up = dict(up, posinf=big if a.get("posinf") is None else a["posinf"],
-                  neginf=-big if a.get("neginf") is None else a["neginf"])
     tmp_outs = []
     for o in outs:
         if isinstance(o, torch.Tensor) and o.dtype in HALF:
