@@ -98,12 +98,16 @@ def test_a_half_op_is_one_launch_and_its_repeat_replays():
 def test_integer_operands_round_to_the_half_type_first(dtype):
     """bf16 * int64 tensor: the CPU casts 257 to bfloat16 (256) before multiplying; the half
     route multiplied the exact integer in float32 (a silent difference in 19% of elements)."""
-    h = torch.full((300,), 1.0, dtype=dtype)
-    n = torch.arange(300) * 37 + 100
-    for op in (lambda p, q: p * q, lambda p, q: p + q, lambda p, q: torch.where(p > 0, q, p)):
-        want = op(h, n)
-        got = op(h.to("neuron"), n.to("neuron")).cpu()
-        assert got.dtype == want.dtype and torch.equal(_bits(got), _bits(want))
+    h = (torch.arange(300) * 0.37 - 2).to(dtype)
+    ints = (torch.arange(300) * 37 + 100, torch.tensor(257), torch.tensor([257]),
+            torch.arange(300, dtype=torch.int32) * 301, torch.tensor(-1001))
+    ops = (lambda p, q: p * q, lambda p, q: p + q, lambda p, q: p - q, lambda p, q: p / q,
+           lambda p, q: torch.where(p > 0, q, p), lambda p, q: torch.maximum(p * 300, q))
+    for n in ints:   # a one-element one: mul and div read it as it is, the others round it
+        for i, op in enumerate(ops):
+            want = op(h, n)
+            got = op(h.to("neuron"), n.to("neuron")).cpu()
+            assert got.dtype == want.dtype and torch.equal(_bits(got), _bits(want)), (i, n)
 
 
 def test_float16_casts_over_every_pattern():

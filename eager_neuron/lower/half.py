@@ -163,16 +163,20 @@ def _round_tensor(t: torch.Tensor, dtype):
     return (yield from _up_steps(h, h))
 
 
-def _round_integers(a: dict):
+def _round_integers(func, a: dict):
     """Integer tensor operands of an elementwise op the CPU computes in a half type, cast to it
     first (as TensorIterator casts every input to the common dtype: bf16 * int64 tensor rounds
-    257 to 256 before multiplying); bool operands are exact and masks besides. (Not for other
-    families: their integer operands are indices.) Steps, returning the
-    arguments (the casts' float32 results, host-backed scratch, in place of the integers)."""
+    257 to 256 before multiplying), but a one-element one of mul/div/floor_divide, which read
+    its original value as they read a number's (`x * torch.tensor(257)` multiplies by 257); bool
+    operands are exact and masks besides. (Not for other families: their integer operands are
+    indices.) Steps, returning the arguments (the casts' float32 results, host-backed scratch,
+    in place of the integers)."""
     ctype = False
+    raw = func._schema.name in _RAW_WRAPPED
     for k, v in a.items():
         if isinstance(v, torch.Tensor) and v.dtype not in _EXACT and \
-                not (v.dtype.is_floating_point or v.dtype.is_complex):
+                not (v.dtype.is_floating_point or v.dtype.is_complex) and \
+                not (raw and v.numel() == 1):
             if ctype is False:
                 ctype = _compute_half(a)
                 a = dict(a)
@@ -203,7 +207,7 @@ def upcast_steps(func, plan, a: dict, outs: list):
     a = yield from _round_numbers(func, a, outs)
     one = getattr(plan.lower, "prepare_half", None)   # the elementwise family
     if one is not None:
-        a = yield from _round_integers(a)
+        a = yield from _round_integers(func, a)
     if func._schema.name in _NAN_TO_NUM and a.get("self") is not None and \
             a["self"].dtype in HALF:
         # the default replacements of infinities are the half type's largest finite values,
