@@ -21,7 +21,7 @@ def install() -> None:
     if _installed:
         return
     _installed = True
-    from . import amp, devapi, hf, nested, optim, pinned, storage, subclass, swap
+    from . import amp, devapi, functional, hf, nested, optim, pinned, storage, subclass, swap
 
     storage.install()
     hf.install()
@@ -32,6 +32,7 @@ def install() -> None:
     swap.install()
     nested.install()
     subclass.install()
+    functional.install()
     mod = torch.neuron
     for name in amp.MODULE_FUNCTIONS:
         setattr(mod, name, getattr(amp, name))

@@ -882,3 +882,21 @@ def test_strided_factories_refuse_negative_strides_as_the_cpu(make):
         make()
     assert torch.empty_strided((0, 2), (-1, 1), device="neuron").shape == (0, 2)   # as the CPU
     assert torch.empty_strided((1, 3), (-1, 1), device="neuron").shape == (1, 3)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_ctc_loss_takes_cpu_length_tensors_as_cuda_does(reduction):
+    """nn.CTCLoss with the lengths as CPU tensors (the usual form): ATen's composite path for a
+    tensor subclass divided the neuron loss by the CPU target_lengths (a device mix error)."""
+    g = torch.Generator().manual_seed(0)
+    lp0 = torch.randn(10, 2, 5, generator=g).log_softmax(-1).double()
+    tg = torch.tensor([[1, 2], [3, 4]])
+    il, tl = torch.tensor([10, 9]), torch.tensor([2, 1])
+    got = {}
+    for dev in ("cpu", "neuron"):
+        lp = lp0.to(dev, copy=True).detach().requires_grad_()
+        loss = torch.nn.CTCLoss(reduction=reduction)(lp, tg.to(dev), il, tl)
+        loss.sum().backward()
+        got[dev] = (loss.detach().cpu(), lp.grad.cpu())
+    for a, b in zip(got["cpu"], got["neuron"]):
+        torch.testing.assert_close(b, a, rtol=1e-9, atol=1e-12)
