@@ -78,13 +78,14 @@ def scratch(t):
     return t
 
 
-def rounded(names) -> None:
+def rounded(names, fn=None) -> None:
     """Mark, for the fast path learning this op, that the lowering rounds these number
-    operands before a kernel takes them (lower/half.py): a replay may not read them from the
-    call at run time (fastpath_capture._half_runtime)."""
+    operands before a kernel takes them (lower/half.py): a replay reads them from the call at
+    run time through `fn` (number -> the value the kernel takes), or not at all when fn is None
+    (fastpath_capture._half_runtime)."""
     ctx = getattr(_TLS, "ctx", None)
     if ctx is not None and ctx.capture is not None:
-        ctx.capture.append(("rounded", tuple(names)))
+        ctx.capture.append(("rounded", tuple(names), fn))
 
 
 def current() -> OpContext | None:

@@ -20,6 +20,9 @@ True
 
 from __future__ import annotations
 
+import functools
+import math
+
 import numpy as np
 import torch
 from numpy.lib.stride_tricks import as_strided as _as_strided
@@ -139,7 +142,7 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
     if not capture or any(not isinstance(o, (torch.Tensor, int, float, bool, type(None)))
                           for o in outs):
         return
-    values, runtime, half_runtime = True, {}, {}
+    values, runtime, half_runtime, half_ns, half_pre = True, {}, {}, {}, []
     # the lowering's marks (context.scratch, context.rounded), apart from its launches
     marks = [e for e in capture if e[0] in _MARKS]
     if marks:
@@ -163,8 +166,14 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
                     # (never start an elementwise overload's table keyed by value unless its
                     # float32 runners key by value too: fill_, pow): numbers the half route
                     # passes on unrounded are read at run time, as float32's
-                    half_runtime = None if any(e[0] == "rounded" for e in marks) else \
-                        _half_runtime(found, func, plan, args, kwargs, capture)
+                    rounders = {}
+                    for e in marks:
+                        if e[0] == "rounded":
+                            if e[2] is None:
+                                return
+                            rounders.update(dict.fromkeys(e[1], e[2]))
+                    half_runtime = _half_runtime(found, func, plan, args, kwargs, capture,
+                                                 rounders, half_ns, half_pre)
                     if half_runtime is None:
                         return
                     values = False
@@ -181,7 +190,7 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
     if sig is None or _known(func, values, sig):
         return
     ns = {"S": STATS, "F": STATS_FAST, "SIM": SIM, "NT": NeuronTensor, "MISS": MISS,
-          "IDX": index, "ndarray": np.ndarray, "FULL": full_np, "HNP": host_np}
+          "IDX": index, "ndarray": np.ndarray, "FULL": full_np, "HNP": host_np, **half_ns}
     wlines, guards, lines = [], [], []
     # 1. sources: the outputs (fresh or written) and the neuron operands, by memory
     sources = []   # (expression of a numpy view, its numpy array at learn time)
@@ -321,7 +330,8 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
         # (counted in STATS_FAST["entry_points"] with the flat runners')
         ep = None
         if not any(type(kargs[m]) is int for m in runtime) and \
-                not any(type(kargs[mm]) is int for nn, mm in half_runtime if nn == n):
+                not any(type(kargs[mm]) is int or f"RND{mm}" in half_ns
+                        for nn, mm in half_runtime if nn == n):
             ep = _entry_point(kernel, kargs)
             entries += ep is not None
         ns.update({f"K{n}": kernel if ep is None else ep,
@@ -364,6 +374,7 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
 
         ns.update(unflatten=tree_unflatten, SPEC=spec)
         lines.append(f"return unflatten([{', '.join(results)}], SPEC)")
+    lines[0:0] = half_pre   # numbers rounded at run time, before anything is allocated
     if _add(func, values, sig, _build(plan.name, lines, ns)) and entries:
         STATS_FAST["entry_points"] += 1
 
@@ -444,12 +455,14 @@ def _f32_facts(func, plan, args, kwargs, outs: list):
     return None if facts is None else (a, facts)
 
 
-def _half_runtime(found: tuple, func, plan, args, kwargs, capture: list):
+def _half_runtime(found: tuple, func, plan, args, kwargs, capture: list, rounders: dict,
+                  half_ns: dict, half_pre: list):
     """{(launch, kernel argument position): source text of the call's number} for a half-type
-    elementwise call whose numbers all reach the float32 op's launch as they were passed (none
-    rounded to the half type: the caller checked the lowering marked none, context.rounded;
-    none folded into the template: the family's `fast_facts` names them as kernel scalars,
-    keyed by type), or None. `found`: _f32_facts of the call."""
+    elementwise call whose numbers all reach the float32 op's launch as they were passed, or
+    rounded to the half type by the function the lowering marked (context.rounded: `rounders`,
+    name -> function; the runner's first lines round the call's number, `half_pre`, with the
+    function in `half_ns`); none folded into the template (the family's `fast_facts` names them
+    as kernel scalars, keyed by type), or None. `found`: _f32_facts of the call."""
     op_name = getattr(plan.lower.fast_facts, "keywords", {}).get("op_name")
     a, facts = found
     if facts[2] or op_name is None:
@@ -472,10 +485,31 @@ def _half_runtime(found: tuple, func, plan, args, kwargs, capture: list):
             return None
         if v is None or ref is None:
             continue   # a default: the same on every call of the signature
-        if kargs[first + j] is not v:
-            return None   # changed on its way (a cast, a rounding): only its value would do
-        out[n, first + j] = ref
+        fn = rounders.get(nm)
+        if fn is not None:
+            want = fn(v)
+            got = kargs[first + j]
+            if got is not want and (type(got) is not type(want) or got != want):
+                return None   # not what the lowering's rounding gives (a NaN: unequal)
+            r = f"RND{first + j}"
+            half_ns[r] = functools.partial(_rounded_at_run_time, fn)
+            half_pre += [f"R{first + j} = {r}({ref})", f"if R{first + j} is MISS: return MISS"]
+            out[n, first + j] = f"R{first + j}"
+        elif kargs[first + j] is not v:
+            return None   # changed on its way (a cast): only its value would do
+        else:
+            out[n, first + j] = ref
     return out
+
+
+def _rounded_at_run_time(fn, v):
+    """A replay's value for the number v the lowering rounds with fn: the slow path's, but an
+    int stays an int (the value the kernel takes is the same; its compiled types do not change
+    from call to call), and an int the half type cannot hold (inf) is left to the slow path."""
+    r = fn(v)
+    if type(v) is int and type(r) is not int:
+        return int(r) if math.isfinite(r) else MISS
+    return r
 
 
 _MARKS = ("scratch", "rounded")

@@ -1191,14 +1191,15 @@ def test_half_ops_read_unrounded_numbers_at_run_time(half):
     """`h * k` (GPT-2's GELU under autocast: 215 us a call) was never learned once float32
     `mul` runners keyed numbers by type. A number the half route passes to the float32 op
     unchanged (mul/div take the raw value, as the CPU's kernels do) is read at run time from
-    the call; one it rounds to the half type first (add's, sub's) keeps the op on the slow path.
-    Every value as the CPU's."""
+    the call; one it rounds to the half type first (add's, sub's) is read and rounded the same
+    way at run time (it kept the op on the slow path before the nineteenth session). Every
+    value as the CPU's."""
     x = torch.arange(4.0, device="neuron")
     x * 1.5                                  # the overload's float32 runners: by type
     src = torch.randn(50).to(half)
     h = src.to("neuron")
     cases = {"mul": (lambda t, k: t * k, True), "div": (lambda t, k: t / k, True),
-             "add": (lambda t, k: t + k, False), "sub": (lambda t, k: t - k, False)}
+             "add": (lambda t, k: t + k, True), "sub": (lambda t, k: t - k, True)}
     for name, (f, runtime) in cases.items():
         f(h, 0.7)
         hits = []

@@ -127,3 +127,28 @@ def test_float16_casts_over_every_pattern():
     assert torch.equal(torch.isnan(down), nan)
     assert torch.equal(down[~nan].view(torch.int16), ref[~nan].view(torch.int16))
     assert np.isnan(down[nan].float().numpy()).all()
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_numbers_rounded_to_the_half_type_replay_from_runners(dtype):
+    """`h + 0.3` rounds 0.3 to the half type (as the CPU does) before the kernel: its repeats
+    used to take the slow path every call (~200 us in an autocast Llama step); a runner now
+    rounds each call's number the same way. An int the half type cannot hold goes back to the
+    slow path (its result is inf)."""
+    xc = (torch.randn(64, generator=torch.Generator().manual_seed(3)) * 100).to(dtype)
+    x = xc.to("neuron")
+    cases = [(lambda t, v: t + v, [1, 257, 3, 1001, -7, 2 ** 40, 65521]),
+             (lambda t, v: t + v, [0.1, 0.3, 1e-3, -2.7, 7e4, float("inf")]),
+             (lambda t, v: torch.sub(t, 1.5, alpha=v), [0.3, 0.1, 7.0]),
+             (lambda t, v: v - t, [0.3, 1, 257]),
+             (lambda t, v: t > v, [0.3, 10.1, 257]),
+             (lambda t, v: t.clone().add_(v), [0.1, 0.7, 3])]
+    for op, numbers in cases:
+        fastpath.reset()
+        for rep in range(2):
+            hits = fastpath.STATS_FAST["hits"]
+            for v in numbers:
+                got, want = op(x, v).cpu(), op(xc, v)
+                assert got.dtype == want.dtype and torch.equal(_bits(got), _bits(want)), v
+            if rep:
+                assert fastpath.STATS_FAST["hits"] > hits

@@ -10,6 +10,10 @@ lowering is called from run_upcast's frame and launches one call deeper.
 
 from __future__ import annotations
 
+import functools
+import math
+
+import numpy as np
 import torch
 
 from ..context import rounded, scratch
@@ -86,8 +90,20 @@ _ROUND_SCALAR = {
 
 
 def _half_round(v: float, dtype) -> float:
-    """v rounded to nearest even in the half dtype, as a Python float (exact in float32)."""
-    return float(torch.tensor(v, dtype=torch.float64).to(dtype))
+    """v rounded to nearest even in the half dtype, as a Python float (exact in float32): as
+    ATen converts a double, through float32 (v as a float64 first, as torch.tensor takes it).
+    numpy scalars (~1 us; a torch conversion took ~6, on every replay of `h + 0.5`); beyond
+    float32's range, NaN and infinities: torch's own conversion."""
+    d = float(v)
+    if not -3.4e38 < d < 3.4e38:
+        return float(torch.tensor(v, dtype=torch.float64).to(dtype))
+    f = np.float32(d)
+    if dtype == torch.bfloat16:
+        b = int(f.view(np.uint32))
+        return float(np.uint32(((b + 0x7FFF + ((b >> 16) & 1)) >> 16) << 16).view(np.float32))
+    if -65520.0 < f < 65520.0:
+        return float(np.float16(f))
+    return math.copysign(math.inf, d)
 
 
 def _compute_half(a: dict):
@@ -138,8 +154,10 @@ def _round_numbers(func, a: dict, outs: list):
     todo = rounded_numbers(func, a)
     if not todo:
         return a
-    rounded(todo)   # (the fast path reads no rounded number at run time)
     ctype = _compute_half(a)
+    # (the fast path reads a rounded number at run time through the same rounding, or not at
+    # all when there is none to name: fastpath_capture._half_runtime)
+    rounded(todo, None if ctype is None else functools.partial(round_number, dtype=ctype))
     if ctype is None:
         return a
     a = dict(a)
@@ -148,10 +166,15 @@ def _round_numbers(func, a: dict, outs: list):
         if isinstance(v, torch.Tensor):
             a[nm] = yield from _round_tensor(v, ctype)
         else:
-            r = _half_round(v, ctype)
-            if r != v:   # an exact int stays an int (the same kernel as before)
-                a[nm] = r
+            a[nm] = round_number(v, ctype)
     return a
+
+
+def round_number(v, dtype):
+    """The value a kernel takes for the number v the CPU rounds to the half dtype: v itself when
+    exact (an exact int stays an int: the same kernel as before), else the rounded float."""
+    r = _half_round(v, dtype)
+    return v if r == v else r
 
 
 def _round_tensor(t: torch.Tensor, dtype):
