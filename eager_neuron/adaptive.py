@@ -335,6 +335,8 @@ def _group_for(key, core: int, n_args: int) -> _Group:
     """The stream's pending group that can take an op of `n_args` more kernel arguments (the
     current one, or a new one after launching it). Called under _lock."""
     g = PENDING.get(key)
+    if g is not None and id(g) in _LAUNCHING:
+        g = None   # (being launched: a new group takes its place, kept after the launch)
     if g is not None and g.core != core:
         _flush_locked(key, "core change")
         g = None
@@ -627,10 +629,31 @@ def flush_others(spans: list) -> None:
                 _flush_locked(key, "other thread")
 
 
+_LAUNCHING: set = set()   # id() of the groups being launched now (under _lock)
+
+
 def _flush_locked(key, reason: str) -> None:
-    g = PENDING.pop(key, None)
-    if g is None or g.n_nodes == 0:
+    # NOTE: the group leaves PENDING when its launch is over, not before: another thread may
+    # launch it (flush_others, flush_all) and its owner, reading PENDING without the lock,
+    # must still see it pending meanwhile (its ops then take the lock and wait) -- popped
+    # first, the owner's plain runners read its outputs before they were computed (a loss of
+    # exactly log(C) from all-zero logits, with a cold kernel cache compiling in the launch)
+    g = PENDING.get(key)
+    if g is None or id(g) in _LAUNCHING:
+        return   # (a flush re-entered from this group's own launch: nothing more to do)
+    if g.n_nodes == 0:
+        del PENDING[key]
         return
+    _LAUNCHING.add(id(g))
+    try:
+        _launch_flushed(g, reason)
+    finally:
+        _LAUNCHING.discard(id(g))
+        if PENDING.get(key) is g:
+            del PENDING[key]
+
+
+def _launch_flushed(g, reason: str) -> None:
     flushes = STATS.flushes
     flushes[reason] = flushes.get(reason, 0) + 1   # (a Counter's += costs 3x this)
     if g.n_nodes == 1:

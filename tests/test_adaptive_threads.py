@@ -115,3 +115,38 @@ def test_threads_training_in_their_own_adaptive_blocks_match_the_cpu():
             for a, b in zip(got[k][1], ref[k][1]):
                 torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     assert ad.STATE.enabled == base and not ad._BLOCKS
+
+
+def test_a_group_another_thread_launches_stays_pending_until_it_has_run(monkeypatch):
+    """Another thread launching this thread's group (flush_all, flush_others) took it out of
+    PENDING first: meanwhile this thread saw nothing pending and its plain runners read the
+    group's outputs before they were computed (a cold cache widened the window to a compile:
+    the threads test above lost its first losses to log(5), all-zero logits, about one run in
+    five under load). Now the group stays pending until its launch is over, and a reader waits."""
+    torch.manual_seed(0)
+    x = torch.randn(64)
+    xn = x.to("neuron")
+    started, release = threading.Event(), threading.Event()
+    real = ad.launch_group
+
+    def slow_launch(g, reason):
+        started.set()
+        release.wait(10)
+        real(g, reason)
+
+    with eager_neuron.adaptive():
+        y = xn * 2.0                               # pending in this thread's group
+        key = ad.stream_key()
+        assert key in ad.PENDING
+        monkeypatch.setattr(ad, "launch_group", slow_launch)
+        other = threading.Thread(target=ad.flush_all, args=("synchronize",))
+        other.start()
+        assert started.wait(10)
+        still = key in ad.PENDING                  # seen without the lock, mid-launch
+        release.set()
+        got = (y + 1.0).cpu()                      # waits for the launch, then reads
+        other.join(10)
+    monkeypatch.setattr(ad, "launch_group", real)
+    assert still
+    assert key not in ad.PENDING
+    assert torch.equal(got, x * 2.0 + 1.0)

@@ -511,7 +511,7 @@ def _same(a, b, tol: float = 0.0, sum_tol: float = 1e-9) -> str | None:
             bound, n = oa[2], oa[3]
             lim = 2 * (n + 1) * eps * (2 * bound + va.double().abs() + 1) + max(tol, 0.0)
             err = (va.double() - vb.double()).abs()
-            if not bool(((err <= lim) | (va.isnan() & vb.isnan())).all()):
+            if not bool(((err <= lim) | (va == vb) | (va.isnan() & vb.isnan())).all()):
                 return (f"observation {i}: reduction {va.reshape(-1)[:6].tolist()} vs "
                         f"{vb.reshape(-1)[:6].tolist()}")
             continue
