@@ -78,6 +78,26 @@ forward.__doc__ = _TORCH_FORWARD.__doc__
 forward.__wrapped__ = _TORCH_FORWARD
 
 
+def _strided_nested(op, *args, **kwargs):
+    """Every op on a strided nested tensor on neuron (the dispatcher's fallback for the
+    NestedTensorPrivateUse1 key): PyTorch makes one (`torch.nested.nested_tensor(ts,
+    device="neuron")`: its CPU form moved over), but its kernels are CPU/CUDA ones. Raised as
+    the dispatcher's own NotImplementedError, naming the layout that works here."""
+    from .errors import where
+
+    raise NotImplementedError(
+        f"{op}: strided nested tensors (torch.nested without layout=torch.jagged) have no "
+        f"kernels on neuron\n{where()}\n  fix: make it with layout=torch.jagged (jagged nested "
+        "tensors run on neuron: their values are a plain neuron tensor), or keep this nested "
+        "tensor on the CPU")
+
+
+_LIB: list = []
+
+
 def install() -> None:
     torch.nn.TransformerEncoder.forward = forward
     torch._nested_tensor_from_mask = _from_mask
+    lib = torch.library.Library("_", "IMPL")
+    lib.fallback(_strided_nested, "NestedTensorPrivateUse1")
+    _LIB.append(lib)   # (a Library deregisters its kernels when collected)

@@ -900,3 +900,16 @@ def test_ctc_loss_takes_cpu_length_tensors_as_cuda_does(reduction):
         got[dev] = (loss.detach().cpu(), lp.grad.cpu())
     for a, b in zip(got["cpu"], got["neuron"]):
         torch.testing.assert_close(b, a, rtol=1e-9, atol=1e-12)
+
+
+def test_strided_nested_tensors_refuse_with_the_jagged_fix_and_jagged_ones_run():
+    """torch makes a strided nested tensor on neuron (its CPU form moved over) but has no
+    neuron kernels for it: every op said "Could not run ... 'NestedTensorneuron' backend";
+    now NotImplementedError names the layout that works. Jagged nested tensors run."""
+    nt = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)], device="neuron")
+    for op in (lambda: nt + 1, lambda: nt.unbind(), lambda: nt.cpu()):
+        with pytest.raises(NotImplementedError, match="layout=torch.jagged"):
+            op()
+    jt = torch.nested.nested_tensor([torch.ones(2, 3), torch.ones(4, 3)], layout=torch.jagged,
+                                    device="neuron")
+    assert [t.sum().item() for t in (jt * 2).unbind()] == [12.0, 24.0]
