@@ -468,7 +468,7 @@ ONE_KERNEL = [True]
 _HALF_IO = {torch.bfloat16: ("_ld_bf16", "_st_bf16({})"),
             torch.float16: ("_ld_f16", "_st_f16({})")}
 _STANDIN = torch.zeros((), dtype=torch.float32)   # float32 operands for the spec (never read)
-_HALF_SPECS: dict = {}   # (id(float32 spec), half dtype, which operands are half, half out)
+_HALF_SPECS: dict = {}   # (float32 spec, half dtype, which operands are half, half out)
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -517,12 +517,12 @@ def prepare_half(func, a: dict, outs: list, op_name: str):
     halves = []
     for k, v in a.items():
         if isinstance(v, torch.Tensor):
+            if _aliases_badly(out, v):
+                return False
             if v.dtype in _HALF_IO:
                 if half is None:
                     half = v.dtype
                 elif v.dtype != half:
-                    return False
-                if _aliases_badly(out, v):
                     return False
                 halves.append(k)
                 v = _STANDIN.expand(v.shape)
@@ -539,7 +539,7 @@ def prepare_half(func, a: dict, outs: list, op_name: str):
         return None
     spec, _ = _spec_for(func, fa, n, out.dtype if out.dtype == torch.bool else torch.float32,
                         op_name, False)
-    key = (id(spec), half, tuple(halves), out.dtype == half)
+    key = (spec, half, tuple(halves), out.dtype == half)   # (the spec itself: never an id reused)
     hspec = _HALF_SPECS.get(key)
     if hspec is None:
         hspec = _HALF_SPECS[key] = _half_spec(spec, half, halves, out.dtype == half)
