@@ -20,12 +20,12 @@ from __future__ import annotations
 import torch
 from torch.utils._pytree import tree_flatten
 
-from .tensor import NeuronTensor
+from .tensor import _NOT_COPIED, NeuronTensor
 
 _TWINS: dict = {}   # the user's class -> its neuron twin
 _DISABLED_TF = torch._C._disabled_torch_function_impl
 _AS_SUBCLASS = torch._C.TensorBase.as_subclass
-_INTERNAL = ("_data", "_block", "_index", "_npc", "_sgc")
+_INTERNAL = (*_NOT_COPIED, "_index")   # the wrapper's own attributes, never the user's state
 
 
 def _twin_torch_function(cls, func, types, args=(), kwargs=None):

@@ -27,6 +27,7 @@ from .. import adaptive_fast as _adaptive_fast
 from .. import cost as _cost
 from .. import errors
 from ..adaptive import MODULE as _adaptive
+from ..buffers import _span as _byte_extent
 from ..cache.families import ELEMENTWISE
 from ..context import _TLS as _ctx_tls
 from ..elementwise_base import PARALLEL_MIN, PRELUDE, PRELUDE_ID, SPECIAL_PRELUDE  # noqa: F401
@@ -475,17 +476,6 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int16) if t.dtype in _HALF_IO else t
 
 
-def _span(t: torch.Tensor) -> tuple:
-    lo = hi = t.data_ptr()
-    for size, stride in zip(t.shape, t.stride()):
-        if size > 1:
-            if stride < 0:
-                lo += stride * (size - 1) * t.itemsize
-            else:
-                hi += stride * (size - 1) * t.itemsize
-    return lo, hi + t.itemsize
-
-
 def _aliases_badly(out: torch.Tensor, v: torch.Tensor) -> bool:
     """Does operand v share memory with out other than as the same elements (an in-place op's
     self)? One pass reads v[i] and writes out[i] in order: only identical layouts are safe."""
@@ -493,8 +483,8 @@ def _aliases_badly(out: torch.Tensor, v: torch.Tensor) -> bool:
         return False
     if v.data_ptr() == out.data_ptr() and v.shape == out.shape and v.stride() == out.stride():
         return False
-    lo, hi = _span(out)
-    vlo, vhi = _span(v)
+    lo, hi = _byte_extent(out)
+    vlo, vhi = _byte_extent(v)
     return vlo < hi and lo < vhi
 
 

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ..context import rounded, scratch
+from ..kernels.halfround import BF16_BITS
 from ..launch import launch
 from .cast import RUN, _dense, cast_steps
 from .common import HALF
@@ -89,6 +90,10 @@ _ROUND_SCALAR = {
 }
 
 
+# the one bfloat16 rounding rule (kernels/halfround.py), on a float32's bits in Python
+_BF16_RULE = eval("lambda x0: " + BF16_BITS)   # noqa: S307 -- our own constant expression
+
+
 def _half_round(v: float, dtype) -> float:
     """v rounded to nearest even in the half dtype, as a Python float (exact in float32): as
     ATen converts a double, through float32 (v as a float64 first, as torch.tensor takes it).
@@ -99,8 +104,8 @@ def _half_round(v: float, dtype) -> float:
         return float(torch.tensor(v, dtype=torch.float64).to(dtype))
     f = np.float32(d)
     if dtype == torch.bfloat16:
-        b = int(f.view(np.uint32))
-        return float(np.uint32(((b + 0x7FFF + ((b >> 16) & 1)) >> 16) << 16).view(np.float32))
+        bits = _BF16_RULE(int(f.view(np.uint32)))
+        return float(np.uint32(bits << 16).view(np.float32))
     if -65520.0 < f < 65520.0:
         return float(np.float16(f))
     return math.copysign(math.inf, d)
