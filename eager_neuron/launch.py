@@ -54,6 +54,10 @@ DISK = None          # set by eager_neuron.cache.disk when the disk tier is enab
 _TLS = _context._TLS
 HOOKS: list = []     # profiler callbacks: fn(event dict)
 _SIM = [None]        # the simulator (imported on first launch: it imports this module's peers)
+# time.monotonic() at the end of the last kernel build (disk load or compile) by a thread other
+# than the fused-kernel worker, inf while one is under way: both take Numba's global compiler
+# lock, so adaptive_compile starts a background compile only once such builds have gone quiet
+LAST_BUILD = [0.0]
 
 
 def arg_types(args: tuple) -> tuple:
@@ -80,10 +84,19 @@ def current_core() -> int:
     return ctx.core if ctx is not None else 0   # outside an op: core 0
 
 
-def _build(key: tuple, render: Callable[[], tuple[str, str]], args: tuple):
+def _build(key: tuple, render: Callable[[], tuple[str, str]], args: tuple,
+           background: bool = False):
     """(kernel, outcome, seconds) for a memory miss: from the disk tier or compiled, its exec
-    namespace released (_release)."""
-    kernel, outcome, seconds = _find_or_compile(key, render, args)
+    namespace released (_release). `background`: the fused-kernel worker's build (not noted in
+    LAST_BUILD)."""
+    if background:
+        kernel, outcome, seconds = _find_or_compile(key, render, args)
+    else:
+        LAST_BUILD[0] = float("inf")
+        try:
+            kernel, outcome, seconds = _find_or_compile(key, render, args)
+        finally:
+            LAST_BUILD[0] = time.monotonic()
     if outcome != "memory":
         _release(kernel)
     return kernel, outcome, seconds

@@ -750,3 +750,40 @@ def test_background_compile_first_call_runs_op_by_op_with_the_same_values(monkey
         torch.testing.assert_close(a, c, rtol=0, atol=0)
     torch.testing.assert_close(first[0], plain[0], rtol=0, atol=0)
     torch.testing.assert_close(first[1], plain[1], rtol=1e-6, atol=1e-5)
+
+
+def test_background_compile_waits_until_other_threads_stop_building_kernels(monkeypatch):
+    """A fused kernel's compile holds Numba's compiler lock for up to a second, and every kernel
+    another thread loads from disk or compiles needs it: the worker starts a compile only once
+    other threads' builds have been quiet for QUIET seconds (a first adaptive step loading its
+    plain kernels took 3-6x longer while fused kernels compiled beside it)."""
+    import time
+
+    import numpy as np
+
+    from eager_neuron import adaptive_compile as bg
+    from eager_neuron import launch
+
+    assert bg.wait(600)
+    monkeypatch.setattr(bg, "QUIET", 0.4)
+    out = np.zeros(3, np.float32)
+    stamp = time.time_ns()   # keys in neither cache
+    before = launch.LAST_BUILD[0]
+    launch.launch(("test", "quiet-main", stamp),
+                  lambda: ("@njit\ndef k_main(o):\n    o[:] = 1\n", "k_main"), (out,))
+    assert before < launch.LAST_BUILD[0] <= time.monotonic()   # this thread's build is noted
+    started = []
+
+    def render():
+        started.append(time.monotonic())
+        return "@njit\ndef k_quiet(o):\n    o[:] = 2\n", "k_quiet"
+
+    assert bg.submit(launch.full_key(("test", "quiet-bg", stamp), (out,)), render, (out,))
+    busy_until = time.monotonic() + 1.0
+    while time.monotonic() < busy_until:   # this thread keeps building kernels for a second
+        launch.LAST_BUILD[0] = time.monotonic()
+        time.sleep(0.01)
+    quiet_from = launch.LAST_BUILD[0]
+    assert bg.wait(120)
+    assert len(started) == 1 and started[0] >= quiet_from + 0.4 - 0.02
+    assert out.tolist() == [1.0, 1.0, 1.0]   # the worker never runs what it builds
