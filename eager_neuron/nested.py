@@ -1,4 +1,5 @@
-"""nn.TransformerEncoder's nested-tensor path on neuron, without nested tensors.
+"""nn.TransformerEncoder's nested-tensor path and jagged attention on neuron, without strided
+nested tensors.
 
 In eval mode, with no grad and a `src_key_padding_mask`, TransformerEncoder (whose
 `enable_nested_tensor=True` is the default) packs its input into a nested tensor: that path is
@@ -11,6 +12,15 @@ the final norm. The layers compute the first from the dense input and the same m
 encoder's forward is wrapped: when it reaches `_nested_tensor_from_mask` with a neuron tensor
 (which happens before any layer runs), it runs the layers on the dense input with the mask,
 zeroes the padded positions and applies the norm. Every other call is torch's, unchanged.
+
+`F.scaled_dot_product_attention` on jagged nested tensors (layout=torch.jagged): off CUDA, torch
+takes its math path, which converts each operand to a strided nested tensor and runs the math
+attention on those; a neuron device holds no strided nested tensors, so NJT attention failed.
+The math path attends within each sequence of the batch (one dense attention per component);
+_jagged_sdpa runs exactly that, one dense attention per component on the device, and packs the
+results into a jagged tensor with the query's offsets (equal bits to the CPU's math path,
+dropout's random draws included). torch's own checks and backend choice run first, so what the
+CPU refuses (masks, is_causal) is refused with its words.
 
 >>> import torch, eager_neuron
 >>> layer = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
@@ -92,11 +102,51 @@ def _strided_nested(op, *args, **kwargs):
         "tensor on the CPU")
 
 
+def _jagged_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                 enable_gqa=False):
+    """torch.nested._internal.ops' jagged attention, for neuron jagged operands on torch's math
+    path: one dense attention per component (see the module docstring)."""
+    from torch.nested._internal import sdpa as _sdpa
+    from torch.nested._internal.nested_tensor import (
+        NestedTensor,
+        nested_view_from_values_offsets_lengths,
+    )
+
+    if not (isinstance(query, NestedTensor) and query.device.type == "neuron") or (
+            query.dim() > 3 and key.dim() > 3 and value.dim() > 3 and query._ragged_idx == 1):
+        # (a batch ragged in its second dim runs torch's dense path on the values: works here)
+        return _TORCH_JAGGED_SDPA[0](query, key, value, attn_mask, dropout_p, is_causal, scale,
+                                     enable_gqa)
+    q, k, v, mask = _sdpa._autocast(query, key, value, attn_mask)
+    _sdpa._validate_sdpa_input(q, k, v, mask, dropout_p, is_causal, scale)
+    if not (isinstance(k, NestedTensor) and isinstance(v, NestedTensor)) or any(
+            t.dim() != 4 or t._ragged_idx != 2 for t in (q, k, v)) or \
+            _sdpa._select_sdp_backend(q, k, v, mask, dropout_p, is_causal, enable_gqa) \
+            is not torch.nn.attention.SDPBackend.MATH:
+        return _TORCH_JAGGED_SDPA[0](query, key, value, attn_mask, dropout_p, is_causal, scale,
+                                     enable_gqa)
+    # (B, H, j, E) operands: components (H, L_i, E), as the math path's strided nested
+    # tensor holds them
+    outs = [torch.nn.functional.scaled_dot_product_attention(
+                qi, ki, vi, dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa)
+            for qi, ki, vi in zip(q.unbind(), k.unbind(), v.unbind())]
+    values = torch.cat([o.transpose(0, 1) for o in outs])   # (sum L_i, H, Ev)
+    return nested_view_from_values_offsets_lengths(
+        values, q.offsets(), lengths=q.lengths(), min_seqlen=q._maybe_min_seqlen,
+        max_seqlen=q._maybe_max_seqlen).transpose(1, 2)
+
+
+_TORCH_JAGGED_SDPA: list = []
 _LIB: list = []
 
 
 def install() -> None:
+    from torch.nested._internal import ops as _njt_ops  # (~13 ms: NJT's op table)
+
     torch.nn.TransformerEncoder.forward = forward
+    if not _TORCH_JAGGED_SDPA:
+        _TORCH_JAGGED_SDPA.append(_njt_ops.jagged_scaled_dot_product_attention)
+        _njt_ops.jagged_scaled_dot_product_attention = _jagged_sdpa
     torch._nested_tensor_from_mask = _from_mask
     lib = torch.library.Library("_", "IMPL")
     lib.fallback(_strided_nested, "NestedTensorPrivateUse1")

@@ -18,6 +18,7 @@ import warnings
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import eager_neuron
 from eager_neuron.placement import check_placement
@@ -913,3 +914,55 @@ def test_strided_nested_tensors_refuse_with_the_jagged_fix_and_jagged_ones_run()
     jt = torch.nested.nested_tensor([torch.ones(2, 3), torch.ones(4, 3)], layout=torch.jagged,
                                     device="neuron")
     assert [t.sum().item() for t in (jt * 2).unbind()] == [12.0, 24.0]
+
+
+def _jagged_attention(dev, dtype, q_lens, kv_lens, grad, **kw):
+    """F.scaled_dot_product_attention on jagged (B, H, j, E) operands: (outputs per component,
+    then the gradients of q and k per component when `grad`)."""
+    g = torch.Generator().manual_seed(0)
+
+    def make(lens):
+        return torch.nested.nested_tensor(
+            [torch.randn(n, 2, 4, generator=g).to(dtype) for n in lens],
+            layout=torch.jagged, device=dev, requires_grad=grad)
+
+    q0, k0, v0 = make(q_lens), make(kv_lens), make(kv_lens)
+    torch.manual_seed(0)
+    out = F.scaled_dot_product_attention(q0.transpose(1, 2), k0.transpose(1, 2),
+                                         v0.transpose(1, 2), **kw)
+    assert out._ragged_idx == 2 and out.shape[:2] == (len(q_lens), 2)
+    got = list(out.transpose(1, 2).unbind())
+    if grad:
+        sum((t * t).sum() for t in out.unbind()).backward()
+        got += list(q0.grad.unbind()) + list(k0.grad.unbind())
+    return [t.detach().cpu() for t in got]
+
+
+@pytest.mark.parametrize("kw", [{}, {"scale": 0.3}], ids=["default", "scale"])
+def test_jagged_attention_runs_on_neuron_as_the_cpu_math_path(kw):
+    """Off CUDA, torch's jagged attention converts q, k, v to strided nested tensors, which a
+    neuron device does not hold: it raised. It is one dense attention per sequence, run here
+    (eager_neuron/nested.py): self- and cross-attention of ragged lengths, forward and
+    backward, against the CPU's float64 math path."""
+    for q_lens, kv_lens in (((3, 5), (3, 5)), ((3, 5), (4, 2))):
+        want = _jagged_attention("cpu", torch.float64, q_lens, kv_lens, True, **kw)
+        got = _jagged_attention("neuron", torch.float32, q_lens, kv_lens, True, **kw)
+        assert len(got) == len(want) == 6
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-5)
+
+
+def test_jagged_attention_dropout_draws_and_refusals_are_the_cpus():
+    """Same seed, same dropout mask as the CPU's math path (a different mask would differ by
+    O(1)); a mask or is_causal is refused with the CPU's own exception."""
+    want = _jagged_attention("cpu", torch.float32, (3, 5), (4, 2), False, dropout_p=0.5)
+    got = _jagged_attention("neuron", torch.float32, (3, 5), (4, 2), False, dropout_p=0.5)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    for kw, exc in (({"is_causal": True}, RuntimeError),
+                    ({"attn_mask": torch.ones(2, 2, 3, 3, dtype=torch.bool)}, ValueError)):
+        for dev in ("cpu", "neuron"):
+            if "attn_mask" in kw:
+                kw = {"attn_mask": kw["attn_mask"].to(dev)}
+            with pytest.raises(exc):
+                _jagged_attention(dev, torch.float32, (3, 5), (3, 5), False, **kw)
