@@ -100,6 +100,19 @@ MATMUL_BLAS = KeyType("matmul", (
     "epilogue",   # none | scale | bias
 ), _render_blas, fixed={"path": "blas"})
 
+def _render_half(kernel_op, version, path, half, layouts, epilogue):
+    return _kmm.render_blas_half(_BATCH[kernel_op], half, layouts, epilogue)
+
+
+MATMUL_HALF = KeyType("matmul", (
+    "kernel_op",  # mm | bmm
+    "version",    # lower/matmul.VERSION
+    "path",       # "half": bfloat16/float16 bits, float32 temporaries and BLAS, rounded once
+    "half",       # bf16 | f16
+    "layouts",    # per operand, its float32 temporary: C | F (2-D) | t (3-D, transposed)
+    "epilogue",   # none | scale | bias
+), _render_half, fixed={"path": "half"})
+
 MATMUL_LOOP = KeyType("matmul", (
     "kernel_op",  # mm | bmm | addbmm
     "version",    # lower/matmul.VERSION
@@ -109,7 +122,7 @@ MATMUL_LOOP = KeyType("matmul", (
     "parallel",   # prange over the batch and rows
 ), _render_loop, fixed={"path": "loop"})
 
-TYPES = (ELEMENTWISE, REDUCE, MATMUL_BLAS, MATMUL_LOOP)
+TYPES = (ELEMENTWISE, REDUCE, MATMUL_BLAS, MATMUL_HALF, MATMUL_LOOP)
 
 
 def type_of(key: tuple) -> KeyType | None:

@@ -143,6 +143,69 @@ def render_blas(batch: str, modes: tuple, epilogue: str) -> tuple[str, str]:
     return "\n".join(lines) + "\n", name
 
 
+def _half_temp(name: str, src: str, layout: str, rank: int, ld: str, indent: str) -> list[str]:
+    """Lines making float32 temporary `name` from half-bits array `src` (any strides): C, or in
+    `layout` "F" (2-D) / "t" (3-D: each matrix transposed in memory), the layout BLAS then
+    reads, as the upcast route's scratch kept the operand's."""
+    dims = ", ".join(f"{src}.shape[{d}]" for d in range(rank))
+    if layout == "F":
+        lines = [f"{indent}{name} = np.empty(({src}.shape[1], {src}.shape[0]), np.float32).T"]
+    elif layout == "t":
+        lines = [f"{indent}{name} = np.empty(({src}.shape[0], {src}.shape[2], {src}.shape[1]), "
+                 f"np.float32).transpose((0, 2, 1))"]
+    else:
+        lines = [f"{indent}{name} = np.empty(({dims},), np.float32)"]
+    idx = ", ".join(f"i{d}" for d in range(rank))
+    ind = indent
+    # loops in the temporary's memory order (the operand's too, when it has that layout)
+    order = {"F": (1, 0), "t": (0, 2, 1)}.get(layout, tuple(range(rank)))
+    for d in order:
+        lines.append(f"{ind}for i{d} in range({src}.shape[{d}]):")
+        ind += "    "
+    lines.append(f"{ind}{name}[{idx}] = {ld}({src}[{idx}])")
+    return lines
+
+
+def render_blas_half(batch: str, half: str, layouts: tuple, epilogue: str) -> tuple[str, str]:
+    """bfloat16 / float16 kernel `k(out, a, b[, bias, beta][, alpha])` on the half types' int16
+    bits (any strides): the operands are loaded exactly into float32 temporaries (`layouts`:
+    each one's memory order, see _half_temp), the float32 BLAS product and epilogue run on them
+    (float32 alpha/beta, the bias loaded exactly), and the result is stored rounded to the half
+    type once: what the upcast route (casts up, the float32 kernel, a cast down) computed, in
+    one launch. `half` "bf16" | "f16"."""
+    from .halfround import HALF_IO
+
+    prelude = gemm_prelude()
+    mkl = bool(prelude)
+    name = kernel_name("mmh", batch, half, layouts, epilogue, prelude)
+    ld, st = f"_ld_{half}", f"_st_{half}"
+    rank = 2 if batch == "none" else 3
+    lines = [prelude + HALF_IO + "\n" + HEADER.format(extra=""),
+             f"def {name}({_params(epilogue)}):"]
+    lines += _half_temp("ta", "a", layouts[0], rank, ld, "    ")
+    lines += _half_temp("tb", "b", layouts[1], rank, ld, "    ")
+    out_rank = 3 if batch == "bmm" else 2
+    dims = ", ".join(f"out.shape[{d}]" for d in range(out_rank))
+    lines.append(f"    acc = np.zeros(({dims},), np.float32)")
+    if batch == "none":
+        lines += _gemm_line("ta", "tb", "acc", "0.0", "    ", mkl)
+    elif batch == "bmm":
+        lines.append("    for i in range(acc.shape[0]):")
+        lines += _gemm_line("ta[i]", "tb[i]", "acc[i]", "0.0", "        ", mkl)
+    else:  # "sum": every product accumulated (beta 1), as render_blas
+        lines.append("    for i in range(ta.shape[0]):")
+        lines += _gemm_line("ta[i]", "tb[i]", "acc", "1.0", "        ", mkl)
+    idx = ", ".join(f"i{d}" for d in range(out_rank))
+    ind = "    "
+    for d in range(out_rank):
+        lines.append(f"{ind}for i{d} in range(out.shape[{d}]):")
+        ind += "    "
+    value = {"none": f"acc[{idx}]", "scale": f"alpha * acc[{idx}]",
+             "bias": f"beta * {ld}(bias[{idx}]) + alpha * acc[{idx}]"}[epilogue]
+    lines.append(f"{ind}out[{idx}] = {st}({value})")
+    return "\n".join(lines) + "\n", name
+
+
 def render_loop(batch: str, epilogue: str, acc: str, store: str,
                 parallel: bool) -> tuple[str, str]:
     """Integer kernel over 3-D views of any strides: out (Bo, M, N), a (B, M, K), b (B, K, N).

@@ -152,3 +152,58 @@ def test_numbers_rounded_to_the_half_type_replay_from_runners(dtype):
                 assert got.dtype == want.dtype and torch.equal(_bits(got), _bits(want)), v
             if rep:
                 assert fastpath.STATS_FAST["hits"] > hits
+
+
+# -- matrix products (lower/matmul.py _gemm_half) ---------------------------------------------
+
+def _mm_cases(dtype, seed=0):
+    """(name, op, CPU operands): op(*operands) on one device; products bounded below."""
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g).to(dtype)
+
+    a, b, bt, c, wide, b20 = r(37, 19), r(19, 23), r(23, 19), r(23), r(37, 40), r(20, 23)
+    a3, b3, b3t, c3 = r(3, 7, 9), r(3, 9, 5), r(3, 5, 9), r(7, 5)
+    return [
+        ("mm", lambda x, y: x @ y, (a, b)),
+        ("mm, transposed weight", lambda x, y: x @ y.t(), (a, bt)),
+        ("mm, strided operand", lambda x, y: x[:, ::2] @ y, (wide, b20)),
+        ("addmm beta alpha", lambda z, x, y: torch.addmm(z, x, y, beta=0.5, alpha=2.0),
+         (c, a, b)),
+        ("addmm_", lambda z, x, y: z.addmm_(x, y), (r(37, 23), a, b)),
+        ("bmm", torch.bmm, (a3, b3)),
+        ("bmm, transposed", lambda x, y: torch.bmm(x, y.transpose(1, 2)), (a3, b3t)),
+        ("bmm, expanded", lambda x, y: torch.bmm(x, y.expand(3, 9, 5)), (a3, b3[0])),
+        ("baddbmm", lambda z, x, y: torch.baddbmm(z, x, y, alpha=0.5), (c3, a3, b3)),
+    ]
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=["bf16", "f16"])
+def test_half_matmuls_are_one_launch_rounded_once_from_float32_sums(dtype):
+    """A half mm/addmm/bmm/baddbmm is one kernel (was casts up, the float32 product and a cast
+    down: four launches). Its result is the float32-accumulated product rounded once, as the
+    CPU's: within half an ulp of the float64 result on the same half values plus float32's
+    accumulation error (a bound that holds on every CPU), and repeat calls replay it."""
+    eps = torch.finfo(dtype).eps
+    for name, op, operands in _mm_cases(dtype):
+        dev = [t.to("neuron") for t in operands]
+        before = STATS.launches
+        got = op(*dev)
+        assert STATS.launches - before == 1, name
+        assert got.dtype == dtype, name
+        got = got.cpu().double()
+        exact = op(*(t.double() for t in operands))
+        # |each product term| summed: what float32 accumulation error scales with
+        mag = op(*(t.double().abs() for t in operands)).abs()
+        k = operands[-1].shape[-2]
+        bound = 0.5 * eps * exact.abs() + (k + 2) * 2.0 ** -24 * mag * 4
+        assert ((got - exact).abs() <= bound).all(), (name, ((got - exact).abs() - bound).max())
+    # the fast path replays the kernel: same bits, one launch
+    a = torch.randn(16, 8).to(dtype).to("neuron")
+    b = torch.randn(8, 4).to(dtype).to("neuron")
+    first = (a @ b).cpu()
+    hits, launches = fastpath.STATS_FAST["hits"], STATS.launches
+    again = a @ b
+    assert fastpath.STATS_FAST["hits"] == hits + 1 and STATS.launches == launches + 1
+    assert torch.equal(first.view(torch.int16), again.cpu().view(torch.int16))

@@ -19,7 +19,7 @@ import torch
 
 from .. import cost, errors
 from ..blas import blas_threads  # noqa: F401 -- also lower/conv.py's
-from ..cache.families import MATMUL_BLAS, MATMUL_LOOP
+from ..cache.families import MATMUL_BLAS, MATMUL_HALF, MATMUL_LOOP
 from ..kernels import compile as kc
 from ..launch import launch
 from .cast import cast, cast_steps, launches
@@ -136,6 +136,8 @@ def gemm(op: str, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias=None
     dtype = out.dtype
     if a.dtype != dtype or b.dtype != dtype or (bias is not None and bias.dtype != dtype):
         raise NotImplementedError(f"{op}: mixed dtypes {a.dtype}, {b.dtype} -> {dtype}")
+    if dtype in HALF and batch != "sum":
+        return _gemm_half(out, a, b, bias, beta, alpha, batch)
     if dtype not in _BLAS and dtype not in _LOOP:
         raise NotImplementedError(f"{op}: no matmul kernel for {dtype}")
     if out.numel() == 0:
@@ -207,6 +209,52 @@ def gemm(op: str, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias=None
     return None
 
 
+def _half_layout(t: torch.Tensor, rank: int) -> str:
+    """The memory order of a half operand's float32 temporary (kernels/matmul.py _half_temp):
+    the operand's own where BLAS reads it as is (C, F; "t": 3-D with each matrix transposed),
+    else C."""
+    if rank == 2:
+        return "F" if not t.is_contiguous() and t.t().is_contiguous() else "C"
+    return "t" if not t.is_contiguous() and t.transpose(1, 2).is_contiguous() else "C"
+
+
+def _gemm_half(out, a, b, bias, beta, alpha, batch: str) -> tuple | None:
+    """bfloat16/float16 mm, addmm, bmm, baddbmm in one launch (kernels/matmul.py
+    render_blas_half): the operands' bits loaded exactly into float32 temporaries, the float32
+    product and epilogue, the result rounded once. The upcast route computed the same in four
+    launches (casts up, the float32 kernel, a cast down); the CPU's half matmuls also
+    accumulate in float32 and round once."""
+    if out.numel() == 0:
+        return None
+    if bias is None or beta == 0:
+        epilogue = "none" if alpha == 1 else "scale"
+    else:
+        epilogue = "bias"
+    rank = 2 if batch == "none" else 3
+    bits = [t.view(torch.int16) for t in (out, a, b)]
+    scalars = ()
+    if epilogue == "bias":
+        scalars = (_np(bias.expand(out.shape).view(torch.int16)), np.float32(beta),
+                   np.float32(alpha))
+    elif epilogue == "scale":
+        scalars = (np.float32(alpha),)
+    key = ("matmul", _KERNEL_OP[batch], VERSION, "half",
+           "bf16" if out.dtype == torch.bfloat16 else "f16",
+           (_half_layout(a, rank), _half_layout(b, rank)), epilogue)
+
+    def render():
+        return MATMUL_HALF.render(key)   # from the key alone (cache/families.py)
+
+    m, n, k = out.shape[-2], out.shape[-1], a.shape[-1]
+    nb = a.shape[0] if batch != "none" else 1
+    blas_threads(2.0 * m * n * k)
+    flops, bytes_moved = cost.matmul_work(nb, m, n, k, 2, 2, 2)
+    if epilogue == "bias":
+        bytes_moved += out.numel() * 2
+    return (key, render, tuple(_np(t) for t in bits) + scalars, flops, bytes_moved, "tensor",
+            "bf16")   # (the tensor engine runs float16 at its bfloat16 rate)
+
+
 # ---------------------------------------------------------------------------------------------
 # lowerings: each maps its schema onto gemm's shapes
 # ---------------------------------------------------------------------------------------------
@@ -234,6 +282,11 @@ def lower_baddbmm(func, a, outs):
                batch="bmm")
     if req is not None:
         launch(*req)
+
+
+# bfloat16/float16 operands reach these lowerings as such (gemm's one-launch half kernel)
+lower_mm.handles_half = lower_addmm.handles_half = True
+lower_bmm.handles_half = lower_baddbmm.handles_half = True
 
 
 def lower_addbmm(func, a, outs):
