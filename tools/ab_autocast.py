@@ -1,17 +1,21 @@
 """Autocast training steps with and without a half-type speed-up, in turns in one process.
 
 The sweep's models (tools/compile_sweep.py), each step under `torch.autocast("neuron",
-dtype=torch.bfloat16)`, torch on one thread. Two switches (--switch):
+dtype=torch.bfloat16)`, torch on one thread. Three switches (--switch):
 - `learned`: `dispatch._NOT_HALF`, the dtypes that keep a kernel op from being learned by the
   fast path (complex and float8 by default; with the half types added, bfloat16/float16 ops
   take the slow path on every call, as before the eighteenth session);
 - `one-kernel`: `lower.elementwise.ONE_KERNEL`, a half elementwise op as one kernel reading and
   writing half bits, or as the three of the half route (casts up, the float32 op, the cast
-  down: before the nineteenth session).
+  down: before the nineteenth session);
+- `half-mm`: `handles_half` of lower/matmul.py's mm, addmm, bmm and baddbmm: a half matrix
+  product as one kernel (bits into float32 temporaries, BLAS, one rounding), or through the
+  half route's four kernels (before the twentieth session).
 Process CPU per step, medians of the turns; the ratio is on / off.
 
     .venv/bin/python tools/ab_autocast.py --models mlp,gpt2,llama,bert --turns 4
     .venv/bin/python tools/ab_autocast.py --switch one-kernel
+    .venv/bin/python tools/ab_autocast.py --switch half-mm
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import torch  # noqa: E402
 import eager_neuron  # noqa: E402,F401
 from eager_neuron import dispatch, fastpath  # noqa: E402
 from eager_neuron.lower import elementwise as ew  # noqa: E402
+from eager_neuron.lower import matmul as mm  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compile_sweep as cs  # noqa: E402 - the sweep's models, batches and steppers
@@ -37,6 +42,9 @@ import compile_sweep as cs  # noqa: E402 - the sweep's models, batches and stepp
 def _set(switch: str, on: bool) -> None:
     if switch == "learned":
         dispatch._NOT_HALF = _NOT_HALF if on else dispatch._WIDENED
+    elif switch == "half-mm":
+        for lower in (mm.lower_mm, mm.lower_addmm, mm.lower_bmm, mm.lower_baddbmm):
+            lower.handles_half = on
     else:
         ew.ONE_KERNEL[0] = on
 
@@ -78,7 +86,7 @@ def main(argv=None) -> int:
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
-    p.add_argument("--switch", default="learned", choices=("learned", "one-kernel"))
+    p.add_argument("--switch", default="learned", choices=("learned", "one-kernel", "half-mm"))
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     dtype = getattr(torch, args.dtype)
