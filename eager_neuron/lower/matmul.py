@@ -136,9 +136,7 @@ def gemm(op: str, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias=None
     dtype = out.dtype
     if a.dtype != dtype or b.dtype != dtype or (bias is not None and bias.dtype != dtype):
         raise NotImplementedError(f"{op}: mixed dtypes {a.dtype}, {b.dtype} -> {dtype}")
-    if dtype in HALF and batch != "sum":
-        return _gemm_half(out, a, b, bias, beta, alpha, batch)
-    if dtype not in _BLAS and dtype not in _LOOP:
+    if dtype not in _BLAS and dtype not in _LOOP and (dtype not in HALF or batch == "sum"):
         raise NotImplementedError(f"{op}: no matmul kernel for {dtype}")
     if out.numel() == 0:
         return None
@@ -147,6 +145,8 @@ def gemm(op: str, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias=None
         epilogue = "none" if alpha == 1 else "scale"
     else:
         epilogue = "bias"
+    if dtype in HALF:
+        return _gemm_half(out, a, b, bias, beta, alpha, batch, epilogue)
     # 2. in-place ops (addmm_) and odd output layouts: compute into scratch, then copy
     direct = _np(out).flags.c_contiguous and not _shares(out, (a, b, bias))
     res = out if direct else torch.empty(out.shape, dtype=dtype)
@@ -218,18 +218,12 @@ def _half_layout(t: torch.Tensor, rank: int) -> str:
     return "t" if not t.is_contiguous() and t.transpose(1, 2).is_contiguous() else "C"
 
 
-def _gemm_half(out, a, b, bias, beta, alpha, batch: str) -> tuple | None:
+def _gemm_half(out, a, b, bias, beta, alpha, batch: str, epilogue: str) -> tuple:
     """bfloat16/float16 mm, addmm, bmm, baddbmm in one launch (kernels/matmul.py
     render_blas_half): the operands' bits loaded exactly into float32 temporaries, the float32
     product and epilogue, the result rounded once. The upcast route computed the same in four
     launches (casts up, the float32 kernel, a cast down); the CPU's half matmuls also
     accumulate in float32 and round once."""
-    if out.numel() == 0:
-        return None
-    if bias is None or beta == 0:
-        epilogue = "none" if alpha == 1 else "scale"
-    else:
-        epilogue = "bias"
     rank = 2 if batch == "none" else 3
     bits = [t.view(torch.int16) for t in (out, a, b)]
     scalars = ()
