@@ -172,8 +172,12 @@ def render_blas_half(batch: str, half: str, layouts: tuple, epilogue: str) -> tu
     each one's memory order, see _half_temp), the float32 BLAS product and epilogue run on them
     (float32 alpha/beta, the bias loaded exactly), and the result is stored rounded to the half
     type once: what the upcast route (casts up, the float32 kernel, a cast down) computed, in
-    one launch. `half` "bf16" | "f16"."""
+    one launch. `half` "bf16" | "f16"; `batch` "none" | "bmm" (addbmm keeps the upcast route:
+    lower/matmul.py)."""
     from .halfround import HALF_IO
+
+    if batch not in ("none", "bmm"):
+        raise ValueError(f"render_blas_half: batch {batch!r}")
 
     prelude = gemm_prelude()
     mkl = bool(prelude)
@@ -184,17 +188,14 @@ def render_blas_half(batch: str, half: str, layouts: tuple, epilogue: str) -> tu
              f"def {name}({_params(epilogue)}):"]
     lines += _half_temp("ta", "a", layouts[0], rank, ld, "    ")
     lines += _half_temp("tb", "b", layouts[1], rank, ld, "    ")
-    out_rank = 3 if batch == "bmm" else 2
+    out_rank = rank
     dims = ", ".join(f"out.shape[{d}]" for d in range(out_rank))
-    lines.append(f"    acc = np.zeros(({dims},), np.float32)")
+    lines.append(f"    acc = np.empty(({dims},), np.float32)")   # (gemm's beta 0 writes it all)
     if batch == "none":
         lines += _gemm_line("ta", "tb", "acc", "0.0", "    ", mkl)
-    elif batch == "bmm":
+    else:
         lines.append("    for i in range(acc.shape[0]):")
         lines += _gemm_line("ta[i]", "tb[i]", "acc[i]", "0.0", "        ", mkl)
-    else:  # "sum": every product accumulated (beta 1), as render_blas
-        lines.append("    for i in range(ta.shape[0]):")
-        lines += _gemm_line("ta[i]", "tb[i]", "acc", "1.0", "        ", mkl)
     idx = ", ".join(f"i{d}" for d in range(out_rank))
     ind = "    "
     for d in range(out_rank):
