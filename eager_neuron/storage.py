@@ -102,14 +102,34 @@ def _untyped_storage_new(cls, *args, device=None, **kwargs):
     return _ORIGINAL_NEW(cls, *args, device=device, **kwargs)
 
 
+_ORIGINAL_RESIZE = torch._C.StorageBase.resize_
+
+
+def _untyped_storage_resize_(self, size):
+    """UntypedStorage.resize_: a neuron storage is its buffer's fixed span (PyTorch's C++ asked
+    the PrivateUse1 hooks, which Python cannot provide, and raised about registering them)."""
+    if host_of(self) is not None:
+        if size == self.nbytes():
+            return self   # (as the CPU's: nothing to do)
+        from .errors import where
+
+        raise NotImplementedError(
+            f"UntypedStorage.resize_({size}): a neuron storage of {self.nbytes()} bytes cannot "
+            f"be resized in place (it is a device buffer's fixed span)\n{where()}\n"
+            "  fix: resize the tensor instead (t.resize_(...), which moves it to a new buffer), "
+            "or make a new tensor; FSDP2's own parameter freeing works (docs/DISTRIBUTED.md)")
+    return _ORIGINAL_RESIZE(self, size)
+
+
 def install() -> None:
     """Route `torch.UntypedStorage(..., device="neuron")` here instead of PyTorch's C++, which
-    has no allocator for the device (a segfault)."""
+    has no allocator for the device (a segfault); a neuron storage's resize_ says what to do."""
     global _ORIGINAL_NEW
     if _ORIGINAL_NEW is not None:
         return
     _ORIGINAL_NEW = torch.UntypedStorage.__new__
     torch.UntypedStorage.__new__ = _untyped_storage_new
+    torch.UntypedStorage.resize_ = _untyped_storage_resize_
     from torch.utils import dlpack
 
     legacy = _refusing_neuron(dlpack.to_dlpack)

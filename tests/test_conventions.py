@@ -966,3 +966,19 @@ def test_jagged_attention_dropout_draws_and_refusals_are_the_cpus():
                 kw = {"attn_mask": kw["attn_mask"].to(dev)}
             with pytest.raises(exc):
                 _jagged_attention(dev, torch.float32, (3, 5), (3, 5), False, **kw)
+
+
+def test_a_neuron_storage_resize_says_what_to_do():
+    """UntypedStorage.resize_ on a neuron storage raised PyTorch's note about registering
+    PrivateUse1HooksInterface (Python cannot): it now names the op, the user's line and the fix;
+    resizing to its own size does nothing, as on the CPU; CPU storages resize as before."""
+    x = torch.arange(6.0, device="neuron")
+    s = x.untyped_storage()
+    assert s.resize_(24) is s and x.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    for resize in (lambda: s.resize_(0), lambda: x.untyped_storage().resize_(48)):
+        with pytest.raises(NotImplementedError, match=r"(?s)resize_.*test_conventions.py.*fix:"):
+            resize()
+    assert x.untyped_storage().nbytes() == 24 and x.tolist()[5] == 5.0
+    c = torch.arange(6.0).untyped_storage()
+    c.resize_(0)
+    assert c.nbytes() == 0
