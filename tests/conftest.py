@@ -35,6 +35,17 @@ def pytest_configure(config):
     config.addinivalue_line("filterwarnings", "ignore:.*has no neuron kernel:UserWarning")
 
 
+@pytest.fixture(autouse=True)
+def _background_builds_done_first():
+    """Fused kernels an earlier test queued build on adaptive eager's background thread, which
+    waits for the main thread's kernel builds to go quiet first (adaptive_compile.QUIET): they
+    finish before the next test starts, so no test counts another's compiles (a fast-path
+    fuzz program saw one: `compiles` fast 1, slow 0). Returns at once when nothing is queued."""
+    from eager_neuron import adaptive_compile
+
+    adaptive_compile.wait(600)
+
+
 @pytest.fixture
 def stats_delta():
     """A function returning the counters accumulated since the fixture was set up (after an
