@@ -188,17 +188,16 @@ def render_blas_half(batch: str, half: str, layouts: tuple, epilogue: str) -> tu
              f"def {name}({_params(epilogue)}):"]
     lines += _half_temp("ta", "a", layouts[0], rank, ld, "    ")
     lines += _half_temp("tb", "b", layouts[1], rank, ld, "    ")
-    out_rank = rank
-    dims = ", ".join(f"out.shape[{d}]" for d in range(out_rank))
+    dims = ", ".join(f"out.shape[{d}]" for d in range(rank))
     lines.append(f"    acc = np.empty(({dims},), np.float32)")   # (gemm's beta 0 writes it all)
     if batch == "none":
         lines += _gemm_line("ta", "tb", "acc", "0.0", "    ", mkl)
     else:
         lines.append("    for i in range(acc.shape[0]):")
         lines += _gemm_line("ta[i]", "tb[i]", "acc[i]", "0.0", "        ", mkl)
-    idx = ", ".join(f"i{d}" for d in range(out_rank))
+    idx = ", ".join(f"i{d}" for d in range(rank))
     ind = "    "
-    for d in range(out_rank):
+    for d in range(rank):
         lines.append(f"{ind}for i{d} in range(out.shape[{d}]):")
         ind += "    "
     value = {"none": f"acc[{idx}]", "scale": f"alpha * acc[{idx}]",

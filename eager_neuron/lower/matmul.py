@@ -145,14 +145,16 @@ def gemm(op: str, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias=None
         epilogue = "none" if alpha == 1 else "scale"
     else:
         epilogue = "bias"
-    if dtype in HALF:
-        return _gemm_half(out, a, b, bias, beta, alpha, batch, epilogue)
-    # 2. in-place ops (addmm_) and odd output layouts: compute into scratch, then copy
-    direct = _np(out).flags.c_contiguous and not _shares(out, (a, b, bias))
-    res = out if direct else torch.empty(out.shape, dtype=dtype)
     m, n = out.shape[-2], out.shape[-1]
     k = a.shape[-1]
     nb = a.shape[0] if batch != "none" else 1
+    if dtype in HALF:   # one kernel on the half types' bits (float32 temporaries, one rounding)
+        blas_threads(2.0 * m * n * k)
+        return _request(_half_kernel(out, a, b, bias, beta, alpha, batch, epilogue), out,
+                        (nb, m, n, k), epilogue, "bf16")   # (float16 at bfloat16's rate too)
+    # 2. in-place ops (addmm_) and odd output layouts: compute into scratch, then copy
+    direct = _np(out).flags.c_contiguous and not _shares(out, (a, b, bias))
+    res = out if direct else torch.empty(out.shape, dtype=dtype)
     scalars = ()
     if epilogue == "bias":
         scalars = (_np(bias.expand(out.shape)), _scalar(beta, dtype), _scalar(alpha, dtype))
@@ -197,11 +199,7 @@ def gemm(op: str, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias=None
             return MATMUL_LOOP.render(key)   # from the key alone (cache/families.py)
 
         args = (_np(res3), _np(a3), _np(b3)) + scalars
-    itemsize = out.element_size()
-    flops, bytes_moved = cost.matmul_work(nb, m, n, k, itemsize, itemsize, itemsize)
-    if epilogue == "bias":   # the bias read at the output's size
-        bytes_moved += out.numel() * itemsize
-    req = (key, render, args, flops, bytes_moved, "tensor", "fp32")
+    req = _request((key, render, args), out, (nb, m, n, k), epilogue, "fp32")
     if res is out:
         return req   # the lowering launches it: dispatch -> lowering -> launch
     launch(*req)
@@ -218,14 +216,22 @@ def _half_layout(t: torch.Tensor, rank: int) -> str:
     return "t" if not t.is_contiguous() and t.transpose(1, 2).is_contiguous() else "C"
 
 
-def _gemm_half(out, a, b, bias, beta, alpha, batch: str, epilogue: str) -> tuple:
-    """bfloat16/float16 mm, addmm, bmm, baddbmm in one launch (kernels/matmul.py
+def _request(kernel: tuple, out, sizes: tuple, epilogue: str, dtype_class: str) -> tuple:
+    """launch()'s arguments for gemm's (key, render, args): the product's work and traffic."""
+    itemsize = out.element_size()
+    flops, bytes_moved = cost.matmul_work(*sizes, itemsize, itemsize, itemsize)
+    if epilogue == "bias":   # the bias read at the output's size
+        bytes_moved += out.numel() * itemsize
+    return (*kernel, flops, bytes_moved, "tensor", dtype_class)
+
+
+def _half_kernel(out, a, b, bias, beta, alpha, batch: str, epilogue: str) -> tuple:
+    """(key, render, args) of gemm's bfloat16/float16 kernel (kernels/matmul.py
     render_blas_half): the operands' bits loaded exactly into float32 temporaries, the float32
     product and epilogue, the result rounded once. The upcast route computed the same in four
     launches (casts up, the float32 kernel, a cast down); the CPU's half matmuls also
     accumulate in float32 and round once."""
     rank = 2 if batch == "none" else 3
-    bits = [t.view(torch.int16) for t in (out, a, b)]
     scalars = ()
     if epilogue == "bias":
         scalars = (_np(bias.expand(out.shape).view(torch.int16)), np.float32(beta),
@@ -239,14 +245,7 @@ def _gemm_half(out, a, b, bias, beta, alpha, batch: str, epilogue: str) -> tuple
     def render():
         return MATMUL_HALF.render(key)   # from the key alone (cache/families.py)
 
-    m, n, k = out.shape[-2], out.shape[-1], a.shape[-1]
-    nb = a.shape[0] if batch != "none" else 1
-    blas_threads(2.0 * m * n * k)
-    flops, bytes_moved = cost.matmul_work(nb, m, n, k, 2, 2, 2)
-    if epilogue == "bias":
-        bytes_moved += out.numel() * 2
-    return (key, render, tuple(_np(t) for t in bits) + scalars, flops, bytes_moved, "tensor",
-            "bf16")   # (the tensor engine runs float16 at its bfloat16 rate)
+    return key, render, tuple(_np(t.view(torch.int16)) for t in (out, a, b)) + scalars
 
 
 # ---------------------------------------------------------------------------------------------
