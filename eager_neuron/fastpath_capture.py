@@ -78,6 +78,7 @@ CAPTURED = frozenset({
     "aten::_softmax", "aten::_log_softmax", "aten::_softmax_backward_data",
     "aten::_log_softmax_backward_data",
     "aten::native_layer_norm", "aten::native_layer_norm_backward",
+    "aten::native_group_norm", "aten::native_group_norm_backward",
     # fused attention (lower/attention.py): launch only; an absent mask is a constant array
     "aten::_scaled_dot_product_fused_attention_overrideable",
     "aten::_scaled_dot_product_fused_attention_overrideable_backward",
@@ -99,6 +100,13 @@ CAPTURED = frozenset({
     "aten::native_batch_norm", "aten::_native_batch_norm_legit",
     "aten::_native_batch_norm_legit_no_training", "aten::_batch_norm_with_update",
     "aten::_batch_norm_no_update", "aten::native_batch_norm_backward",
+    # resampling (lower/resample.py): one launch on views (the index/weight tables are built
+    # inside the kernel); half operands' float32 copies are scratch (see above)
+    *(f"aten::{op}{r}d{sfx}" for r in (1, 2, 3) for op in ("upsample_nearest",
+                                                           "_upsample_nearest_exact")
+      for sfx in ("", "_backward")),
+    *(f"aten::upsample_{op}{sfx}" for op in ("linear1d", "bilinear2d", "trilinear3d",
+                                             "bicubic2d") for sfx in ("", "_backward")),
     *(f"aten::{op}{r}d{sfx}" for r in (1, 2, 3) for op, sfx in (
         ("max_pool", "_with_indices"), ("max_pool", "_with_indices_backward"),
         ("avg_pool", ""), ("avg_pool", "_backward"), ("_adaptive_avg_pool", ""),

@@ -161,6 +161,20 @@ def _long_target(op):
     return meta
 
 
+def _empty_on_cpu(op):
+    """Nearest upsampling's meta functions pass an int to torch._check for an empty batch
+    (`numel() != 0 or multiply_integers(...)`: a TypeError in torch 2.13) where the CPU runs:
+    an empty input's output layout is the CPU's own, asked of an empty CPU tensor (no data to
+    read; the CPU's refusals are its own)."""
+    def meta(input, *args, **kwargs):
+        if input.numel():
+            return op(input, *args, **kwargs)
+        cpu = torch.empty_strided(input.shape, input.stride(), dtype=input.dtype)
+        out = op(cpu, *args, **kwargs)
+        return torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device="meta")
+    return meta
+
+
 def _lerp_inplace(self, end, weight):
     # torch's meta for lerp_ calls the overload packet aten.lerp, whose overload matching tries
     # lerp.Scalar first and words its mismatch with repr(weight). Under forward-mode AD
@@ -200,6 +214,9 @@ _META_VIA_OUT = {torch.ops.aten.nan_to_num_.default: _nan_to_num_inplace,
                      # the CPU's log_softmax backward is contiguous whatever grad's layout
                      # (softmax's backward already was here)
                      torch.ops.aten._log_softmax_backward_data.default)},
+                 **{getattr(torch.ops.aten, f"{name}{r}d").default: _empty_on_cpu(
+                     getattr(torch.ops.aten, f"{name}{r}d").default)
+                    for name in ("upsample_nearest", "_upsample_nearest_exact") for r in (1, 2, 3)},
                  **{op: _long_target(op) for op in (
                      torch.ops.aten.nll_loss_forward.default,
                      torch.ops.aten.nll_loss2d_forward.default,

@@ -49,10 +49,23 @@ class _Src:
         return "\n".join(self.lines) + "\n"
 
 
-def _row(kr: int, lead: str) -> tuple[list, str]:
-    """Inner loops over dims 1..kr of a row-major (lead, j0..) view, and the index string."""
-    dims = [(f"j{d}", f"a.shape[{d + 1}]") for d in range(kr)]
+def _row(kr: int, lead: str, ko: int = 1) -> tuple[list, str]:
+    """Inner loops over dims ko..ko+kr-1 of a (lead.., j0..) view, and the index string."""
+    dims = [(f"j{d}", f"a.shape[{d + ko}]") for d in range(kr)]
     return dims, ", ".join([lead] + [f"j{d}" for d in range(kr)])
+
+
+def _outer(ko: int) -> tuple[str, list]:
+    """Layer norm's row index: `i` for one outer dim; for ko > 1 the outer dims' indices
+    i0.. unravelled from the flat row number `i` (what the lines after the row loop set)."""
+    if ko == 1:
+        return "i", []
+    lines = []
+    for d in range(ko):   # NOTE: i itself is never reassigned (a prange index may not be)
+        inner = " * ".join(f"a.shape[{e}]" for e in range(d + 1, ko))
+        q = f"i // ({inner})" if inner else "i"
+        lines.append(f"i{d} = {q}" if d == 0 else f"i{d} = ({q}) % a.shape[{d}]")
+    return ", ".join(f"i{d}" for d in range(ko)), lines
 
 
 def render_softmax(log: bool, ko: int, acc_t: str, store: str,
@@ -153,15 +166,20 @@ def render_softmax_backward(log: bool, ko: int, acc_t: str, store: str,
 
 
 def render_layer_norm(kr: int, acc_t: str, store: str, stat_store: str,
-                      parallel: bool = False) -> tuple[str, str]:
-    """`k(out, mean, rstd, a, w, b, ws, bs, eps)`: rows a[i, j0..]; w/b flat, read at k * ws
+                      parallel: bool = False, ko: int = 1) -> tuple[str, str]:
+    """`k(out, mean, rstd, a, w, b, ws, bs, eps)`: rows a[i, j0..] (ko outer dims: a[i0.., j0..],
+    the rows of a transposed input that do not coalesce into one dim); w/b flat, read at k * ws
     (ws = 0 and a one-element [1] stand in for no weight: one kernel with or without affine)."""
-    name = kernel_name("layer_norm", kr, acc_t, store, stat_store, parallel)
+    name = kernel_name("layer_norm", kr, acc_t, store, stat_store, parallel, *(
+        (ko,) if ko != 1 else ()))
     s = _Src(name, ["out", "mean", "rstd", "a", "w", "b", "ws", "bs", "eps"], parallel)
     A = acc_t
-    dims, ix = _row(kr, "i")
-    s("cnt = " + " * ".join(f"a.shape[{d + 1}]" for d in range(kr)))
-    s.loops([("i", "a.shape[0]")], "prange" if parallel else "range")
+    lead, unravel = _outer(ko)
+    dims, ix = _row(kr, lead, ko)
+    s("cnt = " + " * ".join(f"a.shape[{d + ko}]" for d in range(kr)))
+    rows = " * ".join(f"a.shape[{d}]" for d in range(ko))
+    s.loops([("i", rows)], "prange" if parallel else "range")
+    s(*unravel)
     # 1. two-pass moments
     s(f"t = {A}(0)")
     s.loops(dims)
@@ -171,8 +189,8 @@ def render_layer_norm(kr: int, acc_t: str, store: str, stat_store: str,
     s.loops(dims)
     s(f"d = {A}(a[{ix}]) - mu", "ss += d * d")
     s.close(kr)
-    s(f"r = {A}(1) / math.sqrt(ss / cnt + eps)", f"mean[i] = {stat_store}(mu)",
-      f"rstd[i] = {stat_store}(r)", "k = 0")
+    s(f"r = {A}(1) / math.sqrt(ss / cnt + eps)", f"mean[{lead}] = {stat_store}(mu)",
+      f"rstd[{lead}] = {stat_store}(r)", "k = 0")
     # 2. normalize, scale, shift
     s.loops(dims)
     s(f"out[{ix}] = {store}(({A}(a[{ix}]) - mu) * r * {A}(w[k * ws]) + {A}(b[k * bs]))",
@@ -181,22 +199,27 @@ def render_layer_norm(kr: int, acc_t: str, store: str, stat_store: str,
 
 
 def render_layer_norm_backward(kr: int, acc_t: str, stores: tuple,
-                               parallel: bool = False) -> tuple[str, str]:
+                               parallel: bool = False, ko: int = 1) -> tuple[str, str]:
     """`k(gi, gw, gb, g, a, mean, rstd, w, ws, m0, m1, m2, nch)`: m0..m2 say which grads to
     write; rows split in nch chunks with their own partial sums for gw/gb (so the chunks can run
-    in parallel), merged at the end."""
-    name = kernel_name("layer_norm_bw", kr, acc_t, stores, parallel)
+    in parallel), merged at the end. ko outer dims as render_layer_norm's."""
+    name = kernel_name("layer_norm_bw", kr, acc_t, stores, parallel, *(
+        (ko,) if ko != 1 else ()))
     s = _Src(name, ["gi", "gw", "gb", "g", "a", "mean", "rstd", "w", "ws", "m0", "m1", "m2",
                     "nch"], parallel)
     A = acc_t
-    dims, ix = _row(kr, "i")
-    s("rows = a.shape[0]", "cnt = " + " * ".join(f"a.shape[{d + 1}]" for d in range(kr)),
+    lead, unravel = _outer(ko)
+    dims, ix = _row(kr, lead, ko)
+    s("rows = " + " * ".join(f"a.shape[{d}]" for d in range(ko)),
+      "cnt = " + " * ".join(f"a.shape[{d + ko}]" for d in range(kr)),
       f"pw = np.zeros((nch, cnt if m1 else 1), {A})",
       f"pb = np.zeros((nch, cnt if m2 else 1), {A})")
     s.loops([("c", "nch")], "prange" if parallel else "range")
     s("for i in range(c * rows // nch, (c + 1) * rows // nch):")
     s.depth += 1
-    s(f"mu = {A}(mean[i])", f"r = {A}(rstd[i])", f"s1 = {A}(0)", f"s2 = {A}(0)", "k = 0")
+    s(*unravel)
+    s(f"mu = {A}(mean[{lead}])", f"r = {A}(rstd[{lead}])", f"s1 = {A}(0)", f"s2 = {A}(0)",
+      "k = 0")
     s("if m0:")
     s.depth += 1
     s.loops(dims)
@@ -290,4 +313,68 @@ def render_batch_norm_backward(kr: int, acc_t: str, stores: tuple,
     s.depth -= 1
     s("if m1:", f"    gw[c] = {stores[1]}(sdyx * inv)", "if m2:",
       f"    gb[c] = {stores[2]}(sdy)")
+    return s.text(), name
+
+
+def render_group_norm(acc_t: str, store: str, stat_store: str,
+                      parallel: bool = False) -> tuple[str, str]:
+    """`k(out, mean, rstd, a, w, b, ws, bs, eps)`: a[n, g, j, s] (batch, group, channel in the
+    group, spatial), moments per (n, g) row; w/b flat per channel, read at (g * D + j) * ws."""
+    name = kernel_name("group_norm", acc_t, store, stat_store, parallel)
+    s = _Src(name, ["out", "mean", "rstd", "a", "w", "b", "ws", "bs", "eps"], parallel)
+    A = acc_t
+    s("G = a.shape[1]", "D = a.shape[2]", "S = a.shape[3]", "cnt = D * S")
+    s.loops([("r", "a.shape[0] * G")], "prange" if parallel else "range")
+    s("n = r // G", "g = r - n * G", f"t = {A}(0)")
+    s.loops([("j", "D"), ("q", "S")])
+    s(f"t += {A}(a[n, g, j, q])")
+    s.close(2)
+    s("mu = t / cnt", f"ss = {A}(0)")
+    s.loops([("j", "D"), ("q", "S")])
+    s(f"d = {A}(a[n, g, j, q]) - mu", "ss += d * d")
+    s.close(2)
+    s(f"rs = {A}(1) / math.sqrt(ss / cnt + eps)", f"mean[n, g] = {stat_store}(mu)",
+      f"rstd[n, g] = {stat_store}(rs)")
+    s.loops([("j", "D")])
+    s("c = g * D + j", f"sc = rs * {A}(w[c * ws])", f"sh = {A}(b[c * bs])")
+    s.loops([("q", "S")])
+    s(f"out[n, g, j, q] = {store}(({A}(a[n, g, j, q]) - mu) * sc + sh)")
+    return s.text(), name
+
+
+def render_group_norm_backward(acc_t: str, stores: tuple,
+                               parallel: bool = False) -> tuple[str, str]:
+    """`k(gi, gw, gb, g, a, mean, rstd, w, ws, m0, m1, m2)` over a[n, g, j, s]; m0..m2 say
+    which grads to write. Per-(n, channel) sums of dy * xhat and dy are kept apart so the rows
+    run in parallel, then summed over the batch for gw/gb."""
+    name = kernel_name("group_norm_bw", acc_t, stores, parallel)
+    s = _Src(name, ["gi", "gw", "gb", "g", "a", "mean", "rstd", "w", "ws", "m0", "m1", "m2"],
+             parallel)
+    A = acc_t
+    s("N = a.shape[0]", "G = a.shape[1]", "D = a.shape[2]", "S = a.shape[3]", "cnt = D * S",
+      f"pw = np.zeros((N, G, D), {A})", f"pb = np.zeros((N, G, D), {A})")
+    s.loops([("r", "N * G")], "prange" if parallel else "range")
+    s("n = r // G", "k = r - n * G", f"mu = {A}(mean[n, k])", f"rs = {A}(rstd[n, k])",
+      f"s1 = {A}(0)", f"s2 = {A}(0)")
+    s.loops([("j", "D")])
+    s(f"wc = {A}(w[(k * D + j) * ws])", f"dsum = {A}(0)", f"xsum = {A}(0)")
+    s.loops([("q", "S")])
+    s(f"dy = {A}(g[n, k, j, q])", f"xh = ({A}(a[n, k, j, q]) - mu) * rs", "dsum += dy",
+      "xsum += dy * xh")
+    s.close(1)
+    s("pw[n, k, j] = xsum", "pb[n, k, j] = dsum", "s1 += dsum * wc", "s2 += xsum * wc")
+    s.close(1)
+    s("if m0:")
+    s.depth += 1
+    s("s1 /= cnt", "s2 /= cnt")
+    s.loops([("j", "D")])
+    s(f"wc = {A}(w[(k * D + j) * ws])")
+    s.loops([("q", "S")])
+    s(f"xh = ({A}(a[n, k, j, q]) - mu) * rs",
+      f"gi[n, k, j, q] = {stores[0]}(({A}(g[n, k, j, q]) * wc - s1 - xh * s2) * rs)")
+    s.depth = 1
+    for flag, part, out, st in (("m1", "pw", "gw", stores[1]), ("m2", "pb", "gb", stores[2])):
+        s(f"if {flag}:", "    for k in range(G):", "        for j in range(D):",
+          f"            t = {A}(0)", "            for n in range(N):",
+          f"                t += {part}[n, k, j]", f"            {out}[k * D + j] = {st}(t)")
     return s.text(), name

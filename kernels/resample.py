@@ -262,6 +262,25 @@ def {name}(out, x, inv_z, inv_h, inv_w, align):
                     out[n, c, oz, oi, oj] = acc
 """
 
+# nearest / nearest-exact forward: one source tap per axis, the element copied as it is (any
+# dtype; half types as their int16 bits), so -0.0 and NaN payloads survive as on the CPU
+_NEAREST_FORWARD = """\
+def {name}(out, x, inv_z, inv_h, inv_w, align):
+    zi, _zw = _table(x.shape[2], out.shape[2], inv_z, align)
+    hi, _hw = _table(x.shape[3], out.shape[3], inv_h, align)
+    wi, _ww = _table(x.shape[4], out.shape[4], inv_w, align)
+    c_ = x.shape[1]
+    for p in {rng}(x.shape[0] * c_):
+        n = p // c_
+        c = p % c_
+        for oz in range(out.shape[2]):
+            z = zi[oz, 0]
+            for oi in range(out.shape[3]):
+                h = hi[oi, 0]
+                for oj in range(out.shape[4]):
+                    out[n, c, oz, oi, oj] = x[n, c, z, h, wi[oj, 0]]
+"""
+
 # NOTE: the helpers are compiled functions that LLVM always inlines (forceinline), with the
 # kernel's flags (error_model="numpy"), not Numba-inlined (inline="always"): Numba's IR inlining
 # deep-copied and re-typed _table, _taps, _width and _scale at every call site, 30-60% of a
@@ -294,7 +313,8 @@ def render_upsample_backward(mode: str, T: str, parallel: bool,
     With `forward` (antialiased modes, whose forward has no decomposition): `k(out, x, ...)`
     the same tables gathered, width pass then height pass as the CPU does. forward="gather":
     the linear/cubic forward of half tensors (float32 arrays holding half values), weights
-    rounded to `rnd` ("bf16"/"f16") as the CPU stores them."""
+    rounded to `rnd` ("bf16"/"f16") as the CPU stores them. forward="nearest": the nearest /
+    nearest-exact forward, each element copied from its one tap (T types the unused weights)."""
     name = kernel_name("upsample_bw", mode, T, parallel, forward) + (f"_{rnd}" if rnd else "")
     taps = TAPS[mode]
     head = HEADER.format(extra=", parallel=True" if parallel else "")
@@ -303,7 +323,9 @@ def render_upsample_backward(mode: str, T: str, parallel: bool,
         _TAPS[mode].format(T=T) + "\n\n" + \
         (_WIDTH_AA_CUBIC if mode == "aa_cubic" else _WIDTH).format(taps=taps, T=T) + \
         _TABLE.format(T=T)
-    if forward == "gather":
+    if forward == "nearest":
+        body = _NEAREST_FORWARD.format(name=name, rng="prange" if parallel else "range")
+    elif forward == "gather":
         body = _GATHER_FORWARD.format(name=name, T=T, rng="prange" if parallel else "range")
     elif forward:
         body = _AA_FORWARD.format(name=name, T=T, rng="prange" if parallel else "range")

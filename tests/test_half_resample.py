@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-import eager_neuron  # noqa: F401 - registers the device
+import eager_neuron
 
 F = torch.nn.functional
 EPS = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
@@ -68,3 +68,27 @@ def test_half_linear1d_weights_in_half_type(dt):
             torch.tensor(float(v[i1]) * w1, dtype=torch.float32)
         want.append(float(acc))
     assert torch.equal(ours.flatten(), torch.tensor(want).to(dt))
+
+
+@pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16, torch.float16, torch.uint8])
+def test_nearest_forward_one_copy_kernel(dt):
+    # upsample_nearest{1,2,3}d / nearest-exact forward: one launch copying each element from
+    # the CPU's source index (bits as they are: -0.0 stays -0.0), the CPU's output layout
+    g = torch.Generator().manual_seed(0)
+    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[dt.itemsize]
+    for shape, sizes in (((2, 3, 5), ((9,), (2,))), ((2, 3, 4, 5), ((8, 10), (3, 7))),
+                         ((1, 2, 3, 4, 5), ((6, 8, 10), (2, 3, 7)))):
+        x = (torch.randn(shape, generator=g) * 50).to(dt)
+        x[(0,) * x.dim()] = -0.0 if dt.is_floating_point else 0
+        if x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        for mode in ("nearest", "nearest-exact"):
+            for kw in [{"size": s} for s in sizes] + [{"scale_factor": 1.7},
+                                                      {"scale_factor": 2.0}]:
+                want = F.interpolate(x, mode=mode, **kw)
+                eager_neuron.reset_stats()
+                got = F.interpolate(x.to("neuron"), mode=mode, **kw)
+                assert eager_neuron.stats()["launches"] == 1, (shape, mode, kw)
+                assert not eager_neuron.stats()["decompositions"]
+                assert got.stride() == want.stride()
+                assert torch.equal(got.cpu().view(bits), want.view(bits)), (shape, mode, kw)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import eager_neuron
+from eager_neuron import fastpath
 from eager_neuron.lower import norm as lnorm
 
 DEV = "neuron"
@@ -224,3 +225,108 @@ def test_layer_norm_bfloat16_statistics_dtype():
     for g, e in zip(got, want):
         _same(g, e, atol=1e-2, rtol=1e-2)
     _no_fallback()
+
+
+# -- group norm ----------------------------------------------------------------------------------
+
+def _group_norm64(x, groups, w, b, eps, g):
+    """float64 reference: output and the grads of x, w, b for upstream gradient g."""
+    xs = [t.double().requires_grad_() if t is not None else None for t in (x, w, b)]
+    y = torch.nn.functional.group_norm(xs[0], groups, xs[1], xs[2], eps)
+    y.backward(g.double())
+    return y.detach(), [t.grad if t is not None else None for t in xs]
+
+
+def _within(got, want, what):
+    """One float32 rounding of a float64 computation from float32-stored statistics: a few
+    float32 ulps of the result's magnitude (never the CPU's own rounding)."""
+    eps = torch.finfo(got.dtype).eps
+    scale = want.abs().max().item() + 1.0
+    err = (got.cpu().double() - want).abs().max().item()
+    assert err <= 16 * eps * scale, (what, err, scale)
+
+
+@pytest.mark.parametrize("shape,groups,layout", [
+    ((2, 8, 5, 6), 4, "contiguous"), ((2, 8, 5, 6), 2, "channels_last"),
+    ((3, 6, 7), 3, "contiguous"), ((4, 6), 6, "contiguous"), ((2, 4, 3, 4, 5), 1, "contiguous")])
+@pytest.mark.parametrize("affine", [True, False])
+def test_group_norm_one_kernel_each_way(shape, groups, layout, affine):
+    # native_group_norm and its backward are one launch each (they decomposed into ~15 ops),
+    # within float32 rounding of float64; the repeat call is a fast-path hit
+    x = torch.randn(shape) * 3 + 1
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    c = shape[1]
+    w, b = (torch.randn(c), torch.randn(c)) if affine else (None, None)
+    g = torch.randn(shape)
+    want, grads = _group_norm64(x, groups, w, b, 1e-5, g)
+    for _ in range(2):
+        xn = x.to(DEV).requires_grad_()
+        wn, bn = [t.to(DEV).requires_grad_() if t is not None else None for t in (w, b)]
+        eager_neuron.reset_stats()
+        call = (xn, wn, bn, shape[0], c, math.prod(shape[2:]), groups, 1e-5)
+        y = torch.ops.aten.native_group_norm(*call)[0]
+        assert eager_neuron.stats()["launches"] == 1
+        assert y.stride() == torch.nn.functional.group_norm(x, groups, w, b).stride()
+        values, runners = fastpath.TABLES[torch.ops.aten.native_group_norm.default]
+        assert fastpath.signature(call, {}, values) in runners   # learned: a repeat is a hit
+        _within(y, want, "out")
+        eager_neuron.reset_stats()
+        y.backward(g.to(DEV))
+        for name, t, ref in zip("xwb", (xn, wn, bn), grads):
+            if t is not None:
+                _within(t.grad, ref, name)
+        _no_fallback()
+        assert "aten::native_group_norm_backward" not in eager_neuron.stats()["decompositions"]
+
+
+def test_group_norm_statistics_and_odd_calls():
+    x = torch.randn(2, 6, 4, 4)
+    # the statistics: (N, groups), the CPU's dtype rule (float32 for half data with float32
+    # parameters); a bfloat16 input rounds once from the float32 computation
+    for dt, pdt in ((torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                    (torch.bfloat16, torch.float32), (torch.float16, None)):
+        w = torch.randn(6, dtype=pdt) if pdt is not None else None
+        want = torch.ops.aten.native_group_norm(x.to(dt), w, w, 2, 6, 16, 3, 1e-5)
+        got = torch.ops.aten.native_group_norm(x.to(dt).to(DEV), *(
+            [w.to(DEV)] * 2 if w is not None else [None, None]), 2, 6, 16, 3, 1e-5)
+        assert [t.dtype for t in got] == [t.dtype for t in want]
+        assert [t.shape for t in got] == [t.shape for t in want] == [x.shape, (2, 3), (2, 3)]
+        ref = torch.nn.functional.group_norm(x.to(dt).double(), 3, *(
+            [w.double()] * 2 if w is not None else [None, None]))
+        tol = 2 * torch.finfo(dt).eps * (ref.abs().max().item() + 1)
+        assert (got[0].cpu().double() - ref).abs().max().item() <= tol
+    # spatial dims that do not merge into one strided dim: the decomposition, same values
+    xs = torch.randn(2, 4, 5, 8)[..., ::2]
+    want, _ = _group_norm64(xs, 2, None, None, 1e-5, torch.ones(xs.shape))
+    _within(torch.nn.functional.group_norm(xs.to(DEV), 2), want, "strided")
+    # the CPU's refusal: channels not divisible by the groups
+    with pytest.raises(RuntimeError, match="group"):
+        torch.nn.functional.group_norm(torch.randn(2, 5, 3, device=DEV), 2)
+
+
+@pytest.mark.parametrize("shape,perm,normalized", [
+    ((2, 32, 8), (0, 2, 1), (32,)),          # Whisper: a conv's (B, C, T) output as (B, T, C)
+    ((3, 4, 5, 6), (2, 0, 1, 3), (6,)), ((3, 4, 5, 6), (1, 0, 3, 2), (5,)),
+    ((2, 3, 4, 5, 6), (3, 2, 1, 0, 4), (6,))])
+def test_layer_norm_leading_dims_that_do_not_coalesce(shape, perm, normalized):
+    # one launch each way (they decomposed into ~20 ops), within float32 rounding of float64
+    x = torch.randn(shape).permute(perm) * 3 + 1
+    w, b = torch.randn(normalized), torch.randn(normalized)
+    g = torch.randn(x.shape)
+    xd, wd, bd = (t.double().requires_grad_() for t in (x, w, b))
+    want = torch.nn.functional.layer_norm(xd, normalized, wd, bd)
+    want.backward(g.double())
+    xn, wn, bn = (t.to(DEV).requires_grad_() for t in (x, w, b))
+    eager_neuron.reset_stats()
+    call = (xn, list(normalized), wn, bn, 1e-5)
+    y = torch.ops.aten.native_layer_norm(*call)[0]
+    assert eager_neuron.stats()["launches"] == 1
+    values, runners = fastpath.TABLES[torch.ops.aten.native_layer_norm.default]
+    assert fastpath.signature(call, {}, values) in runners
+    _within(y, want.detach(), "out")
+    y.backward(g.to(DEV))
+    for name, t, ref in zip("xwb", (xn, wn, bn), (xd, wd, bd)):
+        _within(t.grad, ref.grad, name)
+    _no_fallback()
+    assert not eager_neuron.stats()["decompositions"]

@@ -1,4 +1,5 @@
-"""Normalization lowerings: softmax/log_softmax (+ backward), layer and batch norm (+ backward).
+"""Normalization lowerings: softmax/log_softmax (+ backward), layer, group and batch norm
+(+ backward).
 
 Views come from `reduce.split`: the normalized dims last, everything else first, coalesced. Batch
 norm's running statistics are updated in place in the running buffers (their host-backed memory
@@ -11,6 +12,8 @@ variant.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
@@ -113,9 +116,14 @@ def _softmax_backward(log: bool):
 def _ln_views(x, normalized_shape, full, small):
     axis = x.dim() - len(normalized_shape)
     kshape, rshape, fviews, sviews = split(full, list(range(axis, x.dim())), small)
-    if len(kshape) != 1:
-        raise NotImplementedError("layer norm over a view whose leading dims do not coalesce")
+    if not 1 <= len(kshape) <= _LN_OUTER_MAX:
+        raise NotImplementedError(f"layer norm over {len(kshape)} uncoalesced leading dims")
     return kshape, rshape, fviews, sviews
+
+
+# leading dims that do not coalesce (a transposed input: Whisper's conv output permuted to
+# (batch, time, channel)) are looped over as they are, up to this many
+_LN_OUTER_MAX = 4
 
 
 def lower_layer_norm(func, a, outs):
@@ -128,12 +136,12 @@ def lower_layer_norm(func, a, outs):
     acc = _acc(x)
     kshape, rshape, (ov, xv), (mv, rv) = _ln_views(x, a["normalized_shape"], [out, x],
                                                    [mean, rstd])
-    kr = len(rshape)
+    kr, ko = len(rshape), len(kshape)
     store, stat = NP_TYPE[out.dtype], NP_TYPE[mean.dtype]
     par = _parallel(x.numel(), kshape[0])
     (wv, ws), (bv, bs) = _param(w, xv.dtype, 1), _param(b, xv.dtype, 0)
-    launch(("norm", "layer_norm", kr, acc, store, stat, par),
-           lambda: kn.render_layer_norm(kr, acc, store, stat, par),
+    launch(("norm", "layer_norm", kr, acc, store, stat, par, *((ko,) if ko != 1 else ())),
+           lambda: kn.render_layer_norm(kr, acc, store, stat, par, ko),
            (ov, mv, rv, xv, wv, bv, ws, bs, eps),
            flops=float(8 * x.numel()), bytes_moved=_bytes(x) * 3 + _bytes(out, w, b),
            engine="vector")
@@ -147,16 +155,74 @@ def lower_layer_norm_backward(func, a, outs):
     acc = _acc(x)
     full = [x, g] + ([gi] if gi is not None else [])
     kshape, rshape, fviews, (mv, rv) = _ln_views(x, a["normalized_shape"], full, [mean, rstd])
-    kr = len(rshape)
+    kr, ko = len(rshape), len(kshape)
     stores = tuple(NP_TYPE[(o if o is not None else x).dtype] for o in outs)
     par = _parallel(x.numel(), kshape[0])
-    nch = min(kshape[0], 32) if par else 1
+    nch = min(math.prod(kshape), 32) if par else 1
     wv, ws = _param(w, fviews[0].dtype, 1)
-    launch(("norm", "layer_norm_bw", kr, acc, stores, par),
-           lambda: kn.render_layer_norm_backward(kr, acc, stores, par),
+    launch(("norm", "layer_norm_bw", kr, acc, stores, par, *((ko,) if ko != 1 else ())),
+           lambda: kn.render_layer_norm_backward(kr, acc, stores, par, ko),
            (fviews[2] if gi is not None else _dummy(fviews[0], 1 + kr), _out1(gw, fviews[0]),
             _out1(gb, fviews[0]), fviews[1], fviews[0], mv, rv, wv, ws,
             int(gi is not None), int(gw is not None), int(gb is not None), nch),
+           flops=float(12 * x.numel()), bytes_moved=_bytes(x, g) * 2 + _bytes(gi, gw, gb),
+           engine="vector")
+
+
+# ---------------------------------------------------------------------------------------------
+# group norm
+# ---------------------------------------------------------------------------------------------
+
+def _gn_view(t: torch.Tensor, a) -> np.ndarray:
+    """t as its (batch, group, channel in the group, spatial) view; NotImplementedError (the
+    decomposition runs) when the spatial dims do not merge into one strided dim."""
+    n, c, hw, grp = int(a["N"]), int(a["C"]), int(a["HxW"]), int(a["group"])
+    try:
+        return t.view(n, grp, c // grp, hw).numpy()
+    except RuntimeError:
+        raise NotImplementedError("group norm over spatial dims that do not merge") from None
+
+
+def _gn_stat(t: torch.Tensor, xv: np.ndarray) -> np.ndarray:
+    try:
+        return t.view(xv.shape[:2]).numpy()
+    except RuntimeError:
+        raise NotImplementedError("group norm statistics of another layout") from None
+
+
+def lower_group_norm(func, a, outs):
+    x, w, b, eps = a["input"], a["weight"], a["bias"], float(a["eps"])
+    out, mean, rstd = outs
+    if x.numel() == 0:
+        raise NotImplementedError("group norm of an empty input")
+    xv, ov = _gn_view(x, a), _gn_view(out, a)
+    mv, rv = _gn_stat(mean, xv), _gn_stat(rstd, xv)
+    acc, store, stat = _acc(x), NP_TYPE[out.dtype], NP_TYPE[mean.dtype]
+    par = _parallel(x.numel(), xv.shape[0] * xv.shape[1])
+    (wv, ws), (bv, bs) = _param(w, xv.dtype, 1), _param(b, xv.dtype, 0)
+    launch(("norm", "group_norm", acc, store, stat, par),
+           lambda: kn.render_group_norm(acc, store, stat, par),
+           (ov, mv, rv, xv, wv, bv, ws, bs, eps),
+           flops=float(8 * x.numel()), bytes_moved=_bytes(x) * 3 + _bytes(out, w, b),
+           engine="vector")
+
+
+def lower_group_norm_backward(func, a, outs):
+    g, x, mean, rstd, w = a["grad_out"], a["input"], a["mean"], a["rstd"], a["weight"]
+    gi, gw, gb = outs
+    if x.numel() == 0:
+        raise NotImplementedError("group norm backward of an empty input")
+    xv, gv = _gn_view(x, a), _gn_view(g, a)
+    giv = _gn_view(gi, a) if gi is not None else _dummy(xv, 4)
+    mv, rv = _gn_stat(mean, xv), _gn_stat(rstd, xv)
+    acc = _acc(x)
+    stores = tuple(NP_TYPE[(o if o is not None else x).dtype] for o in outs)
+    par = _parallel(x.numel(), xv.shape[0] * xv.shape[1])
+    wv, ws = _param(w, xv.dtype, 1)
+    launch(("norm", "group_norm_bw", acc, stores, par),
+           lambda: kn.render_group_norm_backward(acc, stores, par),
+           (giv, _out1(gw, xv), _out1(gb, xv), gv, xv, mv, rv, wv, ws,
+            int(gi is not None), int(gw is not None), int(gb is not None)),
            flops=float(12 * x.numel()), bytes_moved=_bytes(x, g) * 2 + _bytes(gi, gw, gb),
            engine="vector")
 
@@ -329,6 +395,7 @@ def _ln_cpu_meta(a, leaves):
 
 
 lower_layer_norm.cpu_meta = _ln_cpu_meta
+lower_group_norm.cpu_meta = _ln_cpu_meta   # the same statistics dtype rule
 
 
 def lower_batch_norm_backward(func, a, outs):
@@ -364,6 +431,8 @@ LOWERINGS = {
     "aten::_log_softmax_backward_data": _softmax_backward(True),
     "aten::native_layer_norm": lower_layer_norm,
     "aten::native_layer_norm_backward": lower_layer_norm_backward,
+    "aten::native_group_norm": lower_group_norm,
+    "aten::native_group_norm_backward": lower_group_norm_backward,
     "aten::native_batch_norm": _half_aware(lower_native_batch_norm, _train),
     "aten::_native_batch_norm_legit": _half_aware(lower_native_batch_norm, _train),
     "aten::_native_batch_norm_legit.no_stats": _half_aware(lower_bn_no_stats, _train),

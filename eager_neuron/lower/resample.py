@@ -1,8 +1,9 @@
 """Resampling lowerings: upsample (nearest, nearest-exact, linear, bilinear, trilinear, bicubic)
-and replication-padding backward, 1/2/3-d (their forwards decompose into gathers that have
-kernels; the backward passes are scatters), and grid_sampler 2-d/3-d forward and backward
-(bilinear, nearest and 2-d bicubic). One launch each; half operands' float32 copies and the
-casts back are steps (lower/cast.py's cast_steps) the lowering launches itself, as the kernel.
+and replication-padding backward, 1/2/3-d (the backward passes are scatters; replication
+padding's forward decomposes into gathers that have kernels), and grid_sampler 2-d/3-d
+forward and backward (bilinear, nearest and 2-d bicubic). One launch each; half operands'
+float32 copies and the casts back are steps (lower/cast.py's cast_steps) the lowering launches
+itself, as the kernel.
 
 >>> import torch, eager_neuron
 >>> x = torch.ones(1, 1, 2, device="neuron", requires_grad=True)
@@ -68,6 +69,44 @@ def _upsample_half(mode: str, rank: int, half_weights: bool = True):
     lower = launches(steps)
     lower.handles_half = True
     return lower
+
+
+# the dtypes the CPU's nearest kernels take (others: the decomposition, as before)
+_NEAREST_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.uint8)
+
+
+def _upsample_nearest(mode: str, rank: int):
+    """upsample_nearest / _upsample_nearest_exact 1-3d forward: one launch copying each output
+    element from its source element (the CPU's index rules, shared with the backward), any
+    layout; half types copied as their bits (handles_half: exact, nothing to round)."""
+    scale_names = {1: ("scales",), 2: ("scales_h", "scales_w"),
+                   3: ("scales_d", "scales_h", "scales_w")}[rank]
+
+    def lower(func, a, outs):
+        x, out = a["self"], outs[0]
+        if x.dtype not in _NEAREST_DTYPES or out.dtype != x.dtype:
+            raise NotImplementedError(f"upsample {mode} on {x.dtype}: the decomposition")
+        if out.numel() == 0:
+            return
+        inv = [1.0 / s if s is not None and s > 0 else 0.0 for s in
+               (a.get(nm) for nm in scale_names)]
+        inv = [0.0] * (3 - rank) + inv
+        xv, ov = _view(x, rank), _view(out, rank)
+        parallel = out.numel() >= PARALLEL_MIN and kc.parallel_allowed()
+        launch(("resample", "upsample_nearest", VERSION, UP_VERSION, mode, str(ov.dtype),
+                parallel),
+               lambda: kresample.render_upsample_backward(mode, "np.float32", parallel,
+                                                          "nearest"),
+               (ov, xv) + tuple(inv) + (False,),
+               flops=0.0, bytes_moved=_numel(x, out) * x.element_size(), engine="vector")
+    lower.handles_half = True
+    return lower
+
+
+def _view(t: torch.Tensor, rank: int) -> np.ndarray:
+    """An (N, C, D, H, W) numpy view; a half operand's as its int16 bits."""
+    t = _as5(t.detach(), rank)
+    return (t.view(torch.int16) if t.dtype in _HALF_RND else t).numpy()
 
 
 def _upsample_backward(mode: str, rank: int):
@@ -353,6 +392,9 @@ for _r in (1, 2, 3):
         f"aten::replication_pad{_r}d_backward": _replication_pad_backward(_r),
     })
 LOWERINGS.update({
+    **{f"aten::upsample_nearest{r}d": _upsample_nearest("nearest", r) for r in (1, 2, 3)},
+    **{f"aten::_upsample_nearest_exact{r}d": _upsample_nearest("nearest_exact", r)
+       for r in (1, 2, 3)},
     "aten::upsample_linear1d": _upsample_half("linear", 1),
     "aten::upsample_bilinear2d": _upsample_half("linear", 2, half_weights=False),
     "aten::upsample_trilinear3d": _upsample_half("linear", 3),
