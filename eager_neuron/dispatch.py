@@ -492,7 +492,10 @@ def _run_alloc(func, args, kwargs, mode):
     leaves, spec = meta_outputs(func, uargs, ukw)
     shape, stride, dtype = leaves[0]
     data, block = alloc(index, shape, stride, dtype)
-    return wrap(data, block, index)
+    out = wrap(data, block, index)
+    if mode is None:
+        _fast.learn_alloc(func, args, kwargs, out)
+    return out
 
 
 def _kernel_setup(func, plan, args, kwargs, mode) -> tuple:

@@ -21,9 +21,10 @@ launch to launch.HOOKS. A runner never runs under EAGER_NEURON_LOG, adaptive eag
 its own recording runners, adaptive_fast.py), NeuronMode or cache verification.
 
 Families that leave runners here: the elementwise family on flat operands (same shape,
-contiguous, or a single element) and view ops; fastpath_capture.py learns the others from the
-launches their slow call made (matmul, reductions, norms, casts, attention, broadcasting
-elementwise ops). Everything else always takes the slow path.
+contiguous, or a single element), view ops and allocations like a neuron tensor;
+fastpath_capture.py learns the others from the launches their slow call made (matmul,
+reductions, norms, sorts, index writes, casts, attention, broadcasting elementwise ops).
+Everything else always takes the slow path.
 
 >>> import torch, eager_neuron
 >>> from eager_neuron import fastpath
@@ -821,6 +822,27 @@ def learn_view(func, args, kwargs, out) -> None:
                   f"return {type(out).__name__}(res)" if type(out) is not list else "return res"]
     if _add(func, True, sig, _build(func.__name__, lines, ns)):
         STATS_FAST["view_methods" if meth is not None else "view_ops"] += 1
+
+
+def learn_alloc(func, args, kwargs, out) -> None:
+    """After a plain-eager empty_like / new_empty / new_empty_strided of a neuron tensor (the
+    autograd engine's gradient buffers: ~18 us each, 11 a UNet step): leave a runner that
+    allocates the output the signature fixes (meta ran once) and wraps it."""
+    if not args or type(args[0]) is not NeuronTensor or type(out) is not NeuronTensor:
+        return
+    dev = kwargs.get("device")
+    if kwargs.get("pin_memory") or (dev is not None and torch.device(dev) != out.device):
+        return
+    sig = signature(args, kwargs, True)
+    if sig is None or _known(func, True, sig):
+        return
+    index = out._index
+    ns = {"S": STATS, "F": STATS_FAST, "NT": NeuronTensor, "MISS": MISS, "IDX": index,
+          "SIM": SIM, "SHAPE": tuple(out.shape), "STRIDE": out.stride(), "DT": out.dtype}
+    lines = _alloc_lines(ns, out, index)
+    ret = _wrap_lines(ns, lines, index)
+    lines += ["F['hits'] += 1", ret]
+    _add(func, True, sig, _build(func.__name__, lines, ns))
 
 
 def _eval(ref: str, args, kwargs):

@@ -74,7 +74,7 @@ CAPTURED = frozenset({
     # parameters small constant arrays fixed by the signature (pad, shifts, dims, diagonal by
     # value), the fill value a constant; half operands are never captured
     "aten::constant_pad_nd", "aten::flip", "aten::roll", "aten::repeat", "aten::tril",
-    "aten::triu",
+    "aten::triu", "aten::slice_backward", "aten::select_backward",
     "aten::_softmax", "aten::_log_softmax", "aten::_softmax_backward_data",
     "aten::_log_softmax_backward_data",
     "aten::native_layer_norm", "aten::native_layer_norm_backward",
@@ -100,6 +100,17 @@ CAPTURED = frozenset({
     "aten::native_batch_norm", "aten::_native_batch_norm_legit",
     "aten::_native_batch_norm_legit_no_training", "aten::_batch_norm_with_update",
     "aten::_batch_norm_no_update", "aten::native_batch_norm_backward",
+    # sort rows (lower/sort.py `rows`): one launch on views; k, dim and the flags are keyed
+    # by value
+    "aten::sort", "aten::topk", "aten::kthvalue",
+    # histc (lower/sort.py): one launch, its range flags checked through launch's `check`
+    "aten::histc",
+    # index_put / scatter / index_add (lower/index.py put): one launch on views with its error
+    # flags checked through launch.checked; a boolean mask's coordinates are counted on the
+    # host (lower/mask.py count_steps), which ends the capture: never learned
+    "aten::index_put", "aten::index_put_", "aten::_index_put_impl_", "aten::scatter",
+    "aten::scatter_", "aten::scatter_add", "aten::scatter_add_", "aten::index_add",
+    "aten::index_add_",
     # resampling (lower/resample.py): one launch on views (the index/weight tables are built
     # inside the kernel); half operands' float32 copies are scratch (see above)
     *(f"aten::{op}{r}d{sfx}" for r in (1, 2, 3) for op in ("upsample_nearest",

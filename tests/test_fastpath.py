@@ -1234,3 +1234,166 @@ def test_half_fill_and_in_place_ops_repeat_from_runners(half):
         assert torch.equal(got.cpu(), want)
         if step:
             assert _hits() - before == 1
+
+
+def _learned(func, *args, **kwargs) -> bool:
+    """Is a runner left for exactly this call's signature?"""
+    tab = fastpath.TABLES.get(func)
+    if tab is None:
+        return False
+    sig = fastpath.signature(args, kwargs, tab[0])
+    return sig is not None and sig in tab[1]
+
+
+def test_one_element_tensor_operands_are_learned_and_read_in_the_kernel():
+    """A one-element tensor operand was read on the host as a kernel scalar, which a replay
+    cannot repeat: `x * t`, where(mask, x, t) took the slow path on every call (T5's masks,
+    CLIP's logit scale: ~90 us each). While the fast path learns a call, the element is a
+    tensor operand the kernel reads, so each replay reads this call's value."""
+    aten = torch.ops.aten
+    x = torch.randn(3, 4)
+    c = torch.rand(1, 1, 4) > 0.5
+    xs = torch.randn(2, 4, 3).permute(0, 2, 1)       # an nd (strided, broadcast) operand
+    t = torch.tensor(2.0, device="neuron")
+    xn, cn, xsn = x.to("neuron"), c.to("neuron"), xs.to("neuron")
+    for v in (2.0, -3.5, 0.25):
+        t.fill_(v)
+        assert torch.equal((xn * t).cpu(), x * v)
+        assert torch.equal(torch.where(cn, xsn, t).cpu(), torch.where(c, xs, torch.tensor(v)))
+    assert _learned(aten.mul.Tensor, xn, t)
+    assert _learned(aten.where.self, cn, xsn, t)
+    before = _hits()
+    t.fill_(7.0)
+    assert torch.equal((xn * t).cpu(), x * 7.0)
+    assert _hits() - before >= 1
+
+
+def test_sort_topk_and_index_writes_are_learned_and_see_new_values():
+    aten = torch.ops.aten
+    g = torch.Generator().manual_seed(0)
+    base = torch.zeros(6, 5, device="neuron")
+    for _ in range(3):
+        x = torch.randn(6, 5, generator=g)
+        xn = x.to("neuron")
+        for got, want in ((torch.topk(xn, 2), torch.topk(x, 2)),
+                          (torch.sort(xn, 1), torch.sort(x, 1))):
+            assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
+        idx = torch.randint(0, 6, (6,), generator=g)   # duplicates accumulate
+        idxn = idx.to("neuron")
+        got = aten.index_put(base, [idxn], xn, True)
+        want = aten.index_put(torch.zeros(6, 5), [idx], x, True)
+        torch.testing.assert_close(got.cpu(), want, rtol=0, atol=1e-6)
+        si = torch.randint(0, 6, (6, 5), generator=g)
+        assert torch.equal(torch.scatter(base, 0, si.to("neuron"), xn).cpu(),
+                           torch.scatter(torch.zeros(6, 5), 0, si, x))
+    assert _learned(aten.topk.default, xn, 2)
+    assert _learned(aten.index_put.default, base, [idxn], xn, True)
+    # an out-of-range index on a replay: the CPU's IndexError, from the replay's own flags
+    with pytest.raises(IndexError):
+        aten.index_put(base, [torch.full((6,), 9, device="neuron")], xn, True)
+
+
+def test_a_boolean_mask_index_put_is_never_learned():
+    """Its coordinates are counted on the host: a replay would reuse one call's count."""
+    aten = torch.ops.aten
+    g = torch.Generator().manual_seed(1)
+    base = torch.zeros(8, 3)
+    one = torch.tensor(1.5)
+    for _ in range(4):
+        mask = torch.rand(8, generator=g) > 0.5
+        mn = mask.to("neuron")
+        got = aten.index_put(base.to("neuron"), [mn], one.to("neuron"))
+        assert torch.equal(got.cpu(), aten.index_put(base, [mask], one))
+    assert not _learned(aten.index_put.default, base.to("neuron"), [mn], one.to("neuron"))
+
+
+def test_conv_weight_gradient_of_a_channels_last_grad_is_learned():
+    """The grad's contiguous copy is scratch the replay allocates (context.scratch): the
+    weight-only backward of CLIP's patch embedding took the slow path every call (280 us)."""
+    aten = torch.ops.aten
+    g = torch.Generator().manual_seed(2)
+    inp = torch.randn(2, 3, 16, 16, generator=g)
+    w = torch.randn(32, 3, 8, 8, generator=g)
+    inpn, wn = inp.to("neuron"), w.to("neuron")
+    for _ in range(3):
+        go = torch.randn(2, 32, 2, 2, generator=g).contiguous(
+            memory_format=torch.channels_last)
+        gon = go.to("neuron")
+        call = ([0], [8, 8], [0, 0], [1, 1], False, [0, 0], 1, [False, True, False])
+        got = aten.convolution_backward(gon, inpn, wn, *call)[1]
+        want = aten.convolution_backward(go.double(), inp.double(), w.double(), *call)[1]
+        torch.testing.assert_close(got.cpu().double(), want, rtol=1e-5, atol=1e-5)
+    assert _learned(aten.convolution_backward.default, gon, inpn, wn, *call)
+
+
+def test_allocations_like_a_neuron_tensor_repeat_from_a_runner():
+    """empty_like / new_empty (the autograd engine's gradient buffers) allocate what the
+    signature fixes; new_zeros / new_ones / new_full are new_empty then fill_, both fast."""
+    x = torch.randn(3, 4, device="neuron").t()
+    for _ in range(2):
+        e = torch.empty_like(x)
+        n = x.new_empty((2, 5), dtype=torch.int64)
+    assert e.shape == x.shape and e.stride() == torch.empty_like(x.cpu()).stride()
+    assert n.dtype == torch.int64 and n.device == x.device
+    before = _hits()
+    e2 = torch.empty_like(x)
+    assert _hits() - before == 1 and e2._block is not e._block
+    e2.fill_(3.0)
+    assert e.cpu().ne(3.0).any() or not e.numel()   # its own memory (e was never filled)
+    with torch.inference_mode():
+        assert torch.empty_like(x).is_inference()
+    for fn in (lambda t: t.new_zeros(3, 4), lambda t: t.new_ones((2,), dtype=torch.int64),
+               lambda t: t.new_full((2, 2), 7.5), lambda t: t.new_zeros((0, 3))):
+        for _ in range(2):
+            got, want = fn(x), fn(x.cpu())
+            assert got.device == x.device and got.dtype == want.dtype
+            assert torch.equal(got.cpu(), want)
+    with pytest.raises(RuntimeError, match="overflow"):
+        x.new_full((2,), 300, dtype=torch.uint8)
+
+
+@pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16, torch.int64, torch.bool])
+def test_select_and_slice_backward_are_one_kernel_and_learned(dt):
+    """Zeros with the gradient in place, one remap launch into the CPU's contiguous layout
+    (any gradient layout), learned by the fast path; other patterns decompose as before."""
+    aten = torch.ops.aten
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(2, 6, 5, generator=g) * 4).to(dt)
+    cases = [(aten.select_backward.default, (x.select(1, -1), [2, 6, 5], 1, -1)),
+             (aten.select_backward.default, (x[:, :, 2].t().contiguous().t(), [2, 6, 5], 2, 2)),
+             (aten.slice_backward.default, (x[:, 1:4], [2, 6, 5], 1, 1, 4, 1)),
+             (aten.slice_backward.default, (x[..., -2:], [2, 6, 5], -1, -2, 2 ** 62, 1))]
+    for func, (grad, *rest) in cases:
+        want = func(grad, *rest)
+        gn = grad.to("neuron")
+        for _ in range(2):
+            eager_neuron.reset_stats()
+            got = func(gn, *rest)
+            assert eager_neuron.stats()["launches"] == 1
+            assert not eager_neuron.stats()["decompositions"]
+            assert got.stride() == want.stride() and torch.equal(got.cpu(), want)
+        assert _learned(func, gn, *rest)
+    # a step: the decomposition, same values
+    grad = x[:, ::2]
+    want = aten.slice_backward(grad, [2, 6, 5], 1, 0, 6, 2)
+    assert torch.equal(aten.slice_backward(grad.to("neuron"), [2, 6, 5], 1, 0, 6, 2).cpu(), want)
+
+
+def test_histc_is_learned_and_checks_each_replays_range():
+    """MoE routers count tokens per expert with histc of int32 ids every step; a float histc
+    with min == max takes its range from the data, whose check each replay makes again."""
+    aten = torch.ops.aten
+    g = torch.Generator().manual_seed(4)
+    for _ in range(3):
+        ids = torch.randint(0, 4, (24,), generator=g, dtype=torch.int32)
+        idn = ids.to("neuron")
+        got = torch.histc(idn, bins=4, min=0, max=3)
+        assert got.cpu().tolist() == torch.bincount(ids.long(), minlength=4).float().tolist()
+        x = torch.randn(50, generator=g)
+        xn = x.to("neuron")
+        assert torch.equal(torch.histc(xn, bins=5).cpu(), torch.histc(x, bins=5))
+    assert _learned(aten.histc.default, idn, 4, 0, 3)
+    assert _learned(aten.histc.default, xn, 5)
+    x[3] = float("inf")
+    with pytest.raises(RuntimeError, match="not finite"):
+        torch.histc(x.to("neuron"), bins=5)

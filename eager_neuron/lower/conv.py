@@ -23,6 +23,7 @@ import torch
 
 from .. import cost
 from ..blas import blas_threads
+from ..context import scratch
 from ..kernels import compile as kc
 from ..kernels import conv as kconv
 from ..launch import launch
@@ -45,13 +46,13 @@ def _contiguous(t: torch.Tensor):
     (steps; returns the tensor)."""
     if t.is_contiguous():
         return t
-    out = torch.empty(t.shape, dtype=t.dtype)
+    out = scratch(torch.empty(t.shape, dtype=t.dtype))
     yield from cast_steps(t, out)
     return out
 
 
 def _scratch_if_strided(t: torch.Tensor) -> torch.Tensor:
-    return t if t.is_contiguous() else torch.empty(t.shape, dtype=t.dtype)
+    return t if t.is_contiguous() else scratch(torch.empty(t.shape, dtype=t.dtype))
 
 
 def _parallel(work: int) -> bool:
@@ -196,7 +197,7 @@ def _up(t):
     (steps; returns the tensor)."""
     if t is None or t.dtype not in (torch.bfloat16, torch.float16):
         return t
-    out = torch.empty(t.shape, dtype=torch.float32)
+    out = scratch(torch.empty(t.shape, dtype=torch.float32))
     yield from cast_steps(t, out)
     return out
 
@@ -215,7 +216,7 @@ def _convolution_steps(a, out):
     ts = (a["input"], a["weight"], a["bias"], out)
     if any(t is not None and t.dtype in (torch.bfloat16, torch.float16) for t in ts):
         bf16 = all(t is None or t.dtype == torch.bfloat16 for t in ts) and a["transposed"]
-        out32 = torch.empty(out.shape, dtype=torch.float32)
+        out32 = scratch(torch.empty(out.shape, dtype=torch.float32))
         x32 = yield from _up(a["input"])
         w32 = yield from _up(a["weight"])
         b32 = yield from _up(a["bias"])

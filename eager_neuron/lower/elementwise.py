@@ -308,7 +308,9 @@ def _build_spec(op_name: str, template: str, rule: str, arg_casts: dict, a: dict
 
 
 def _spec_for(func, a: dict, n: int, out_dtype, op_name: str, armed: bool):
-    """The call's _Spec (cached per argument types) and the numpy views of its tensor operands."""
+    """The call's _Spec (cached per argument types) and the numpy views of its tensor operands.
+    `armed`: adaptive eager records, or the fast path learns the call (one-element tensors stay
+    tensor operands)."""
     entry = OPS[op_name]
     template, rule = entry[0], entry[1]
     if callable(template):
@@ -319,7 +321,10 @@ def _spec_for(func, a: dict, n: int, out_dtype, op_name: str, armed: bool):
         names = _NAMES[(id(func), template)] = _template_names(template, tuple(a))
     # A one-element tensor operand of a larger output is read once, as a kernel scalar, so
     # `x * t` (t of one element) shares the kernel of `x * 2.0`. Not while adaptive eager
-    # records: the element may be the pending output of a recorded op.
+    # records (the element may be the pending output of a recorded op), nor while the fast
+    # path learns the call (a replay reads the element in the kernel: a value read on the host
+    # could not be replayed, and `x * t` took the slow path every call: T5's masks, CLIP's
+    # logit scale)
     one_ok = n != 1 and rule not in ("none", "common") and not armed
     types, as_scalar, nps = [], [], {}
     for nm in names:
@@ -354,7 +359,8 @@ def lower_elementwise(func, a: dict, outs: list, op_name: str, defer: bool = Fal
     # 1. the spec, per argument types
     ctx = getattr(_ctx_tls, "ctx", None)
     armed = ctx is not None and ctx.recording
-    spec, nps = _spec_for(func, a, n, out.dtype, op_name, armed)
+    spec, nps = _spec_for(func, a, n, out.dtype, op_name,
+                          armed or (ctx is not None and ctx.capture is not None))
     return _request(func, a, outs, op_name, defer, out_np, n, spec, nps, ctx, armed)
 
 
@@ -565,7 +571,8 @@ def fast_facts(func, a: dict, outs: list, op_name: str):
     in kernel order, kernel scalar names, scalar values change the kernel) or None when a
     repeat must come back here (an op that can fault inside the kernel)."""
     out = outs[0]
-    spec, _ = _spec_for(func, a, out.numel(), out.dtype, op_name, False)
+    # (as the call being learned saw it: one-element tensors are operands, see _spec_for)
+    spec, _ = _spec_for(func, a, out.numel(), out.dtype, op_name, True)
     if spec.faults:
         return None
     # keyed by value: a template built per call, or scalars range-checked on the host per call

@@ -262,6 +262,28 @@ def efficient_zeros(func, args, kwargs, mode):
     return host_compute(torch.ops.aten.zeros.default, args, kwargs, mode)
 
 
+_NEW_EMPTY = aten.new_empty.default
+_FILL = aten.fill_.Scalar
+_NEW_FILL = {"aten::new_zeros": 0, "aten::new_ones": 1}
+
+
+def new_filled(func, args, kwargs, mode):
+    """new_zeros / new_ones / new_full: new_empty, then fill_, each through the funnel with
+    its own fast path (torch's decomposition went through aten::full, a host factory computed
+    by the CPU and copied over: 30-70 us a call; Mamba's, Whisper's and Mixtral's backward
+    make a few a step). Same checks: fill_ refuses a value the dtype cannot hold."""
+    name = func._schema.name
+    value = _NEW_FILL.get(name)
+    rest = dict(kwargs)
+    if value is None:   # new_full(self, size, fill_value, *, dtype, layout, device, pin_memory)
+        value = args[2] if len(args) > 2 else rest.pop("fill_value")
+    out = rest.pop("out", None)   # the .out overloads: resized to `size` by dispatch already
+    if out is None:
+        out = _NEW_EMPTY(args[0], args[1] if len(args) > 1 else rest.pop("size"), **rest)
+    _FILL(out, value)
+    return out
+
+
 def native_dropout(func, args, kwargs, mode):
     """Same random stream and arithmetic as the CPU's dropout: bernoulli_(1-p), /(1-p), mul."""
     x = args[0]
@@ -465,6 +487,9 @@ HOST = {
     "aten::_new_zeros_with_same_feature_meta": new_zeros_same_feature_meta,
     "aten::record_stream": record_stream,
     "aten::_efficientzerotensor": efficient_zeros,
+    "aten::new_zeros": new_filled,
+    "aten::new_ones": new_filled,
+    "aten::new_full": new_filled,
     **{name: rng_inplace for name in RNG_INPLACE},
     **{name: host_compute for name in HOST_COMPUTE},
     **{name: sparse_constructor for name in _SPARSE_CONSTRUCTORS},

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from .. import launch as _launch
+from ..context import _TLS as _ctx_tls
 from ..kernels import index as kix
 from ..launch import launch
 from .common import HALF, coalesce
@@ -31,6 +32,9 @@ def count_steps(x: torch.Tensor):
     yields from, or dispatch drives); returns the count read back."""
     if x.numel() == 0:
         return 0
+    ctx = getattr(_ctx_tls, "ctx", None)
+    if ctx is not None:
+        ctx.capture = None   # a count read on the host sizes what follows: never replayed
     cshape, (cstr,) = coalesce(tuple(x.shape), [x.stride()])   # order does not matter here
     rank, bits = len(cshape), x.dtype in HALF
     out = np.zeros(1, np.int64)

@@ -345,12 +345,18 @@ def _histc(func, a, outs):
     chunk = max(1, -(-n // parts))
     yield (("sort", "histc"), kso.render_histc,
            (hist.numpy(), flat.numpy(), info, lo, hi, bins, lo == hi and n > 0, bf, chunk),
-           float(4 * x.numel()), float(nbytes(x, out)))
+           float(4 * x.numel()), float(nbytes(x, out)), "vector", "fp32", None, None, None,
+           (_histc_check, info))
+    yield from _store(hist, out)
+
+
+def _histc_check(info) -> None:
+    """What the histc kernels flag (info[2]): a range that is not finite or empty. A host
+    check of the launch's flags (launch's `check`): a fast-path replay makes it on its own."""
     if info[2]:
         if not all(np.isfinite(info[:2])):
             raise RuntimeError(f"torch.histc: range of [{info[0]}, {info[1]}] is not finite")
         raise RuntimeError("torch.histc: max must be larger than min")
-    yield from _store(hist, out)
 
 
 lower_histc = launches(_histc)   # dispatch -> lower_histc -> launch
@@ -366,9 +372,8 @@ def _histc_int(x, out, bins, lo, hi):
     lo, hi = int(lo), int(hi)   # CUDA: Scalar.to<int64_t>() truncates
     yield (("sort", "histc_int"), kso.render_histc_int,
            (out.numpy(), flat.numpy(), info, lo, hi, bins, lo == hi and x.numel() > 0),
-           float(4 * x.numel()), float(nbytes(x, out)))
-    if info[2]:
-        raise RuntimeError("torch.histc: max must be larger than min")
+           float(4 * x.numel()), float(nbytes(x, out)), "vector", "fp32", None, None, None,
+           (_histc_check, info))
 
 
 def dynamic_histogram(func, a, index=-1):
