@@ -130,7 +130,7 @@ def _pad_of(grad, input_sizes, dim, start, end):
     result out in its input's suggested memory format (a transposed or sliced gradient, Llama's
     rotate_half, pads into a contiguous result; a channels-last one would not); a grad that does
     not fill the slice keeps the copy's own error. Start and end are normalized as a slice's.
-    Reads only grad's shape and strides (a meta stand-in does: `padded`)."""
+    Reads only grad's shape and strides."""
     try:
         sizes = [int(s) for s in input_sizes]
         nd = len(sizes)
@@ -162,32 +162,6 @@ def _select_at(grad, input_sizes, dim, index):
     except (TypeError, ValueError, ZeroDivisionError):
         return None
     return (d, i) if ok else None
-
-
-def padded(func, args, kwargs):
-    """(unsqueeze dim or None, pad) when `func(*args)` is one zero pad of its gradient (the
-    unit-step slice_backward and the select_backward `_zero_padded` serves), else None: a pure
-    function of the call's shapes, strides and integers, which the fast path's signature fixes,
-    so a repeat of the signature may run the pad directly (fastpath.learn_padded)."""
-    if kwargs or not args or not isinstance(args[0], torch.Tensor):
-        return None
-    grad = args[0]
-    try:
-        probe = torch.empty_strided(grad.shape, grad.stride(), device="meta")
-    except (TypeError, ValueError, RuntimeError):   # a symbolic size
-        return None
-    if func is torch.ops.aten.slice_backward.default and len(args) == 6:
-        _g, sizes, dim, start, end, step = args
-        pad = _pad_of(probe, sizes, dim, start, end) if step == 1 else None
-        return None if pad is None else (None, pad)
-    if func is torch.ops.aten.select_backward.default and len(args) == 4:
-        at = _select_at(grad, *args[1:])
-        if at is None:
-            return None
-        d, i = at
-        pad = _pad_of(probe.unsqueeze(d), args[1], d, i, i + 1)
-        return None if pad is None else (d, pad)
-    return None
 
 
 def _suggests_contiguous(t) -> bool:

@@ -932,13 +932,7 @@ def _run_decomp(func, plan, decomp, args, kwargs, mode):
         active.discard(func)
     if out is NotImplemented:  # some decompositions decline argument patterns on purpose
         return run_fallback(func, plan, args, kwargs, mode, why="decomposition declined")
-    if func in _PADDED and mode is None and not _STATE.enabled and config.fastpath and \
-            not OP_HOOKS and not _fast.declined(func, args, kwargs):
-        _fast.learn_padded(func, plan, args, kwargs, out)   # one zero pad: a repeat runs it
     return out
-
-
-_PADDED = frozenset({aten.slice_backward.default, aten.select_backward.default})
 
 
 _tensor_mod.set_dispatcher(dispatch)

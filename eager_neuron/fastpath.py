@@ -345,32 +345,6 @@ def share_runner(func, args: tuple, kwargs: dict, outer_args: tuple, outer_kwarg
         _add(func, tab[0], outer, run)
 
 
-def learn_padded(func, plan, args, kwargs, out) -> None:
-    """After a plain-eager slice_backward/select_backward that decomposed into one zero pad
-    (decomps.padded): leave a runner making that pad directly, skipping the decomposition's
-    dispatch, argument checks and plan (~25 us of a Llama rotate_half gradient). The pad goes
-    down the funnel as in the decomposition (its own fast path); a result not laid out as the
-    decomposition's (never seen: the checks of `padded` decide it) is a MISS, and the slow
-    path runs."""
-    from .decomps import padded
-
-    if type(out) is not NeuronTensor:
-        return
-    found = padded(func, args, kwargs)
-    sig = signature(args, kwargs, True) if found is not None else None
-    if sig is None:
-        return
-    unsq, pad = found
-    ns = {"PAD": torch.ops.aten.constant_pad_nd.default, "P": tuple(pad), "D": unsq,
-          "UNSQ": torch.ops.aten.unsqueeze.default, "S": STATS, "F": STATS_FAST,
-          "MISS": MISS, "NAME": plan.name, "SHAPE": tuple(out.shape)}
-    g = "args[0]" if unsq is None else "UNSQ(args[0], D)"
-    lines = [f"out = PAD({g}, P, 0)",
-             "if out.shape != SHAPE or not out.is_contiguous(): return MISS",
-             "S.decompositions[NAME] += 1", "F['hits'] += 1", "return out"]
-    _add(func, True, sig, _build(plan.name, lines, ns))
-
-
 def _ref(func, args: tuple, kwargs: dict, name: str):
     """Source text reading schema argument `name` from the call, or None if it was defaulted."""
     from .lower.common import schema_args

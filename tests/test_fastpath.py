@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import eager_neuron
-from eager_neuron import decomps, fastpath
+from eager_neuron import fastpath
 from eager_neuron.config import config
 from eager_neuron.launch import MEMORY
 from eager_neuron.stats import STATS
@@ -1055,9 +1055,9 @@ def test_to_with_its_own_device_repeats_from_the_casts_runner():
 @pytest.mark.parametrize("layout", ["contiguous", "transposed", "channels_last"])
 def test_slice_and_select_backward_repeat_as_one_zero_pad(layout):
     """A unit-step slice_backward (Llama's rotate_half gradient) and select_backward are one
-    zero pad of the gradient (decomps._zero_padded): a repeat of the signature runs that pad
-    from a runner, skipping the decomposition (~50 -> ~25 us a call in a Llama step). Values
-    and strides as the CPU's; another slice (or step) of the same gradient never replays it."""
+    remap kernel writing zeros and the gradient into the CPU's contiguous layout (lower/shape.py
+    _backward_pad), learned by the fast path whatever the gradient's layout (~50 -> ~10 us a
+    call). Values and strides as the CPU's; a step other than 1 decomposes and is not learned."""
     sb, sel = torch.ops.aten.slice_backward.default, torch.ops.aten.select_backward.default
 
     def grad(shape):
@@ -1083,13 +1083,8 @@ def test_slice_and_select_backward_repeat_as_one_zero_pad(layout):
         hits = _hits() - before
         assert got.stride() == want.stride() and torch.equal(got.cpu(), want), (op, rest)
         learned = fastpath.TABLES.get(op, (True, {}))[1]
-        # one pad unless the step is not 1 or a channels_last gradient (its pad would be laid
-        # out channels_last; the CPU's result is contiguous: zeros and a copy)
-        if rest[-1] == 1 or op is sel:
-            assert (decomps.padded(op, (gn, *rest), {}) is None) == (layout == "channels_last"
-                                                                     and g.dim() == 4)
-        if decomps.padded(op, (gn, *rest), {}) is not None:   # the op's own runner served
-            assert fastpath.signature((gn, *rest), {}, True) in learned and hits >= 2
+        if op is sel or rest[-1] == 1:   # the op's own runner served
+            assert fastpath.signature((gn, *rest), {}, True) in learned and hits == 1
         else:
             assert fastpath.signature((gn, *rest), {}, True) not in learned
 

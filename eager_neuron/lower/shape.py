@@ -188,8 +188,8 @@ def _backward_pad(func, a, outs):
     g, out = a["grad_output"], outs[0]
     sizes = [int(n) for n in a["input_sizes"]]
     nd = len(sizes)
-    if nd == 0 or out.numel() == 0:
-        raise NotImplementedError("backward pad of an empty or 0-d input")
+    if nd == 0:
+        raise NotImplementedError("backward pad of a 0-d input")
     d = a["dim"] % nd
     n = sizes[d]
     if "index" in a:   # select_backward: the gradient lacks `dim`
