@@ -66,7 +66,7 @@ CAPTURED = frozenset({
     "aten::std_mean", "aten::logsumexp", "aten::linalg_vector_norm",
     # the cast family (lower/cast.py): elementwise copies; half types go through scratch
     # buffers or reinterpreted views, which are never learned
-    "aten::clone", "aten::_to_copy", "aten::copy_", "aten::cat",
+    "aten::clone", "aten::_to_copy", "aten::copy_", "aten::cat", "aten::stack",
     # scans (lower/reduce.py _scan, _scan_index): one launch on views of the operand and the
     # outputs; an empty output launches nothing (never learned)
     "aten::cumsum", "aten::cumprod", "aten::logcumsumexp", "aten::cummax", "aten::cummin",
@@ -404,7 +404,11 @@ _INDEX_DTYPES = (torch.int64, torch.int32)
 def dynamic_capturable(plan, a: dict) -> bool:
     """May the fast path learn this dynamic op's call? Only `self[indices]` by integer index
     tensors: its output size is fixed by the operands' shapes (the signature), not their
-    values. A boolean or uint8 mask (nonzero's count: a size read from the data) never is."""
+    values. A boolean or uint8 mask (nonzero's count: a size read from the data) never is.
+    And _grouped_mm (its output's shape is the operands'): its one-launch kernel reads the
+    group ends itself; the per-group route reads them on the host and ends the capture."""
+    if plan.name == "aten::_grouped_mm":
+        return True
     if plan.name != "aten::index.Tensor":
         return False
     self, indices = a["self"], a["indices"]

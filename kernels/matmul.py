@@ -239,3 +239,39 @@ def render_loop(batch: str, epilogue: str, acc: str, store: str,
              "bias": f"beta * {acc}(bias[bo, i, j]) + alpha * row[j]"}[epilogue]
     lines.append(f"            out[bo, i, j] = {store}({value})")
     return "\n".join(lines) + "\n", name
+
+
+# _grouped_mm's three offs layouts (lower/matmul.py dynamic_grouped_mm): the operands each
+# group's product reads and the part of `out` it writes
+_GROUPED = {
+    "2x3": ("x[start:end]", "w[g]", "out[start:end]"),        # rows of x grouped, w per group
+    "2x2": ("x[:, start:end]", "w[start:end]", "out[g]"),     # the weight gradient
+    "3x2": ("x[g]", "w[:, start:end]", "out[:, start:end]"),  # columns of out grouped
+}
+
+
+def render_grouped(case: str) -> tuple[str, str]:
+    """`k(out, x, w, offs)`: out zeroed, then one BLAS product per group of `offs` (cumulative
+    ends, read here: one launch, whatever the routing) on views of the operands in place
+    (kernels/blas.py xgemm; MKL only). Groups past the data, empty or out of order write
+    nothing, as the per-group launches did."""
+    prelude = gemm_prelude()
+    if not prelude:
+        raise RuntimeError("grouped gemm needs MKL's gemm (kernels/blas.py)")
+    a, b, c = _GROUPED[case]
+    name = kernel_name("grouped_mm", case, prelude)
+    rank = 3 if case == "2x2" else 2
+    idx = ", ".join(f"i{d}" for d in range(rank))
+    lines = [prelude + HEADER.format(extra=""), f"def {name}(out, x, w, offs):"]
+    ind = "    "
+    for d in range(rank):
+        lines.append(f"{ind}for i{d} in range(out.shape[{d}]):")
+        ind += "    "
+    lines += [f"{ind}out[{idx}] = 0",
+              "    start = 0",
+              "    for g in range(offs.shape[0]):",
+              "        end = np.int64(offs[g])",
+              "        if end > start:"]
+    lines += _gemm_line(a, b, c, "0.0", "            ", True)
+    lines.append("        start = max(start, end)")
+    return "\n".join(lines) + "\n", name

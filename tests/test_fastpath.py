@@ -1392,3 +1392,26 @@ def test_histc_is_learned_and_checks_each_replays_range():
     x[3] = float("inf")
     with pytest.raises(RuntimeError, match="not finite"):
         torch.histc(x.to("neuron"), bins=5)
+
+
+@pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16, torch.int64, torch.bool])
+def test_stack_copies_each_input_into_its_slot_and_is_learned(dt):
+    """stack was a decomposition (an unsqueeze through the funnel per input, then cat)."""
+    g = torch.Generator().manual_seed(5)
+    for shape, dim, n in (((2, 8), 1, 12), ((3,), 0, 4), ((), 0, 3), ((2, 3, 4), -1, 2)):
+        xs = [(torch.randn(shape, generator=g) * 4).to(dt) for _ in range(n)]
+        want = torch.stack(xs, dim)
+        xn = [x.to("neuron") for x in xs]
+        for attempt in range(2):
+            eager_neuron.reset_stats()
+            before = _hits()
+            got = torch.stack(xn, dim)
+            assert eager_neuron.stats()["launches"] == n, (shape, dim)
+            assert not eager_neuron.stats()["decompositions"]
+            assert _hits() - before == attempt   # the repeat: the stack's own runner
+            assert got.stride() == want.stride() and torch.equal(got.cpu(), want)
+    # strided inputs and a promoted dtype: the CPU's values; its errors
+    xs = [torch.randn(3, 4, generator=g).t(), torch.arange(12).view(4, 3)]
+    assert torch.equal(torch.stack([x.to("neuron") for x in xs]).cpu(), torch.stack(xs))
+    with pytest.raises(RuntimeError, match="equal size"):
+        torch.stack([torch.ones(3, device="neuron"), torch.ones(4, device="neuron")])

@@ -395,6 +395,42 @@ def test_grouped_mm_matches_float64_loop(layout, strict_fallback):
         torch.testing.assert_close(xn.grad.cpu().double(), xr.grad, **tol)
 
 
+@pytest.mark.parametrize("layout", ["2d3d", "2d2d", "3d2d"])
+def test_grouped_mm_is_one_launch_that_reads_each_calls_routing(layout):
+    """The group ends are read by the kernel, not the host: one launch per call, learned by
+    the fast path, and a repeat with other routing (MoE: every step) sees its own ends."""
+    from eager_neuron import fastpath
+    from eager_neuron.kernels.matmul import mkl_symbols
+
+    if not mkl_symbols():
+        pytest.skip("the one-launch grouped kernel needs MKL's gemm (this torch has none)")
+    g = torch.Generator().manual_seed(1)
+    shapes = {"2d3d": ((12, 8), (4, 8, 6)), "2d2d": ((5, 12), (12, 6)),
+              "3d2d": ((4, 5, 8), (8, 12))}[layout]
+    x, w = (torch.randn(s, generator=g) for s in shapes)
+    xn, wn = x.to("neuron"), w.to("neuron")
+    hits = []
+    for ends in ([3, 3, 7, 12], [0, 5, 9, 10], [12, 12, 12, 12], [2, 4, 6, 8]):
+        offs = torch.tensor(ends, dtype=torch.int32)
+        eager_neuron.reset_stats()
+        before = fastpath.STATS_FAST["hits"]
+        got = torch._grouped_mm(xn, wn, offs.to("neuron")).cpu().double()
+        hits.append(fastpath.STATS_FAST["hits"] - before)
+        assert eager_neuron.stats()["launches"] == 1
+        xd, wd, start = x.double(), w.double(), 0
+        want = torch.zeros(got.shape, dtype=torch.float64)
+        for i, end in enumerate(ends):
+            if layout == "2d3d":
+                want[start:end] = xd[start:end] @ wd[i]
+            elif layout == "2d2d":
+                want[i] = xd[:, start:end] @ wd[start:end]
+            else:
+                want[:, start:end] = xd[i] @ wd[:, start:end]
+            start = max(start, end)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert hits[1:] == [1, 1, 1]
+
+
 def test_integer_histc_counts_like_float_histc(strict_fallback):
     x = torch.tensor([0, 0, 1, 3, 3, 3, 2, 7, -1, 5], dtype=torch.int32)
     for kwargs in ({"bins": 4, "min": 0, "max": 3}, {"bins": 3}, {"bins": 5, "min": 1, "max": 6}):

@@ -20,7 +20,9 @@ import torch
 from .. import cost, errors
 from ..blas import blas_threads  # noqa: F401 -- also lower/conv.py's
 from ..cache.families import MATMUL_BLAS, MATMUL_HALF, MATMUL_LOOP
+from ..context import _TLS as _ctx_tls
 from ..kernels import compile as kc
+from ..kernels import matmul as kmm
 from ..launch import launch
 from .cast import cast, cast_steps, launches
 from .common import HALF, NP_TYPE
@@ -450,6 +452,23 @@ def dynamic_grouped_mm(func, a, index=-1):
         if req is not None:
             launch(*req)
         return [(out, block)]
+    case = f"{x.dim()}x{w.dim()}"
+    if dtype in _BLAS and offs.dtype in (torch.int32, torch.int64) and _mkl() and \
+            all(t.shape[0] and _addressable(_np(t if t.dim() == 2 else t[0])) for t in (x, w)):
+        # one launch: the kernel reads offs (nothing read on the host, so the fast path may
+        # learn the call: fastpath_capture.dynamic_capturable); each row (2x3), column (3x2)
+        # or inner index (2x2) meets one group's matrix
+        m, k, n = (x.shape[-2], x.shape[-1], w.shape[-1])
+        flops = 2.0 * m * k * n
+        nbytes = float((x.numel() + w.numel() + out.numel()) * x.element_size())
+        blas_threads(flops)
+        launch(("matmul", "grouped", VERSION, case), lambda: kmm.render_grouped(case),
+               (_np(out), _np(x), _np(w), _np(offs)), flops=flops, bytes_moved=nbytes,
+               engine="tensor")
+        return [(out, block)]
+    ctx = getattr(_ctx_tls, "ctx", None)
+    if ctx is not None:
+        ctx.capture = None   # the group ends read on the host: never replayed
     ends = [int(v) for v in _np(offs).tolist()]
     EW["aten::zero_"](torch.ops.aten.zero_.default, {"self": out}, [out])
     start = 0
