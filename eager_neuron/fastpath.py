@@ -483,9 +483,12 @@ def learn_elementwise(func, plan, args, kwargs, index: int, a: dict, outs: list,
     run = _build(plan.name, lines, ns)
     if target is not None:
         # what a foreach runner needs to call this element's kernel itself (fastpath_foreach)
+        vals = [eval(e, env) for e in arrays + svals]  # noqa: S307
+        sample = (out_sample.dtype.name, *(v.dtype.name for v in vals[:len(arrays)]),
+                  *(type(v) for v in vals[len(arrays):]))
         run.flat = Flat(kernel, wref, tuple(refs.values()), tuple(svals),
                         {k: v for k, v in ns.items() if k[0] == "C" and k[1:].isdigit()},
-                        index, flops, nbytes, engine)
+                        index, flops, nbytes, engine, req[0], sample)
     if _add(func, values, sig, run, (args, kwargs)) and entry is not None:
         STATS_FAST["entry_points"] += 1
     return True
@@ -516,13 +519,16 @@ class Flat:
     (refs into the call, or names of `consts`), its core and its launch's cost."""
 
     __slots__ = ("kernel", "written", "tensors", "scalars", "consts", "index", "flops",
-                 "nbytes", "engine")
+                 "nbytes", "engine", "key", "sample")
 
     def __init__(self, kernel, written, tensors, scalars, consts, index, flops, nbytes,
-                 engine) -> None:
+                 engine, key=None, sample=()) -> None:
         self.kernel, self.written, self.tensors, self.scalars = kernel, written, tensors, scalars
         self.consts, self.index = consts, index
         self.flops, self.nbytes, self.engine = flops, nbytes, engine
+        # the launch's key (lower/elementwise.py) and its arguments' dtypes and scalar values'
+        # types: what fastpath_foreach's one-kernel form is rendered from
+        self.key, self.sample = key, sample
 
 
 def _alloc_lines(ns: dict, out: torch.Tensor, index: int, suffix: str = "",

@@ -307,3 +307,47 @@ def render_frexp(T: str) -> tuple[str, str]:
         e[i] = ei
 '''
     return src, name
+
+
+MULTI_VERSION = 1   # bump when render_multi's source changes (its kernels' keys carry it)
+
+
+def render_multi(expr: str, kinds: tuple, loads: tuple, scalar_casts: tuple, store: str,
+                 dtypes: tuple, per_tensor: tuple) -> tuple[str, str]:
+    """Source of `k(ptrs, sizes, s0..sk)`: one flat elementwise op over many tensors (a foreach
+    op: an optimizer's update of every parameter in one launch). Row t of `ptrs` holds the
+    addresses of tensor t's output and operands (numpy dtypes `dtypes`: output first), each
+    contiguous with sizes[t] elements ("one": a single element); scalar j is one value, or one
+    per tensor (`per_tensor[j]`: an array indexed by t). Per element, the same expression,
+    loads and store as the single-tensor kernel (`render`): the same bits. An output that is
+    operand 0 (an in-place op) reads x0 from the output, as _in_place_loop does."""
+    n_in, n_sc = len(kinds), len(scalar_casts)
+    name = kernel_name("ew_multi", expr, kinds, loads, scalar_casts, store, dtypes, per_tensor,
+                       MULTI_VERSION)
+    params = ["ptrs", "sizes"] + [f"s{j}" for j in range(n_sc)]
+    lines = ["from eager_neuron.kernels.intrinsics import address as _address",
+             HEADER.format(extra="").rstrip("\n"), f"def {name}({', '.join(params)}):",
+             "    for t in range(sizes.shape[0]):",
+             "        n = sizes[t]"]
+    for j, cast in enumerate(scalar_casts):
+        lines.append(f"        c{j} = {cast}(s{j}[t])" if per_tensor[j] else
+                     f"        c{j} = {cast}(s{j})")
+    np_t = ["np.bool_" if d == "bool" else f"np.{d}" for d in dtypes]
+    lines.append(f"        out = numba.carray(_address(ptrs[t, 0]), n, {np_t[0]})")
+    for i, kind in enumerate(kinds):
+        size = "1" if kind == "one" else "n"
+        lines.append(f"        a{i} = numba.carray(_address(ptrs[t, {i + 1}]), {size}, "
+                     f"{np_t[i + 1]})")
+        if kind == "one":
+            lines.append(f"        x{i} = {loads[i]}(a{i}[0])")
+    flat = [i for i, k in enumerate(kinds) if k != "one"]
+    body = [f"x{i} = {loads[i]}(a{i}[i0])" for i in flat]
+    if n_in and kinds[0] == "flat" and dtypes[0] == dtypes[1]:
+        inner = [f"x0 = {loads[0]}(out[i0])"] + [ln for ln in body if not ln.startswith("x0 ")]
+        lines += ["        if ptrs[t, 0] == ptrs[t, 1]:", "            for i0 in range(n):"]
+        lines += [f"                {ln}" for ln in inner]
+        lines += [f"                out[i0] = {store.format(expr)}", "            continue"]
+    lines.append("        for i0 in range(n):")
+    lines += [f"            {ln}" for ln in body]
+    lines.append(f"            out[i0] = {store.format(expr)}")
+    return "\n".join(lines) + "\n", name
