@@ -301,6 +301,9 @@ def dispatch(func, args, kwargs, mode=None, plan=None):
                             func, plan, args, kwargs, index, a, outs, leaves, req):
                         _learn_captured(func, plan, args, kwargs, index, outs, leaves, spec,
                                         ctx.capture)
+                elif ctx.capture is not None:   # nothing to launch: an empty output
+                    _learn_captured(func, plan, args, kwargs, index, outs, leaves, spec,
+                                    ctx.capture)
             elif not dtypes.isdisjoint(_WIDENED) and (route := _route_of(dtypes, lower)):
                 # float8 (the CPU's rules, lower/fp8.py), complex operands (their own family),
                 # half types (computed in float32, lower/half.py): the route's steps, launched

@@ -75,7 +75,7 @@ CAPTURED = frozenset({
     # value), the fill value a constant; half operands are never captured
     "aten::constant_pad_nd", "aten::flip", "aten::roll", "aten::repeat", "aten::tril",
     "aten::triu", "aten::slice_backward", "aten::select_backward",
-    "aten::_softmax", "aten::_log_softmax", "aten::_softmax_backward_data",
+    "aten::_softmax", "aten::_log_softmax", "aten::_safe_softmax", "aten::_softmax_backward_data",
     "aten::_log_softmax_backward_data",
     "aten::native_layer_norm", "aten::native_layer_norm_backward",
     "aten::native_group_norm", "aten::native_group_norm_backward",
@@ -158,9 +158,11 @@ def learn_captured(func, plan, args, kwargs, index: int, outs: list, leaves: lis
                    capture: list) -> None:
     """After a plain-eager call of a CAPTURED op whose launches were recorded: leave a runner
     that allocates the same outputs and replays the launches on this call's buffers."""
-    if not capture or any(not isinstance(o, (torch.Tensor, int, float, bool, type(None)))
-                          for o in outs):
+    if any(not isinstance(o, (torch.Tensor, int, float, bool, type(None))) for o in outs):
         return
+    if not capture and not (outs and all(isinstance(o, torch.Tensor) and o.numel() == 0
+                                         for o in outs)):
+        return   # only an op with nothing to compute (every output empty) launches nothing
     values, runtime, half_runtime, half_ns, half_pre = True, {}, {}, {}, []
     # the lowering's marks (context.scratch, context.rounded), apart from its launches
     marks = [e for e in capture if e[0] in _MARKS]
@@ -439,15 +441,17 @@ def _scalar_args(func, plan, args, kwargs, outs: list, capture: list):
     from .lower.common import bind
     from .operands import unwrap_args
 
-    if len(capture) != 1 or capture[0][0] != "launch":
+    if len(capture) > 1 or capture and capture[0][0] != "launch":
         return None
-    kargs = capture[0][2]
     uargs, ukw, _index = unwrap_args(args, kwargs)
     a = bind(func, uargs, ukw)
     facts = plan.lower.fast_facts(func, a, outs)
     if facts is None:
         return None
     _tensors, scalars, values = facts
+    if not capture:
+        return values, {}   # an empty output: no kernel, no scalar to read
+    kargs = capture[0][2]
     if values:
         return True, {}   # the kernel depends on the value: constants, keyed by value
     first = len(kargs) - len(scalars)

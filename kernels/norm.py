@@ -69,18 +69,20 @@ def _outer(ko: int) -> tuple[str, list]:
 
 
 def render_softmax(log: bool, ko: int, acc_t: str, store: str,
-                   parallel: bool = False) -> tuple[str, str]:
+                   parallel: bool = False, safe: bool = False) -> tuple[str, str]:
     """`k(out, a)`: softmax or log_softmax along the last dim of rank-(ko + 1) views.
 
     Like torch's CPU kernel: exp(x - max) in the data's type, each computed once (softmax keeps
-    it in `out` and rescales in place), the sum in `acc_t`."""
-    name = kernel_name("softmax", log, ko, acc_t, store, parallel, _VEXP_ID)
+    it in `out` and rescales in place), the sum in `acc_t`. `safe` (_safe_softmax, attention's
+    math path): a row whose every element is -inf becomes zeros (softmax makes it NaN)."""
+    name = kernel_name("softmax", log, ko, acc_t, store, parallel, _VEXP_ID,
+                       *(("safe",) if safe else ()))
     s = _Src(name, ["out", "a"], parallel)
     s.loops([(f"i{d}", f"a.shape[{d}]") for d in range(ko)], "prange" if parallel else "range")
     ix = ", ".join([f"i{d}" for d in range(ko)] + ["j"])
     A = acc_t
     if store == "np.float32" and A == "np.float64":
-        return _softmax_f32(s, log, ko, ix), name
+        return _softmax_f32(s, log, ko, ix, safe), name
     s(f"m = a[{', '.join([f'i{d}' for d in range(ko)] + ['0'])}]",
       f"for j in range(a.shape[{ko}]):",
       f"    x = a[{ix}]", "    if x > m or x != x:", "        m = x")
@@ -92,7 +94,17 @@ def render_softmax(log: bool, ko: int, acc_t: str, store: str,
     else:
         s(f"    out[{ix}] = {store}(e)", "    s += e", f"inv = {A}(1) / s",
           f"for j in range(a.shape[{ko}]):", f"    out[{ix}] = {store}(out[{ix}] * inv)")
+    if safe:
+        _safe_rows(s, f"a[{ix}]", f"out[{ix}]", f"a.shape[{ko}]")
     return s.text(), name
+
+
+def _safe_rows(s: _Src, x: str, o: str, n: str) -> None:
+    """_safe_softmax's rule after the row is computed: a row whose max is -inf is zeros when
+    every element is -inf (a NaN among them keeps the NaN row, as torch's all(x == -inf))."""
+    s("if m == -np.inf:", "    z = True", f"    for j in range({n}):",
+      f"        if {x} != -np.inf:", "            z = False", "    if z:",
+      f"        for j in range({n}):", f"            {o} = 0")
 
 
 _ROWMAX32 = '''
@@ -124,7 +136,7 @@ def _sm_sum64(o):
 '''
 
 
-def _softmax_f32(s: _Src, log: bool, ko: int, ix: str) -> str:
+def _softmax_f32(s: _Src, log: bool, ko: int, ix: str, safe: bool = False) -> str:
     """float32 rows: the max by vmaxps (`_sm_max32`), exp(x - max) by the vectorizable _vexp
     (kernels/vmath.py `_v_exp_neg`: 1 ulp, as torch's vectorized expf) into `out` in its own
     loop, then
@@ -144,6 +156,8 @@ def _softmax_f32(s: _Src, log: bool, ko: int, ix: str) -> str:
     else:
         s("inv = np.float32(np.float64(1) / t)", "for j in range(r.shape[0]):",
           "    o[j] = o[j] * inv")
+    if safe:
+        _safe_rows(s, "r[j]", "o[j]", "r.shape[0]")
     return VMATH_PRELUDE + "\n\n" + _ROWMAX32 + "\n\n" + _ROWSUM64 + "\n\n" + s.text()
 
 

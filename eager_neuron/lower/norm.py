@@ -69,7 +69,7 @@ def _out1(t, like: np.ndarray) -> np.ndarray:
 # softmax
 # ---------------------------------------------------------------------------------------------
 
-def _softmax(log: bool):
+def _softmax(log: bool, safe: bool = False):
     def lower(func, a, outs):
         x, out = a["self"], outs[0]
         # ATen's maybe_wrap_dim (a 0-d input as 1-d): its IndexError for a dim out of range
@@ -86,8 +86,8 @@ def _softmax(log: bool):
         kshape, _r, (ov, xv), _ = split([out, x], red_dims(x, a["dim"]))
         ko, store = len(kshape), NP_TYPE[out.dtype]
         par = _parallel(x.numel(), kshape[0])
-        launch(("norm", "softmax", log, ko, acc, store, par),
-               lambda: kn.render_softmax(log, ko, acc, store, par), (ov, xv),
+        launch(("norm", "softmax", log, ko, acc, store, par, *(("safe",) if safe else ())),
+               lambda: kn.render_softmax(log, ko, acc, store, par, safe), (ov, xv),
                flops=float(4 * x.numel()), bytes_moved=_bytes(x) * 3 + _bytes(out),
                engine="scalar")
     return lower
@@ -427,6 +427,8 @@ def lower_batch_norm_backward(func, a, outs):
 LOWERINGS = {
     "aten::_softmax": _softmax(False),
     "aten::_log_softmax": _softmax(True),
+    # attention's math path (SDPA with dropout): all -inf rows as zeros (was five ops)
+    "aten::_safe_softmax": _softmax(False, safe=True),
     "aten::_softmax_backward_data": _softmax_backward(False),
     "aten::_log_softmax_backward_data": _softmax_backward(True),
     "aten::native_layer_norm": lower_layer_norm,
