@@ -429,6 +429,10 @@ def test_grouped_mm_is_one_launch_that_reads_each_calls_routing(layout):
             start = max(start, end)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert hits[1:] == [1, 1, 1]
+    if layout != "2d2d":   # more ends than groups: refused, never read past the operand
+        with pytest.raises(RuntimeError):
+            torch._grouped_mm(xn, wn, torch.tensor([1, 2, 3, 4, 5], dtype=torch.int32,
+                                                   device="neuron"))
 
 
 def test_integer_histc_counts_like_float_histc(strict_fallback):

@@ -453,6 +453,10 @@ def dynamic_grouped_mm(func, a, index=-1):
             launch(*req)
         return [(out, block)]
     case = f"{x.dim()}x{w.dim()}"
+    groups = {"2x3": w.shape[0], "3x2": x.shape[0]}.get(case, offs.shape[0])
+    if offs.dim() != 1 or offs.shape[0] > groups:   # the kernel would index past the operand
+        raise RuntimeError(f"_grouped_mm: offs of shape {tuple(offs.shape)} for {groups} "
+                           "groups: expected a 1-D tensor of one cumulative end per group")
     if dtype in _BLAS and offs.dtype in (torch.int32, torch.int64) and _mkl() and \
             all(t.shape[0] and _addressable(_np(t if t.dim() == 2 else t[0])) for t in (x, w)):
         # one launch: the kernel reads offs (nothing read on the host, so the fast path may
