@@ -58,9 +58,10 @@ MISS = object()      # a runner's answer when this call's operands need the slow
 # hits: runner calls; learned: runners left; view_methods / view_ops: view runners calling a
 # Tensor method / the overload itself (fastpath._view_method); entry_points: flat and captured
 # runners calling their kernel's compiled entry point (_entry_point); host_reuses: flat runners'
-# outputs placed in a dead output's host buffer (_recycle_lines)
+# outputs placed in a dead output's host buffer (_recycle_lines); one_kernel: in-place foreach
+# calls whose elements ran as one kernel (fastpath_foreach._multi)
 STATS_FAST = {"hits": 0, "learned": 0, "view_methods": 0, "view_ops": 0, "entry_points": 0,
-              "host_reuses": 0}
+              "host_reuses": 0, "one_kernel": 0}
 # torch's own factory, not the pin_memory wrapper pinned.py installs as torch.empty_strided
 _EMPTY_STRIDED = torch._C._VariableFunctions.empty_strided
 _KW = object()       # marks where the keyword arguments start in a signature
@@ -420,11 +421,7 @@ def learn_elementwise(func, plan, args, kwargs, index: int, a: dict, outs: list,
     for j, nm in enumerate(scalars):
         v = a[nm]
         ref = _ref(func, args, kwargs, nm)
-        if isinstance(v, torch.Tensor):
-            if ref is None or type(_eval(ref, args, kwargs)) is not NeuronTensor:
-                return False
-            svals.append(f"{ref}._data.item()")
-        elif ref is None or v is None:
+        if ref is None or v is None:
             ns[f"C{j}"] = bool(v) if (isinstance(v, bool) or v is None) else v
             svals.append(f"C{j}")
         else:

@@ -76,7 +76,7 @@ def _flat_runner(func, plan, args, spec, pos, kw, runners):
         return None
     flats = [getattr(r, "flat", None) for r in runners]
     f0 = flats[0]
-    if f0 is None or any(".item()" in x for x in f0.scalars):
+    if f0 is None:
         return None
     shape = (f0.written, f0.tensors, f0.scalars, repr(f0.consts), f0.index, f0.engine)
     for f in flats:
@@ -136,8 +136,9 @@ def _multi(flats, f0, tr, ns, args, written) -> list:
     before the element loop, which runs instead while that kernel is not built yet (it builds
     in the background, adaptive_compile.submit) or when a call's elements are not all small.
     Only elements of one kernel key, each a serial flat loop (a big element's parallel kernel
-    is faster on its own), with scalars of one type each. The launch, counters and simulated
-    cost are one kernel's. Empty when the elements do not qualify."""
+    is faster on its own), with scalars of one type each. Counters and the simulated cost are
+    the element loop's (STATS_FAST["one_kernel"] counts these calls). Empty when the elements
+    do not qualify."""
     key, sample = f0.key, f0.sample
     if not MULTI[0] or key is None or key[0] != "elementwise" or key[4] != 1 or key[8] or \
             "nd" in key[3] or any(f.key[:9] != key[:9] or f.sample != sample for f in flats):
@@ -169,15 +170,18 @@ def _multi(flats, f0, tr, ns, args, written) -> list:
     svals = [f"np_array([{tr(x)} for i in range(N)], {_SCALAR_NP[t].__name__})" if p else tr(x)
              for x, t, p in zip(f0.scalars, stypes, per)]
     ns.update({"MG": MEMORY.get, "FK": fkey, "np_array": np.array, "int64": np.int64,
-               "float64": np.float64, "bool_": np.bool_, "SIZES": np.array(
-                   [t.numel() for t in args[int(target.group(1))]], np.int64),
-               "MFLOPS": sum(f.flops for f in flats), "MBYTES": sum(f.nbytes for f in flats)})
+               "float64": np.float64, "bool_": np.bool_,
+               "SIZES": np.array([t.numel() for t in args[int(target.group(1))]], np.int64)})
     return ["M = MG(FK)",
             "if M is not None:",
             f"    M(np_array([({row}) for i in range(N)], int64), SIZES, {', '.join(svals)})"
             if svals else f"    M(np_array([({row}) for i in range(N)], int64), SIZES)",
-            "    S.ops += N", "    S.launches += 1", "    S.memory_hits += 1",
-            "    F['hits'] += N", "    CORE.launch(MFLOPS, MBYTES, ENG)"] + [
+            # counted and charged as the element loop is (the fast path changes no counter
+            # and no simulated cost: the device is charged the elements' launches)
+            "    S.ops += N", "    S.launches += N", "    S.memory_hits += N",
+            "    F['hits'] += N", "    F['one_kernel'] += 1",
+            "    if CORE.profile is PROF:", "        CORE.charge_many(OV, BODIES, ENG, NBYTES)",
+            "    else:", "        for c in LS: CORE.launch(*c)"] + [
             f"    incv(A{j})" for j in written] + ["    return None"]
 
 

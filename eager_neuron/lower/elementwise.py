@@ -233,6 +233,8 @@ def _check_uint64_promotion(a: dict) -> None:
 
 def _build_spec(op_name: str, template: str, rule: str, arg_casts: dict, a: dict, names: tuple,
                 as_scalar: tuple, out_dtype) -> _Spec:
+    """`as_scalar[i]`: tensor operand i is a kernel scalar (a compiled graph's CPU scalar
+    tensor, compile/codegen.py); eager calls pass none (see _spec_for)."""
     if op_name in _INT_ONLY:
         _check_int_only(op_name, out_dtype)
     if op_name == "aten::round" and "decimals" in a and not (
@@ -268,7 +270,7 @@ def _build_spec(op_name: str, template: str, rule: str, arg_casts: dict, a: dict
     else:
         ctype = None
     T = NP_TYPE[ctype] if ctype is not None else ""
-    # 2. operands: tensors are loaded from arrays, scalars (and one-element tensors) are not
+    # 2. operands: tensors are loaded from arrays, scalars (and as_scalar tensors) are not
     tensors = tuple(nm for i, nm in enumerate(names)
                     if isinstance(a[nm], torch.Tensor) and not as_scalar[i])
     scalars = tuple(nm for nm in names if nm not in tensors)
@@ -307,10 +309,12 @@ def _build_spec(op_name: str, template: str, rule: str, arg_casts: dict, a: dict
                  max(1, expr.count("(")), engine, special)
 
 
-def _spec_for(func, a: dict, n: int, out_dtype, op_name: str, armed: bool):
+def _spec_for(func, a: dict, n: int, out_dtype, op_name: str):
     """The call's _Spec (cached per argument types) and the numpy views of its tensor operands.
-    `armed`: adaptive eager records, or the fast path learns the call (one-element tensors stay
-    tensor operands)."""
+    A one-element tensor operand is a tensor operand the kernel reads (kind "one"), never a
+    value read on the host: a fast-path replay reads it in its kernel, adaptive eager may have
+    it pending, and fast and slow calls share one kernel (it was a kernel scalar once, so
+    `x * t` shared the kernel of `x * 2.0`, and never repeated from a runner)."""
     entry = OPS[op_name]
     template, rule = entry[0], entry[1]
     if callable(template):
@@ -319,28 +323,19 @@ def _spec_for(func, a: dict, n: int, out_dtype, op_name: str, armed: bool):
     names = _NAMES.get((id(func), template))
     if names is None:
         names = _NAMES[(id(func), template)] = _template_names(template, tuple(a))
-    # A one-element tensor operand of a larger output is read once, as a kernel scalar, so
-    # `x * t` (t of one element) shares the kernel of `x * 2.0`. Not while adaptive eager
-    # records (the element may be the pending output of a recorded op), nor while the fast
-    # path learns the call (a replay reads the element in the kernel: a value read on the host
-    # could not be replayed, and `x * t` took the slow path every call: T5's masks, CLIP's
-    # logit scale)
-    one_ok = n != 1 and rule not in ("none", "common") and not armed
-    types, as_scalar, nps = [], [], {}
+    types, nps = [], {}
     for nm in names:
         v = a[nm]
         if isinstance(v, torch.Tensor):
             arr = nps[nm] = v.numpy(force=True)
             types.append(arr.dtype)
-            as_scalar.append(one_ok and arr.size == 1)
         else:
             types.append(type(v))
-            as_scalar.append(False)
-    key = (id(func), op_name, template, out_dtype, tuple(types), tuple(as_scalar))
+    key = (id(func), op_name, template, out_dtype, tuple(types))
     spec = _SPECS.get(key)
     if spec is None:
         spec = _SPECS[key] = _build_spec(op_name, template, rule, entry[2] if len(entry) > 2
-                                         else {}, a, names, tuple(as_scalar), out_dtype)
+                                         else {}, a, names, (False,) * len(names), out_dtype)
     return spec, nps
 
 
@@ -359,8 +354,7 @@ def lower_elementwise(func, a: dict, outs: list, op_name: str, defer: bool = Fal
     # 1. the spec, per argument types
     ctx = getattr(_ctx_tls, "ctx", None)
     armed = ctx is not None and ctx.recording
-    spec, nps = _spec_for(func, a, n, out.dtype, op_name,
-                          armed or (ctx is not None and ctx.capture is not None))
+    spec, nps = _spec_for(func, a, n, out.dtype, op_name)
     return _request(func, a, outs, op_name, defer, out_np, n, spec, nps, ctx, armed)
 
 
@@ -370,10 +364,9 @@ def _request(func, a: dict, outs: list, op_name: str, defer: bool, out_np, n: in
     (or its request, defer=True; or the op recorded by adaptive eager)."""
     out = outs[0]
     tensors = spec.tensors
-    if ctx is not None and ctx.capture is not None and (
-            spec.faults or any(isinstance(a[nm], torch.Tensor) for nm in spec.scalars)):
-        # the fast path is learning this op: a kernel that can raise, or a scalar read from a
-        # tensor's value, cannot be replayed from the captured launch
+    if ctx is not None and ctx.capture is not None and spec.faults:
+        # the fast path is learning this op: a kernel that can raise cannot be replayed from
+        # the captured launch
         ctx.capture = None
     # 2. operand kinds: flat (same shape, contiguous), one (single element), nd (broadcast)
     shape = out_np.shape
@@ -416,9 +409,7 @@ def _request(func, a: dict, outs: list, op_name: str, defer: bool, out_np, n: in
     scalar_vals = []
     for j, nm in enumerate(spec.scalars):
         v = a[nm]
-        if isinstance(v, torch.Tensor):
-            v = nps[nm].reshape(-1)[0].item()
-        elif isinstance(v, bool) or v is None:
+        if isinstance(v, bool) or v is None:
             v = bool(v)
         elif type(v) is int and (op_name in _CHECKED or not I64_MIN <= v < I64_END):
             # beyond int64: converted as ATen does (lower/common.py kernel_int)
@@ -497,7 +488,7 @@ def _aliases_badly(out: torch.Tensor, v: torch.Tensor) -> bool:
 def prepare_half(func, a: dict, outs: list, op_name: str):
     """The launch request of a half-type elementwise call as one kernel (see ONE_KERNEL), None
     when there is nothing to launch, or False when the call takes the route's three kernels:
-    an operand or output of another float type, a one-element operand read as a kernel scalar,
+    an operand or output of another float type,
     a compute type other than float32, memory shared between an operand and the output, or
     adaptive eager recording."""
     if len(outs) != 1 or not ONE_KERNEL[0]:
@@ -534,12 +525,12 @@ def prepare_half(func, a: dict, outs: list, op_name: str):
     if n == 0:
         return None
     spec, _ = _spec_for(func, fa, n, out.dtype if out.dtype == torch.bool else torch.float32,
-                        op_name, False)
+                        op_name)
     key = (spec, half, tuple(halves), out.dtype == half)   # (the spec itself: never an id reused)
     hspec = _HALF_SPECS.get(key)
     if hspec is None:
         hspec = _HALF_SPECS[key] = _half_spec(spec, half, halves, out.dtype == half)
-    if hspec is False or any(isinstance(a[nm], torch.Tensor) for nm in spec.scalars):
+    if hspec is False:
         return False
     ba = {k: _bits(v) if k in halves else v for k, v in a.items()}
     nps = {nm: ba[nm].numpy(force=True) for nm in hspec.tensors}
@@ -571,8 +562,7 @@ def fast_facts(func, a: dict, outs: list, op_name: str):
     in kernel order, kernel scalar names, scalar values change the kernel) or None when a
     repeat must come back here (an op that can fault inside the kernel)."""
     out = outs[0]
-    # (as the call being learned saw it: one-element tensors are operands, see _spec_for)
-    spec, _ = _spec_for(func, a, out.numel(), out.dtype, op_name, True)
+    spec, _ = _spec_for(func, a, out.numel(), out.dtype, op_name)
     if spec.faults:
         return None
     # keyed by value: a template built per call, or scalars range-checked on the host per call

@@ -139,19 +139,20 @@ def lower_layer_norm(func, a, outs):
     kr, ko = len(rshape), len(kshape)
     store, stat = NP_TYPE[out.dtype], NP_TYPE[mean.dtype]
     par = _parallel(x.numel(), kshape[0])
-    _affine_launch(("norm", "layer_norm", kr, acc, store, stat, par,
-                    *((ko,) if ko != 1 else ())),
-                   lambda: kn.render_layer_norm(kr, acc, store, stat, par, ko),
-                   (ov, mv, rv, xv), w, b, eps, x, out)
+    launch(*_affine_request(("norm", "layer_norm", kr, acc, store, stat, par,
+                             *((ko,) if ko != 1 else ())),
+                            lambda: kn.render_layer_norm(kr, acc, store, stat, par, ko),
+                            (ov, mv, rv, xv), w, b, eps, x, out))
 
 
-def _affine_launch(key, render, views, w, b, eps, x, out) -> None:
-    """Layer and group norm's forward launch: `views` (out, mean, rstd, x), then the weight and
-    bias read at k * step (absent: a one-element identity, step 0) and eps."""
+def _affine_request(key, render, views, w, b, eps, x, out) -> tuple:
+    """Layer and group norm's forward launch, as launch()'s arguments (the lowering launches
+    it): `views` (out, mean, rstd, x), then the weight and bias read at k * step (absent: a
+    one-element identity, step 0) and eps."""
     xv = views[3]
     (wv, ws), (bv, bs) = _param(w, xv.dtype, 1), _param(b, xv.dtype, 0)
-    launch(key, render, (*views, wv, bv, ws, bs, eps), flops=float(8 * x.numel()),
-           bytes_moved=_bytes(x) * 3 + _bytes(out, w, b), engine="vector")
+    return (key, render, (*views, wv, bv, ws, bs, eps), float(8 * x.numel()),
+            _bytes(x) * 3 + _bytes(out, w, b), "vector")
 
 
 def lower_layer_norm_backward(func, a, outs):
@@ -206,9 +207,9 @@ def lower_group_norm(func, a, outs):
     mv, rv = _gn_stat(mean, xv), _gn_stat(rstd, xv)
     acc, store, stat = _acc(x), NP_TYPE[out.dtype], NP_TYPE[mean.dtype]
     par = _parallel(x.numel(), xv.shape[0] * xv.shape[1])
-    _affine_launch(("norm", "group_norm", acc, store, stat, par),
-                   lambda: kn.render_group_norm(acc, store, stat, par), (ov, mv, rv, xv), w, b,
-                   eps, x, out)
+    launch(*_affine_request(("norm", "group_norm", acc, store, stat, par),
+                            lambda: kn.render_group_norm(acc, store, stat, par),
+                            (ov, mv, rv, xv), w, b, eps, x, out))
 
 
 def lower_group_norm_backward(func, a, outs):
