@@ -63,25 +63,6 @@ ELEMENTWISE = KeyType("elementwise", (
 ), _render_elementwise)
 
 
-def _render_multi(op, expr, kinds, loads, scalar_casts, store, dtypes, per_tensor, prelude_id,
-                  version):
-    """A foreach op's one kernel over all its tensors (fastpath_foreach.py): the elementwise
-    op's preludes and expression, looped over a table of the tensors' addresses."""
-    src, name = _kew.render_multi(expr, kinds, loads, scalar_casts, store, dtypes, per_tensor)
-    vm = _vmath.VMATH_PRELUDE if _vmath.needs_vmath(expr) else ""
-    return vm + _EW_PRELUDE + (_SPECIAL_PRELUDE if _special(expr) else "") + src, name
-
-
-ELEMENTWISE_MULTI = KeyType("elementwise_multi", (
-    "op",            # the aten op of the elements (`aten::lerp_`)
-    "expr", "kinds", "loads", "scalar_casts", "store",   # the elements' (ELEMENTWISE)
-    "dtypes",        # numpy dtype names: the output, then each operand
-    "per_tensor",    # per kernel scalar: one value per tensor (a ScalarList), or one for all
-    "prelude_id",    # as ELEMENTWISE's
-    "version",       # kernels/elementwise.py MULTI_VERSION
-), _render_multi)
-
-
 # -- reductions (lower/reduce.py `reduce`) -----------------------------------------------------
 REDUCE = KeyType("reduce", (
     "op",         # sum, mean, prod, amax, argmax, var, logsumexp, norm2, normp, ...

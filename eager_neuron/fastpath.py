@@ -58,10 +58,9 @@ MISS = object()      # a runner's answer when this call's operands need the slow
 # hits: runner calls; learned: runners left; view_methods / view_ops: view runners calling a
 # Tensor method / the overload itself (fastpath._view_method); entry_points: flat and captured
 # runners calling their kernel's compiled entry point (_entry_point); host_reuses: flat runners'
-# outputs placed in a dead output's host buffer (_recycle_lines); one_kernel: in-place foreach
-# calls whose elements ran as one kernel (fastpath_foreach._multi)
+# outputs placed in a dead output's host buffer (_recycle_lines)
 STATS_FAST = {"hits": 0, "learned": 0, "view_methods": 0, "view_ops": 0, "entry_points": 0,
-              "host_reuses": 0, "one_kernel": 0}
+              "host_reuses": 0}
 # torch's own factory, not the pin_memory wrapper pinned.py installs as torch.empty_strided
 _EMPTY_STRIDED = torch._C._VariableFunctions.empty_strided
 _KW = object()       # marks where the keyword arguments start in a signature
@@ -480,12 +479,9 @@ def learn_elementwise(func, plan, args, kwargs, index: int, a: dict, outs: list,
     run = _build(plan.name, lines, ns)
     if target is not None:
         # what a foreach runner needs to call this element's kernel itself (fastpath_foreach)
-        vals = [eval(e, env) for e in arrays + svals]  # noqa: S307
-        sample = (out_sample.dtype.name, *(v.dtype.name for v in vals[:len(arrays)]),
-                  *(type(v) for v in vals[len(arrays):]))
         run.flat = Flat(kernel, wref, tuple(refs.values()), tuple(svals),
                         {k: v for k, v in ns.items() if k[0] == "C" and k[1:].isdigit()},
-                        index, flops, nbytes, engine, req[0], sample)
+                        index, flops, nbytes, engine)
     if _add(func, values, sig, run, (args, kwargs)) and entry is not None:
         STATS_FAST["entry_points"] += 1
     return True
@@ -516,16 +512,13 @@ class Flat:
     (refs into the call, or names of `consts`), its core and its launch's cost."""
 
     __slots__ = ("kernel", "written", "tensors", "scalars", "consts", "index", "flops",
-                 "nbytes", "engine", "key", "sample")
+                 "nbytes", "engine")
 
     def __init__(self, kernel, written, tensors, scalars, consts, index, flops, nbytes,
-                 engine, key=None, sample=()) -> None:
+                 engine) -> None:
         self.kernel, self.written, self.tensors, self.scalars = kernel, written, tensors, scalars
         self.consts, self.index = consts, index
         self.flops, self.nbytes, self.engine = flops, nbytes, engine
-        # the launch's key (lower/elementwise.py) and its arguments' dtypes and scalar values'
-        # types: what fastpath_foreach's one-kernel form is rendered from
-        self.key, self.sample = key, sample
 
 
 def _alloc_lines(ns: dict, out: torch.Tensor, index: int, suffix: str = "",

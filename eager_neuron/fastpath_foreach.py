@@ -23,13 +23,10 @@ from __future__ import annotations
 
 import re
 
-import numpy as np
 from torch.autograd.graph import increment_version
 
-from . import adaptive_compile
 from .fastpath import MISS, STATS_FAST, TABLES, _add, _build, failed, flat_np, signature
 from .launch import HOOKS as _LAUNCH_HOOKS
-from .launch import MEMORY, full_key
 from .stats import STATS
 
 
@@ -111,78 +108,17 @@ def _flat_runner(func, plan, args, spec, pos, kw, runners):
     # makes ATen's overlap check (checked for every element first: nothing is half-written)
     lines += [f"    if {tr(t)}._block is W._block: return MISS"
               for t in f0.tensors if t != f0.written]
-    written = [j for j, ((is_list, _s, _n), schema_arg) in enumerate(
-        zip(spec, func._schema.arguments)) if is_list and j < len(args)
-        and schema_arg.name in plan.mutates]
-    lines += _multi(flats, f0, tr, ns, args, written)
     operands = ", ".join([f"FNP({tr(f0.written)})"] + [f"FNP({tr(t)})" for t in f0.tensors] +
                          [tr(x) for x in f0.scalars])
     lines += ["for i in range(N):", f"    KS[i]({operands})",
               "S.ops += N", "S.launches += N", "S.memory_hits += N", "F['hits'] += N",
               "if CORE.profile is PROF:", "    CORE.charge_many(OV, BODIES, ENG, NBYTES)",
               "else:", "    for c in LS: CORE.launch(*c)"]
-    lines += [f"incv(A{j})" for j in written]
+    for j, ((is_list, _s, _n), schema_arg) in enumerate(zip(spec, func._schema.arguments)):
+        if is_list and j < len(args) and schema_arg.name in plan.mutates:
+            lines.append(f"incv(A{j})")
     lines.append("return None")
     return _build(plan.name, lines, ns)
-
-
-_PER_TENSOR = re.compile(r"A\d+\[i\]")   # an element's scalar read from a list (ScalarList)
-_SCALAR_NP = {float: np.float64, int: np.int64, bool: np.bool_}
-MULTI = [True]   # the one-kernel form (A/B switch, tests)
-
-
-def _multi(flats, f0, tr, ns, args, written) -> list:
-    """Lines running every element in one kernel (kernels/elementwise.py render_multi), placed
-    before the element loop, which runs instead while that kernel is not built yet (it builds
-    in the background, adaptive_compile.submit) or when a call's elements are not all small.
-    Only elements of one kernel key, each a serial flat loop (a big element's parallel kernel
-    is faster on its own), with scalars of one type each. Counters and the simulated cost are
-    the element loop's (STATS_FAST["one_kernel"] counts these calls). Empty when the elements
-    do not qualify."""
-    key, sample = f0.key, f0.sample
-    if not MULTI[0] or key is None or key[0] != "elementwise" or key[4] != 1 or key[8] or \
-            "nd" in key[3] or any(f.key[:9] != key[:9] or f.sample != sample for f in flats):
-        return []
-    n_arr = 1 + len(f0.tensors)
-    dtypes, stypes = sample[:n_arr], sample[n_arr:]
-    target = re.fullmatch(r"A(\d+)\[i\]", tr(f0.written))
-    if any(t not in _SCALAR_NP for t in stypes) or target is None:
-        return []
-    per = tuple(bool(_PER_TENSOR.search(tr(x))) for x in f0.scalars)
-    from .cache.families import ELEMENTWISE_MULTI
-    from .elementwise_base import PRELUDE_ID
-    from .kernels.elementwise import MULTI_VERSION
-
-    mkey = ("elementwise_multi", key[1], key[2], key[3], key[5], key[6], key[7], dtypes, per,
-            PRELUDE_ID, MULTI_VERSION)
-    n = len(flats)
-    scal = tuple(np.zeros(n, _SCALAR_NP[t]) if p else t(0) for t, p in zip(stypes, per))
-    sample_args = (np.zeros((n, n_arr), np.int64), np.zeros(n, np.int64)) + scal
-    fkey = full_key(mkey, sample_args)
-
-    def render():
-        return ELEMENTWISE_MULTI.render(mkey)
-
-    if MEMORY.get(fkey) is None and not adaptive_compile.submit(fkey, render, sample_args):
-        return []   # it failed to build before: element by element
-    ptr = "._data.data_ptr()"
-    row = ", ".join([tr(f0.written) + ptr] + [tr(t) + ptr for t in f0.tensors])
-    svals = [f"np_array([{tr(x)} for i in range(N)], {_SCALAR_NP[t].__name__})" if p else tr(x)
-             for x, t, p in zip(f0.scalars, stypes, per)]
-    ns.update({"MG": MEMORY.get, "FK": fkey, "np_array": np.array, "int64": np.int64,
-               "float64": np.float64, "bool_": np.bool_,
-               "SIZES": np.array([t.numel() for t in args[int(target.group(1))]], np.int64)})
-    return ["M = MG(FK)",
-            "if M is not None:",
-            f"    M(np_array([({row}) for i in range(N)], int64), SIZES, {', '.join(svals)})"
-            if svals else f"    M(np_array([({row}) for i in range(N)], int64), SIZES)",
-            # counted and charged as the element loop is (the fast path changes no counter
-            # and no simulated cost: the device is charged the elements' launches)
-            "    S.ops += N", "    S.launches += N", "    S.memory_hits += N",
-            "    F['hits'] += N", "    F['one_kernel'] += 1",
-            "    if CORE.profile is PROF:", "        CORE.charge_many(OV, BODIES, ENG, NBYTES)",
-            "    else:", "        for c in LS: CORE.launch(*c)"] + [
-            f"    incv(A{j})" for j in written] + ["    return None"]
 
 
 def element_runners(spec, args, kwargs, tab, values):

@@ -29,16 +29,3 @@ def fma(typingctx, a, b, c):
         return builder.fma(*args)
 
     return a(a, b, c), codegen
-
-
-@intrinsic
-def address(typingctx, addr):
-    """An int64 address as a void pointer, for numba.carray (kernels/elementwise.py
-    render_multi: a foreach op's tensors reached through a table of their addresses)."""
-    if not isinstance(addr, types.Integer):
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], context.get_value_type(types.voidptr))
-
-    return types.voidptr(addr), codegen

@@ -397,20 +397,7 @@ def test_foreach_runner_equals_the_funnel_and_counts_every_element():
 
 def test_in_place_foreach_runner_calls_the_element_kernels_and_charges_as_the_funnel():
     # an in-place foreach op whose elements have flat runners: one runner calls their kernels
-    # itself; launches, memory hits and the simulated busy time equal the funnel's (the element
-    # loop: its one-kernel form, once built, is one launch: test_foreach_lists.py)
-    from eager_neuron import fastpath_foreach
-
-    fastpath_foreach.MULTI[0] = False
-    fastpath.reset()
-    try:
-        _in_place_foreach_runner_checks()
-    finally:
-        fastpath_foreach.MULTI[0] = True
-        fastpath.reset()
-
-
-def _in_place_foreach_runner_checks():
+    # itself; launches, memory hits and the simulated busy time equal the funnel's
     from eager_neuron.simulator import SIM
 
     core = SIM.cores[0]

@@ -41,7 +41,7 @@ import time
 import torch
 
 import eager_neuron
-from eager_neuron import fastpath
+from eager_neuron import adaptive_compile, fastpath
 from eager_neuron.config import config
 from eager_neuron.launch import MEMORY
 from eager_neuron.simulator import SIM
@@ -873,6 +873,9 @@ def run_program(seed: int, n_steps: int = 14, verbose: bool = False,
             config.fastpath = fast
             run = Run(dev, seed * 10 + data, var, verbose)
             h0 = fastpath.STATS_FAST["hits"]
+            # kernels queued for the background worker (a foreach update's one kernel) build
+            # first: the worker's disk loads and compiles count in STATS when they land
+            adaptive_compile.wait(600)
             c0 = _counters()
             execute(program, run)
             torch.neuron.synchronize()

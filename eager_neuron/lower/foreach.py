@@ -1,8 +1,7 @@
 """The `_foreach_*` ops used by optimizers: one per-tensor op per list element, same funnel.
 
 `_foreach_add_.List(self, other, alpha)` runs `add_.Tensor(self[i], other[i], alpha)` for each i.
-Adaptive eager fuses the resulting runs; plain eager pays one launch per element, but for a
-repeat of an in-place update of small elements, which runs in one kernel (fastpath_foreach.py).
+Adaptive eager fuses the resulting runs; plain eager pays one launch per element.
 """
 
 from __future__ import annotations
