@@ -139,10 +139,7 @@ def _pad_of(grad, input_sizes, dim, start, end):
             return None
         d = dim % nd
         n = sizes[d]
-        lo = start + n if start < 0 else start
-        hi = end + n if end < 0 else end
-        lo = min(max(lo, 0), n)
-        hi = min(max(hi, lo), n)
+        lo, hi = slice_bounds(n, start, end)
         if list(grad.shape) != sizes[:d] + [hi - lo] + sizes[d + 1:]:
             return None
     except (TypeError, ValueError, ZeroDivisionError):   # a symbolic or odd argument
@@ -150,7 +147,20 @@ def _pad_of(grad, input_sizes, dim, start, end):
     return [0, 0] * (nd - 1 - d) + [lo, n - hi]
 
 
-def _select_at(grad, input_sizes, dim, index):
+def slice_bounds(n: int, start: int, end: int) -> tuple[int, int]:
+    """[start, end) of a unit-step slice of a dim of size n, normalized as Python's slice does
+    (negative from the end, clamped to [0, n], end no less than start).
+
+    >>> slice_bounds(5, -2, 2**62), slice_bounds(5, 3, 1)
+    ((3, 5), (3, 3))
+    """
+    lo = start + n if start < 0 else start
+    hi = end + n if end < 0 else end
+    lo = min(max(lo, 0), n)
+    return lo, min(max(hi, lo), n)
+
+
+def select_at(grad, input_sizes, dim, index):
     """(dim, index) of a select_backward normalized, when its gradient is the input less that
     dim and the index lies in it, else None (then zeros and a strided copy: its own error)."""
     try:
@@ -191,7 +201,7 @@ def _select_backward(grad, input_sizes, dim, index):
     """select_backward as one zero pad of the gradient with `dim` put back, else zeros and one
     strided copy into the selected slice (torch's reference: new_zeros, then select_scatter
     through the Python refs, ~170 us on neuron)."""
-    at = _select_at(grad, input_sizes, dim, index)
+    at = select_at(grad, input_sizes, dim, index)
     if at is not None:
         d, i = at
         out = _zero_padded(torch.ops.aten.unsqueeze.default(grad, d), input_sizes, d, i, i + 1)

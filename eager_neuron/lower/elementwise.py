@@ -309,7 +309,7 @@ def _build_spec(op_name: str, template: str, rule: str, arg_casts: dict, a: dict
                  max(1, expr.count("(")), engine, special)
 
 
-def _spec_for(func, a: dict, n: int, out_dtype, op_name: str):
+def _spec_for(func, a: dict, out_dtype, op_name: str):
     """The call's _Spec (cached per argument types) and the numpy views of its tensor operands.
     A one-element tensor operand is a tensor operand the kernel reads (kind "one"), never a
     value read on the host: a fast-path replay reads it in its kernel, adaptive eager may have
@@ -354,7 +354,7 @@ def lower_elementwise(func, a: dict, outs: list, op_name: str, defer: bool = Fal
     # 1. the spec, per argument types
     ctx = getattr(_ctx_tls, "ctx", None)
     armed = ctx is not None and ctx.recording
-    spec, nps = _spec_for(func, a, n, out.dtype, op_name)
+    spec, nps = _spec_for(func, a, out.dtype, op_name)
     return _request(func, a, outs, op_name, defer, out_np, n, spec, nps, ctx, armed)
 
 
@@ -488,9 +488,8 @@ def _aliases_badly(out: torch.Tensor, v: torch.Tensor) -> bool:
 def prepare_half(func, a: dict, outs: list, op_name: str):
     """The launch request of a half-type elementwise call as one kernel (see ONE_KERNEL), None
     when there is nothing to launch, or False when the call takes the route's three kernels:
-    an operand or output of another float type,
-    a compute type other than float32, memory shared between an operand and the output, or
-    adaptive eager recording."""
+    an operand or output of another float type, a compute type other than float32, memory
+    shared between an operand and the output, or adaptive eager recording."""
     if len(outs) != 1 or not ONE_KERNEL[0]:
         return False
     out = outs[0]
@@ -524,7 +523,7 @@ def prepare_half(func, a: dict, outs: list, op_name: str):
     n = out_np.size
     if n == 0:
         return None
-    spec, _ = _spec_for(func, fa, n, out.dtype if out.dtype == torch.bool else torch.float32,
+    spec, _ = _spec_for(func, fa, out.dtype if out.dtype == torch.bool else torch.float32,
                         op_name)
     key = (spec, half, tuple(halves), out.dtype == half)   # (the spec itself: never an id reused)
     hspec = _HALF_SPECS.get(key)
@@ -562,7 +561,7 @@ def fast_facts(func, a: dict, outs: list, op_name: str):
     in kernel order, kernel scalar names, scalar values change the kernel) or None when a
     repeat must come back here (an op that can fault inside the kernel)."""
     out = outs[0]
-    spec, _ = _spec_for(func, a, out.numel(), out.dtype, op_name)
+    spec, _ = _spec_for(func, a, out.dtype, op_name)
     if spec.faults:
         return None
     # keyed by value: a template built per call, or scalars range-checked on the host per call

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..decomps import select_at, slice_bounds
 from ..kernels import shape as ksh
 from ..launch import launch
 from .cast import cast as copy_into
@@ -190,20 +191,17 @@ def _backward_pad(func, a, outs):
     nd = len(sizes)
     if nd == 0:
         raise NotImplementedError("backward pad of a 0-d input")
-    d = a["dim"] % nd
-    n = sizes[d]
     if "index" in a:   # select_backward: the gradient lacks `dim`
-        i = a["index"] + n if a["index"] < 0 else a["index"]
-        if g.dim() != nd - 1 or not 0 <= i < n:
+        at = select_at(g, sizes, a["dim"], a["index"])
+        if at is None:
             raise NotImplementedError("select_backward of another shape")
+        d, i = at
         g, lo, hi = g.unsqueeze(d), i, i + 1
     else:
         if a["step"] != 1:
             raise NotImplementedError("slice_backward with a step")
-        lo, hi = a["start"], a["end"]
-        lo, hi = (lo + n if lo < 0 else lo), (hi + n if hi < 0 else hi)
-        lo = min(max(lo, 0), n)
-        hi = min(max(hi, lo), n)
+        d = a["dim"] % nd
+        lo, hi = slice_bounds(sizes[d], a["start"], a["end"])
     if list(g.shape) != sizes[:d] + [hi - lo] + sizes[d + 1:] or list(out.shape) != sizes:
         raise NotImplementedError("a gradient that does not fill the slice")
     before = [0] * nd
