@@ -307,3 +307,17 @@ def render_frexp(T: str) -> tuple[str, str]:
         e[i] = ei
 '''
     return src, name
+
+
+def render_dropout(T: str) -> tuple[str, str]:
+    """k(out, keep, x, m, scale) over flat arrays: ATen's CPU dropout after its draw, out =
+    (x * m) * scale left to right (m the drawn 0/1 mask in x's dtype: 0 * inf is NaN, -0.0
+    stays, as there) and keep = m != 0, both outputs in one pass."""
+    name = kernel_name("dropout", T)
+    src = f'''{_CELL_HEADER}def {name}(out, keep, x, m, scale):
+    for i in range(x.shape[0]):
+        mi = m[i]
+        out[i] = x[i] * mi * scale
+        keep[i] = mi != 0
+'''
+    return src, name

@@ -336,6 +336,48 @@ def test_dropout_backward_is_a_kernel_equal_to_cpu(dtype):
     torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0, equal_nan=True)
 
 
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1).view(torch.int32 if t.element_size() == 4 else torch.int64)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(257,), (3, 1, 5), (1,), (16, 33)])
+def test_dropout_is_one_kernel_with_the_cpus_draw_and_bits(dtype, shape):
+    """Plain eager's dropout: the CPU generator's draw, then one kernel making both outputs;
+    each p gives the CPU's bits (scale rounded to the dtype: 1 / (1 - p) differs from
+    1 / float32(1 - p) for about a fifth of p), inf * 0 -> NaN, -0.0 kept, same strides, and
+    the generator left where the CPU leaves it."""
+    for p in (0.1, 0.13, 0.3, 0.37, 0.5, 0.77, 0.999):
+        x = torch.randn(shape, dtype=torch.float64).mul_(3).to(dtype)
+        if x.numel() > 3:
+            x.view(-1)[:3] = torch.tensor([float("inf"), float("nan"), -0.0], dtype=dtype)
+        torch.manual_seed(7)
+        want, want_keep = torch.ops.aten.native_dropout(x, p, True)
+        want_next = torch.rand(3)
+        xn = x.to("neuron")
+        torch.manual_seed(7)
+        launches = eager_neuron.stats()["launches"]
+        got, keep = torch.ops.aten.native_dropout(xn, p, True)
+        assert eager_neuron.stats()["launches"] - launches == 1
+        assert torch.equal(torch.rand(3), want_next)
+        assert torch.equal(_bits(got.cpu()), _bits(want)), p
+        assert torch.equal(keep.cpu(), want_keep) and keep.dtype == torch.bool
+        assert got.stride() == want.stride() and keep.stride() == want_keep.stride()
+
+
+def test_dropout_of_other_layouts_and_dtypes_still_matches_the_cpu():
+    x = torch.randn(6, 8)
+    for t in (x.t(), x[:, ::2], x.to(torch.bfloat16), torch.empty(0, 3)):
+        torch.manual_seed(3)
+        want, want_keep = torch.ops.aten.native_dropout(t, 0.4, True)
+        torch.manual_seed(3)
+        got, keep = torch.ops.aten.native_dropout(t.to("neuron"), 0.4, True)
+        assert torch.equal(got.cpu(), want) and torch.equal(keep.cpu(), want_keep)
+        assert got.stride() == want.stride()
+    with pytest.raises(RuntimeError, match="bernoulli"):   # p outside [0, 1]: the CPU's words
+        torch.ops.aten.native_dropout(x.to("neuron"), 1.5, True)
+
+
 def test_value_dependent_templates_are_keyed_by_value():
     # polygamma's order, round's decimals, pow's exponent change the kernel, not only its args
     x = torch.rand(7, dtype=torch.float64) + 0.5
