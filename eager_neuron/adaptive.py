@@ -590,19 +590,24 @@ def flush(reason: str) -> None:
     """Launch the calling stream's pending group (if any) as one fused kernel. `reason` is
     counted and logged."""
     ctx = getattr(_context._TLS, "ctx", None)
+    learn = False
     if ctx is not None and ctx.watch is not None:
         watched, ctx.watch = ctx.watch, None
         if reason in DECLINE_REASONS and len(DECLINED) < 100_000:
-            DECLINED[watched] = reason
-    if not PENDING:
-        return
-    if reason in _DEVICE_WIDE:
-        flush_all(reason)
-        return
-    key = stream_key()
-    if key in PENDING:
-        with _lock:
-            _flush_locked(key, reason)
+            DECLINED[watched[0], watched[1]] = reason
+            learn = watched[2]
+    if PENDING:
+        if reason in _DEVICE_WIDE:
+            flush_all(reason)
+        else:
+            key = stream_key()
+            if key in PENDING:
+                with _lock:
+                    _flush_locked(key, reason)
+    if learn and ctx.capture is None:
+        # the declined op launches as plain eager now, its group launched: the fast path
+        # learns plain eager's runner from its launches (see adaptive_fast.arm)
+        ctx.capture = []
 
 
 # waits for all work on the device: every thread's group launches, not only the caller's

@@ -237,7 +237,10 @@ def _kind_of(func):
     if plan is None:
         return _SLOW   # not planned yet: the slow path plans it (asked again next time)
     kind = _SLOW
-    if plan.kind == "view":
+    if plan.kind == "view" or plan.kind == "alloc":
+        # (an allocation, empty_like / new_empty, reads and writes no memory either: plain
+        # eager's runner even while a group is pending, as for a view; it took the slow path
+        # on every call, 26 us against 5.5, 11 a UNet step)
         kind = _VIEW
     elif plan.kind in ("host", "dynamic"):
         kind = _QUIET
@@ -396,24 +399,29 @@ def _declined(args, kwargs) -> bool:
     return kept != 1
 
 
-def arm(ctx, func, plan, args, kwargs, index, a, outs, leaves) -> None:
+def arm(ctx, func, plan, args, kwargs, index, a, outs, leaves, learnable: bool) -> None:
     """dispatch's adaptive block (`_kernel_setup`), for an op adaptive eager may record (a
     fusible op, or a joinable one: adaptive.REDUCTIONS): fill its OpContext so that
     - `learn` / `learn_call` can leave a recording runner if the lowering records the call
       (ctx.call: the call as the slow path has it);
     - a decline reason `adaptive.flush` sees while a fusible op is lowered is remembered for
       its plain fast-path signature (ctx.watch), so run() sends a repeat to plain eager's
-      runner."""
+      runner; when that signature has no plain runner yet and the op may be learned
+      (`learnable`: dispatch's conditions for plain eager's capture), flush also arms the
+      capture of the op's own launches, after the group launched, so the funnel leaves that
+      runner (an adaptive-only process never had one: a broadcast `add` took the whole slow
+      path on every call, ~100 us in a UNet step)."""
     fusible = ctx.recording
     # an elementwise op learn() may learn, or a joinable op (never fusible) learn_call may
     if (fusible and plan.prepare is not None) or (not fusible and func in _CALLS):
         ctx.call = (func, plan, args, kwargs, index, a, outs, leaves)
     if fusible and config.fastpath:
         ptab = _fp.TABLES.get(func)
-        if ptab is not None:
-            sig = _fp.signature(args, kwargs, ptab[0])
-            if sig is not None:
-                ctx.watch = (func, sig)
+        # (no table yet: scalars keyed by value; the table learned from this call may key them
+        # by type, and the next decline is remembered under that signature)
+        sig = _fp.signature(args, kwargs, ptab[0] if ptab is not None else True)
+        if sig is not None:
+            ctx.watch = (func, sig, learnable and (ptab is None or sig not in ptab[1]))
 
 
 def learn(out, spec, kinds: tuple, numel: int, op_name: str, ctx) -> None:

@@ -45,9 +45,10 @@ class OpContext:
                (func, plan, args, kwargs, index, bound args, outs, meta leaves); the
                lowering that records it (`adaptive_fast.learn`, `learn_call`) leaves a
                recording runner from it and clears it. None otherwise
-    watch      adaptive eager: (func, plain fast-path signature) of this op, so a decline
-               reason `adaptive.flush` sees while it is lowered is remembered (DECLINED) and
-               a repeat skips the funnel. None otherwise
+    watch      adaptive eager: (func, plain fast-path signature, learn) of this op, so a
+               decline reason `adaptive.flush` sees while it is lowered is remembered
+               (DECLINED) and a repeat skips the funnel; `learn`: flush then arms `capture`
+               (plain eager's runner is learned from the op's own launches). None otherwise
     """
 
     __slots__ = ("core", "mode", "recording", "blocks", "capture", "launcher", "call", "watch")

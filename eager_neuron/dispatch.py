@@ -567,8 +567,12 @@ def _kernel_setup(func, plan, args, kwargs, mode) -> tuple:
         ctx = OpContext(index, None, fusible, _blocks_of(args, kwargs, outs, blocks))
         copied = _capture_host_operands(a, ctx.blocks)
         if (fusible or plan.name in _adaptive.REDUCTIONS) and not skip:
-            # what adaptive eager learns from the call rides in ctx (its call, its signature)
-            _adaptive_fast.arm(ctx, func, plan, args, kwargs, index, a, outs, leaves)
+            # what adaptive eager learns from the call rides in ctx (its call, its signature,
+            # whether plain eager's runner may be learned if the op declines to be recorded)
+            _adaptive_fast.arm(ctx, func, plan, args, kwargs, index, a, outs, leaves,
+                               fusible and not copied and _capture.capturable(plan)
+                               and dtypes.isdisjoint(_WIDENED)
+                               and not _fast.declined(func, args, kwargs))
         if plan.name in _adaptive.REDUCTIONS and not fusible and not skip:
             prev = _context.swap(ctx)
             try:

@@ -92,6 +92,77 @@ def test_adamw_steps_take_foreach_runners_and_match_plain():
     assert torch.ops.aten._foreach_lerp_.Scalar in learned, learned
 
 
+def test_a_declined_op_learns_plain_eagers_runner_in_an_adaptive_only_process(monkeypatch):
+    """A broadcast or strided operand ends the group and the op launches as plain eager; its
+    plain runner is learned from that launch (after the group's), so repeats skip the funnel
+    even when plain eager never ran the op (was: the slow path on every call, ~100 us)."""
+    from eager_neuron import dispatch
+
+    setups = [0]
+    kernel_setup = dispatch._kernel_setup
+
+    def counted(*args, **kwargs):
+        setups[0] += 1
+        return kernel_setup(*args, **kwargs)
+
+    monkeypatch.setattr(dispatch, "_kernel_setup", counted)
+    monkeypatch.setattr(_ad, "ALONE_ON", [False])   # x * 3.0 keeps starting its group
+    monkeypatch.setattr(adaptive_fast, "_ALONE_ON", _ad.ALONE_ON)
+
+    def _slow_calls():
+        return setups[0]
+
+    fastpath.reset()
+    adaptive_fast.reset()
+    torch.manual_seed(5)
+    x = torch.randn(2, 16, 8, 8, device="neuron")
+    t = torch.randn(2, 16, 1, 1, device="neuron")
+    w = torch.randn(2, 16, 8, 8, device="neuron").transpose(2, 3)
+    want = [((x * 3.0).cpu() + t.cpu()) * w.cpu() for _ in range(4)]
+    got, hits, slow = [], [], []
+    with eager_neuron.adaptive():
+        for _ in range(4):
+            h, before = fastpath.STATS_FAST["hits"], _slow_calls()
+            y = x * 3.0          # recorded
+            z = (y + t) * w      # broadcast, then strided: each ends the pending group
+            got.append(z.cpu())
+            hits.append(fastpath.STATS_FAST["hits"] - h)
+            slow.append(_slow_calls() - before)
+    _bitwise(want, got)
+    assert hits == [0, 2, 2, 2], hits   # plain runners for + t and * w from the 2nd step
+    assert slow[2:] == [0, 0], slow
+
+
+def test_an_allocation_repeats_from_its_runner_and_leaves_the_group_pending(monkeypatch):
+    """empty_like / new_empty read and write no memory: under adaptive eager a repeat takes
+    plain eager's allocation runner, even with a group pending, which stays pending."""
+    from eager_neuron import dispatch
+
+    plans = [0]
+    dispatch_plan = dispatch._dispatch_plan
+
+    def counted(*args, **kwargs):
+        plans[0] += 1
+        return dispatch_plan(*args, **kwargs)
+
+    monkeypatch.setattr(dispatch, "_dispatch_plan", counted)
+    monkeypatch.setattr(_ad, "ALONE_ON", [False])   # x * 2.0 keeps starting its group
+    monkeypatch.setattr(adaptive_fast, "_ALONE_ON", _ad.ALONE_ON)
+    x = torch.randn(64, device="neuron")
+    with eager_neuron.adaptive():
+        for i in range(3):
+            before, flushes = plans[0], sum(eager_neuron.stats()["flushes"].values())
+            y = x * 2.0                       # pending
+            e = torch.empty_like(y)           # y's buffer exists: nothing to launch for it
+            g = y.new_empty((3, 4))
+            assert _ad.PENDING, i             # the group is still pending
+            assert sum(eager_neuron.stats()["flushes"].values()) == flushes
+            if i:
+                assert plans[0] == before, i   # both allocations from their runners
+            assert e.shape == y.shape and e.device == y.device and g.shape == (3, 4)
+            assert torch.equal(y.cpu(), x.cpu() * 2.0)
+
+
 def test_a_declined_strided_op_repeats_as_plain_eager_after_the_same_flush():
     torch.manual_seed(3)
     x = torch.randn(2, 3, 4, device="neuron").transpose(1, 2)    # strided
@@ -106,7 +177,9 @@ def test_a_declined_strided_op_repeats_as_plain_eager_after_the_same_flush():
             c = x.contiguous()        # a strided clone: declined as well
         hits = fastpath.STATS_FAST["hits"]
         z2 = (x + b) * 2.0
-        assert fastpath.STATS_FAST["hits"] - hits == 1   # plain eager's runner for x + b
+        # plain eager's runners for x + b and for `* 2.0` of its strided result (declined too:
+        # its runner was learned when the funnel launched it after the decline)
+        assert fastpath.STATS_FAST["hits"] - hits == 2, fastpath.STATS_FAST["hits"] - hits
         got = (z.cpu(), c.cpu(), z2.cpu())
     _bitwise([ref[0], ref[1], ref[0]], got)
     assert torch.equal(y.cpu(), b.cpu() * 1.0 + 0)
