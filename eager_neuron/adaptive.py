@@ -360,10 +360,12 @@ def _group_for(key, core: int, n_args: int) -> _Group:
 def record_call(name: str, a: dict, outs: list, blocks: dict) -> bool:
     """A joinable op (adaptive_calls.JOINABLE): its launches, staged, join the pending group
     as calls of its kernels (see eager_neuron/adaptive_calls.py). False: not joinable here (the
-    caller launches the group and runs the op as plain eager)."""
-    if not _calls.joinable(name, a, outs):
-        return False
+    caller launches the group and runs the op as plain eager, learning plain eager's runner,
+    which a repeat of its signature takes after the same flush: see _declined_call)."""
     ctx = getattr(_context._TLS, "ctx", None)
+    if not _calls.joinable(name, a, outs):
+        _declined_call(ctx, "non-joinable call")
+        return False
     core = ctx.core if ctx is not None else 0
     try:
         staged = _calls.stage(name, a, outs)
@@ -377,6 +379,11 @@ def record_call(name: str, a: dict, outs: list, blocks: dict) -> bool:
     spans = _calls.spans(staged, tensors)
     key = stream_key()
     if spans is None:
+        if _declined_call(ctx, "call with a scratch buffer"):
+            # first seen: plain eager's path runs the lowering again (nothing staged ran)
+            # and leaves its runner for the repeats
+            _calls.COUNTERS["declined"] += 1
+            return False
         with _lock:
             # a scratch buffer of the lowering: what is pending launches, then these launches,
             # as plain eager runs them (nothing of the op has run yet)
@@ -389,6 +396,23 @@ def record_call(name: str, a: dict, outs: list, blocks: dict) -> bool:
     learn = LEARN_CALL[0]
     if learn is not None and ctx is not None and ctx.call is not None:
         learn(name, a, outs, staged, sids, core, ctx)
+    return True
+
+
+def _declined_call(ctx, reason: str) -> bool:
+    """A joinable op that does not join for a reason its plain fast-path signature decides
+    (dtypes, shapes, strides: `ctx.watch`, set by adaptive_fast.arm): remember it (DECLINED),
+    so adaptive_fast.run sends a repeat to plain eager's runner after flushing its group (it
+    took the whole slow path on every call: a strided bmm of Mamba's, ~100 us, 24 a step).
+    True when newly remembered."""
+    watched = ctx.watch if ctx is not None else None
+    if watched is None:
+        return False
+    ctx.watch = None
+    key = (watched[0], watched[1])
+    if key in DECLINED or len(DECLINED) >= 100_000:
+        return False
+    DECLINED[key] = reason
     return True
 
 
@@ -584,6 +608,8 @@ def _barrier(g: _Group, op_idx, out_idx: int, kinds: tuple, numel: int) -> tuple
 DECLINED: dict = {}
 DECLINE_REASONS = frozenset({"strided or broadcast operand", "op that can fault",
                              "special function"})
+# (and, for joinable calls, recorded by _declined_call: "non-joinable call", "call with a
+# scratch buffer")
 
 
 def flush(reason: str) -> None:

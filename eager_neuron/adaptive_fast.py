@@ -415,13 +415,14 @@ def arm(ctx, func, plan, args, kwargs, index, a, outs, leaves, learnable: bool) 
     # an elementwise op learn() may learn, or a joinable op (never fusible) learn_call may
     if (fusible and plan.prepare is not None) or (not fusible and func in _CALLS):
         ctx.call = (func, plan, args, kwargs, index, a, outs, leaves)
-    if fusible and config.fastpath:
+    if (fusible or func in _CALLS) and config.fastpath:
         ptab = _fp.TABLES.get(func)
         # (no table yet: scalars keyed by value; the table learned from this call may key them
         # by type, and the next decline is remembered under that signature)
         sig = _fp.signature(args, kwargs, ptab[0] if ptab is not None else True)
         if sig is not None:
-            ctx.watch = (func, sig, learnable and (ptab is None or sig not in ptab[1]))
+            ctx.watch = (func, sig, fusible and learnable and
+                         (ptab is None or sig not in ptab[1]))
 
 
 def learn(out, spec, kinds: tuple, numel: int, op_name: str, ctx) -> None:

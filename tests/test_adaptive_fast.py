@@ -133,6 +133,39 @@ def test_a_declined_op_learns_plain_eagers_runner_in_an_adaptive_only_process(mo
     assert slow[2:] == [0, 0], slow
 
 
+def test_a_call_that_needs_a_scratch_buffer_repeats_as_plain_eager(monkeypatch):
+    """A bmm whose strided operand the matmul lowering copies into a scratch buffer does not
+    join the group; the first call runs as plain eager and leaves its runner, which repeats of
+    the signature take after the group launches (they took the whole slow path: Mamba's scan,
+    ~100 us a call, 24 a step)."""
+    from eager_neuron import dispatch
+
+    setups = [0]
+    kernel_setup = dispatch._kernel_setup
+
+    def counted(*args, **kwargs):
+        setups[0] += 1
+        return kernel_setup(*args, **kwargs)
+
+    monkeypatch.setattr(dispatch, "_kernel_setup", counted)
+    monkeypatch.setattr(_ad, "ALONE_ON", [False])
+    monkeypatch.setattr(adaptive_fast, "_ALONE_ON", _ad.ALONE_ON)
+    fastpath.reset()
+    adaptive_fast.reset()
+    torch.manual_seed(11)
+    a = torch.randn(2, 64, 8, device="neuron")
+    b = torch.randn(2, 15, 8, device="neuron").transpose(1, 2)[:, :, 3:4]   # (2, 8, 1), strided
+    want = [(torch.bmm(a * 0.5, b) + 1.0).cpu()] * 4   # plain eager's bits
+    got, slow = [], []
+    with eager_neuron.adaptive():
+        for _ in range(4):
+            before = setups[0]
+            got.append((torch.bmm(a * 0.5, b) + 1.0).cpu())   # recorded, plain bmm, recorded
+            slow.append(setups[0] - before)
+    _bitwise(want, got)
+    assert slow[2:] == [0, 0], slow
+
+
 def test_an_allocation_repeats_from_its_runner_and_leaves_the_group_pending(monkeypatch):
     """empty_like / new_empty read and write no memory: under adaptive eager a repeat takes
     plain eager's allocation runner, even with a group pending, which stays pending."""
