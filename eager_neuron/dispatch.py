@@ -564,6 +564,10 @@ def _kernel_setup(func, plan, args, kwargs, mode) -> tuple:
         # (skipped: adaptive_fast.run found the op's groups light; it runs as plain eager)
         skip = _adaptive_fast.skipped(args)
         fusible = plan.lower in _fusible() and not skip
+        if fusible and outs and all(type(o) is _TENSOR and not o.numel() for o in outs):
+            # nothing to compute (an empty gradient's zero_): never recorded; plain eager's
+            # runner is learned below and repeats take it with the group left pending
+            fusible = not _adaptive_fast.declined_empty(func, args, kwargs)
         ctx = OpContext(index, None, fusible, _blocks_of(args, kwargs, outs, blocks))
         copied = _capture_host_operands(a, ctx.blocks)
         if (fusible or plan.name in _adaptive.REDUCTIONS) and not skip:
@@ -638,6 +642,7 @@ def _learn_captured(func, plan, args, kwargs, index, outs, leaves, spec, capture
 
 _TLS_CTX = _context._TLS
 _ROUTES: dict = {}
+_TENSOR = torch.Tensor
 
 
 def _route_of(dtypes, lower) -> str | None:

@@ -166,6 +166,36 @@ def test_a_call_that_needs_a_scratch_buffer_repeats_as_plain_eager(monkeypatch):
     assert slow[2:] == [0, 0], slow
 
 
+def test_an_op_with_empty_outputs_repeats_from_a_runner_with_the_group_pending(monkeypatch):
+    """zero_ of an empty gradient computes nothing: never recorded, its plain runner is
+    learned and repeats take it without the slow path and without launching the group."""
+    from eager_neuron import dispatch
+
+    setups = [0]
+    kernel_setup = dispatch._kernel_setup
+
+    def counted(*args, **kwargs):
+        setups[0] += 1
+        return kernel_setup(*args, **kwargs)
+
+    monkeypatch.setattr(dispatch, "_kernel_setup", counted)
+    monkeypatch.setattr(_ad, "ALONE_ON", [False])
+    monkeypatch.setattr(adaptive_fast, "_ALONE_ON", _ad.ALONE_ON)
+    x = torch.randn(32, device="neuron")
+    e = torch.empty(0, device="neuron")
+    slow = []
+    with eager_neuron.adaptive():
+        for i in range(4):
+            y = x + 1.0                  # pending
+            flushes = sum(eager_neuron.stats()["flushes"].values())
+            before = setups[0]
+            assert e.zero_() is e and e.add_(2.0) is e
+            slow.append(setups[0] - before)
+            assert _ad.PENDING and sum(eager_neuron.stats()["flushes"].values()) == flushes
+            assert torch.equal(y.cpu(), x.cpu() + 1.0)
+    assert slow[2:] == [0, 0], slow   # (a table keying scalars by type: one more slow call)
+
+
 def test_an_allocation_repeats_from_its_runner_and_leaves_the_group_pending(monkeypatch):
     """empty_like / new_empty read and write no memory: under adaptive eager a repeat takes
     plain eager's allocation runner, even with a group pending, which stays pending."""
