@@ -229,6 +229,11 @@ VIEWS: set = set()
 _EMPTY_OUTPUT = "empty output"
 
 
+def _host_composites() -> frozenset:
+    # NOTE: read from sys.modules: lower/host imports (through the cast family) this module
+    return sys.modules[__package__ + ".lower.host"].COMPOSITES
+
+
 def declined_empty(func, args, kwargs) -> bool:
     """dispatch's _kernel_setup: a fusible op whose every output is empty computes nothing;
     remember its plain signature (DECLINED, reason _EMPTY_OUTPUT) so run() sends repeats to
@@ -263,6 +268,10 @@ def _kind_of(func):
         # (an allocation, empty_like / new_empty, reads and writes no memory either: plain
         # eager's runner even while a group is pending, as for a view; it took the slow path
         # on every call, 26 us against 5.5, 11 a UNet step)
+        kind = _VIEW
+    elif plan.kind == "host" and plan.name in _host_composites():
+        # its device work goes down the funnel as ops of their own, each gated (recorded, or
+        # launched after the group): its runner may run with a group pending, as a view's
         kind = _VIEW
     elif plan.kind in ("host", "dynamic"):
         kind = _QUIET

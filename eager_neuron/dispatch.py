@@ -403,7 +403,11 @@ def _dispatch_plan(func, plan, args, kwargs, mode, gated=False):
     if kind == "host":
         if plan.out_args and mode is None:
             resize_outs(func, plan, args, kwargs)
-        return plan.lower(func, args, kwargs, mode)
+        out = plan.lower(func, args, kwargs, mode)
+        if mode is None and plan.name in _COMPOSITES and not plan.out_args and \
+                config.fastpath:
+            _fast.learn_composite(func, args, kwargs, plan.lower)
+        return out
     if kind == "dynamic":
         return _run_dynamic(func, plan, args, kwargs, mode)
     if kind == "alloc":
@@ -642,6 +646,7 @@ def _learn_captured(func, plan, args, kwargs, index, outs, leaves, spec, capture
 
 _TLS_CTX = _context._TLS
 _ROUTES: dict = {}
+_COMPOSITES = _host.COMPOSITES
 _TENSOR = torch.Tensor
 
 

@@ -815,6 +815,23 @@ def learn_alloc(func, args, kwargs, out) -> None:
     _add(func, True, sig, _build(func.__name__, lines, ns))
 
 
+def learn_composite(func, args, kwargs, lower) -> None:
+    """After a plain-eager call of a host op in lower/host.py COMPOSITES on a neuron tensor:
+    leave a runner calling its lowering directly (the ops it sends down the funnel keep their
+    own gates and runners; scalars keyed by value, so a repeat is a call that succeeded)."""
+    if not args or type(args[0]) is not NeuronTensor:
+        return
+    sig = signature(args, kwargs, True)
+    if sig is None or _known(func, True, sig):
+        return
+
+    def run(args, kwargs, _func=func, _lower=lower):
+        STATS_FAST["hits"] += 1
+        return _lower(_func, args, kwargs, None)
+
+    _add(func, True, sig, run)
+
+
 def _eval(ref: str, args, kwargs):
     if ref.startswith("args["):
         return args[int(ref[5:-1])]

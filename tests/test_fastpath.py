@@ -336,6 +336,42 @@ def test_dropout_backward_is_a_kernel_equal_to_cpu(dtype):
     torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0, equal_nan=True)
 
 
+def test_new_zeros_ones_full_repeat_from_a_runner_in_both_modes(monkeypatch):
+    """new_zeros / new_ones / new_full send their work down the funnel (new_empty, fill_): a
+    repeat calls the lowering directly, plain or adaptive (the group stays pending: fill_ is
+    recorded into it); a value the dtype cannot hold is refused on every call."""
+    from eager_neuron import dispatch
+    from eager_neuron.adaptive import MODULE as _ad
+
+    plans = [0]
+    dispatch_plan = dispatch._dispatch_plan
+
+    def counted(*args, **kwargs):
+        plans[0] += 1
+        return dispatch_plan(*args, **kwargs)
+
+    monkeypatch.setattr(dispatch, "_dispatch_plan", counted)
+    x = torch.randn(5, 3, device="neuron")
+    for adaptive in (False, True):
+        with eager_neuron.adaptive(adaptive):
+            for i in range(3):
+                y = x * 2.0
+                before = plans[0]
+                z, o = x.new_zeros((4, 2)), x.new_ones(7, dtype=torch.int64)
+                f = x.new_full((2,), 3.5)
+                if i:
+                    assert plans[0] == before, (adaptive, i)
+                if adaptive:
+                    assert _ad.PENDING
+                assert torch.equal(z.cpu(), torch.zeros(4, 2)) and z.device == x.device
+                assert torch.equal(o.cpu(), torch.ones(7, dtype=torch.int64))
+                assert torch.equal(f.cpu(), torch.full((2,), 3.5))
+                assert torch.equal(y.cpu(), x.cpu() * 2.0)
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="overflow"):
+            x.new_full((2,), 300, dtype=torch.int8)
+
+
 def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.int32 if t.element_size() == 4 else torch.int64)
 
