@@ -200,8 +200,14 @@ def _time_steps(model, batches, loss, device, ctx, steps, trace=None
                 ) -> tuple[float, float, float]:
     """(median wall ms, launches, simulated device us) per training step after a warm-up;
     `trace`, a list, receives the trace-cache hits and misses of the timed steps."""
-    from eager_neuron import adaptive_compile
+    from eager_neuron import adaptive_compile, adaptive_fast, fastpath
 
+    # each mode starts with no learned runners, as a process running only that mode does: plain
+    # eager's runners learned by the plain rows made adaptive eager's declined ops look cheap
+    # (an adaptive-only process sent them down the funnel on every call until the
+    # twenty-second session)
+    fastpath.reset()
+    adaptive_fast.reset()
     m = copy.deepcopy(model).to(device).train()
     opt = torch.optim.AdamW(m.parameters(), lr=1e-2, eps=1e-4)
     times, launches, dev_us, hits, misses = [], [], [], 0, 0
