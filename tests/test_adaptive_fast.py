@@ -185,7 +185,7 @@ def test_an_op_with_empty_outputs_repeats_from_a_runner_with_the_group_pending(m
     e = torch.empty(0, device="neuron")
     slow = []
     with eager_neuron.adaptive():
-        for i in range(4):
+        for _ in range(4):
             y = x + 1.0                  # pending
             flushes = sum(eager_neuron.stats()["flushes"].values())
             before = setups[0]

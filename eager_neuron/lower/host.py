@@ -12,9 +12,9 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..adaptive import MODULE as _adaptive
 from ..adaptive import flush
+from ..buffers import alloc, to_host
 from ..kernels import elementwise as _kew
 from ..launch import launch as _launch
-from ..buffers import alloc, to_host
 from ..operands import _original, unwrap_args
 from ..simulator import SIM
 from ..storage import host_alias
