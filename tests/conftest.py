@@ -86,6 +86,38 @@ def strict_fallback():
 
 
 @pytest.fixture
+def funnel_calls(monkeypatch):
+    """A function counting the calls of a stage of the funnel's slow path from now on:
+    `n = funnel_calls("_kernel_setup")`, then `n[0]` (the stage is eager_neuron.dispatch's
+    module function of that name: a call that reached it did not repeat from a runner)."""
+    from eager_neuron import dispatch
+
+    def watch(name: str) -> list:
+        count = [0]
+        stage = getattr(dispatch, name)
+
+        def counted(*args, **kwargs):
+            count[0] += 1
+            return stage(*args, **kwargs)
+
+        monkeypatch.setattr(dispatch, name, counted)
+        return count
+
+    return watch
+
+
+@pytest.fixture
+def no_alone_verdicts(monkeypatch):
+    """Adaptive eager's alone verdicts off (an op that only starts groups of one keeps
+    starting them instead of running as plain eager): counts of recorded ops stay fixed."""
+    from eager_neuron import adaptive_fast
+    from eager_neuron.adaptive import MODULE as adaptive
+
+    monkeypatch.setattr(adaptive, "ALONE_ON", [False])
+    monkeypatch.setattr(adaptive_fast, "_ALONE_ON", adaptive.ALONE_ON)
+
+
+@pytest.fixture
 def seeded():
     """Seed the (shared CPU) generator; returns the seeding function for re-seeding."""
     def seed(s: int = 0) -> None:

@@ -92,26 +92,13 @@ def test_adamw_steps_take_foreach_runners_and_match_plain():
     assert torch.ops.aten._foreach_lerp_.Scalar in learned, learned
 
 
-def test_a_declined_op_learns_plain_eagers_runner_in_an_adaptive_only_process(monkeypatch):
+def test_a_declined_op_learns_plain_eagers_runner_in_an_adaptive_only_process(
+        funnel_calls, no_alone_verdicts):
     """A broadcast or strided operand ends the group and the op launches as plain eager; its
     plain runner is learned from that launch (after the group's), so repeats skip the funnel
-    even when plain eager never ran the op (was: the slow path on every call, ~100 us)."""
-    from eager_neuron import dispatch
-
-    setups = [0]
-    kernel_setup = dispatch._kernel_setup
-
-    def counted(*args, **kwargs):
-        setups[0] += 1
-        return kernel_setup(*args, **kwargs)
-
-    monkeypatch.setattr(dispatch, "_kernel_setup", counted)
-    monkeypatch.setattr(_ad, "ALONE_ON", [False])   # x * 3.0 keeps starting its group
-    monkeypatch.setattr(adaptive_fast, "_ALONE_ON", _ad.ALONE_ON)
-
-    def _slow_calls():
-        return setups[0]
-
+    even when plain eager never ran the op (was: the slow path on every call, ~100 us). (No
+    alone verdicts: x * 3.0 keeps starting its group.)"""
+    setups = funnel_calls("_kernel_setup")
     fastpath.reset()
     adaptive_fast.reset()
     torch.manual_seed(5)
@@ -122,34 +109,24 @@ def test_a_declined_op_learns_plain_eagers_runner_in_an_adaptive_only_process(mo
     got, hits, slow = [], [], []
     with eager_neuron.adaptive():
         for _ in range(4):
-            h, before = fastpath.STATS_FAST["hits"], _slow_calls()
+            h, before = fastpath.STATS_FAST["hits"], setups[0]
             y = x * 3.0          # recorded
             z = (y + t) * w      # broadcast, then strided: each ends the pending group
             got.append(z.cpu())
             hits.append(fastpath.STATS_FAST["hits"] - h)
-            slow.append(_slow_calls() - before)
+            slow.append(setups[0] - before)
     _bitwise(want, got)
     assert hits == [0, 2, 2, 2], hits   # plain runners for + t and * w from the 2nd step
     assert slow[2:] == [0, 0], slow
 
 
-def test_a_call_that_needs_a_scratch_buffer_repeats_as_plain_eager(monkeypatch):
+def test_a_call_that_needs_a_scratch_buffer_repeats_as_plain_eager(funnel_calls,
+                                                                    no_alone_verdicts):
     """A bmm whose strided operand the matmul lowering copies into a scratch buffer does not
     join the group; the first call runs as plain eager and leaves its runner, which repeats of
     the signature take after the group launches (they took the whole slow path: Mamba's scan,
     ~100 us a call, 24 a step)."""
-    from eager_neuron import dispatch
-
-    setups = [0]
-    kernel_setup = dispatch._kernel_setup
-
-    def counted(*args, **kwargs):
-        setups[0] += 1
-        return kernel_setup(*args, **kwargs)
-
-    monkeypatch.setattr(dispatch, "_kernel_setup", counted)
-    monkeypatch.setattr(_ad, "ALONE_ON", [False])
-    monkeypatch.setattr(adaptive_fast, "_ALONE_ON", _ad.ALONE_ON)
+    setups = funnel_calls("_kernel_setup")
     fastpath.reset()
     adaptive_fast.reset()
     torch.manual_seed(11)
@@ -166,21 +143,11 @@ def test_a_call_that_needs_a_scratch_buffer_repeats_as_plain_eager(monkeypatch):
     assert slow[2:] == [0, 0], slow
 
 
-def test_an_op_with_empty_outputs_repeats_from_a_runner_with_the_group_pending(monkeypatch):
+def test_an_op_with_empty_outputs_repeats_from_a_runner_with_the_group_pending(
+        funnel_calls, no_alone_verdicts):
     """zero_ of an empty gradient computes nothing: never recorded, its plain runner is
     learned and repeats take it without the slow path and without launching the group."""
-    from eager_neuron import dispatch
-
-    setups = [0]
-    kernel_setup = dispatch._kernel_setup
-
-    def counted(*args, **kwargs):
-        setups[0] += 1
-        return kernel_setup(*args, **kwargs)
-
-    monkeypatch.setattr(dispatch, "_kernel_setup", counted)
-    monkeypatch.setattr(_ad, "ALONE_ON", [False])
-    monkeypatch.setattr(adaptive_fast, "_ALONE_ON", _ad.ALONE_ON)
+    setups = funnel_calls("_kernel_setup")
     x = torch.randn(32, device="neuron")
     e = torch.empty(0, device="neuron")
     slow = []
@@ -196,21 +163,11 @@ def test_an_op_with_empty_outputs_repeats_from_a_runner_with_the_group_pending(m
     assert slow[2:] == [0, 0], slow   # (a table keying scalars by type: one more slow call)
 
 
-def test_an_allocation_repeats_from_its_runner_and_leaves_the_group_pending(monkeypatch):
+def test_an_allocation_repeats_from_its_runner_and_leaves_the_group_pending(
+        funnel_calls, no_alone_verdicts):
     """empty_like / new_empty read and write no memory: under adaptive eager a repeat takes
     plain eager's allocation runner, even with a group pending, which stays pending."""
-    from eager_neuron import dispatch
-
-    plans = [0]
-    dispatch_plan = dispatch._dispatch_plan
-
-    def counted(*args, **kwargs):
-        plans[0] += 1
-        return dispatch_plan(*args, **kwargs)
-
-    monkeypatch.setattr(dispatch, "_dispatch_plan", counted)
-    monkeypatch.setattr(_ad, "ALONE_ON", [False])   # x * 2.0 keeps starting its group
-    monkeypatch.setattr(adaptive_fast, "_ALONE_ON", _ad.ALONE_ON)
+    plans = funnel_calls("_dispatch_plan")
     x = torch.randn(64, device="neuron")
     with eager_neuron.adaptive():
         for i in range(3):

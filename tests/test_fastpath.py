@@ -336,21 +336,13 @@ def test_dropout_backward_is_a_kernel_equal_to_cpu(dtype):
     torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0, equal_nan=True)
 
 
-def test_new_zeros_ones_full_repeat_from_a_runner_in_both_modes(monkeypatch):
+def test_new_zeros_ones_full_repeat_from_a_runner_in_both_modes(funnel_calls):
     """new_zeros / new_ones / new_full send their work down the funnel (new_empty, fill_): a
     repeat calls the lowering directly, plain or adaptive (the group stays pending: fill_ is
     recorded into it); a value the dtype cannot hold is refused on every call."""
-    from eager_neuron import dispatch
     from eager_neuron.adaptive import MODULE as _ad
 
-    plans = [0]
-    dispatch_plan = dispatch._dispatch_plan
-
-    def counted(*args, **kwargs):
-        plans[0] += 1
-        return dispatch_plan(*args, **kwargs)
-
-    monkeypatch.setattr(dispatch, "_dispatch_plan", counted)
+    plans = funnel_calls("_dispatch_plan")
     x = torch.randn(5, 3, device="neuron")
     for adaptive in (False, True):
         with eager_neuron.adaptive(adaptive):
