@@ -234,6 +234,14 @@ def _host_composites() -> frozenset:
     return sys.modules[__package__ + ".lower.host"].COMPOSITES
 
 
+def _watched_sig(func, args, kwargs) -> tuple:
+    """(plain eager's table for func or None, this call's signature in it) for DECLINED: with
+    no table yet, scalars keyed by value (the table learned from the call may key them by type,
+    and the next decline is remembered under that signature)."""
+    ptab = _fp.TABLES.get(func)
+    return ptab, _fp.signature(args, kwargs, ptab[0] if ptab is not None else True)
+
+
 def declined_empty(func, args, kwargs) -> bool:
     """dispatch's _kernel_setup: a fusible op whose every output is empty computes nothing;
     remember its plain signature (DECLINED, reason _EMPTY_OUTPUT) so run() sends repeats to
@@ -241,8 +249,7 @@ def declined_empty(func, args, kwargs) -> bool:
     slow path on every call: 25-40 us, 4-8 a GPT-2/T5 step). False: no signature."""
     if not config.fastpath:
         return False
-    ptab = _fp.TABLES.get(func)
-    sig = _fp.signature(args, kwargs, ptab[0] if ptab is not None else True)
+    _ptab, sig = _watched_sig(func, args, kwargs)
     if sig is None:
         return False
     if len(_DECLINED) < 100_000:
@@ -447,10 +454,7 @@ def arm(ctx, func, plan, args, kwargs, index, a, outs, leaves, learnable: bool) 
     if (fusible and plan.prepare is not None) or (not fusible and func in _CALLS):
         ctx.call = (func, plan, args, kwargs, index, a, outs, leaves)
     if (fusible or func in _CALLS) and config.fastpath:
-        ptab = _fp.TABLES.get(func)
-        # (no table yet: scalars keyed by value; the table learned from this call may key them
-        # by type, and the next decline is remembered under that signature)
-        sig = _fp.signature(args, kwargs, ptab[0] if ptab is not None else True)
+        ptab, sig = _watched_sig(func, args, kwargs)
         if sig is not None:
             ctx.watch = (func, sig, fusible and learnable and
                          (ptab is None or sig not in ptab[1]))

@@ -873,8 +873,8 @@ def run_program(seed: int, n_steps: int = 14, verbose: bool = False,
             config.fastpath = fast
             run = Run(dev, seed * 10 + data, var, verbose)
             h0 = fastpath.STATS_FAST["hits"]
-            # kernels queued for the background worker (a foreach update's one kernel) build
-            # first: the worker's disk loads and compiles count in STATS when they land
+            # kernels queued for the background worker build first: its disk loads and
+            # compiles count in STATS when they land, inside whichever run is being compared
             adaptive_compile.wait(600)
             c0 = _counters()
             execute(program, run)

@@ -316,6 +316,7 @@ def native_dropout(func, args, kwargs, mode):
     return x * noise, noise != 0
 
 
+_contiguous_strides = torch._prims_common.make_contiguous_strides_for
 _DROPOUT_T = {torch.float32: ("float32", np.float32), torch.float64: ("float64", float)}
 
 
@@ -340,14 +341,6 @@ def _dropout_kernel(x: NeuronTensor, p: float) -> tuple:
     _launch(("elementwise", "aten::native_dropout", T), lambda: _kew.render_dropout(T), arrays,
             2.0 * n, float(n * (3 * x.element_size() + 1)), "vector", core=index)
     return NeuronTensor(data, block, index), NeuronTensor(kdata, kblock, index)
-
-
-def _contiguous_strides(shape: tuple) -> tuple:
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= max(n, 1)
-    return tuple(reversed(strides))
 
 
 def equal(func, args, kwargs, mode):
